@@ -1,0 +1,71 @@
+"""What every task shares: the project root, the connected host, friendly errors, job round trips."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from invoke import Context
+from invoke.exceptions import Exit
+
+from draftops import jobs
+from draftops.console import console, follow_live
+from draftops.errors import DraftopsError
+from draftops.host import Host, open_host
+from draftops.sync import sync
+
+F = TypeVar("F", bound=Callable[..., Any])
+HOST_HELP = "host from hosts.yaml (default: $DRAFTOPS_HOST, then the inventory's `default`)"
+
+
+def project_root(c: Context) -> Path:
+    try:
+        return Path(c.config.draftops.project_root)
+    except AttributeError:
+        return Path.cwd()
+
+
+def friendly(func: F) -> F:
+    """Turn draftops' errors into a one-paragraph message and exit code 1, without a traceback."""
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DraftopsError as exc:
+            raise Exit(f"error: {exc}", code=1) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def connect(c: Context, host: str | None) -> Host:
+    """The host for this invoke call (one connection, shared by chained tasks)."""
+    with console.status(f"connecting to {host or 'default host'}…"):
+        return open_host(host, project_root(c))
+
+
+def ensure_code(target: Host) -> None:
+    """Sync once per invoke call before running synced code (a no-op sync costs one round trip)."""
+    if getattr(target, "synced", False):
+        return
+    report = sync(target)
+    if not report.noop:
+        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {target.name}[/]")
+    target.synced = True  # type: ignore[attr-defined]
+
+
+def run_job(target: Host, name: str, command: str, *, follow: bool = True, pull: bool = True,
+            quiet: bool = False, env: dict[str, str] | None = None) -> tuple[str, dict[str, Any], Path | None]:
+    """Start a job, stream it, pull its folder home; returns (id, final status, local folder)."""
+    job = jobs.start(target, name, command, env=env)
+    console.print(f"[dim]run {job.id} on {target.name}[/]")
+    if not follow:
+        console.print(f"started; follow with `invoke logs {job.id} --follow --host {target.name}`")
+        return job.id, jobs.status(target, job.id), None
+    final = follow_live(target, job.id, quiet=quiet)
+    local = jobs.pull(target, job.id) if pull else None
+    return job.id, final, local
+
+
+def require_success(run_id: str, final: dict[str, Any], local: Path | None) -> None:
+    if final.get("state") != "succeeded":
+        where = f"; its log is in {local}/log" if local else ""
+        raise Exit(f"error: run {run_id} {final.get('state')} (exit {final.get('exit_code')}){where}.", code=1)

@@ -1,0 +1,58 @@
+"""Tasks for code sync and remote jobs: sync, runs, logs, kill, pull."""
+from __future__ import annotations
+
+from invoke import Context, task
+
+from draftops import jobs
+from draftops.cli.common import HOST_HELP, connect, friendly
+from draftops.console import console, follow_live, show_runs, show_sync, state_text
+from draftops.sync import sync as sync_code
+
+
+@task(help={"host": HOST_HELP, "dry_run": "show what would change, send nothing",
+            "verbose": "list every file sent or deleted"})
+@friendly
+def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bool = False) -> None:
+    """Push remote/ (and the host's sync_paths) to <root>/code; only changed files travel."""
+    target = connect(c, host)
+    report = sync_code(target, dry_run=dry_run)
+    target.synced = not dry_run  # type: ignore[attr-defined]
+    show_sync(report, verbose)
+
+
+@task(help={"host": HOST_HELP})
+@friendly
+def runs(c: Context, host: str | None = None) -> None:
+    """List the host's runs with their state (a dead process shows as dead)."""
+    target = connect(c, host)
+    show_runs(jobs.list_runs(target), target.name)
+
+
+@task(help={"host": HOST_HELP, "follow": "keep streaming until the job ends (Ctrl-C detaches)"})
+@friendly
+def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False) -> None:
+    """Print a run's log (and with --follow, stream it live)."""
+    target = connect(c, host)
+    if follow:
+        follow_live(target, run_id)
+        return
+    jobs.status(target, run_id)
+    result = target.transport.run(f"cat {jobs.shell_path(target.runs_dir + '/' + run_id + '/log')}", check=False)
+    console.print(result.text, markup=False, highlight=False, end="")
+
+
+@task(help={"host": HOST_HELP, "grace": "seconds between SIGTERM and SIGKILL"})
+@friendly
+def kill(c: Context, run_id: str, host: str | None = None, grace: float = 10.0) -> None:
+    """Stop a run: SIGTERM to its process group, SIGKILL after the grace period."""
+    target = connect(c, host)
+    final = jobs.kill(target, run_id, grace)
+    console.print(f"run {run_id}: {state_text(final.get('state'))}")
+
+
+@task(help={"host": HOST_HELP})
+@friendly
+def pull(c: Context, run_id: str, host: str | None = None) -> None:
+    """Copy <root>/runs/<id>/ from the host into runs/<id>/ here."""
+    target = connect(c, host)
+    console.print(f"pulled into {jobs.pull(target, run_id)}")

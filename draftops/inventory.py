@@ -1,0 +1,226 @@
+"""hosts.yaml: the hosts draftops can drive, validated with pydantic so a typo fails before any SSH.
+
+The built-in ``local`` host (transport ``local``, root ``.draftops/`` in the project, python = this
+interpreter) always exists and is the default, so every task works with no remote at all.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from draftops.errors import InventoryError
+
+LOCAL = "local"
+HOST_ENV_VAR = "DRAFTOPS_HOST"
+INVENTORY_ENV_VAR = "DRAFTOPS_INVENTORY"
+_JUMP_SPEC = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>[^:@\s]+)(?::(?P<port>\d+))?$")
+
+
+class EnvSpec(BaseModel):
+    """The host's ml-env: a venv made from ``base_python`` with ``requirements`` installed."""
+
+    model_config = ConfigDict(extra="forbid")
+    venv: str = Field(description="venv directory on the host, e.g. ~/ml-env")
+    requirements: str | None = Field(None, description="local requirements file, relative to hosts.yaml")
+    base_python: str = Field("python3", description="interpreter on the host that creates the venv")
+    system_site_packages: bool = Field(False, description="let the venv see the host's torch/CUDA install")
+
+
+class HostSpec(BaseModel):
+    """One host entry of hosts.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = ""
+    transport: Literal["ssh", "local"] = "ssh"
+    address: str | None = None
+    user: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    key: str | None = None
+    jump: str | None = None
+    host_key: Literal["strict", "accept-new"] = "strict"
+    known_hosts: str = "~/.ssh/known_hosts"
+    root: str = "~/draftops"
+    python: str | None = None
+    env: EnvSpec | None = None
+    gpu: str | None = None
+    sync_paths: list[str] = Field(default_factory=list)
+    connect_timeout: float = Field(10.0, gt=0, le=300)
+
+    @field_validator("root")
+    @classmethod
+    def _root_not_dangerous(cls, value: str) -> str:
+        cleaned = value.rstrip("/") or "/"
+        if cleaned in ("/", "~", "$HOME", "${HOME}"):
+            raise ValueError(
+                f"root {value!r} would put draftops' code and runs straight into / or the home "
+                "directory, where a sync may delete files it does not own; use a folder of its "
+                "own, e.g. ~/draftops")
+        return value
+
+    @model_validator(mode="after")
+    def _ssh_needs_address(self) -> "HostSpec":
+        if self.transport == "ssh" and not self.address:
+            raise ValueError("an ssh host needs `address` (a DNS name or IP of the GPU box)")
+        return self
+
+    @property
+    def interpreter(self) -> str:
+        """The python that runs remote jobs: explicit ``python``, else the env's venv, else python3."""
+        if self.python:
+            return self.python
+        if self.env:
+            return self.env.venv.rstrip("/") + "/bin/python"
+        return sys.executable if self.transport == "local" else "python3"
+
+    def describe(self) -> str:
+        """user@address:port, or 'local' — for messages."""
+        if self.transport == "local":
+            return "this machine (local)"
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.address}:{self.port}"
+
+
+class Inventory(BaseModel):
+    """All hosts plus the default one."""
+
+    model_config = ConfigDict(extra="forbid")
+    default: str = LOCAL
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    source: str | None = Field(None, exclude=True)
+
+    def names(self) -> list[str]:
+        return sorted(self.hosts)
+
+    def get(self, name: str | None = None) -> HostSpec:
+        """Resolve ``name``, else $DRAFTOPS_HOST, else the inventory default."""
+        chosen = name or os.environ.get(HOST_ENV_VAR) or self.default
+        if chosen not in self.hosts:
+            where = self.source or "the built-in inventory"
+            raise InventoryError(
+                f"Unknown host {chosen!r}: {where} defines {', '.join(self.names())}. Pass one of "
+                f"those with --host (or ${HOST_ENV_VAR}), or add an entry for {chosen!r} under "
+                "`hosts:` in hosts.yaml.")
+        return self.hosts[chosen]
+
+    def parse_jump(self, spec: HostSpec) -> HostSpec | None:
+        """The gateway entry of ``spec``: another host's name, or a ``user@host:port`` string."""
+        if not spec.jump:
+            return None
+        if spec.jump in self.hosts:
+            jump = self.hosts[spec.jump]
+            if jump.transport != "ssh":
+                raise InventoryError(f"Host {spec.name!r}: jump host {spec.jump!r} is not an ssh host.")
+            return jump
+        match = _JUMP_SPEC.match(spec.jump)
+        if not match:
+            raise InventoryError(
+                f"Host {spec.name!r}: `jump: {spec.jump}` is neither a host of {self.source} nor "
+                "user@host:port; write one of those.")
+        return HostSpec(name=spec.jump, address=match["host"], user=match["user"] or spec.user,
+                        port=int(match["port"] or 22), key=spec.key, host_key=spec.host_key,
+                        known_hosts=spec.known_hosts, connect_timeout=spec.connect_timeout)
+
+
+def local_host(project_root: Path) -> HostSpec:
+    """The built-in host that runs everything on this machine."""
+    return HostSpec(name=LOCAL, transport="local", root=str(project_root / ".draftops"),
+                    python=sys.executable)
+
+
+def default_inventory_path(project_root: Path) -> Path:
+    return Path(os.environ.get(INVENTORY_ENV_VAR) or project_root / "hosts.yaml")
+
+
+def load_inventory(path: Path | None, project_root: Path) -> Inventory:
+    """Read and validate ``path`` (missing file: the built-in ``local`` host alone)."""
+    builtin = {LOCAL: local_host(project_root)}
+    if path is None or not path.exists():
+        if path is not None and os.environ.get(INVENTORY_ENV_VAR):
+            raise InventoryError(f"{INVENTORY_ENV_VAR} names {path}, which does not exist; fix the path "
+                                 "or unset the variable to use ./hosts.yaml.")
+        return Inventory(hosts=builtin)
+    text = path.read_text(encoding="utf-8")
+    try:
+        root_node = yaml.compose(text)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InventoryError(f"{where}: hosts.yaml is not valid YAML ({problem}). Fix the indentation or "
+                             "quoting on that line; every host is a mapping under `hosts:`.") from None
+    if not isinstance(data, dict):
+        raise InventoryError(f"{path}: expected a mapping with `default:` and `hosts:`, found "
+                             f"{type(data).__name__}.")
+    hosts_raw = data.get("hosts") or {}
+    if not isinstance(hosts_raw, dict):
+        raise InventoryError(f"{path}:{_line(root_node, ['hosts'])}: `hosts:` must map host names to entries.")
+    hosts: dict[str, Any] = {}
+    for name, entry in hosts_raw.items():
+        if not isinstance(entry, dict):
+            raise InventoryError(f"{path}:{_line(root_node, ['hosts', name])}: host {name!r} must be a "
+                                 "mapping of fields (address, user, port, key, root, ...).")
+        hosts[str(name)] = {**entry, "name": str(name)}
+    try:
+        inventory = Inventory(default=data.get("default", LOCAL), hosts=hosts)
+    except ValidationError as exc:
+        raise InventoryError(_explain(exc, path, root_node)) from None
+    for name, spec in inventory.hosts.items():
+        _resolve_local_paths(spec, path.parent)
+    inventory.hosts = {**builtin, **inventory.hosts}
+    inventory.source = str(path)
+    if inventory.default not in inventory.hosts:
+        raise InventoryError(f"{path}:{_line(root_node, ['default'])}: default host {inventory.default!r} is "
+                             f"not defined; known hosts: {', '.join(inventory.names())}.")
+    return inventory
+
+
+def _resolve_local_paths(spec: HostSpec, base: Path) -> None:
+    """Paths that live on this machine are taken relative to hosts.yaml's folder."""
+    if spec.key:
+        spec.key = str((base / os.path.expanduser(spec.key)).resolve())
+    spec.known_hosts = str((base / os.path.expanduser(spec.known_hosts)).resolve())
+    if spec.env and spec.env.requirements:
+        spec.env.requirements = str((base / os.path.expanduser(spec.env.requirements)).resolve())
+    if spec.transport == "local" and not os.path.isabs(os.path.expanduser(spec.root)):
+        spec.root = str((base / spec.root).resolve())
+
+
+def _explain(exc: ValidationError, path: Path, root_node: yaml.Node | None) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        keys = loc[1:] if loc and loc[0] == "hosts" else loc
+        host = keys[0] if loc and loc[0] == "hosts" and keys else None
+        field = ".".join(keys[1:]) if host else ".".join(keys)
+        line = _line(root_node, loc)
+        what = f"host {host!r}, field `{field}`" if host else f"field `{field}`"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = ("unknown field; valid fields are " + ", ".join(
+                f for f in HostSpec.model_fields if f != "name") if host else "unknown field")
+        parts.append(f"{path}:{line}: {what}: {msg}.")
+    return " ".join(parts) + " Fix hosts.yaml and run again."
+
+
+def _line(node: yaml.Node | None, loc: list[Any]) -> int:
+    """1-based line of the deepest YAML node found along ``loc`` (best effort)."""
+    line = 1
+    for key in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        line = node.start_mark.line + 1
+        for k, v in node.value:
+            if str(k.value) == str(key):
+                line = k.start_mark.line + 1
+                node = v
+                break
+        else:
+            break
+    return line

@@ -1,0 +1,188 @@
+"""Incremental code sync over the host's one connection: a content manifest decides what changed,
+changed files travel in one tar stream, and the host applies them atomically (see hostagent.cmd_apply).
+
+What goes: ``remote/`` plus the host's ``sync_paths``, minus ``.git/``, ``__pycache__`` and whatever
+the project's ``.gitignore`` files exclude. It lands in ``<root>/code`` with the same relative paths;
+files deleted here are deleted there, never anything outside ``<root>/code``.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pathspec
+
+from draftops.errors import RemoteError, SyncError
+from draftops.host import Host
+from draftops.hostagent import SYNC_META
+
+DEFAULT_PATHS = ("remote",)
+ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/")
+Entry = tuple[str, str, int]     # (kind "f"/"l", sha256 or link target, mode)
+
+
+@dataclass
+class SyncReport:
+    """What a sync did (or, with dry_run, would do)."""
+
+    host: str
+    upload: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    bytes_changed: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def noop(self) -> bool:
+        return not self.upload and not self.delete
+
+
+class _Ignore:
+    """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions."""
+
+    def __init__(self, project_root: Path):
+        self.root = project_root
+        self.specs: dict[Path, pathspec.PathSpec] = {}
+        self.fixed = pathspec.GitIgnoreSpec.from_lines(ALWAYS_EXCLUDED)
+
+    def _spec(self, folder: Path) -> pathspec.PathSpec | None:
+        if folder not in self.specs:
+            path = folder / ".gitignore"
+            self.specs[folder] = (pathspec.GitIgnoreSpec.from_lines(path.read_text().splitlines())
+                                  if path.is_file() else None)
+        return self.specs[folder]
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        rel = path.relative_to(self.root).as_posix() + ("/" if is_dir else "")
+        if self.fixed.match_file(rel):
+            return True
+        folder = path.parent
+        while True:
+            spec = self._spec(folder)
+            if spec is not None:
+                sub = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
+                if spec.match_file(sub):
+                    return True
+            if folder == self.root or self.root not in folder.parents:
+                return False
+            folder = folder.parent
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None = None) -> dict[str, Entry]:
+    """{relative path: entry} for everything that should be on the host; hashes cached by stat."""
+    cache: dict[str, list] = {}
+    if cache_file and cache_file.is_file():
+        try:
+            cache = json.loads(cache_file.read_text())
+        except ValueError:
+            cache = {}
+    new_cache: dict[str, list] = {}
+    ignore = _Ignore(project_root)
+    manifest: dict[str, Entry] = {}
+    for top in paths:
+        start = (project_root / top)
+        if not start.exists() and not start.is_symlink():
+            raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` in "
+                            "hosts.yaml (paths are relative to the project root).")
+        if project_root.resolve() not in start.resolve().parents and start.resolve() != project_root.resolve():
+            raise SyncError(f"Sync path {top!r} points outside the project {project_root}; list only "
+                            "folders inside it.")
+        candidates = [start] if not start.is_dir() or start.is_symlink() else None
+        walker = ([(str(start.parent), [], [start.name])] if candidates else os.walk(start))
+        for dirpath, dirnames, filenames in walker:
+            folder = Path(dirpath)
+            for name in list(dirnames):
+                child = folder / name
+                if child.is_symlink():
+                    dirnames.remove(name)
+                    filenames.append(name)
+                elif ignore.ignored(child, True):
+                    dirnames.remove(name)
+            for name in filenames:
+                child = folder / name
+                if ignore.ignored(child, False):
+                    continue
+                rel = child.relative_to(project_root).as_posix()
+                if child.is_symlink():
+                    manifest[rel] = ("l", os.readlink(child), 0)
+                    continue
+                st = child.stat()
+                key = [st.st_size, st.st_mtime_ns, st.st_ino]
+                old = cache.get(rel)
+                sha = old[1] if old and old[0] == key else _hash_file(child)
+                new_cache[rel] = [key, sha]
+                manifest[rel] = ("f", sha, st.st_mode & 0o777)
+    if cache_file:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(new_cache))
+        os.replace(tmp, cache_file)
+    return manifest
+
+
+def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], delete: list[str]) -> bytes:
+    buf = io.BytesIO()
+    # gzip level 1: tar headers and padding shrink to nothing, code text to a third; cheap on CPU
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1) as tar:
+        meta = json.dumps({"delete": delete}).encode()
+        info = tarfile.TarInfo(SYNC_META)
+        info.size = len(meta)
+        tar.addfile(info, io.BytesIO(meta))
+        for rel in upload:
+            kind, value, mode = manifest[rel]
+            info = tarfile.TarInfo(rel)
+            if kind == "l":
+                info.type = tarfile.SYMTYPE
+                info.linkname = value
+                tar.addfile(info)
+            else:
+                path = project_root / rel
+                info.size = path.stat().st_size
+                info.mode = mode
+                with open(path, "rb") as fh:
+                    tar.addfile(info, fh)
+    return buf.getvalue()
+
+
+def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -> SyncReport:
+    """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done."""
+    started = time.monotonic()
+    project_root = host.project_root
+    wanted = list(paths or [*DEFAULT_PATHS, *host.spec.sync_paths])
+    cache_file = project_root / ".draftops" / "cache" / "sync-manifest.json"
+    local = local_manifest(project_root, wanted, cache_file)
+    state_file = f"{host.state_dir}/code-manifest.json"
+    remote = {k: tuple(v) for k, v in host.agent("manifest", host.code_dir, state_file)["manifest"].items()}
+    upload = sorted(rel for rel, entry in local.items() if remote.get(rel) != entry)
+    delete = sorted(rel for rel in remote if rel not in local)
+    report = SyncReport(host=host.name, upload=upload, delete=delete, unchanged=len(local) - len(upload),
+                        dry_run=dry_run)
+    report.bytes_changed = sum((project_root / r).stat().st_size for r in upload if local[r][0] == "f")
+    if not report.noop and not dry_run:
+        payload = _payload(project_root, upload, local, delete)
+        report.bytes_sent = len(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        try:
+            host.agent("apply", host.code_dir, state_file, digest, str(len(payload)), input=payload)
+        except RemoteError as exc:
+            raise SyncError(f"Sync to host {host.name!r} failed: {exc}. The files on the host were left "
+                            "as they were (or fully updated, if the failure came after the transfer); "
+                            "run `invoke sync` again.") from None
+    report.seconds = time.monotonic() - started
+    return report

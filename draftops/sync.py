@@ -97,12 +97,12 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
     manifest: dict[str, Entry] = {}
     for top in paths:
         start = (project_root / top)
-        if not start.exists() and not start.is_symlink():
-            raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` in "
-                            "hosts.yaml (paths are relative to the project root).")
         if project_root.resolve() not in start.resolve().parents and start.resolve() != project_root.resolve():
             raise SyncError(f"Sync path {top!r} points outside the project {project_root}; list only "
                             "folders inside it.")
+        if not start.exists() and not start.is_symlink():
+            raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` in "
+                            "hosts.yaml (paths are relative to the project root).")
         candidates = [start] if not start.is_dir() or start.is_symlink() else None
         walker = ([(str(start.parent), [], [start.name])] if candidates else os.walk(start))
         for dirpath, dirnames, filenames in walker:

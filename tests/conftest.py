@@ -1,0 +1,84 @@
+"""Shared fixtures: real sshd servers on 127.0.0.1 and throwaway draftops projects."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from draftops import host as host_module
+from tests.sshd import Sshd, keygen, sshd_available, start_sshd
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("client")
+    return keygen(d / "id_ed25519")
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
+    if not sshd_available():
+        pytest.fail("openssh-server is not installed: the SSH suite needs a real sshd (.ci/run installs it)")
+    server = start_sshd(tmp_path_factory.mktemp("sshd"), client_key)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
+    """A second sshd used as the jump host in front of the first (logs its forwarded channels)."""
+    server = start_sshd(tmp_path_factory.mktemp("jump"), client_key, log_level="DEBUG1")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connections():
+    """Each test opens its own connections (draftops caches one per host per process)."""
+    host_module.close_all()
+    yield
+    host_module.close_all()
+
+
+def ssh_entry(server: Sshd, tmp: Path, **extra: Any) -> dict[str, Any]:
+    entry = {"address": server.host, "port": server.port, "user": server.user, "key": str(server.key),
+             "host_key": "accept-new", "known_hosts": str(tmp / "known_hosts"),
+             "root": str(tmp / "hostroot"), "connect_timeout": 5}
+    entry.update(extra)
+    return entry
+
+
+@pytest.fixture
+def make_project(tmp_path: Path) -> Callable[..., Path]:
+    """A minimal draftops project (remote/ + hosts.yaml) in a temp folder."""
+    def make(hosts: dict[str, Any] | None = None, default: str = "local", files: dict[str, str] | None = None) -> Path:
+        root = tmp_path / "project"
+        (root / "remote").mkdir(parents=True, exist_ok=True)
+        for rel, text in (files or {"remote/__init__.py": "", "remote/job.py": "print('hi')\n"}).items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        (root / "hosts.yaml").write_text(yaml.safe_dump({"default": default, "hosts": hosts or {}}))
+        return root
+    return make
+
+
+@pytest.fixture
+def no_inventory_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DRAFTOPS_HOST", raising=False)
+    monkeypatch.delenv("DRAFTOPS_INVENTORY", raising=False)
+
+
+def copy_remote_package(dest_root: Path) -> None:
+    """Put the real remote/ package into a test project (for tests that run remote modules)."""
+    shutil.copytree(REPO / "remote", dest_root / "remote", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+
+
+os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")

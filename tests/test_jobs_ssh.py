@@ -1,0 +1,110 @@
+"""Detached remote jobs over a real sshd (and the local host): survive a dropped link, kill, logs, pull."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from draftops import host as host_module
+from draftops import jobs
+from draftops.errors import JobError
+from draftops.host import open_host
+from tests.conftest import ssh_entry
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture(params=["box", "local"])
+def project(request, make_project, sshd, tmp_path, no_inventory_env):
+    return make_project({"box": ssh_entry(sshd, tmp_path)}, default=request.param)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Non-zombie processes in process group ``pgid`` (zombies wait for a reaper, they are not running)."""
+    members = []
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{proc}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(proc))
+    return members
+
+
+def wait_state(project, run_id, states, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = jobs.status(open_host(None, project), run_id)
+        if row["state"] in states:
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never reached {states}: {row}")
+
+
+def test_job_survives_dropped_connection_and_reports_exit_code(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "survivor", "echo started; sleep 1.5; echo finished; exit 7")
+    assert jobs.status(host, job.id)["state"] in ("starting", "running")
+    host.transport.close()            # the SSH link goes away while the job runs
+    host_module.close_all()
+    row = wait_state(project, job.id, {"failed", "succeeded", "dead"})
+    assert row["state"] == "failed" and row["exit_code"] == 7
+    assert row["started"] and row["ended"]
+    log = open_host(None, project).transport.run(f"cat {jobs.shell_path(job.run_dir)}/log").text
+    assert "started" in log and "finished" in log
+
+
+def test_follow_streams_log_and_events_then_returns_final_status(project):
+    host = open_host(None, project)
+    emit = 'echo "@@draftops {\\"event\\": \\"progress\\", \\"done\\": 1, \\"total\\": 2}"'
+    job = jobs.start(host, "follow", f"echo one; {emit}; sleep 0.5; echo two")
+    lines, seen = [], []
+    final = jobs.follow(host, job.id, lines.append, seen.append)
+    assert lines == ["one", "two"]
+    assert seen[0]["event"] == "progress" and seen[0]["done"] == 1
+    assert final["state"] == "succeeded" and final["exit_code"] == 0
+
+
+def test_kill_stops_the_process_group(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "sleeper", "sleep 300 & wait")
+    row = wait_state(project, job.id, {"running"})
+    final = jobs.kill(host, job.id, grace_s=5)
+    assert final["state"] == "killed"
+    assert live_group_members(int(row["pid"])) == []
+
+
+def test_dead_process_is_reported_dead_not_running(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "victim", "sleep 300")
+    row = wait_state(project, job.id, {"running"})
+    os.kill(int(row["pid"]), signal.SIGKILL)      # runner dies without recording an exit
+    os.killpg(int(row["pid"]), signal.SIGKILL)
+    assert wait_state(project, job.id, {"dead"})["state"] == "dead"
+    listed = {r["id"]: r for r in jobs.list_runs(host)}
+    assert listed[job.id]["state"] == "dead"
+
+
+def test_env_values_are_quoted_and_reach_the_job(project):
+    host = open_host(None, project)
+    tricky = "a b; echo INJECTED $HOME `id` 'q'"
+    job = jobs.start(host, "env", 'printf "%s" "$TRICKY" > "$DRAFTOPS_RUN_DIR/out.txt"', env={"TRICKY": tricky})
+    wait_state(project, job.id, {"succeeded"})
+    local = jobs.pull(host, job.id)
+    assert (local / "out.txt").read_text() == tricky
+    assert json.loads((local / "status.json").read_text())["exit_code"] == 0
+    assert "TRICKY" not in (local / "log").read_text()
+
+
+def test_unknown_run_id_is_a_clear_error(project):
+    host = open_host(None, project)
+    with pytest.raises(JobError, match="no run 'nope'"):
+        jobs.status(host, "nope")
+    with pytest.raises(JobError):
+        jobs.status(host, "../etc")

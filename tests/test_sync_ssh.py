@@ -1,0 +1,183 @@
+"""Sync over a real sshd: new / changed / deleted / excluded / oddly named files, dry-run, no-op, interruption."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from draftops.errors import SyncError
+from draftops.host import open_host
+from draftops.sync import local_manifest, sync
+from tests.conftest import ssh_entry
+
+pytestmark = pytest.mark.ssh
+
+
+def apply_running() -> bool:
+    """True while a host-agent `apply` process is alive (it is reading the sync payload)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1].split(b"/")[-1].startswith(b"agent-") and argv[2] == b"apply":
+            return True
+    return False
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """{rel: (kind, content or target, exec bit)} of a folder, symlinks not followed."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                out[rel] = ("l", os.readlink(full), False)
+            else:
+                out[rel] = ("f", full.read_bytes(), bool(full.stat().st_mode & 0o100))
+    return out
+
+
+@pytest.fixture
+def ssh_project(make_project, sshd, tmp_path, no_inventory_env):
+    files = {
+        "remote/__init__.py": "",
+        "remote/a.py": "A = 1\n",
+        "remote/sub dir/naïve café.txt": "unicode name\n",
+        "remote/run.sh": "#!/bin/sh\necho run\n",
+        "remote/ignored.log": "excluded by .gitignore\n",
+        "remote/cache/big.bin": "excluded folder\n",
+        "remote/__pycache__/a.cpython-311.pyc": "junk",
+        ".gitignore": "*.log\nremote/cache/\n",
+        "remote/.gitignore": "secret.txt\n",
+        "remote/secret.txt": "excluded by nested .gitignore\n",
+    }
+    project = make_project({"box": ssh_entry(sshd, tmp_path)}, default="box", files=files)
+    (project / "remote/run.sh").chmod(0o755)
+    os.symlink("a.py", project / "remote/link_to_a.py")
+    return project
+
+
+def code_tree(project: Path, tmp_path: Path) -> dict[str, tuple]:
+    return tree(tmp_path / "hostroot" / "code")
+
+
+def test_first_sync_copies_files_modes_links_and_respects_excludes(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    report = sync(host)
+    remote = code_tree(ssh_project, tmp_path)
+    assert set(remote) == {"remote/__init__.py", "remote/a.py", "remote/sub dir/naïve café.txt",
+                           "remote/run.sh", "remote/link_to_a.py", "remote/.gitignore"}
+    assert remote["remote/run.sh"][2] is True and remote["remote/a.py"][2] is False
+    assert remote["remote/link_to_a.py"] == ("l", "a.py", False)
+    assert remote["remote/sub dir/naïve café.txt"][1] == b"unicode name\n"
+    assert len(report.upload) == 6 and report.bytes_sent > 0
+
+
+def test_changed_and_deleted_files_follow_and_noop_sends_nothing(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    sync(host)
+    (ssh_project / "remote/a.py").write_text("A = 2  # changed\n")
+    (ssh_project / "remote/sub dir/naïve café.txt").unlink()
+    (ssh_project / "remote/new.py").write_text("NEW = True\n")
+    report = sync(host)
+    assert report.upload == ["remote/a.py", "remote/new.py"]
+    assert report.delete == ["remote/sub dir/naïve café.txt"]
+    remote = code_tree(ssh_project, tmp_path)
+    assert remote["remote/a.py"][1] == b"A = 2  # changed\n"
+    assert "remote/sub dir/naïve café.txt" not in remote
+    assert not (tmp_path / "hostroot/code/remote/sub dir").exists()   # emptied folder removed too
+    again = sync(host)
+    assert again.noop and again.bytes_sent == 0 and again.upload == [] and again.delete == []
+
+
+def test_dry_run_reports_but_changes_nothing(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    report = sync(host, dry_run=True)
+    assert report.dry_run and len(report.upload) == 6 and report.bytes_sent == 0
+    assert code_tree(ssh_project, tmp_path) == {}
+
+
+def test_remote_edit_is_detected_and_repaired(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    sync(host)
+    tampered = tmp_path / "hostroot/code/remote/a.py"
+    tampered.write_text("tampered on the host, same size!")
+    os.utime(tampered, ns=(1, 1))
+    report = sync(host)
+    assert report.upload == ["remote/a.py"]
+    assert tampered.read_text() == "A = 1\n"
+
+
+def test_files_outside_code_dir_are_never_touched(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    bystander = tmp_path / "hostroot" / "precious.txt"
+    bystander.parent.mkdir(parents=True, exist_ok=True)
+    bystander.write_text("keep me")
+    sync(host)
+    for rel in list((ssh_project / "remote").iterdir()):
+        if rel.is_file() and not rel.is_symlink():
+            rel.unlink()
+    sync(host)
+    assert bystander.read_text() == "keep me"
+
+
+def test_sync_path_outside_project_is_refused(ssh_project):
+    host = open_host(None, ssh_project)
+    with pytest.raises(SyncError, match="outside the project"):
+        sync(host, paths=["remote", "../elsewhere"])
+
+
+def test_interrupted_sync_leaves_remote_tree_consistent(ssh_project, tmp_path):
+    host = open_host(None, ssh_project)
+    sync(host)
+    before = code_tree(ssh_project, tmp_path)
+    big = ssh_project / "remote" / "weights"
+    big.mkdir()
+    for i in range(12):
+        (big / f"w{i}.bin").write_bytes(os.urandom(4 << 20))
+    (ssh_project / "remote/a.py").write_text("A = 3\n")
+    errors: list[BaseException] = []
+
+    def run_sync() -> None:
+        try:
+            sync(host)
+        except BaseException as exc:   # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    worker = threading.Thread(target=run_sync)
+    worker.start()
+    deadline = time.monotonic() + 20
+    # Wait until the payload is on its way (the apply command has started on the host), then cut the link.
+    while time.monotonic() < deadline:
+        if apply_running():
+            break
+        time.sleep(0.01)
+    host.transport.connection.transport.close()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert errors, "the sync should have failed when its link was cut"
+    time.sleep(0.5)
+    after = code_tree(ssh_project, tmp_path)
+    assert after == before, "a cut transfer must leave the old tree in place"
+    assert not list((tmp_path / "hostroot/code").rglob("*draftops-tmp*"))
+    # A fresh connection finishes the job.
+    from draftops import host as host_module
+    host_module.close_all()
+    report = sync(open_host(None, ssh_project))
+    assert "remote/weights/w11.bin" in report.upload
+    assert code_tree(ssh_project, tmp_path)["remote/a.py"][1] == b"A = 3\n"
+
+
+def test_local_manifest_hash_cache_is_reused(tmp_path):
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote/x.py").write_text("x")
+    cache = tmp_path / "cache.json"
+    first = local_manifest(tmp_path, ["remote"], cache)
+    (tmp_path / "remote/x.py").write_text("y")
+    second = local_manifest(tmp_path, ["remote"], cache)
+    assert first["remote/x.py"][1] != second["remote/x.py"][1]

@@ -1,9 +1,16 @@
-"""draftops tasks. Run `invoke --list`; every task takes --host (default: $DRAFTOPS_HOST, else hosts.yaml)."""
+"""draftops tasks. Run `invoke --list`; every task takes --host (default: $DRAFTOPS_HOST, else hosts.yaml).
+
+One `--host X` anywhere on the command line applies to every task of that call.
+"""
+import sys
 from pathlib import Path
 
 from invoke import Collection
 
 from draftops.cli import core, env
+from draftops.cli.common import adopt_callwide_host
+
+adopt_callwide_host(sys.argv)
 
 ns = Collection()
 for name in ("sync", "runs", "logs", "kill", "pull"):

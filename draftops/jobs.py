@@ -73,8 +73,12 @@ def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None 
 def python_module_command(host: Host, module: str, args: list[str]) -> str:
     """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code."""
     argv = " ".join('"$DRAFTOPS_RUN_DIR"' if a == RUN_DIR else shlex.quote(a) for a in args)
-    return (f"cd {shlex.quote(host.code_dir)} && PYTHONPATH={shlex.quote(host.code_dir)} "
-            f"exec {shell_path(host.spec.interpreter)} -m {module} {argv}")
+    python = shell_path(host.spec.interpreter)
+    missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
+               "run `invoke env.setup` or fix `python:` in hosts.yaml")
+    return (f"command -v {python} >/dev/null 2>&1 || {{ echo {shlex.quote(missing)} >&2; exit 127; }}; "
+            f"cd {shlex.quote(host.code_dir)} && PYTHONPATH={shlex.quote(host.code_dir)} "
+            f"exec {python} -m {module} {argv}")
 
 
 def status(host: Host, run_id: str) -> dict[str, Any]:

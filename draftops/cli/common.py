@@ -67,5 +67,25 @@ def run_job(target: Host, name: str, command: str, *, follow: bool = True, pull:
 
 def require_success(run_id: str, final: dict[str, Any], local: Path | None) -> None:
     if final.get("state") != "succeeded":
-        where = f"; its log is in {local}/log" if local else ""
-        raise Exit(f"error: run {run_id} {final.get('state')} (exit {final.get('exit_code')}){where}.", code=1)
+        where, tail = "", ""
+        if local and (local / "log").is_file():
+            where = f"; its log is in {local}/log"
+            lines = [ln for ln in (local / "log").read_text(errors="replace").splitlines()
+                     if not ln.startswith("@@draftops ")]
+            tail = "\n" + "\n".join(lines[-15:])
+        raise Exit(f"error: run {run_id} {final.get('state')} (exit {final.get('exit_code')}){where}.{tail}",
+                   code=1)
+
+
+def adopt_callwide_host(argv: list[str]) -> None:
+    """Make one ``--host X`` apply to every task of the call.
+
+    Invoke parses flags per task, so ``invoke sync test-drafter --host gpu`` would otherwise sync to
+    the default host and evaluate on ``gpu``. When the command line names exactly one host, it becomes
+    the call's default (an explicit $DRAFTOPS_HOST still wins for tasks that name none).
+    """
+    import os
+    named = {argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--host", "-H")}
+    named |= {arg.split("=", 1)[1] for arg in argv if arg.startswith("--host=")}
+    if len(named) == 1 and "DRAFTOPS_HOST" not in os.environ:
+        os.environ["DRAFTOPS_HOST"] = named.pop()

@@ -1,0 +1,77 @@
+"""env.setup / env.check through the real invoke CLI, over a real sshd."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, copy_remote_package, ssh_entry
+
+pytestmark = pytest.mark.ssh
+
+
+def invoke(project: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `invoke ARGS` in ``project`` as a user would (its tasks.py is the repo's)."""
+    full_env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("DRAFTOPS_HOST", None)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=full_env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture
+def env_project(make_project, sshd, tmp_path, no_inventory_env):
+    (tmp_path / "reqs.txt").write_text("# nothing to install: the venv itself is the test\n")
+    entry = ssh_entry(sshd, tmp_path, env={"venv": str(tmp_path / "venvs" / "ml env"),
+                                           "requirements": str(tmp_path / "reqs.txt"),
+                                           "base_python": sys.executable})
+    project = make_project({"box": entry}, default="box")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    copy_remote_package(project)
+    return project
+
+
+def test_env_setup_is_idempotent_and_rehashes_on_change(env_project, tmp_path):
+    first = invoke(env_project, "env.setup")
+    assert first.returncode == 0, first.stdout + first.stderr
+    venv = tmp_path / "venvs" / "ml env"
+    assert (venv / "bin" / "python").exists() and "ready" in first.stdout
+    marker = (venv / ".draftops-env-hash").read_text()
+    second = invoke(env_project, "env.setup")
+    assert second.returncode == 0 and "up to date" in second.stdout and "nothing to do" in second.stdout
+    (tmp_path / "reqs.txt").write_text("# changed\n")
+    third = invoke(env_project, "env.setup")
+    assert third.returncode == 0 and "ready" in third.stdout
+    assert (venv / ".draftops-env-hash").read_text() != marker
+
+
+def test_env_setup_failure_is_reported(env_project, tmp_path):
+    (tmp_path / "reqs.txt").write_text("--no-index\ndefinitely-not-a-package-draftops==9.9\n")
+    result = invoke(env_project, "env.setup")
+    assert result.returncode == 1 and "failed" in result.stderr
+    assert not (tmp_path / "venvs" / "ml env" / ".draftops-env-hash").exists()
+
+
+def test_sync_then_env_check_on_one_host_writes_table_and_json(env_project, tmp_path):
+    missing = invoke(env_project, "env.check")
+    assert missing.returncode == 1 and "run `invoke env.setup`" in missing.stderr
+    result = invoke(env_project, "env.setup", "sync", "env.check", "--host", "box")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "hostroot/code/remote/envcheck.py").exists()   # --host applied to sync too
+    assert not (env_project / ".draftops/code/remote").exists()
+    assert "torch" in result.stdout and "sglang" in result.stdout
+    reports = list((env_project / "runs").glob("*-env-check-*/env.json"))
+    assert len(reports) == 1
+    report = json.loads(reports[0].read_text())
+    assert report["python"] == sys.version.split()[0] and "torch" in report
+
+
+def test_runs_lists_and_bad_host_errors_are_one_paragraph(env_project):
+    result = invoke(env_project, "runs", "--host", "nope")
+    assert result.returncode == 1
+    assert "Unknown host 'nope'" in result.stderr and "Traceback" not in result.stderr
+    ok = invoke(env_project, "runs")
+    assert ok.returncode == 0 and "runs on box" in ok.stdout

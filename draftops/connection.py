@@ -28,6 +28,7 @@ from draftops.inventory import HostSpec, Inventory
 log = logging.getLogger(__name__)
 KEEPALIVE_S = 15
 CONNECT_ATTEMPTS = 3
+SEND_CHUNK = 1 << 20
 
 
 @dataclass
@@ -234,7 +235,9 @@ class SSHTransport:
         reader.start()
         try:
             if input:
-                channel.sendall(input)
+                view = memoryview(input)
+                for start in range(0, len(view), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
+                    channel.sendall(view[start:start + SEND_CHUNK])
             channel.shutdown_write()
             while chunk := channel.recv(1 << 16):
                 out += chunk

@@ -1,7 +1,8 @@
 """A connected host: its inventory entry, its transport, its resolved root and the host agent there.
 
 One ``Host`` per host name per process, so chained tasks (``invoke sync test-drafter``) share one
-connection and one root check.
+connection and one root check. The root check and agent install ride along with the first agent
+command of the session (one SSH exec instead of two).
 """
 from __future__ import annotations
 
@@ -11,28 +12,29 @@ import json
 import shlex
 import sys
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from draftops import hostagent
-from draftops.connection import CommandResult, Transport, connect
+from draftops.connection import Transport, connect
 from draftops.errors import RemoteError, RootError
 from draftops.inventory import HostSpec, Inventory, default_inventory_path, load_inventory
 
-AGENT_SOURCE = Path(hostagent.__file__).read_bytes()
-AGENT_NAME = f"agent-{hashlib.sha256(AGENT_SOURCE).hexdigest()[:12]}.py"
-AGENT_PYTHON = "python3"
+AGENT_SOURCE = Path(hostagent.__file__).read_text()
+AGENT_NAME = f"agent-{hashlib.sha256(AGENT_SOURCE.encode()).hexdigest()[:12]}.py"
+_BOOT = ("import sys\nSRC = {src!r}\ng = {{'__name__': 'draftops_agent'}}\nexec(SRC, g)\n"
+         "g['boot'](SRC, sys.argv[1:])")
 
 
 @dataclass
 class Host:
-    """A host ready for work: connected, root checked, agent installed."""
+    """A host ready for work: connected; root checked and agent installed on first use."""
 
     spec: HostSpec
     transport: Transport
     project_root: Path
     info: dict[str, Any] = field(default_factory=dict)
+    synced: bool = False
 
     @property
     def name(self) -> str:
@@ -40,6 +42,8 @@ class Host:
 
     @property
     def root(self) -> str:
+        if not self.info:
+            self.prepare()
         return self.info["root"]
 
     @property
@@ -54,65 +58,70 @@ class Host:
     def state_dir(self) -> str:
         return f"{self.root}/state"
 
-    @cached_property
+    @property
     def agent_python(self) -> str:
-        return sys.executable if self.spec.transport == "local" else AGENT_PYTHON
+        return sys.executable if self.spec.transport == "local" else "python3"
 
     def prepare(self) -> None:
-        """Resolve and check ``root`` and install the agent, in one round trip."""
-        inline = (f"import sys\ng = {{'__name__': 'draftops_agent'}}\nexec({AGENT_SOURCE.decode()!r}, g)\n"
-                  "g['cmd_prepare'](*sys.argv[1:])")
-        command = (f"{self.agent_python} -c {shlex.quote(inline)} "
-                   f"{shlex.quote(self.spec.root)} {AGENT_NAME}")
-        result = self.transport.run(command, input=AGENT_SOURCE, check=False)
-        if result.exit_code in (3, 4):
-            raise RootError(f"Host {self.name!r} ({self.spec.describe()}): "
-                            f"{result.stderr.decode(errors='replace').strip()}. Fix `root:` in hosts.yaml.")
-        if not result.ok:
-            raise RemoteError(f"Host {self.name!r} ({self.spec.describe()}): could not start "
-                              f"{self.agent_python} there (exit {result.exit_code}): "
-                              f"{result.stderr.decode(errors='replace').strip()[-500:]}. draftops needs a "
-                              "python3 on the host's PATH for its own bookkeeping.",
-                              exit_code=result.exit_code, stderr=result.stderr.decode(errors="replace"))
-        self.info = json.loads(result.text)
+        """Resolve and check ``root`` and install the agent (if no agent command did it yet)."""
+        self.agent()
+
+    def _raise(self, result_code: int, stderr: str) -> None:
+        where = f"Host {self.name!r} ({self.spec.describe()})"
+        if result_code in (3, 4):
+            raise RootError(f"{where}: {stderr.strip()}. Fix `root:` in hosts.yaml.")
+        if not self.info:
+            raise RemoteError(f"{where}: could not start {self.agent_python} there (exit {result_code}): "
+                              f"{stderr.strip()[-500:]}. draftops needs a python3 on the host's PATH for "
+                              "its own bookkeeping.", exit_code=result_code, stderr=stderr)
+        raise RemoteError(f"{where}: {stderr.strip()}", exit_code=result_code, stderr=stderr)
 
     def agent_command(self, *args: str) -> str:
-        """Shell command that runs the agent with ``args`` (each quoted)."""
-        quoted = " ".join(shlex.quote(a) for a in args)
-        return f"{self.agent_python} {shlex.quote(self.state_dir + '/' + AGENT_NAME)} {quoted}"
+        """Shell command running the installed agent; ``args`` paths are relative to root."""
+        root = self.root
+        quoted = " ".join(shlex.quote(a) for a in (root, *args))
+        return f"{self.agent_python} {shlex.quote(root + '/state/' + AGENT_NAME)} {quoted}"
 
-    def agent(self, *args: str, input: bytes | None = None, check: bool = True) -> dict[str, Any]:
-        """Run an agent subcommand and parse its one-line JSON answer."""
-        result: CommandResult = self.transport.run(self.agent_command(*args), input=input, check=check)
+    def agent(self, *args: str, input: bytes | None = None) -> dict[str, Any]:
+        """Run an agent subcommand (paths relative to root) and parse its one-line JSON answer."""
+        if self.info:
+            command = self.agent_command(*args)
+        else:
+            boot = _BOOT.format(src=AGENT_SOURCE)
+            command = " ".join([self.agent_python, "-c", shlex.quote(boot), shlex.quote(self.spec.root),
+                                AGENT_NAME, *(shlex.quote(a) for a in args)])
+        result = self.transport.run(command, input=input, check=False)
+        lines = result.text.strip().splitlines()
+        if not self.info and lines and lines[0].startswith('{"root"'):
+            self.info = json.loads(lines.pop(0))
         if not result.ok:
-            raise RemoteError(f"Host {self.name!r}: {result.stderr.decode(errors='replace').strip()}",
-                              exit_code=result.exit_code, stderr=result.stderr.decode(errors="replace"))
-        return json.loads(result.text.strip().splitlines()[-1])
+            self._raise(result.exit_code, result.stderr.decode(errors="replace"))
+        return json.loads(lines[-1]) if lines else {}
 
 
 _OPEN: dict[tuple[str, str], Host] = {}
 
 
-def project_root_default() -> Path:
-    return Path.cwd()
-
-
 def open_host(name: str | None = None, project_root: Path | None = None,
-              inventory: Inventory | None = None) -> Host:
-    """The connected host called ``name`` (default: $DRAFTOPS_HOST or the inventory default), cached."""
-    root = (project_root or project_root_default()).resolve()
+              inventory: Inventory | None = None, prepare: bool = False) -> Host:
+    """The connected host called ``name`` (default: $DRAFTOPS_HOST or the inventory default), cached.
+
+    ``prepare=True`` checks root right away (otherwise the first agent command does it)."""
+    root = (project_root or Path.cwd()).resolve()
     inventory = inventory or load_inventory(default_inventory_path(root), root)
     spec = inventory.get(name)
     key = (str(root), spec.name)
     if key not in _OPEN:
-        host = Host(spec, connect(spec, inventory), root)
+        _OPEN[key] = Host(spec, connect(spec, inventory), root)
+    host = _OPEN[key]
+    if prepare and not host.info:
         try:
             host.prepare()
         except BaseException:
             host.transport.close()
+            _OPEN.pop(key, None)
             raise
-        _OPEN[key] = host
-    return _OPEN[key]
+    return host
 
 
 @atexit.register

@@ -20,6 +20,7 @@ import time
 SYNC_META = ".draftops-sync.json"
 TMP_MARK = ".draftops-tmp-"
 EVENT_PREFIX = "@@draftops "
+_AGENT_PATH = None   # where this script is installed on the host (set by prepare or main)
 
 
 def _out(obj):
@@ -50,9 +51,9 @@ def _now():
 
 
 # ---------------------------------------------------------------- root
-def cmd_prepare(root, agent_name):
+def cmd_prepare(root, agent_name, source=None):
     """Expand ``root``, refuse / and $HOME, create code/runs/state, prove it is writable, and
-    install this script (read from stdin) as ``state/<agent_name>`` when it is not there yet."""
+    install this script's ``source`` as ``state/<agent_name>`` when it is not there yet."""
     home = os.path.realpath(os.path.expanduser("~"))
     resolved = os.path.realpath(os.path.expanduser(os.path.expandvars(root)))
     if resolved in ("/", home):
@@ -66,13 +67,25 @@ def cmd_prepare(root, agent_name):
         os.close(fd)
         os.unlink(probe)
         agent = os.path.join(resolved, "state", agent_name)
-        source = sys.stdin.buffer.read()
+        global _AGENT_PATH
+        _AGENT_PATH = agent
         if source and not os.path.exists(agent):
-            _atomic_write(agent, source)
+            _atomic_write(agent, source.encode())
     except OSError as exc:
         _fail("root %r (%s) is not writable: %s" % (root, resolved, exc.strerror or exc), 4)
     _out({"root": resolved, "home": home, "python": sys.executable,
           "python_version": "%d.%d.%d" % sys.version_info[:3], "platform": sys.platform})
+    return resolved
+
+
+def boot(source, argv):
+    """First call of a session (run inline with ``python3 -c``): prepare, then run ``argv[2:]`` if given.
+
+    Folding the root check and agent install into the first real command saves an SSH exec, which is
+    most of the cost of a no-op sync."""
+    root = cmd_prepare(argv[0], argv[1], source)
+    if len(argv) > 2:
+        main([root] + list(argv[2:]))
 
 
 # ---------------------------------------------------------------- sync
@@ -119,11 +132,16 @@ def _load_cache(state_file):
         return {}
 
 
+def digest(manifest):
+    """Canonical hash of a manifest; the local side computes the same one."""
+    return hashlib.sha256(json.dumps(sorted(manifest.items()), separators=(",", ":")).encode()).hexdigest()
+
+
 def cmd_manifest(code_dir, state_file):
     os.makedirs(code_dir, exist_ok=True)
     manifest, cache = _scan(code_dir, _load_cache(state_file))
     _atomic_write(state_file, json.dumps(cache).encode())
-    _out({"manifest": manifest})
+    _out({"manifest": manifest, "digest": digest(manifest)})
 
 
 def _inside(code_dir, rel):
@@ -139,14 +157,27 @@ def _clear_for(full):
         shutil.rmtree(full)
 
 
-def cmd_apply(code_dir, state_file, expected_sha, expected_len):
+def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-"):
+    """Apply a sync payload from stdin. With ``expected_tree``, apply only if the tree still has that
+    manifest digest (the local side's memory of the last sync); otherwise answer "stale" with the
+    manifest, and the local side falls back to a full comparison."""
     # Once the whole payload is here the apply must finish even if the SSH link drops.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     payload = sys.stdin.buffer.read()
+    os.makedirs(code_dir, exist_ok=True)
+    code_dir = os.path.realpath(code_dir)
+    if expected_tree != "-":
+        manifest, cache = _scan(code_dir, _load_cache(state_file))
+        if digest(manifest) != expected_tree:
+            _atomic_write(state_file, json.dumps(cache).encode())
+            _out({"status": "stale", "manifest": manifest, "digest": digest(manifest)})
+            return
     if len(payload) != int(expected_len) or hashlib.sha256(payload).hexdigest() != expected_sha:
         _fail("sync payload incomplete (%d of %s bytes); nothing was changed" % (len(payload), expected_len), 6)
-    code_dir = os.path.realpath(code_dir)
+    if not payload:
+        _out({"status": "applied", "written": 0, "deleted": 0, "digest": expected_tree})
+        return
     written = 0
     with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
         meta = json.load(tar.extractfile(SYNC_META))
@@ -179,7 +210,8 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len):
                 parent = os.path.dirname(parent)
     manifest, cache = _scan(code_dir, _load_cache(state_file))
     _atomic_write(state_file, json.dumps(cache).encode())
-    _out({"written": written, "deleted": deleted, "files": len(manifest)})
+    _out({"status": "applied", "written": written, "deleted": deleted, "files": len(manifest),
+          "digest": digest(manifest)})
 
 
 # ---------------------------------------------------------------- jobs
@@ -213,6 +245,7 @@ def _alive(pid, run_id):
 
 def _status(run_dir):
     run_id = os.path.basename(run_dir.rstrip("/"))
+    run_dir = os.path.abspath(run_dir)
     job = _read_json(os.path.join(run_dir, "job.json")) or {}
     status = _read_json(os.path.join(run_dir, "status.json")) or {}
     row = {"id": run_id, "name": job.get("name"), "command": job.get("command"),
@@ -229,10 +262,16 @@ def _status(run_dir):
 
 
 def cmd_start(run_dir):
-    """Start the runner for ``run_dir`` in its own session, stdio detached; print its pid."""
+    """Create ``run_dir`` from the job spec on stdin, start its runner in its own session with stdio
+    detached, and print the runner's pid. job.json may hold secrets (env): it is 0600."""
+    run_dir = os.path.abspath(run_dir)
     run_id = os.path.basename(run_dir.rstrip("/"))
+    spec = json.loads(sys.stdin.read())
+    os.makedirs(run_dir, mode=0o700)
+    _atomic_write(os.path.join(run_dir, "job.json"), json.dumps(spec).encode(), 0o600)
+    _atomic_write(os.path.join(run_dir, "command"), (spec["command"] + "\n").encode())
     log = open(os.path.join(run_dir, "log"), "ab")
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "runner", run_dir, run_id],
+    proc = subprocess.Popen([sys.executable, _AGENT_PATH, os.getcwd(), "runner", run_dir, run_id],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, close_fds=True)
     _out({"pid": proc.pid})
@@ -240,6 +279,7 @@ def cmd_start(run_dir):
 
 def cmd_runner(run_dir, run_id):
     """Run the job, then record its exit code; survives the SSH link (own session, no tty)."""
+    run_dir = os.path.abspath(run_dir)
     job = _read_json(os.path.join(run_dir, "job.json"))
     status_path = os.path.join(run_dir, "status.json")
     started = _now()
@@ -247,7 +287,8 @@ def cmd_runner(run_dir, run_id):
     _atomic_write(status_path, json.dumps(dict(base, state="running")).encode())
     env = dict(os.environ, **job.get("env", {}), DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir,
                PYTHONUNBUFFERED="1")
-    child = subprocess.Popen(["sh", "-c", job["command"]], cwd=job.get("cwd") or run_dir, env=env,
+    cwd = os.path.abspath(job.get("cwd") or run_dir)     # relative cwd: relative to root
+    child = subprocess.Popen(["sh", "-c", job["command"]], cwd=cwd, env=env,
                              stdin=subprocess.DEVNULL)
     got = {}
 
@@ -343,5 +384,14 @@ COMMANDS = {"prepare": cmd_prepare, "manifest": cmd_manifest, "apply": cmd_apply
             "runner": cmd_runner, "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill,
             "follow": cmd_follow, "pack": cmd_pack}
 
+def main(argv):
+    """``agent.py ROOT COMMAND ARGS...``: paths in ARGS are relative to ROOT."""
+    global _AGENT_PATH
+    if _AGENT_PATH is None:
+        _AGENT_PATH = os.path.abspath(__file__)
+    os.chdir(argv[0])
+    COMMANDS[argv[1]](*argv[2:])
+
+
 if __name__ == "__main__":
-    COMMANDS[sys.argv[1]](*sys.argv[2:])
+    main(sys.argv[1:])

@@ -57,45 +57,43 @@ class Job:
 
 def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None = None,
           cwd: str | None = None) -> Job:
-    """Start ``command`` (a shell command line) detached on ``host``; returns at once."""
+    """Start ``command`` (a shell command line) detached on ``host``; returns at once.
+
+    ``cwd`` is relative to the host's root (default ``code``, the synced tree); ``env`` values are
+    stored in the run's 0600 job.json and never printed."""
     job = Job(host, new_run_id(name))
-    spec = {"name": name, "command": command, "cwd": cwd or host.code_dir, "env": dict(env or {}),
+    spec = {"name": name, "command": command, "cwd": cwd or "code", "env": dict(env or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    run_dir = shlex.quote(job.run_dir)
-    # job.json may hold secrets from env: 0600, and never echoed to the log.
-    script = (f"umask 077 && mkdir -p {run_dir} && cat > {run_dir}/job.json && "
-              f"printf '%s\\n' {shlex.quote(command)} > {run_dir}/command && "
-              + host.agent_command("start", job.run_dir))
-    host.transport.run(script, input=json.dumps(spec).encode())
+    host.agent("start", f"runs/{job.id}", input=json.dumps(spec).encode())
     return job
 
 
 def python_module_command(host: Host, module: str, args: list[str]) -> str:
-    """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code."""
+    """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code
+    (the job's cwd, ``<root>/code``)."""
     argv = " ".join('"$DRAFTOPS_RUN_DIR"' if a == RUN_DIR else shlex.quote(a) for a in args)
     python = shell_path(host.spec.interpreter)
     missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
                "run `invoke env.setup` or fix `python:` in hosts.yaml")
     return (f"command -v {python} >/dev/null 2>&1 || {{ echo {shlex.quote(missing)} >&2; exit 127; }}; "
-            f"cd {shlex.quote(host.code_dir)} && PYTHONPATH={shlex.quote(host.code_dir)} "
-            f"exec {python} -m {module} {argv}")
+            f'PYTHONPATH="$PWD" exec {python} -m {module} {argv}')
 
 
 def status(host: Host, run_id: str) -> dict[str, Any]:
     try:
-        return host.agent("status", f"{host.runs_dir}/{_check_id(run_id)}")
+        return host.agent("status", f"runs/{_check_id(run_id)}")
     except RemoteError:
         raise JobError(f"Host {host.name!r} has no run {run_id!r}; `invoke runs` lists the runs there.") from None
 
 
 def list_runs(host: Host) -> list[dict[str, Any]]:
-    return host.agent("runs", host.runs_dir)["runs"]
+    return host.agent("runs", "runs")["runs"]
 
 
 def kill(host: Host, run_id: str, grace_s: float = 10.0) -> dict[str, Any]:
     """SIGTERM the job's process group, SIGKILL after ``grace_s``; returns the final status."""
     status(host, run_id)
-    return host.agent("kill", f"{host.runs_dir}/{run_id}", str(grace_s))
+    return host.agent("kill", f"runs/{run_id}", str(grace_s))
 
 
 class _LineSplitter:
@@ -125,7 +123,7 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
     """Stream the job's log until it ends; returns its final status. Ctrl-C only stops the tail."""
     status(host, run_id)
     splitter = _LineSplitter(on_text, on_event)
-    host.transport.stream(host.agent_command("follow", f"{host.runs_dir}/{run_id}", str(offset)),
+    host.transport.stream(host.agent_command("follow", f"runs/{run_id}", str(offset)),
                           splitter.feed)
     if splitter.buffer:
         splitter.feed(b"\n")
@@ -136,7 +134,7 @@ def pull(host: Host, run_id: str, dest_root: Path | None = None) -> Path:
     """Copy ``<root>/runs/<id>/`` into local ``runs/<id>/`` (one tar stream)."""
     status(host, run_id)
     dest = (dest_root or host.project_root / "runs") / run_id
-    result = host.transport.run(host.agent_command("pack", f"{host.runs_dir}/{run_id}"))
+    result = host.transport.run(host.agent_command("pack", f"runs/{run_id}"))
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:gz") as tar:
         if hasattr(tarfile, "data_filter"):

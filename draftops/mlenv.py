@@ -71,7 +71,7 @@ def start_setup(host: Host, env_plan: EnvPlan) -> jobs.Job:
     """Upload the requirements next to the venv and start the setup job."""
     venv = shell_path(env_plan.venv)
     host.transport.run(f"mkdir -p {venv} && cat > {venv}/{REQ_FILE}", input=env_plan.requirements)
-    return jobs.start(host, "env-setup", setup_command(host, env_plan), cwd=host.root)
+    return jobs.start(host, "env-setup", setup_command(host, env_plan), cwd=".")
 
 
 def check_command(host: Host) -> str:

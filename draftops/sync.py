@@ -21,10 +21,13 @@ import pathspec
 from draftops.errors import RemoteError, SyncError
 from draftops.host import Host
 from draftops.hostagent import SYNC_META
+from draftops.hostagent import digest as tree_digest
 
 DEFAULT_PATHS = ("remote",)
 ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/")
 Entry = tuple[str, str, int]     # (kind "f"/"l", sha256 or link target, mode)
+STATE_FILE = "state/code-manifest.json"   # the host's stat cache of <root>/code, relative to root
+GZIP_BELOW = 16 << 20
 
 
 @dataclass
@@ -137,15 +140,20 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
 
 
 def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], delete: list[str]) -> bytes:
+    """One tar stream: the changed files plus a metadata member listing deletions."""
+    raw = sum((project_root / rel).stat().st_size for rel in upload if manifest[rel][0] == "f")
     buf = io.BytesIO()
-    # gzip level 1: tar headers and padding shrink to nothing, code text to a third; cheap on CPU
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1) as tar:
+    # gzip level 1 makes tar headers and padding nearly free and shrinks code text; past a few MB
+    # (weights, blobs) it only costs CPU, so big payloads go as plain tar.
+    mode = "w:gz" if raw < GZIP_BELOW else "w:"
+    kwargs = {"compresslevel": 1} if mode == "w:gz" else {}
+    with tarfile.open(fileobj=buf, mode=mode, format=tarfile.PAX_FORMAT, **kwargs) as tar:
         meta = json.dumps({"delete": delete}).encode()
         info = tarfile.TarInfo(SYNC_META)
         info.size = len(meta)
         tar.addfile(info, io.BytesIO(meta))
         for rel in upload:
-            kind, value, mode = manifest[rel]
+            kind, value, mode_bits = manifest[rel]
             info = tarfile.TarInfo(rel)
             if kind == "l":
                 info.type = tarfile.SYMTYPE
@@ -154,35 +162,85 @@ def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], 
             else:
                 path = project_root / rel
                 info.size = path.stat().st_size
-                info.mode = mode
+                info.mode = mode_bits
                 with open(path, "rb") as fh:
                     tar.addfile(info, fh)
     return buf.getvalue()
 
 
+def _diff(local: dict[str, Entry], remote: dict[str, Entry]) -> tuple[list[str], list[str]]:
+    upload = sorted(rel for rel, entry in local.items() if remote.get(rel) != entry)
+    delete = sorted(rel for rel in remote if rel not in local)
+    return upload, delete
+
+
+def _memory_file(host: Host) -> Path:
+    """Where we remember the host's tree after our last sync (keyed by where the tree lives)."""
+    spec = host.spec
+    key = hashlib.sha256(f"{spec.transport}|{spec.user}|{spec.address}|{spec.port}|{spec.root}".encode())
+    return host.project_root / ".draftops" / "cache" / f"remote-{spec.name}-{key.hexdigest()[:12]}.json"
+
+
+def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[str],
+           expected_tree: str) -> tuple[dict, int]:
+    payload = _payload(host.project_root, upload, local, delete) if upload or delete else b""
+    digest = hashlib.sha256(payload).hexdigest()
+    try:
+        answer = host.agent("apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
+                            input=payload)
+    except RemoteError as exc:
+        raise SyncError(f"Sync to host {host.name!r} failed: {exc}. The files on the host were left "
+                        "as they were (or fully updated, if the failure came after the transfer); "
+                        "run `invoke sync` again.") from None
+    return answer, len(payload)
+
+
 def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -> SyncReport:
-    """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done."""
+    """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done.
+
+    When we remember the host's tree from our last sync, the changes go out at once together with
+    that tree's digest: one SSH exec for a no-op or a small edit. The host refuses ("stale") if its
+    tree differs from what we remember, and we fall back to comparing full manifests.
+    """
     started = time.monotonic()
     project_root = host.project_root
     wanted = list(paths or [*DEFAULT_PATHS, *host.spec.sync_paths])
-    cache_file = project_root / ".draftops" / "cache" / "sync-manifest.json"
-    local = local_manifest(project_root, wanted, cache_file)
-    state_file = f"{host.state_dir}/code-manifest.json"
-    remote = {k: tuple(v) for k, v in host.agent("manifest", host.code_dir, state_file)["manifest"].items()}
-    upload = sorted(rel for rel, entry in local.items() if remote.get(rel) != entry)
-    delete = sorted(rel for rel in remote if rel not in local)
+    local = local_manifest(project_root, wanted, project_root / ".draftops" / "cache" / "sync-manifest.json")
+    memory_file = _memory_file(host)
+    known = _load_memory(memory_file)
+    answer: dict = {"status": "stale"}
+    sent = 0
+    if known is not None and not dry_run:
+        upload, delete = _diff(local, known["manifest"])
+        answer, sent = _apply(host, local, upload, delete, known["digest"])
+    if answer["status"] == "stale":
+        remote_answer = answer if "manifest" in answer else host.agent("manifest", "code", STATE_FILE)
+        remote = {k: tuple(v) for k, v in remote_answer["manifest"].items()}
+        upload, delete = _diff(local, remote)
+        if not dry_run:
+            answer, sent = _apply(host, local, upload, delete, "-")
     report = SyncReport(host=host.name, upload=upload, delete=delete, unchanged=len(local) - len(upload),
-                        dry_run=dry_run)
+                        dry_run=dry_run, bytes_sent=sent if upload or delete else 0)
     report.bytes_changed = sum((project_root / r).stat().st_size for r in upload if local[r][0] == "f")
-    if not report.noop and not dry_run:
-        payload = _payload(project_root, upload, local, delete)
-        report.bytes_sent = len(payload)
-        digest = hashlib.sha256(payload).hexdigest()
-        try:
-            host.agent("apply", host.code_dir, state_file, digest, str(len(payload)), input=payload)
-        except RemoteError as exc:
-            raise SyncError(f"Sync to host {host.name!r} failed: {exc}. The files on the host were left "
-                            "as they were (or fully updated, if the failure came after the transfer); "
-                            "run `invoke sync` again.") from None
+    if not dry_run:
+        if answer.get("digest") == tree_digest(local):
+            _save_memory(memory_file, local, answer["digest"])
+        else:
+            memory_file.unlink(missing_ok=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _load_memory(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        return {"digest": data["digest"], "manifest": {k: tuple(v) for k, v in data["manifest"].items()}}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save_memory(path: Path, manifest: dict[str, Entry], digest: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"digest": digest, "manifest": manifest}))
+    os.replace(tmp, path)

@@ -19,7 +19,7 @@ def test_jump_host_by_entry_name_goes_through_the_gateway(make_project, sshd, ju
     hosts = {"bastion": ssh_entry(jump_sshd, tmp_path),
              "gpu": ssh_entry(sshd, tmp_path, jump="bastion")}
     project = make_project(hosts, default="gpu")
-    host = open_host(None, project)
+    host = open_host(None, project, prepare=True)
     assert host.transport.run("echo via-jump").text.strip() == "via-jump"
     log = jump_sshd.log.read_text()
     assert f"port {sshd.port}" in log and "direct-tcpip" in log
@@ -36,7 +36,7 @@ def test_unreachable_address_fails_within_connect_timeout(make_project, sshd, tm
     project = make_project({"gone": ssh_entry(sshd, tmp_path, port=dead_port, connect_timeout=2)}, "gone")
     started = time.monotonic()
     with pytest.raises(HostUnreachable, match=r"'gone'.*within 2s") as err:
-        open_host(None, project)
+        open_host(None, project, prepare=True)
     assert time.monotonic() - started < 2.5
     assert str(dead_port) in str(err.value) and "hosts.yaml" in str(err.value)
 
@@ -45,20 +45,20 @@ def test_wrong_key_is_rejected_with_the_key_named(make_project, sshd, tmp_path, 
     stranger = keygen(tmp_path / "stranger")
     project = make_project({"box": ssh_entry(sshd, tmp_path, key=str(stranger))}, "box")
     with pytest.raises(AuthFailed, match="rejected key .*stranger"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
 
 
 def test_missing_key_file_is_an_inventory_error(make_project, sshd, tmp_path, no_inventory_env):
     project = make_project({"box": ssh_entry(sshd, tmp_path, key=str(tmp_path / "nope"))}, "box")
     with pytest.raises(InventoryError, match="key file .*nope does not exist"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
 
 
 def test_strict_host_key_refuses_unknown_then_accepts_known(make_project, sshd, tmp_path, no_inventory_env):
     known = tmp_path / "strict_known_hosts"
     project = make_project({"box": ssh_entry(sshd, tmp_path, host_key="strict", known_hosts=str(known))}, "box")
     with pytest.raises(HostKeyRejected, match="not in .*strict_known_hosts"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
     assert not known.exists()          # strict never writes known_hosts
     key_type, key_b64 = sshd.host_key_pub.read_text().split()[:2]
     known.write_text(f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n")
@@ -76,13 +76,13 @@ def test_accept_new_records_key_and_refuses_a_changed_one(make_project, sshd, tm
     key_type, key_b64 = other.with_suffix(".pub").read_text().split()[:2]
     known.write_text(f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n")
     with pytest.raises(HostKeyRejected, match="differs"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
 
 
 def test_unknown_host_lists_known_ones(make_project, sshd, tmp_path, no_inventory_env):
     project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box")
     with pytest.raises(InventoryError, match=r"Unknown host 'gpu9'.*box, local"):
-        open_host("gpu9", project)
+        open_host("gpu9", project, prepare=True)
 
 
 @pytest.mark.parametrize("root,match", [
@@ -93,7 +93,7 @@ def test_unknown_host_lists_known_ones(make_project, sshd, tmp_path, no_inventor
 def test_root_of_slash_or_home_is_refused(make_project, sshd, tmp_path, no_inventory_env, root, match):
     project = make_project({"box": ssh_entry(sshd, tmp_path, root=root)}, "box")
     with pytest.raises((RootError, InventoryError), match=match):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
 
 
 def test_root_that_is_not_writable_is_refused(make_project, sshd, tmp_path, no_inventory_env):
@@ -101,12 +101,12 @@ def test_root_that_is_not_writable_is_refused(make_project, sshd, tmp_path, no_i
     blocker.write_text("not a folder")
     project = make_project({"box": ssh_entry(sshd, tmp_path, root=str(blocker / "draftops"))}, "box")
     with pytest.raises(RootError, match="not writable.*Fix `root:`"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
     assert blocker.read_text() == "not a folder"
 
 
 def test_root_on_read_only_filesystem_is_refused(make_project, sshd, tmp_path, no_inventory_env):
     project = make_project({"box": ssh_entry(sshd, tmp_path, root="/proc/draftops")}, "box")
     with pytest.raises(RootError, match="not writable"):
-        open_host(None, project)
+        open_host(None, project, prepare=True)
     assert not Path("/proc/draftops").exists()

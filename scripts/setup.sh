@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
+# project venv in .venv that reuses an already installed torch. Idempotent; safe to run every time.
+#   scripts/setup.sh          # what `invoke ...` needs
+#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, speculators)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_tests=0
+[ "${1:-}" = "--test" ] && want_tests=1
+
+need=()
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+if [ "$want_tests" = 1 ]; then
+  [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+  command -v rsync >/dev/null 2>&1 || need+=(rsync)
+  command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+fi
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "setup: please install ${need[*]} (needed for the SSH test suite)" >&2
+  fi
+fi
+
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv --system-site-packages .venv
+fi
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# torch: keep an installed one; otherwise the CPU build 2.13.0 (from local disk where provided).
+.venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" 'torch==2.13.0'
+"${pip[@]}" -e .
+# With --system-site-packages an invoke found outside the venv leaves no .venv/bin/invoke: add it.
+[ -x .venv/bin/invoke ] || "${pip[@]}" --force-reinstall --no-deps 'invoke>=2.2,<4'
+if [ "$want_tests" = 1 ]; then
+  "${pip[@]}" -r requirements-test.txt
+fi

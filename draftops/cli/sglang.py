@@ -1,0 +1,122 @@
+"""Tasks for the seed's fix: patch the host's SGLang to capture the embedding, rewrite draft configs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+from rich.table import Table
+
+from draftops import jobs
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root, require_success, run_job
+from draftops.console import console
+from draftops.errors import JobError
+
+STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
+               "modified": "red bold"}
+ACTIONS = ("status", "apply", "verify", "revert")
+
+
+def _show_patch(report: dict[str, Any], host: str) -> None:
+    table = Table(title=f"SGLang {report.get('sglang_version')} on {host}: {report.get('action')}",
+                  title_justify="left")
+    for col in ("file", "model", "state", "detail"):
+        table.add_column(col, overflow="fold")
+    changed = set(report.get("changed") or [])
+    for row in report.get("files", []):
+        state = row["state"]
+        mark = " (changed)" if row["file"] in changed else ""
+        table.add_row(row["file"], row["model"], f"[{STATE_STYLE.get(state, 'white')}]{state}[/]{mark}",
+                      row.get("detail") or "")
+    console.print(table)
+    for check in report.get("checks") or []:
+        colour = "green" if check["ok"] else "red"
+        console.print(f"  [{colour}]{'ok' if check['ok'] else 'FAIL'}[/] {check['file']}: {check['check']} "
+                      f"{check.get('detail') or ''}")
+    for note in report.get("notes") or []:
+        console.print(f"[dim]{note}[/]")
+
+
+@task(positional=["action"], help={"action": "status (default), apply, verify or revert", "host": HOST_HELP,
+                                   "models": "comma-separated model files (default: all supported)"})
+@friendly
+def patch_sglang(c: Context, action: str = "status", host: str | None = None, models: str | None = None) -> None:
+    """Make the host's SGLang capture the embedding (layer id -1); shows a per-file table."""
+    if action not in ACTIONS:
+        raise Exit(f"error: unknown action {action!r}; use one of {', '.join(ACTIONS)}.", code=1)
+    target = connect(c, host)
+    ensure_code(target)
+    args = [action, "--out", jobs.RUN_DIR]
+    if models:
+        args += ["--models", models]
+    command = jobs.python_module_command(target, "remote.sglang_patch", args)
+    run_id, final, local = run_job(target, f"patch-sglang-{action}", command, quiet=True,
+                                   env={"DRAFTOPS_STATE_DIR": target.state_dir})
+    report_path = local / "patch.json" if local else None
+    if report_path and report_path.is_file():
+        report = json.loads(report_path.read_text())
+        if report.get("files"):
+            _show_patch(report, target.name)
+        if report.get("error"):
+            raise Exit(f"error: {report['error']}", code=1)
+    require_success(run_id, final, local)
+
+
+def _ids_from_report(c: Context, target: Any, run_id: str) -> tuple[list[str], Path | None]:
+    """`--from-report RUN_ID`: the report on the host if the run is there, else the pulled copy here."""
+    try:
+        jobs.status(target, run_id)
+        return ["--from-report", f"{target.runs_dir}/{run_id}/report.json"], None
+    except JobError:
+        local = project_root(c) / "runs" / run_id / "report.json"
+        if not local.is_file():
+            raise Exit(f"error: no run {run_id!r} on host {target.name!r} and no {local}; pass the id of a "
+                       "`invoke test-drafter` run (see `invoke runs`).", code=1) from None
+        from remote.draft_config.errors import DraftConfigError
+        from remote.draft_config.report import read_fix
+        try:
+            fix = read_fix(local)
+        except DraftConfigError as exc:
+            raise Exit(f"error: {exc}", code=1) from None
+        return ["--layer-ids", ",".join(str(i) for i in fix.ids)], local
+
+
+@task(help={"ckpt": "draft checkpoint folder on the host", "layer_ids": "new ids, SGLang convention: -1,2,30",
+            "from_report": "take the fix from this test-drafter run id", "target": "target model folder "
+            "on the host (checks the id range)", "dry_run": "validate only", "host": HOST_HELP})
+@friendly
+def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_report: str | None = None,
+                 target: str | None = None, dry_run: bool = False, host: str | None = None) -> None:
+    """Rewrite the draft's aux layer ids in its config (either format), keeping a backup."""
+    if bool(layer_ids) == bool(from_report):
+        raise Exit("error: give exactly one of --layer-ids (e.g. -1,2,30) or --from-report RUN_ID.", code=1)
+    box = connect(c, host)
+    ensure_code(box)
+    args = ["--ckpt", ckpt, "--out", jobs.RUN_DIR, "--sglang-status"]
+    if layer_ids:
+        args += ["--layer-ids", layer_ids]
+    else:
+        extra, _ = _ids_from_report(c, box, str(from_report))
+        args += extra
+    if target:
+        args += ["--target", target]
+    if dry_run:
+        args.append("--dry-run")
+    command = jobs.python_module_command(box, "remote.draft_config", args)
+    run_id, final, local = run_job(box, "draft-config", command, quiet=True,
+                                   env={"DRAFTOPS_STATE_DIR": box.state_dir})
+    path = local / "draft_config.json" if local else None
+    if path and path.is_file():
+        result = json.loads(path.read_text())
+        if result.get("error"):
+            raise Exit(f"error: {result['error']}", code=1)
+        verb = "would write" if result.get("dry_run") else ("wrote" if result.get("changed") else "kept")
+        console.print(f"[green]draft-config[/] {result.get('config')} ({result.get('format')}, "
+                      f"`{result.get('field')}`): {result.get('old_ids')} → {verb} {result.get('written_ids')}")
+        if result.get("backup"):
+            console.print(f"  backup: {result['backup']}")
+        for warning in result.get("warnings") or []:
+            console.print(f"  [yellow]warning[/]: {warning}")
+    require_success(run_id, final, local)

@@ -131,3 +131,44 @@ def test_cli_rejects_unknown_model_names(tmp_path):
                        out=tmp_path / "o")
     assert proc.returncode == 2 and "unknown model 'gpt'" in proc.stderr
     assert json.loads(Path(tmp_path / "o" / "patch.json").read_text())["ok"] is False
+
+
+KNOWN_LLAMA = """
+class LlamaModel:
+    def forward(self, hidden_states, residual):
+        aux_hidden_states = []
+        for i in range(3):
+            if i in self.layers_to_capture:
+                aux_hidden_states.append(hidden_states + residual)
+        return aux_hidden_states
+
+
+class LlamaForCausalLM:
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        if not self.pp_group.is_last_rank:
+            return
+        self.capture_aux_hidden_states = True
+        if layer_ids is None:
+            self.model.layers_to_capture = [2, 4, 6]
+        else:
+            self.model.layers_to_capture = [val + 1 for val in layer_ids]
+"""
+
+
+def test_verify_import_check_imports_each_patched_module(tmp_path):
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt" / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text('__version__ = "9.9.9"\n')
+    (pkg / "srt" / "models" / "llama.py").write_text(KNOWN_LLAMA)
+    state = tmp_path / "state"
+    assert run_patcher(tmp_path / "site", "apply", state_dir=state).returncode == 0
+    proc = run_patcher(tmp_path / "site", "verify", "--import-check", state_dir=state,
+                       out=tmp_path / "v")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = json.loads((tmp_path / "v" / "patch.json").read_text())["checks"]
+    assert {"file": "srt/models/llama.py", "check": "import sglang.srt.models.llama",
+            "ok": True, "detail": "ok"} in checks
+    (pkg / "srt" / "__init__.py").write_text("raise RuntimeError('boom in srt')\n")
+    proc = run_patcher(tmp_path / "site", "verify", "--import-check", state_dir=state)
+    assert proc.returncode == 1 and "boom in srt" in proc.stderr

@@ -55,5 +55,5 @@ def _indent_of(raw: bytes) -> int:
     for line in raw.decode("utf-8", "replace").splitlines()[1:]:
         stripped = line.lstrip(" ")
         if stripped:
-            return max(1, len(line) - len(stripped)) if len(line) != len(stripped) else 2
+            return (len(line) - len(stripped)) or 2
     return 2

@@ -47,7 +47,8 @@ def wheel(version: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", *_PLATFORM, f"sglang=={version}", "-d", tmp]
+               "--disable-pip-version-check", "--quiet", *_PLATFORM, f"sglang=={version}",
+               "-d", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"pip download sglang=={version} failed:\n{proc.stderr[-2000:]}")

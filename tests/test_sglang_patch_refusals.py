@@ -23,7 +23,8 @@ LLAMA = "srt/models/llama.py"
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _refused(proc: subprocess.CompletedProcess[str], out: Path, error_type: str) -> str:
@@ -109,8 +110,9 @@ def test_revert_refuses_a_file_edited_after_the_patch(tmp_path):
     message = _refused(proc, tmp_path / "out", "ModifiedFile")
     assert str(llama) in message and "--force-reinstall" in message
     assert _snapshot(root) == before and _snapshot(state) == state_before
-    status = run_patcher(root, "status", state_dir=state, out=tmp_path / "s")
-    rows = {r["file"]: r["state"] for r in json.loads((tmp_path / "s" / "patch.json").read_text())["files"]}
+    assert run_patcher(root, "status", state_dir=state, out=tmp_path / "s").returncode == 0
+    payload = json.loads((tmp_path / "s" / "patch.json").read_text())
+    rows = {r["file"]: r["state"] for r in payload["files"]}
     assert rows[LLAMA] == "modified" and rows["srt/models/deepseek_v2.py"] == "patched"
     again = run_patcher(root, "apply", state_dir=state, out=tmp_path / "a")
     _refused(again, tmp_path / "a", "ModifiedFile")

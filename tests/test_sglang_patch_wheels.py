@@ -97,7 +97,8 @@ def test_apply_patches_exactly_the_files_that_need_it(patched, tmp_path):
 
 
 def _setter_files(patched) -> list[str]:
-    return [f for f in MODEL_FILES if f in patched.after and simulate.setter_classes(patched.after[f])]
+    return [f for f in MODEL_FILES
+            if f in patched.after and simulate.setter_classes(patched.after[f])]
 
 
 def test_patched_setter_maps_minus_one_to_the_embedding(patched):
@@ -182,7 +183,8 @@ def test_runner_calls_pass_the_configured_ids(patched, tmp_path):
 
 def _load_helpers(data: bytes) -> dict[str, Any]:
     tree = ast.parse(data)
-    helpers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in template.HELPERS]
+    helpers = [n for n in tree.body
+               if isinstance(n, ast.FunctionDef) and n.name in template.HELPERS]
     namespace: dict[str, Any] = {}
     exec(compile(ast.Module(body=helpers, type_ignores=[]), "<helpers>", "exec"), namespace)
     return namespace
@@ -207,7 +209,7 @@ def test_apply_is_idempotent_and_revert_is_byte_identical(version, tmp_path):
     assert revert.returncode == 0, revert.stderr
     assert sorted(_json(tmp_path / "r")["changed"]) == sorted(_json(tmp_path / "a1")["changed"])
     assert tree_bytes(root) == originals(version)
-    status = run_patcher(root, "status", state_dir=state, out=tmp_path / "s")
+    assert run_patcher(root, "status", state_dir=state, out=tmp_path / "s").returncode == 0
     assert {r["file"]: r["state"] for r in _json(tmp_path / "s")["files"]} == EXPECTED[version]
     again = run_patcher(root, "revert", state_dir=state, out=tmp_path / "r2")
     assert again.returncode == 0 and _json(tmp_path / "r2")["changed"] == []

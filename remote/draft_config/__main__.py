@@ -1,8 +1,8 @@
 """CLI: ``python -m remote.draft_config --ckpt PATH (--layer-ids IDS | --from-report FILE) ...``.
 
 Ids are given in SGLang's output-of-layer convention (-1 = embedding), like a drafter report's
-``fix_layer_ids``. Writes ``--out DIR/draft_config.json`` (schema in ``__init__``); on refusal prints
-one paragraph on stderr and exits 2 without touching the checkpoint.
+``fix_layer_ids``. Writes ``--out DIR/draft_config.json`` (schema in ``__init__``); on refusal
+prints one paragraph on stderr and exits 2 without touching the checkpoint.
 """
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
     if cfg.format == formats.SPECULATORS:
         warnings.append(f"speculators format: {cfg.field} is in the vLLM convention, so SGLang ids "
                         f"{checked.ids} are written as {written}; SGLang's target never reads this "
-                        "field (it reads eagle_config only), so serve a flat-format copy with SGLang")
+                        "field (it reads eagle_config only), so serve a flat-format copy with "
+                        "SGLang")
     stray = cfg.stray_top_level_ids()
     if stray is not None:
         warnings.append(f"top-level {formats.IDS_KEY}={stray} left as is: SGLang ignores it but "
@@ -127,8 +128,12 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 
 def _print_summary(payload: dict[str, Any]) -> None:
-    state = ("dry run, nothing written" if payload["dry_run"] and payload["written_ids"] != payload["old_ids"]
-             else "changed" if payload["changed"] else "already set, nothing written")
+    if payload["changed"]:
+        state = "changed"
+    elif payload["written_ids"] == payload["old_ids"]:
+        state = "already set, nothing written"
+    else:
+        state = "dry run, nothing written"
     print(f"{payload['config']} ({payload['format']}, {payload['field']}): "
           f"{payload['old_ids']} -> {payload['written_ids']} [{state}]")
     if payload["backup"]:

@@ -26,7 +26,8 @@ def sglang_warnings(ids: list[int], target: TargetInfo | None) -> tuple[dict[str
                "files": {r.target.rel: r.state for r in rows}}
     models = sorted({ARCHITECTURES[a] for a in (target.architectures if target else [])
                      if a in ARCHITECTURES})
-    relevant = [r for r in rows if r.target.kind == MODEL and (not models or r.target.model in models)]
+    relevant = [r for r in rows
+                if r.target.kind == MODEL and (not models or r.target.model in models)]
     fix = "run `python -m remote.sglang_patch apply` (invoke patch-sglang apply) before serving"
     warnings = []
     if any(v < 0 for v in ids):

@@ -1,8 +1,8 @@
 """The two draft config formats and where each keeps its aux layer ids.
 
-* flat (SGLang/vLLM-native ``LlamaForCausalLMEagle3``): ``eagle_config.eagle_aux_hidden_state_layer_ids``
-  in SGLang's output-of-layer convention (-1 = embedding; SGLang captures before layer id + 1).
-  This is the only field SGLang's target reads.
+* flat (SGLang/vLLM-native ``LlamaForCausalLMEagle3``):
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's output-of-layer convention
+  (-1 = embedding; SGLang captures before layer id + 1). The only field SGLang's target reads.
 * speculators (``speculators_model_type``): top-level ``eagle_aux_hidden_state_layer_ids`` in the
   vLLM/speculators convention (id k = residual stream after k layers, 0 = embedding), i.e. the
   SGLang id + 1; speculators rejects negative ids there.
@@ -80,7 +80,8 @@ class DraftConfig:
 
     def hidden_size(self) -> int | None:
         """The draft's own hidden size."""
-        holder = self.data.get("transformer_layer_config") if self.format == SPECULATORS else self.data
+        holder = (self.data.get("transformer_layer_config") if self.format == SPECULATORS
+                  else self.data)
         value = holder.get("hidden_size") if isinstance(holder, dict) else None
         return value if _is_int(value) else None
 

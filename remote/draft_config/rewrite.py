@@ -38,7 +38,8 @@ def write_config(config: Path, raw: bytes, data: dict[str, Any]) -> Path:
         except FileExistsError:  # another writer took the name between the check and the open
             continue
         except OSError as exc:
-            raise WriteError(f"Cannot write the backup {backup} ({exc}); nothing was written.") from exc
+            raise WriteError(
+                f"Cannot write the backup {backup} ({exc}); nothing was written.") from exc
     else:
         raise WriteError(f"No free backup name next to {config}; nothing was written.")
     try:

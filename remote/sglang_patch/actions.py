@@ -12,14 +12,21 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import events
 from ..fileio import atomic_write_bytes, sha256_bytes, writable
 from . import shapes, simulate
-from .errors import (CompileFailed, ModifiedFile, NotWritable, PatchError, UnknownShape,
-                     UnsupportedVersion)
+from .errors import (
+    CompileFailed,
+    ModifiedFile,
+    NotWritable,
+    PatchError,
+    UnknownShape,
+    UnsupportedVersion,
+)
 from .locate import SglangInstall
 from .state import StateStore
 from .survey import FileRow, survey
@@ -255,47 +262,57 @@ def _row_checks(row: FileRow, store: StateStore, explicit: bool) -> list[dict[st
     checks = [_check(rel, "state", True, f"{row.state}: {row.detail}")]
     if row.data is None:
         return checks
-    checks.append(_guarded(rel, "compiles", lambda: _compile(row.data or b"", row.path, "")))
+    checks.append(_guarded(rel, "compiles", partial(_compile, row.data, row.path, "")))
     if row.target.kind != MODEL:
         return checks
     original = store.original(row.record) if row.state == shapes.PATCHED and row.record else None
     for cls in simulate.setter_classes(row.data):
-        checks.append(_guarded(rel, f"{cls}: {PROBE_IDS} -> {PROBE_LOOP_INDICES}",
-                               lambda c=cls: _expect(simulate.run_setter(
-                                   row.data or b"", c, PROBE_IDS, num_layers=PROBE_NUM_LAYERS),
-                                   PROBE_LOOP_INDICES)))
-        if row.state == shapes.PATCHED:
-            env = ",".join(map(str, PROBE_IDS))
-            checks.append(_guarded(rel, f"{cls}: no ids + ${ENV_LAYER_IDS}={env}",
-                                   lambda c=cls: _expect(simulate.run_setter(
-                                       row.data or b"", c, None, num_layers=PROBE_NUM_LAYERS,
-                                       env_ids=env), PROBE_LOOP_INDICES)))
-        if original is not None:
-            checks.append(_guarded(rel, f"{cls}: [1, 29, 57] as upstream",
-                                   lambda c=cls: _expect(
-                                       simulate.run_setter(row.data or b"", c, [1, 29, 57]),
-                                       simulate.run_setter(original, c, [1, 29, 57]))))
+        for name, got, want in _setter_probes(row.data, cls, row.state, original):
+            checks.append(_guarded(rel, name, partial(_expect, got, want)))
     for a2a in (False, True):
         checks.append(_guarded(rel, f"capture at loop index 0 (a2a={a2a})",
-                               lambda a=a2a: _expect_captures(row.data or b"", a)))
+                               partial(_expect_captures, row.data, a2a)))
     return checks
 
 
-def _expect(got: Any, want: Any) -> str:
-    if got != want:
-        raise AssertionError(f"got {got}, expected {want}")
-    return f"{got}"
+Thunk = Callable[[], Any]
+
+
+def _setter_probes(data: bytes, cls: str, state: str,
+                   original: bytes | None) -> list[tuple[str, Thunk, Thunk]]:
+    """(check name, what the file does, what it should do) for one class's setter."""
+    run = partial(simulate.run_setter, data, cls, num_layers=PROBE_NUM_LAYERS)
+    probes = [(f"{cls}: {PROBE_IDS} -> {PROBE_LOOP_INDICES}", partial(run, PROBE_IDS),
+               partial(list, PROBE_LOOP_INDICES))]
+    if state == shapes.PATCHED:
+        env = ",".join(map(str, PROBE_IDS))
+        probes.append((f"{cls}: no ids + ${ENV_LAYER_IDS}={env}",
+                       partial(run, None, env_ids=env), partial(list, PROBE_LOOP_INDICES)))
+    if original is not None:
+        upstream = [1, 29, 57]
+        probes.append((f"{cls}: {upstream} as upstream", partial(run, upstream),
+                       partial(simulate.run_setter, original, cls, upstream,
+                               num_layers=PROBE_NUM_LAYERS)))
+    return probes
+
+
+def _expect(got: Thunk, want: Thunk) -> str:
+    value, expected = got(), want()
+    if value != expected:
+        raise AssertionError(f"got {value}, expected {expected}")
+    return f"{value}"
 
 
 def _expect_captures(data: bytes, a2a: bool) -> str:
     blocks = simulate.run_capture_blocks(data, index=0, hidden=1.5, residual=None, a2a=a2a)
     if any(block != [1.5] for block in blocks):
         raise AssertionError(f"captured {blocks}, expected the embedding (1.5) in every block")
-    return f"{len(blocks)} capture block(s) store the embedding" if blocks else \
-        "no capture block in this file (inherited, or delegated to the layers)"
+    if not blocks:
+        return "no capture block in this file (inherited, or delegated to the layers)"
+    return f"{len(blocks)} capture block(s) store the embedding"
 
 
-def _guarded(file: str, name: str, fn: Callable[[], Any]) -> dict[str, Any]:
+def _guarded(file: str, name: str, fn: Thunk) -> dict[str, Any]:
     try:
         detail = fn()
     except Exception as exc:  # noqa: BLE001 - any failure is a failed check, reported verbatim

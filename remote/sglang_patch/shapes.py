@@ -329,7 +329,8 @@ def _graph_part(src: Source, passes_ids: bool) -> Part:
                 and func.value.attr == "model"):
             return Part("cuda_graph", UNKNOWN, f"unrecognised setter call at line {call.lineno}")
         start, end = src.span(call)
-        edits.append(Edit(start, end, T.runner_call(src.segment(func), src.segment(func.value.value))))
+        runner = src.segment(func.value.value)
+        edits.append(Edit(start, end, T.runner_call(src.segment(func), runner)))
         edits.append(src.comment_before(enclosing_statement(call, parent_of), T.CALL_COMMENT))
     lines = ", ".join(str(c.lineno) for c in bare)
     return Part("cuda_graph", NEEDS_PATCH,

@@ -79,9 +79,9 @@ def _row(install: SglangInstall, store: StateStore, target: Target,
         if target.kind == MODEL:
             analysis = shapes.missing(f"not in SGLang {install.version}")
         else:
-            analysis = Analysis(parts=[shapes.Part(
-                "cuda_graph", shapes.NATIVE, f"not in SGLang {install.version} (nothing to patch)")],
-                marker_versions=[])
+            absent = shapes.Part("cuda_graph", shapes.NATIVE,
+                                 f"not in SGLang {install.version} (nothing to patch)")
+            analysis = Analysis(parts=[absent], marker_versions=[])
         return FileRow(target, path, analysis, None, record, _public(analysis.state),
                        analysis.detail)
     data = path.read_bytes()

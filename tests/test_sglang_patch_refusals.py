@@ -231,3 +231,20 @@ def test_failed_write_rolls_back_every_file(tmp_path, monkeypatch):
     assert tree_bytes(root) == originals("0.5.10")
     modes = {os.stat(root / "sglang" / rel).st_mode for rel in originals("0.5.10")}
     assert len(modes) == 1
+
+
+def test_verify_reports_a_tampered_backup(tmp_path):
+    root = extract("0.5.23", tmp_path / "site")
+    state = tmp_path / "state"
+    assert run_patcher(root, "apply", state_dir=state).returncode == 0
+    [backup] = (state / "0.5.23").glob("*.orig")
+    backup.write_bytes(backup.read_bytes() + b"# tampered\n")
+    proc = run_patcher(root, "verify", state_dir=state, out=tmp_path / "v")
+    assert proc.returncode == 1
+    checks = json.loads((tmp_path / "v" / "patch.json").read_text())["checks"]
+    [bad] = [c for c in checks if not c["ok"]]
+    assert bad["check"] == "backup" and "does not match the recorded sha256" in bad["detail"]
+    before = _snapshot(root)
+    revert = run_patcher(root, "revert", state_dir=state, out=tmp_path / "r")
+    _refused(revert, tmp_path / "r", "StateError")
+    assert _snapshot(root) == before

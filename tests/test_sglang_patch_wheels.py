@@ -41,6 +41,14 @@ DEEPSEEK_PARTS = {
 MODEL_FILES = (DS, LLAMA, QWEN2, QWEN3)
 
 
+def expected_states(version: str, found: dict[str, str] | None = None) -> dict[str, str]:
+    """EXPECTED[version], or a failure telling what to add for a newly listed version."""
+    if version not in EXPECTED:
+        pytest.fail(f"SGLang {version} is in SGLANG_VERSIONS but not in EXPECTED: add its file "
+                    f"states (status found {found})")
+    return EXPECTED[version]
+
+
 def _json(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "patch.json").read_text())
 
@@ -72,7 +80,8 @@ def test_status_reports_the_known_state_of_every_file(patched):
     assert payload["version_source"] == "metadata"
     assert Path(payload["sglang_dir"]) == (patched.root / "sglang").resolve()
     rows = _rows(payload)
-    assert {f: r["state"] for f, r in rows.items()} == EXPECTED[patched.version]
+    found = {f: r["state"] for f, r in rows.items()}
+    assert found == expected_states(patched.version, found)
     assert all(r["known_shape"] for r in rows.values())
     if patched.version in DEEPSEEK_PARTS:
         parts = rows[DS]["parts"]
@@ -80,7 +89,7 @@ def test_status_reports_the_known_state_of_every_file(patched):
 
 
 def test_apply_patches_exactly_the_files_that_need_it(patched, tmp_path):
-    expected = EXPECTED[patched.version]
+    expected = expected_states(patched.version)
     needs = [f for f, state in expected.items() if state == P]
     assert sorted(patched.apply["changed"]) == sorted(needs)
     assert '"event": "result"' in patched.stdout and '"event": "progress"' in patched.stdout
@@ -210,7 +219,8 @@ def test_apply_is_idempotent_and_revert_is_byte_identical(version, tmp_path):
     assert sorted(_json(tmp_path / "r")["changed"]) == sorted(_json(tmp_path / "a1")["changed"])
     assert tree_bytes(root) == originals(version)
     assert run_patcher(root, "status", state_dir=state, out=tmp_path / "s").returncode == 0
-    assert {r["file"]: r["state"] for r in _json(tmp_path / "s")["files"]} == EXPECTED[version]
+    after_revert = {r["file"]: r["state"] for r in _json(tmp_path / "s")["files"]}
+    assert after_revert == expected_states(version)
     again = run_patcher(root, "revert", state_dir=state, out=tmp_path / "r2")
     assert again.returncode == 0 and _json(tmp_path / "r2")["changed"] == []
 

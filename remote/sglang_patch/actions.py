@@ -24,6 +24,7 @@ from .errors import (
     ModifiedFile,
     NotWritable,
     PatchError,
+    StateError,
     UnknownShape,
     UnsupportedVersion,
 )
@@ -265,7 +266,13 @@ def _row_checks(row: FileRow, store: StateStore, explicit: bool) -> list[dict[st
     checks.append(_guarded(rel, "compiles", partial(_compile, row.data, row.path, "")))
     if row.target.kind != MODEL:
         return checks
-    original = store.original(row.record) if row.state == shapes.PATCHED and row.record else None
+    original = None
+    if row.state == shapes.PATCHED and row.record is not None:
+        try:
+            original = store.original(row.record)
+            checks.append(_check(rel, "backup", True, row.record.backup))
+        except StateError as exc:
+            checks.append(_check(rel, "backup", False, str(exc)))
     for cls in simulate.setter_classes(row.data):
         for name, got, want in _setter_probes(row.data, cls, row.state, original):
             checks.append(_guarded(rel, name, partial(_expect, got, want)))

@@ -1,0 +1,147 @@
+"""CLI: ``python -m remote.draft_config --ckpt PATH (--layer-ids IDS | --from-report FILE) ...``.
+
+Ids are given in SGLang's output-of-layer convention (-1 = embedding), like a drafter report's
+``fix_layer_ids``. Writes ``--out DIR/draft_config.json`` (schema in ``__init__``); on refusal
+prints one paragraph on stderr and exits 2 without touching the checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .. import events
+from ..fileio import write_json
+from . import formats, validate
+from .capture import sglang_warnings
+from .errors import DraftConfigError
+from .report import read_fix
+from .rewrite import write_config
+from .target import load_target
+
+SCHEMA = "draftops.draft-config/1"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m remote.draft_config",
+        description="Rewrite an EAGLE-3 draft's aux layer ids in its config.json (with a backup).")
+    parser.add_argument("--ckpt", type=Path, required=True, help="draft checkpoint folder")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--layer-ids", help="new ids, SGLang output-of-layer convention: -1,2,30")
+    source.add_argument("--from-report", type=Path, help="drafter report JSON holding the fix")
+    parser.add_argument("--target", type=Path, help="target model folder: checks the id range")
+    parser.add_argument("--sglang-status", action="store_true",
+                        help="warn when the host's SGLang cannot capture the new ids yet")
+    parser.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
+    parser.add_argument("--out", type=Path, help="folder for draft_config.json")
+    return parser.parse_args(_join_negative_values(argv))
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """Let ``--layer-ids -1,2,30`` through (argparse takes '-1,2,30' for an option)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--layer-ids" and i + 1 < len(argv):
+            out.append(f"--layer-ids={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    payload: dict[str, Any] = {
+        "schema": SCHEMA, "ok": False, "error": None, "error_type": None,
+        "ckpt": str(args.ckpt), "config": None, "format": None, "field": None,
+        "file_convention": None, "old_ids": None, "new_ids": None, "written_ids": None,
+        "changed": False, "dry_run": args.dry_run, "backup": None,
+        "source": {"kind": "report" if args.from_report else "cli",
+                   "path": str(args.from_report) if args.from_report else None, "status": None},
+        "target": None, "fc_aux_slots": None, "needs_capture_patch": None, "sglang": None,
+        "warnings": [],
+    }
+    events.emit("start", tool="draft-config", ckpt=str(args.ckpt))
+    code = 0
+    try:
+        _run(args, payload)
+        payload["ok"] = True
+        _print_summary(payload)
+    except DraftConfigError as exc:
+        code = exc.exit_code
+        payload.update(error=str(exc), error_type=type(exc).__name__)
+        print(f"draft-config refused: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a bug: still leave the JSON for the local side
+        code = 3
+        payload.update(error=f"internal error: {exc!r}", error_type="InternalError")
+        traceback.print_exc()
+    if args.out is not None:
+        path = write_json(args.out / "draft_config.json", payload)
+        events.result(str(path), ok=payload["ok"], changed=payload["changed"])
+    events.emit("done", ok=payload["ok"], exit_code=code)
+    return code
+
+
+def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    if args.from_report:
+        fix = read_fix(args.from_report)
+        requested, report_patch = fix.ids, fix.needs_capture_patch
+        payload["source"]["status"] = fix.status
+    else:
+        requested, report_patch = validate.parse_ids(args.layer_ids), False
+    cfg = formats.load(args.ckpt)
+    target = load_target(args.target) if args.target else None
+    payload.update(config=str(cfg.path), format=cfg.format, field=cfg.field,
+                   file_convention=cfg.convention, old_ids=cfg.file_ids(),
+                   target=target.to_json() if target else None)
+    checked = validate.check(requested, cfg, target)
+    warnings = list(checked.warnings)
+    written = cfg.to_file(checked.ids)
+    needs_patch = validate.needs_capture_patch(checked.ids) or report_patch
+    if cfg.format == formats.SPECULATORS:
+        warnings.append(f"speculators format: {cfg.field} is in the vLLM convention, so SGLang ids "
+                        f"{checked.ids} are written as {written}; SGLang's target never reads this "
+                        "field (it reads eagle_config only), so serve a flat-format copy with "
+                        "SGLang")
+    stray = cfg.stray_top_level_ids()
+    if stray is not None:
+        warnings.append(f"top-level {formats.IDS_KEY}={stray} left as is: SGLang ignores it but "
+                        "vLLM prefers it over eagle_config")
+    if args.sglang_status:
+        payload["sglang"], sglang_notes = sglang_warnings(checked.ids, target)
+        warnings += sglang_notes
+    elif needs_patch:
+        warnings.append("the ids include -1 (embedding): SGLang needs the draftops capture patch "
+                        "(python -m remote.sglang_patch apply) unless its `status` says native; "
+                        "--sglang-status checks the host's SGLang")
+    payload.update(new_ids=checked.ids, written_ids=written, fc_aux_slots=checked.fc_aux_slots,
+                   needs_capture_patch=needs_patch, warnings=warnings)
+    if written == payload["old_ids"] or args.dry_run:
+        return
+    backup = write_config(cfg.path, cfg.raw, cfg.with_ids(checked.ids))
+    payload.update(changed=True, backup=str(backup))
+
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    if payload["changed"]:
+        state = "changed"
+    elif payload["written_ids"] == payload["old_ids"]:
+        state = "already set, nothing written"
+    else:
+        state = "dry run, nothing written"
+    print(f"{payload['config']} ({payload['format']}, {payload['field']}): "
+          f"{payload['old_ids']} -> {payload['written_ids']} [{state}]")
+    if payload["backup"]:
+        print(f"backup: {payload['backup']}")
+    for warning in payload["warnings"]:
+        events.emit("warning", message=warning)
+        print(f"warning: {warning}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Check requested layer ids (SGLang output-of-layer convention) against the draft and target.
+
+SGLang captures id X before decoder layer X + 1 runs, so the usable range for a target with N
+layers is -1 (the embedding) .. N-2 (the input of the last layer). The aux states are
+concatenated in ascending order, and the fc layer has one input slot per aux state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import weights
+from .errors import InvalidLayerIds
+from .formats import DraftConfig
+from .target import TargetInfo
+
+
+@dataclass
+class Checked:
+    """Ids ready to write (sorted) and what the user should know about them."""
+
+    ids: list[int]
+    fc_aux_slots: int | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_ids(text: str) -> list[int]:
+    """``"-1,2,30"`` -> ``[-1, 2, 30]``."""
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError as exc:
+        raise InvalidLayerIds(
+            f"--layer-ids {text!r} is not a comma-separated list of integers (e.g. -1,2,30)."
+        ) from exc
+    if not ids:
+        raise InvalidLayerIds("--layer-ids is empty; give at least one id, e.g. -1,2,30.")
+    return ids
+
+
+def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checked:
+    """Validate ``ids``; raise InvalidLayerIds with every problem found, else return warnings."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    if not ids or not all(isinstance(v, int) and not isinstance(v, bool) for v in ids):
+        raise InvalidLayerIds(f"Layer ids {ids!r} must be a non-empty list of integers.")
+    repeated = sorted({v for v in ids if ids.count(v) > 1})
+    if repeated:
+        problems.append(f"id(s) {repeated} repeated (each aux state must be distinct)")
+    low = [v for v in ids if v < -1]
+    if low:
+        problems.append(f"id(s) {low} below -1 (-1 is the embedding output)")
+    if target is not None:
+        last = target.num_hidden_layers - 2
+        high = [v for v in ids if v > last]
+        if high:
+            problems.append(
+                f"id(s) {high} above {last}: the target ({target.path}) has "
+                f"{target.num_hidden_layers} layers and SGLang captures id X before layer X+1, "
+                f"so {last} (the input of the last layer) is the highest usable id")
+    else:
+        warnings.append("no --target given: ids not checked against the target's layer count")
+    slots = _fc_slots(cfg, target, warnings)
+    if slots is not None and slots != len(set(ids)):
+        problems.append(f"{len(set(ids))} ids but fc.weight takes {slots} aux hidden states")
+    declared = cfg.declared_aux_count()
+    if declared is not None and declared != len(set(ids)):
+        problems.append(f"{len(set(ids))} ids but config.json declares num_aux_hidden_states="
+                        f"{declared}")
+    if problems:
+        raise InvalidLayerIds(
+            f"Refusing to write layer ids {ids} into {cfg.path} ({cfg.field}): "
+            + "; ".join(problems) + ". Pick ids in the SGLang output-of-layer convention "
+            "(-1 = embedding) that match the draft's training; nothing was written."
+        )
+    ordered = sorted(ids)
+    if ordered != list(ids):
+        warnings.append(f"ids {ids} given out of order; written ascending as {ordered} "
+                        "(SGLang concatenates aux states in ascending layer order)")
+    if len(ordered) != 3:
+        warnings.append(f"{len(ordered)} aux ids: SGLang <= 0.5.11 supports exactly 3")
+    return Checked(ids=ordered, fc_aux_slots=slots, warnings=warnings)
+
+
+def _fc_slots(cfg: DraftConfig, target: TargetInfo | None, warnings: list[str]) -> int | None:
+    ckpt = cfg.path.parent
+    found = weights.find_shape(ckpt, "fc.weight")
+    if found is None:
+        warnings.append(f"no fc.weight in the safetensors of {ckpt}: aux count not checked")
+        return None
+    shape, _ = found
+    width = (cfg.target_hidden_size() or (target.hidden_size if target else None)
+             or cfg.hidden_size() or (shape[0] if shape else None))
+    slots = weights.aux_slots(shape, width)
+    if slots is None:
+        warnings.append(f"fc.weight shape {shape} is not a multiple of the target hidden size "
+                        f"{width}: aux count not checked")
+    return slots
+
+
+def needs_capture_patch(ids: list[int]) -> bool:
+    """True when SGLang must capture the embedding (id -1)."""
+    return any(v < 0 for v in ids)

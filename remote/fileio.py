@@ -1,0 +1,97 @@
+"""File helpers shared by the remote tools: hashes, atomic replacement and JSON results.
+
+Remote tools edit files that a running server may read at any moment (site-packages, checkpoint
+configs), so every write goes to a temporary file in the same folder and is swapped in with
+``os.replace``: a reader sees the old bytes or the new ones, never half a file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file at ``path``."""
+    return sha256_bytes(Path(path).read_bytes())
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically, keeping the old file's mode (and owner as root).
+
+    ``mode`` is used when the file does not exist yet; an existing file's permission bits win so
+    that a patched site-packages file stays exactly as readable as before.
+    """
+    path = Path(path)
+    try:
+        st: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        st = None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".draftops-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if st is not None:
+            os.chmod(tmp, st.st_mode & 0o7777)
+            if os.geteuid() == 0:
+                os.chown(tmp, st.st_uid, st.st_gid)
+        else:
+            os.chmod(tmp, 0o644 if mode is None else mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_exclusive(path: Path, data: bytes) -> None:
+    """Create ``path`` with ``data``; raise FileExistsError rather than overwrite anything."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_json(path: Path, payload: Any) -> Path:
+    """Write ``payload`` as indented JSON to ``path`` (atomically, creating folders)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(payload, indent=2, default=str) + "\n").encode("utf-8"))
+    return path
+
+
+def writable(path: Path) -> bool:
+    """True when this process may replace ``path``: the file and its folder are writable.
+
+    ``os.replace`` needs write access to the folder; the file's own bit is checked too so that a
+    deliberately read-only file is treated as a refusal, not silently replaced.
+    """
+    path = Path(path)
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

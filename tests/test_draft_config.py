@@ -1,0 +1,266 @@
+"""draft-config on both config formats, with hand-made checkpoints (config.json + safetensors)."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_wheels import REPO, extract, run_patcher
+
+from remote.draft_config import rewrite, weights
+
+HIDDEN = 16
+FLAT_CONFIG = {
+    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": HIDDEN,
+    "num_hidden_layers": 1, "vocab_size": 1000, "draft_vocab_size": 100,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57], "use_aux_hidden_state": True},
+}
+SPECULATORS_CONFIG = {
+    "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+    "draft_vocab_size": 100, "eagle_aux_hidden_state_layer_ids": [2, 30, 58],
+    "norm_before_residual": True, "target_hidden_size": None,
+    "transformer_layer_config": {"model_type": "llama", "hidden_size": HIDDEN,
+                                 "num_hidden_layers": 1, "vocab_size": 1000},
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
+    """A valid F32 safetensors file of zeros with the given tensor shapes."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in tensors.items():
+        size = 4
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
+
+
+def make_ckpt(folder: Path, config: dict[str, Any], aux: int = 3, sharded: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    tensors = {"fc.weight": [HIDDEN, aux * HIDDEN], "norm.weight": [HIDDEN]}
+    if sharded:
+        write_safetensors(folder / "model-00001-of-00002.safetensors", {"norm.weight": [HIDDEN]})
+        write_safetensors(folder / "model-00002-of-00002.safetensors",
+                          {"fc.weight": tensors["fc.weight"]})
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            "norm.weight": "model-00001-of-00002.safetensors",
+            "fc.weight": "model-00002-of-00002.safetensors"}}))
+    else:
+        write_safetensors(folder / "model.safetensors", tensors)
+    return folder
+
+
+def make_target(folder: Path, layers: int = 61, nested: bool = False,
+                arch: str = "DeepseekV3ForCausalLM") -> Path:
+    folder.mkdir(parents=True)
+    body = {"num_hidden_layers": layers, "hidden_size": HIDDEN}
+    config = ({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": body}
+              if nested else {"architectures": [arch], **body})
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def run_cli(*args: str, out: Path, env: dict[str, str] | None = None,
+            pythonpath: Path | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    full_env.update(env or {})
+    if pythonpath is not None:
+        full_env["PYTHONPATH"] = str(pythonpath)
+    proc = subprocess.run([sys.executable, "-m", "remote.draft_config", *args, "--out", str(out)],
+                          cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120)
+    return proc, json.loads((out / "draft_config.json").read_text())
+
+
+def _backups(ckpt: Path) -> list[Path]:
+    return sorted(ckpt.glob("config.json.draftops-bak-*"))
+
+
+def test_flat_format_rewrites_eagle_config_and_keeps_a_backup(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    original = (ckpt / "config.json").read_bytes()
+    target = make_target(tmp_path / "target")
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--target", str(target),
+                           out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [-1, 2, 30],
+                                      "use_aux_hidden_state": True}
+    assert {k: v for k, v in config.items() if k != "eagle_config"} == \
+        {k: v for k, v in FLAT_CONFIG.items() if k != "eagle_config"}
+    assert (ckpt / "config.json").read_text().startswith('{\n    "architectures"')  # indent kept
+    [backup] = _backups(ckpt)
+    assert backup.read_bytes() == original and result["backup"] == str(backup)
+    assert result["schema"] == "draftops.draft-config/1" and result["ok"] is True
+    assert (result["format"], result["file_convention"]) == ("flat", "sglang-output-of-layer")
+    assert (result["old_ids"], result["new_ids"], result["written_ids"]) == \
+        ([1, 29, 57], [-1, 2, 30], [-1, 2, 30])
+    assert result["changed"] is True and result["fc_aux_slots"] == 3
+    assert result["needs_capture_patch"] is True
+    assert result["target"]["num_hidden_layers"] == 61
+    assert any("capture patch" in w for w in result["warnings"])
+
+
+def test_speculators_format_rewrites_the_top_level_field_in_its_own_convention(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", SPECULATORS_CONFIG)
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--target",
+                           str(make_target(tmp_path / "target")), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 3, 31]
+    assert "eagle_config" not in config
+    assert config["transformer_layer_config"] == SPECULATORS_CONFIG["transformer_layer_config"]
+    assert (result["format"], result["file_convention"]) == ("speculators", "vllm-after-k-layers")
+    assert (result["old_ids"], result["new_ids"], result["written_ids"]) == \
+        ([2, 30, 58], [-1, 2, 30], [0, 3, 31])
+    assert any("never reads this field" in w for w in result["warnings"])
+    assert len(_backups(ckpt)) == 1
+
+
+@pytest.mark.parametrize("ids, why", [
+    ("-1,2,60", "above 59"), ("-2,2,30", "below -1"), ("-1,2,2", "repeated"),
+    ("-1,2", "fc.weight takes 3"),
+])
+def test_invalid_ids_are_refused_and_nothing_is_written(tmp_path, ids, why):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    original = (ckpt / "config.json").read_bytes()
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", ids, "--target",
+                           str(make_target(tmp_path / "target")), out=tmp_path / "out")
+    assert proc.returncode == 2
+    assert result["ok"] is False and result["error_type"] == "InvalidLayerIds"
+    assert why in proc.stderr and "eagle_config.eagle_aux_hidden_state_layer_ids" in proc.stderr
+    assert str(ckpt / "config.json") in proc.stderr
+    assert (ckpt / "config.json").read_bytes() == original and not _backups(ckpt)
+
+
+def test_nested_target_config_and_sharded_weights_are_read(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG, aux=4, sharded=True)
+    target = make_target(tmp_path / "target", layers=30, nested=True)
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,14,28", "--target",
+                           str(target), out=tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert result["fc_aux_slots"] == 4 and result["target"]["num_hidden_layers"] == 30
+    assert any("supports exactly 3" in w for w in result["warnings"])
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,14,29", "--target",
+                           str(target), out=tmp_path / "out2")
+    assert proc.returncode == 2 and "above 28" in proc.stderr
+
+
+def _report(path: Path, status: str, fix: list[int] | None, patch: bool = True) -> Path:
+    path.write_text(json.dumps({"verdict": {"status": status, "fix_layer_ids": fix,
+                                            "needs_capture_patch": patch}, "details": {}}))
+    return path
+
+
+@pytest.mark.parametrize("status, fix, why", [
+    ("MATCH", None, "says MATCH"), ("MATCH", [1, 29, 57], "says MATCH"),
+    ("MISMATCH", None, "fix_layer_ids is null"),
+])
+def test_report_without_a_fix_is_refused(tmp_path, status, fix, why):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    original = (ckpt / "config.json").read_bytes()
+    report = _report(tmp_path / "report.json", status, fix)
+    proc, result = run_cli("--ckpt", str(ckpt), "--from-report", str(report), out=tmp_path / "o")
+    assert proc.returncode == 2 and result["error_type"] == "ReportError"
+    assert why in proc.stderr and str(report) in proc.stderr
+    assert (ckpt / "config.json").read_bytes() == original and not _backups(ckpt)
+
+
+def test_report_fix_is_applied(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    report = _report(tmp_path / "report.json", "MISMATCH", [30, -1, 2])
+    proc, result = run_cli("--ckpt", str(ckpt), "--from-report", str(report), out=tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert result["source"] == {"kind": "report", "path": str(report), "status": "MISMATCH"}
+    assert result["written_ids"] == [-1, 2, 30] and result["needs_capture_patch"] is True
+    assert any("out of order" in w for w in result["warnings"])
+    assert json.loads((ckpt / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [-1, 2, 30]
+
+
+def test_repeated_runs_never_overwrite_a_backup(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    contents = [(ckpt / "config.json").read_bytes()]
+    for ids in ("-1,2,30", "0,2,30", "-1,2,30"):
+        proc, _ = run_cli("--ckpt", str(ckpt), "--layer-ids", ids, out=tmp_path / "o")
+        assert proc.returncode == 0, proc.stderr
+        contents.append((ckpt / "config.json").read_bytes())
+    backups = _backups(ckpt)
+    assert len(backups) == 3
+    assert sorted(b.read_bytes() for b in backups) == sorted(contents[:3])
+
+
+def test_same_ids_again_writes_nothing_and_dry_run_writes_nothing(tmp_path):
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "1,29,57", out=tmp_path / "o")
+    assert proc.returncode == 0 and result["changed"] is False and not _backups(ckpt)
+    assert result["needs_capture_patch"] is False
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--dry-run",
+                           out=tmp_path / "o2")
+    assert proc.returncode == 0 and result["changed"] is False and result["dry_run"] is True
+    assert result["written_ids"] == [-1, 2, 30] and not _backups(ckpt)
+    assert json.loads((ckpt / "config.json").read_text()) == FLAT_CONFIG
+
+
+def test_backup_name_skips_existing_backups(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    (tmp_path / "config.json.draftops-bak-X").write_text("old")
+    (tmp_path / "config.json.draftops-bak-X-2").write_text("older")
+    assert rewrite.backup_path(config, "X").name == "config.json.draftops-bak-X-3"
+
+
+def test_a_target_config_is_not_taken_for_a_draft(tmp_path):
+    target = make_target(tmp_path / "target")
+    proc, result = run_cli("--ckpt", str(target), "--layer-ids", "-1,2,30", out=tmp_path / "o")
+    assert proc.returncode == 2 and result["error_type"] == "ConfigFormatError"
+    assert "not an EAGLE-3 draft config" in proc.stderr
+
+
+def test_safetensors_header_is_read_without_torch(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_safetensors(path, {"model.fc.weight": [8, 24]})
+    assert weights.find_shape(tmp_path, "fc.weight") == ([8, 24], path)
+    assert weights.aux_slots([8, 24], 8) == 3 and weights.aux_slots([8, 24], 7) is None
+
+
+def test_sglang_status_warns_until_the_capture_patch_is_applied(tmp_path):
+    root = extract("0.5.13", tmp_path / "site")
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    target = make_target(tmp_path / "target")
+    args = ("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--target", str(target),
+            "--sglang-status", "--dry-run")
+    env = {"DRAFTOPS_STATE_DIR": str(tmp_path / "draftops")}
+    proc, result = run_cli(*args, out=tmp_path / "o1", env=env, pythonpath=root)
+    assert proc.returncode == 0, proc.stderr
+    assert result["sglang"]["version"] == "0.5.13"
+    flagged = [w for w in result["warnings"] if "SGLang 0.5.13's srt/models/deepseek_v2.py" in w]
+    assert flagged and "needs-patch" in flagged[0]
+    assert not any("llama.py" in w for w in result["warnings"]), "only the target's model file"
+    assert run_patcher(root, "apply", "--models", "deepseek_v2",
+                       state_dir=tmp_path / "draftops" / "sglang-patch").returncode == 0
+    proc, result = run_cli(*args, out=tmp_path / "o2", env=env, pythonpath=root)
+    assert result["sglang"]["files"]["srt/models/deepseek_v2.py"] == "patched"
+    assert not any("SGLang 0.5.13" in w for w in result["warnings"])
+
+
+def test_sglang_status_flags_the_cuda_graph_override(tmp_path):
+    root = extract("0.5.10", tmp_path / "site")
+    ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
+    target = make_target(tmp_path / "target", arch="Qwen3ForCausalLM")
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--target", str(target),
+                           "--sglang-status", "--dry-run", out=tmp_path / "o", pythonpath=root)
+    assert proc.returncode == 0, proc.stderr
+    graph = [w for w in result["warnings"] if "CUDA-graph mode" in w]
+    assert len(graph) == 2 and "--disable-cuda-graph" in graph[0]
+    assert not any("qwen3.py is" in w for w in result["warnings"]), "qwen3 captures -1 natively"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sglang_wheels import REPO, extract, run_patcher
+from tests.sglang_wheels import REPO, extract, run_patcher
 
 from remote.draft_config import rewrite, weights
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_wheels import (STUB_INIT, UNSUPPORTED_VERSION, copy_code, extract, originals,
+from tests.sglang_wheels import (STUB_INIT, UNSUPPORTED_VERSION, copy_code, extract, originals,
                            run_patcher, tree_bytes)
 
 from remote.sglang_patch import actions, locate

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sglang_wheels import extract, run_patcher
+from tests.sglang_wheels import extract, run_patcher
 
 from remote import fileio
 from remote.sglang_patch import locate, template

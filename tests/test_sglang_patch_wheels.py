@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sglang_wheels import SGLANG_VERSIONS, extract, originals, run_patcher, tree_bytes
+from tests.sglang_wheels import SGLANG_VERSIONS, extract, originals, run_patcher, tree_bytes
 
 from remote.sglang_patch import shapes, simulate, template
 from remote.sglang_patch.edits import Source

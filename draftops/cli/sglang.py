@@ -1,4 +1,8 @@
-"""Tasks for the seed's fix: patch the host's SGLang to capture the embedding, rewrite draft configs."""
+"""Tasks for the seed's fix: patch the host's SGLang to capture the embedding, rewrite draft configs.
+
+`patch-sglang` is a namespace (`invoke patch-sglang` = status, `invoke patch-sglang.apply`, ...):
+Invoke has no optional positional arguments.
+"""
 from __future__ import annotations
 
 import json
@@ -16,7 +20,6 @@ from draftops.errors import JobError
 
 STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
                "modified": "red bold"}
-ACTIONS = ("status", "apply", "verify", "revert")
 
 
 def _show_patch(report: dict[str, Any], host: str) -> None:
@@ -39,13 +42,7 @@ def _show_patch(report: dict[str, Any], host: str) -> None:
         console.print(f"[dim]{note}[/]")
 
 
-@task(positional=["action"], help={"action": "status (default), apply, verify or revert", "host": HOST_HELP,
-                                   "models": "comma-separated model files (default: all supported)"})
-@friendly
-def patch_sglang(c: Context, action: str = "status", host: str | None = None, models: str | None = None) -> None:
-    """Make the host's SGLang capture the embedding (layer id -1); shows a per-file table."""
-    if action not in ACTIONS:
-        raise Exit(f"error: unknown action {action!r}; use one of {', '.join(ACTIONS)}.", code=1)
+def _patch(c: Context, action: str, host: str | None, models: str | None) -> None:
     target = connect(c, host)
     ensure_code(target)
     args = [action, "--out", jobs.RUN_DIR]
@@ -62,6 +59,37 @@ def patch_sglang(c: Context, action: str = "status", host: str | None = None, mo
         if report.get("error"):
             raise Exit(f"error: {report['error']}", code=1)
     require_success(run_id, final, local)
+
+
+_PATCH_HELP = {"host": HOST_HELP, "models": "comma-separated model files (default: all supported)"}
+
+
+@task(default=True, help=_PATCH_HELP)
+@friendly
+def status(c: Context, host: str | None = None, models: str | None = None) -> None:
+    """Per SGLang model file: embedding capture native, patched, or needing the patch."""
+    _patch(c, "status", host, models)
+
+
+@task(help=_PATCH_HELP)
+@friendly
+def apply(c: Context, host: str | None = None, models: str | None = None) -> None:
+    """Patch the host's SGLang (originals saved with sha256 first; idempotent)."""
+    _patch(c, "apply", host, models)
+
+
+@task(help=_PATCH_HELP)
+@friendly
+def verify(c: Context, host: str | None = None, models: str | None = None) -> None:
+    """Check that every patched file compiles and maps [-1, a, b] to the embedding and a+1, b+1."""
+    _patch(c, "verify", host, models)
+
+
+@task(help=_PATCH_HELP)
+@friendly
+def revert(c: Context, host: str | None = None, models: str | None = None) -> None:
+    """Restore the original files byte for byte (refused if someone else changed them since)."""
+    _patch(c, "revert", host, models)
 
 
 def _ids_from_report(c: Context, target: Any, run_id: str) -> tuple[list[str], Path | None]:

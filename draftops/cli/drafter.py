@@ -1,0 +1,44 @@
+"""`invoke test-drafter`: evaluate a draft on its hidden-state dumps on the host, outside any server."""
+from __future__ import annotations
+
+import json
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from draftops import jobs, report
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
+from draftops.console import console
+
+
+@task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
+            "data": "hidden-state dump folder on the host (default: the demo's)",
+            "verifier": "target model folder on the host: verifier-argmax targets, missing embed_tokens",
+            "config": "config file to use instead of <ckpt>/config.json",
+            "steps": "TTT steps = the num_steps you will serve with (default 3)",
+            "limit": "evaluate at most N samples", "expected_acc": "training-reported step-0 accuracy",
+            "device": "auto, cpu or cuda", "host": HOST_HELP})
+@friendly
+def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
+                 config: str | None = None, steps: int = 3, limit: int | None = None,
+                 expected_acc: float | None = None, device: str = "auto", host: str | None = None) -> None:
+    """Check that the features the server will feed the draft are the ones it was trained on."""
+    if bool(ckpt) != bool(data):
+        raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
+    target = connect(c, host)
+    ensure_code(target)
+    args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
+    for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
+                        ("--limit", limit), ("--expected-acc", expected_acc)):
+        if value is not None:
+            args += [flag, str(value)]
+    command = jobs.python_module_command(target, "remote.drafter", args)
+    # The demo is generated once per host and kept next to the runs, outside the synced code tree.
+    run_id, final, local = run_job(target, "test-drafter", command,
+                                   env={"DRAFTOPS_DEMO_DIR": f"{target.root}/state/demo"})
+    path = local / "report.json" if local else None
+    if final.get("state") == "succeeded" and path and path.is_file():
+        doc = json.loads(path.read_text())
+        report.show(doc, console)
+        console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt CKPT --from-report {run_id}`)[/]")
+    require_success(run_id, final, local)

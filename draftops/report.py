@@ -1,0 +1,102 @@
+"""Render a drafter report (``draftops.drafter-report/1``, see docs/drafter.md) as rich tables.
+
+Pure presentation: it reads the JSON the remote evaluator wrote and never recomputes a metric.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+SUPPORTED_SCHEMA = "draftops.drafter-report/1"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def slot_table(report: dict[str, Any]) -> Table:
+    table = Table(title="hidden-state slots (mean RMS per token)", title_justify="left")
+    for col in ("slot", "layer id", "role", "rms"):
+        table.add_column(col, justify="right" if col in ("slot", "rms") else "left")
+    for row in report.get("slot_norms", []):
+        table.add_row(str(row["slot"]), str(row.get("layer_id")), row.get("role") or "",
+                      f"{row['rms']:.3f}")
+    return table
+
+
+def layout_table(report: dict[str, Any]) -> Table:
+    basis = report.get("metrics", {}).get("basis", "data")
+    table = Table(title=f"aux layouts tried (step-0 accuracy, {basis} targets)", title_justify="left")
+    for col in ("layer ids (SGLang)", "slots", "step-0 acc", ""):
+        table.add_column(col)
+    rows = sorted(report.get("layouts", []), key=lambda r: -(r.get("acc") or 0.0))
+    for row in rows:
+        tags = ", ".join(row.get("tags") or [])
+        style = "bold green" if "best" in tags else ("bold red" if "configured-sglang" in tags else "")
+        table.add_row(str(row.get("layer_ids")), str(row.get("slots")), _pct(row.get("acc")), tags, style=style)
+    return table
+
+
+def metrics_table(report: dict[str, Any]) -> Table:
+    metrics = report.get("metrics", {})
+    steps = metrics.get("steps", 0)
+    table = Table(title="per-step accuracy (full = steps 0..k all right; cond = step k given the rest)",
+                  title_justify="left")
+    table.add_column("layout / targets")
+    for k in range(steps):
+        table.add_column(f"full_acc_{k}", justify="right")
+        table.add_column(f"cond_acc_{k}", justify="right")
+    table.add_column("top-5 @0", justify="right")
+    for role in ("served", "best"):
+        evaluation = metrics.get(role)
+        if not evaluation:
+            continue
+        for basis in ("data", "verifier"):
+            counts = evaluation.get(basis)
+            if not counts:
+                continue
+            cells = []
+            for k in range(steps):
+                cells += [_pct((counts.get("full_acc") or [None] * steps)[k]),
+                          _pct((counts.get("cond_acc") or [None] * steps)[k])]
+            table.add_row(f"{role} {evaluation.get('layer_ids')} / {basis}", *cells, _pct(counts.get("top5_acc_0")))
+    return table
+
+
+def verdict_panel(report: dict[str, Any]) -> Panel:
+    verdict = report.get("verdict", {})
+    status = verdict.get("status", "?")
+    colour = {"MATCH": "green", "MISMATCH": "red"}.get(status, "yellow")
+    lines = [f"[bold {colour}]{status}[/]", verdict.get("message", "")]
+    if verdict.get("fix_layer_ids") is not None:
+        lines.append(f"fix: eagle_aux_hidden_state_layer_ids = [bold]{verdict['fix_layer_ids']}[/] (SGLang ids)"
+                     + ("; needs the SGLang capture patch (invoke patch-sglang.apply)"
+                        if verdict.get("needs_capture_patch") else ""))
+    accept = report.get("predicted_accept_length") or {}
+    if accept:
+        lines.append(f"predicted accept length at K={accept.get('steps')}: served "
+                     f"{_fmt(accept.get('served'))}, best layout {_fmt(accept.get('best'))}")
+    expected = verdict.get("expected_acc")
+    if expected:
+        flag = "[red]gap flagged[/]" if expected.get("flagged") else "[green]within tolerance[/]"
+        lines.append(f"training-reported step-0 acc {_pct(expected.get('expected'))} vs served "
+                     f"{_pct(expected.get('served'))}: {flag}")
+    return Panel("\n".join(lines), title="verdict", border_style=colour)
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def show(report: dict[str, Any], console: Console) -> None:
+    """Print every table of the report, verdict last (it is what the user acts on)."""
+    if report.get("schema") != SUPPORTED_SCHEMA:
+        console.print(f"[yellow]report schema {report.get('schema')!r}; this draftops reads "
+                      f"{SUPPORTED_SCHEMA}: some fields may be missing[/]")
+    console.print(slot_table(report))
+    console.print(layout_table(report))
+    console.print(metrics_table(report))
+    console.print(verdict_panel(report))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import core, env, sglang
+from draftops.cli import core, drafter, env, sglang
 from draftops.cli.common import adopt_callwide_host
 
 adopt_callwide_host(sys.argv)
@@ -15,6 +15,7 @@ adopt_callwide_host(sys.argv)
 ns = Collection()
 for name in ("sync", "runs", "logs", "kill", "pull"):
     ns.add_task(getattr(core, name))
+ns.add_task(drafter.test_drafter)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
 ns.add_collection(Collection.from_module(env, name="env"))

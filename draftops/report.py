@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -43,12 +44,12 @@ def layout_table(report: dict[str, Any]) -> Table:
 def metrics_table(report: dict[str, Any]) -> Table:
     metrics = report.get("metrics", {})
     steps = metrics.get("steps", 0)
-    table = Table(title="per-step accuracy (full = steps 0..k all right; cond = step k given the rest)",
-                  title_justify="left")
-    table.add_column("layout / targets")
+    table = Table(title="per-step accuracy, full / cond (full: steps 0..k all right; cond: step k given "
+                        "the earlier ones)", title_justify="left")
+    table.add_column("layout (SGLang ids)")
+    table.add_column("targets")
     for k in range(steps):
-        table.add_column(f"full_acc_{k}", justify="right")
-        table.add_column(f"cond_acc_{k}", justify="right")
+        table.add_column(f"k={k}", justify="right")
     table.add_column("top-5 @0", justify="right")
     for role in ("served", "best"):
         evaluation = metrics.get(role)
@@ -58,11 +59,10 @@ def metrics_table(report: dict[str, Any]) -> Table:
             counts = evaluation.get(basis)
             if not counts:
                 continue
-            cells = []
-            for k in range(steps):
-                cells += [_pct((counts.get("full_acc") or [None] * steps)[k]),
-                          _pct((counts.get("cond_acc") or [None] * steps)[k])]
-            table.add_row(f"{role} {evaluation.get('layer_ids')} / {basis}", *cells, _pct(counts.get("top5_acc_0")))
+            full = counts.get("full_acc") or [None] * steps
+            cond = counts.get("cond_acc") or [None] * steps
+            cells = [f"{_pct(full[k])} / {_pct(cond[k])}" for k in range(steps)]
+            table.add_row(f"{role} {evaluation.get('layer_ids')}", basis, *cells, _pct(counts.get("top5_acc_0")))
     return table
 
 
@@ -70,7 +70,7 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
     verdict = report.get("verdict", {})
     status = verdict.get("status", "?")
     colour = {"MATCH": "green", "MISMATCH": "red"}.get(status, "yellow")
-    lines = [f"[bold {colour}]{status}[/]", verdict.get("message", "")]
+    lines = [f"[bold {colour}]{status}[/]", escape(verdict.get("message", ""))]
     if verdict.get("fix_layer_ids") is not None:
         lines.append(f"fix: eagle_aux_hidden_state_layer_ids = [bold]{verdict['fix_layer_ids']}[/] (SGLang ids)"
                      + ("; needs the SGLang capture patch (invoke patch-sglang.apply)"

@@ -1,0 +1,138 @@
+"""Padding many samples into one forward, and keeping the device fed.
+
+A batch keeps every captured slot ([B, T, S, H]) so the layout scan can try each choice of aux
+slots on the same tensors.  On CUDA, batches are built in pinned host memory by a background
+thread and copied on a side stream one batch ahead, so disk reads, host-to-device copies and the
+forward overlap.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from .data import Sample
+
+
+@dataclass
+class Batch:
+    """B samples padded to the longest; row t of the draft pairs token x_t with features g_{t-1}."""
+
+    states: torch.Tensor  # [B, T, S, H] all slots, positions 0..T-1 (zero padded)
+    input_ids: torch.Tensor  # [B, N=T-1] x_1..x_{T-1}, 0 on padding
+    next_ids: torch.Tensor  # [B, N] x_2..x_T, -1 where there is no next token
+    scored: torch.Tensor  # [B, N] bool: loss_mask[t] on valid rows
+    lengths: torch.Tensor  # [B] valid rows per sample
+
+    @property
+    def rows(self) -> int:
+        return int(self.lengths.sum())
+
+    def aux(self, slots: Sequence[int]) -> torch.Tensor:
+        """[B, N, A*H]: the chosen slots of positions 0..N-1, concatenated in the given order."""
+        b, t, _, h = self.states.shape
+        return self.states[:, :-1, list(slots)].reshape(b, t - 1, len(slots) * h)
+
+    def final(self, slot: int) -> torch.Tensor:
+        """[B, N, H]: slot ``slot`` (the target's last hidden state) at positions 1..N."""
+        return self.states[:, 1:, slot]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)))
+
+    def pin(self) -> Batch:
+        return Batch(*(getattr(self, f.name).pin_memory() for f in fields(self)))
+
+
+def collate(samples: Sequence[Sample], max_len: int | None = None) -> Batch:
+    """Pad ``samples`` (truncated to ``max_len`` tokens) into one Batch on the host."""
+    trimmed = [(s.token_ids[:max_len], s.hidden[:max_len],
+                None if s.loss_mask is None else s.loss_mask[:max_len]) for s in samples]
+    t = max(ids.shape[0] for ids, _, _ in trimmed)
+    _, s, h = trimmed[0][1].shape
+    b = len(samples)
+    states = torch.zeros(b, t, s, h, dtype=trimmed[0][1].dtype)
+    tokens = torch.zeros(b, t + 1, dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    has_next = torch.zeros(b, t, dtype=torch.bool)
+    lengths = torch.zeros(b, dtype=torch.long)
+    for i, (ids, hid, lm) in enumerate(trimmed):
+        n = ids.shape[0]
+        states[i, :n] = hid
+        tokens[i, :n] = ids
+        mask[i, :n] = True if lm is None else lm
+        has_next[i, : n - 1] = True
+        lengths[i] = n - 1
+    next_ids = torch.where(has_next[:, 1:], tokens[:, 2:t + 1], torch.full_like(tokens[:, 2:t + 1], -1))
+    rows = torch.arange(t - 1)[None, :] < lengths[:, None]
+    return Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths)
+
+
+def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
+                 max_len: int | None = None) -> Iterator[Batch]:
+    """Read samples in ``order`` and yield a Batch whenever the next sample would push
+    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own)."""
+    current: list[Sample] = []
+    longest = 0
+    for i in order:
+        sample = load(i)
+        n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
+        if n < 2:
+            continue  # no (token, next token) pair to score
+        if current and max(longest, n) * (len(current) + 1) > token_budget:
+            yield collate(current, max_len)
+            current, longest = [], 0
+        current.append(sample)
+        longest = max(longest, n)
+    if current:
+        yield collate(current, max_len)
+
+
+def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:
+    """Run ``items`` (disk reads + collate) in a thread, ``depth`` batches ahead."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in items:
+                q.put(item)
+        except BaseException as exc:  # re-raised in the consumer
+            q.put(exc)
+        q.put(done)
+
+    threading.Thread(target=work, daemon=True).start()
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
+    """Move batches to ``device``; on CUDA pin them and copy on a side stream one batch ahead."""
+    if device.type != "cuda":
+        yield from (b.to(device) for b in batches)
+        return
+    stream = torch.cuda.Stream(device)
+    pending: tuple[Batch, torch.cuda.Event] | None = None
+    for host in batches:
+        host = host.pin()
+        with torch.cuda.stream(stream):
+            dev = host.to(device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        if pending is not None:
+            yield _ready(*pending)
+        pending = (dev, ready)
+    if pending is not None:
+        yield _ready(*pending)
+
+
+def _ready(batch: Batch, event: torch.cuda.Event) -> Batch:
+    torch.cuda.current_stream().wait_event(event)
+    for f in fields(batch):  # the caching allocator must not reuse these while the copy stream runs
+        getattr(batch, f.name).record_stream(torch.cuda.current_stream())
+    return batch

@@ -1,0 +1,108 @@
+"""``python -m remote.drafter {eval,demo}``: argument parsing and the human-readable summary.
+
+Exit codes: 0 done (whatever the verdict: a MISMATCH is a finding, read it from report.json),
+2 a DrafterError (its one-paragraph message on stderr and as an ``error`` event), 64 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import events
+from .demo import MARKER, ensure_demo
+from .errors import DrafterError
+from .evaluate import EvalOptions, evaluate
+
+DEMO_ENV = "DRAFTOPS_DEMO_DIR"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m remote.drafter",
+                                     description="Evaluate an EAGLE-3 draft against hidden-state dumps.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="evaluate a draft (the demo when --ckpt/--data are omitted)")
+    ev.add_argument("--ckpt", type=Path, help="draft checkpoint folder (config.json + safetensors)")
+    ev.add_argument("--data", type=Path, help="dump folder or file (*.safetensors or legacy *.pt)")
+    ev.add_argument("--verifier", type=Path, help="target model folder (HF layout) for verifier targets")
+    ev.add_argument("--config", type=Path, help="use this config file instead of <ckpt>/config.json")
+    ev.add_argument("--steps", type=int, default=3, help="TTT steps = num_steps you serve with (3)")
+    ev.add_argument("--limit", type=int, help="evaluate at most N samples")
+    ev.add_argument("--expected-acc", type=float,
+                    help="training-reported step-0 accuracy (0-1 or percent) to compare with")
+    ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
+    ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
+    ev.add_argument("--layout-samples", type=int, default=64, help="samples for the layout scan (64)")
+    ev.add_argument("--layout-tolerance", type=float, default=0.03,
+                    help="MATCH when the served layout is within this of the best step-0 acc (0.03)")
+    ev.add_argument("--acc-tolerance", type=float, default=0.05,
+                    help="flag --expected-acc gaps larger than this (0.05)")
+    ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (4096 CPU, 16384 GPU)")
+    ev.add_argument("--max-len", type=int, help="truncate samples to this many tokens")
+    demo = sub.add_parser("demo", help="generate the demo (tiny target, dumps, buggy draft)")
+    demo.add_argument("--out", type=Path, default=None, help=f"folder (default ${DEMO_ENV} or ./demo)")
+    demo.add_argument("--force", action="store_true", help="regenerate even when complete")
+    return parser
+
+
+def default_demo_dir() -> Path:
+    return Path(os.environ.get(DEMO_ENV) or "demo")
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    """EvalOptions for the flags; without --ckpt/--data, the demo (generated on first use)."""
+    ckpt, data, verifier, expected = args.ckpt, args.data, args.verifier, args.expected_acc
+    if ckpt is None and data is None:
+        paths = ensure_demo(args.demo_dir or default_demo_dir())
+        ckpt, data = paths.draft, paths.data
+        verifier = verifier or paths.target
+        if expected is None:
+            expected = json.loads((paths.root / MARKER).read_text()).get("val_full_acc_0")
+    elif ckpt is None or data is None:
+        raise SystemExit("eval: give both --ckpt and --data, or neither (to run the demo)")
+    return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,
+                       limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
+                       layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
+                       acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len)
+
+
+def summary(report: dict[str, Any]) -> list[str]:
+    """A few plain lines for the job log (the full story is in report.json)."""
+    v = report["verdict"]
+    lines = [f"verdict: {v['status']}", v["message"]]
+    for row in sorted(report["layouts"], key=lambda r: -(r["acc"] or 0.0)):
+        tags = f"  <- {', '.join(row['tags'])}" if row["tags"] else ""
+        lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {row['acc']:.3f}{tags}")
+    pal = report["predicted_accept_length"]
+    lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets): "
+                 f"served {_num(pal['served'])}, best {_num(pal['best'])}")
+    if v.get("expected_acc") and v["expected_acc"]["flagged"]:
+        e = v["expected_acc"]
+        lines.append(f"expected acc {e['expected']:.3f} vs measured {_num(e['served'])}: gap flagged")
+    return lines
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            paths = ensure_demo(args.out or default_demo_dir(), force=args.force)
+            print(f"demo ready in {paths.root}")
+            return 0
+        report = evaluate(options_from_args(args))
+    except DrafterError as exc:
+        events.emit("error", **exc.to_dict())
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in summary(report):
+        print(line)
+    return 0

@@ -1,0 +1,202 @@
+"""Hidden-state dumps in both speculators formats, plus the optional ``data_config.json``.
+
+* safetensors (speculators >= 0.5): one file per sample with ``token_ids`` [T] and
+  ``hidden_states`` [T, S, H]; an optional ``loss_mask`` [T] is honoured.
+* legacy ``.pt`` (speculators <= 0.4): ``{"input_ids": [T], "hidden_states": S x [T, H],
+  "loss_mask": [T]}``.
+
+``data_config.json`` (next to the files, or one folder up) names the layer of each slot; see
+``SlotInfo`` and docs/drafter.md for the keys.  Slots are kept in file order; which of them is the
+target's final pre-norm state (the source of verifier targets) is resolved in ``final_slot``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import (
+    ConfigError,
+    CorruptFileError,
+    DataError,
+    EmptyDataError,
+    MissingTensorError,
+    ShapeMismatchError,
+)
+from .tensorstore import TensorStore, read_header
+
+CONVENTIONS = ("sglang", "vllm")
+
+
+@dataclass
+class Sample:
+    """One dumped sequence: tokens, all captured slots, and the loss mask when there is one."""
+
+    token_ids: torch.Tensor  # [T] long
+    hidden: torch.Tensor  # [T, S, H]
+    loss_mask: torch.Tensor | None  # [T] bool
+    path: Path
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """What ``data_config.json`` says about the slots.
+
+    ``layer_ids`` are stored in the SGLang convention (id = output of decoder layer id, -1 = the
+    embedding output), whatever convention the file used (``layer_id_convention``: ``sglang``, the
+    default and what speculators' legacy data_config.json means, or ``vllm``: id = after id layers).
+    """
+
+    layer_ids: tuple[int, ...] | None = None
+    final_slot: int | None = None
+    final_slot_given: bool = False
+    num_hidden_layers: int | None = None
+    path: str | None = None
+    convention: str = "sglang"
+
+    @classmethod
+    def read(cls, folder: Path) -> SlotInfo:
+        for candidate in (folder / "data_config.json", folder.parent / "data_config.json"):
+            if candidate.is_file():
+                return cls.parse(candidate)
+        return cls()
+
+    @classmethod
+    def parse(cls, file: Path) -> SlotInfo:
+        try:
+            cfg: dict[str, Any] = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"data_config.json is not valid JSON ({exc})", path=file,
+                              fix="repair the file or remove it (slot layer ids are then unknown)") from exc
+        conv = str(cfg.get("layer_id_convention", "sglang")).lower()
+        if conv not in CONVENTIONS:
+            raise ConfigError("Unknown layer_id_convention in data_config.json", path=file,
+                              expected=" or ".join(CONVENTIONS), found=conv,
+                              fix="use 'sglang' (output of layer id, -1 = embedding) or 'vllm'")
+        ids = cfg.get("layer_ids")
+        shift = -1 if conv == "vllm" else 0
+        layer_ids = tuple(int(i) + shift for i in ids) if ids is not None else None
+        return cls(layer_ids=layer_ids, final_slot=cfg.get("final_slot"),
+                   final_slot_given="final_slot" in cfg,
+                   num_hidden_layers=cfg.get("num_hidden_layers"), path=str(file), convention=conv)
+
+
+class DumpSet:
+    """The dump files under a path, loaded one sample at a time."""
+
+    def __init__(self, root: Path, files: list[Path], slots: SlotInfo) -> None:
+        self.root = root
+        self.files = files
+        self.slots = slots
+
+    @classmethod
+    def open(cls, path: str | Path) -> DumpSet:
+        root = Path(path)
+        if root.is_file():
+            return cls(root, [root], SlotInfo.read(root.parent))
+        if not root.is_dir():
+            raise EmptyDataError("The data path does not exist", path=root,
+                                 fix="pass --data the folder of hs_*.safetensors or data_*.pt files")
+        files = _dump_files(root) or _dump_files(root / "hidden_states")
+        if not files:
+            raise EmptyDataError(
+                "The data folder holds no dump file", path=root,
+                expected="*.safetensors or *.pt files (or a hidden_states/ subfolder of them)",
+                found="none", fix="point --data at the folder the hidden-state generator wrote",
+            )
+        return cls(root, files, SlotInfo.read(files[0].parent))
+
+    @property
+    def formats(self) -> list[str]:
+        return sorted({"pt" if f.suffix == ".pt" else "safetensors" for f in self.files})
+
+    def lengths(self) -> list[int] | None:
+        """Token counts from safetensors headers alone (None when any file is .pt)."""
+        if any(f.suffix == ".pt" for f in self.files):
+            return None
+        out = []
+        for f in self.files:
+            header = read_header(f)
+            name = "token_ids" if "token_ids" in header else "input_ids"
+            out.append(header[name].shape[0] if name in header else 0)
+        return out
+
+    def load(self, index: int) -> Sample:
+        file = self.files[index]
+        return load_pt(file) if file.suffix == ".pt" else load_safetensors(file)
+
+
+def _dump_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    files = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".pt") and f.is_file()]
+    return sorted(files, key=_natural_key)
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def load_safetensors(file: Path) -> Sample:
+    store = TensorStore.open(file)
+    ids_name = "token_ids" if store.has("token_ids") else "input_ids"
+    for name in (ids_name, "hidden_states"):
+        if not store.has(name):
+            raise MissingTensorError(
+                "A dump file lacks a tensor", path=file, tensor=name,
+                expected="token_ids [T] and hidden_states [T, S, H]", found=store.names(),
+                fix="regenerate the dump with speculators' hidden-state generator (or the demo)",
+            )
+    mask = store.get("loss_mask") if store.has("loss_mask") else None
+    return _checked(store.get(ids_name), store.get("hidden_states"), mask, file)
+
+
+def load_pt(file: Path) -> Sample:
+    try:
+        raw = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle/zip errors have many types
+        raise CorruptFileError(f"The .pt dump cannot be read ({type(exc).__name__}: {exc})", path=file,
+                               fix="re-copy or regenerate the file; it is truncated or not a torch save") \
+            from exc
+    if not isinstance(raw, dict):
+        raise DataError("The .pt dump is not a dict", path=file, expected="dict", found=type(raw).__name__,
+                        fix="use speculators' legacy {input_ids, hidden_states, loss_mask} files")
+    for name in ("input_ids", "hidden_states"):
+        if name not in raw:
+            raise MissingTensorError(
+                "A .pt dump lacks an entry", path=file, tensor=name,
+                expected="input_ids [T], hidden_states list of S x [T, H], loss_mask [T]",
+                found=sorted(raw), fix="regenerate the dump (legacy speculators format)",
+            )
+    hs = raw["hidden_states"]
+    if isinstance(hs, (list, tuple)):
+        shapes = {tuple(t.shape) for t in hs}
+        if len(shapes) != 1:
+            raise ShapeMismatchError("The hidden_states list entries differ in shape", path=file,
+                                     tensor="hidden_states", expected="S tensors of one shape [T, H]",
+                                     found=sorted(shapes), fix="regenerate the dump")
+        hs = torch.stack(list(hs), dim=1)
+    return _checked(raw["input_ids"], hs, raw.get("loss_mask"), file)
+
+
+def _checked(ids: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None, file: Path) -> Sample:
+    ids = ids.reshape(-1).to(torch.long) if ids.dim() == 2 and ids.shape[0] == 1 else ids
+    if hidden.dim() != 3 or ids.dim() != 1 or hidden.shape[0] != ids.shape[0]:
+        raise ShapeMismatchError(
+            "token ids and hidden states disagree", path=file, tensor="hidden_states",
+            expected=f"[{ids.shape[0] if ids.dim() == 1 else 'T'}, S, H] with token ids [T]",
+            found=f"hidden {list(hidden.shape)}, ids {list(ids.shape)}",
+            fix="regenerate the dump; every slot needs one row per token",
+        )
+    if mask is not None:
+        mask = mask.reshape(-1)
+        if mask.shape[0] != ids.shape[0]:
+            raise ShapeMismatchError("loss_mask length differs from the tokens", path=file,
+                                     tensor="loss_mask", expected=[ids.shape[0]], found=list(mask.shape),
+                                     fix="regenerate the dump")
+        mask = mask.to(torch.bool)
+    return Sample(ids.to(torch.long), hidden, mask, file)

@@ -1,0 +1,106 @@
+"""Errors raised by the drafter, each with a one-paragraph message a person can act on.
+
+The GPU host cannot import ``draftops``, so the hierarchy lives here; the local side maps the
+exit code and the ``error`` event back to its own types.  Every message names the file and the
+tensor involved, what was expected and what was found, and how to fix it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class DrafterError(Exception):
+    """Base of every error the drafter reports instead of a traceback."""
+
+    kind = "drafter"
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        path: str | Path | None = None,
+        tensor: str | None = None,
+        expected: Any = None,
+        found: Any = None,
+        fix: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.path = str(path) if path is not None else None
+        self.tensor = tensor
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        parts = [self.problem.rstrip(".") + "."]
+        if self.path:
+            parts.append(f"File: {self.path}.")
+        if self.tensor:
+            parts.append(f"Tensor: {self.tensor}.")
+        if self.expected is not None or self.found is not None:
+            parts.append(f"Expected {_fmt(self.expected)}, found {_fmt(self.found)}.")
+        if self.fix:
+            parts.append("Fix: " + self.fix.rstrip(".") + ".")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Machine-readable form for the ``error`` event."""
+        return {
+            "kind": self.kind,
+            "message": str(self),
+            "path": self.path,
+            "tensor": self.tensor,
+            "expected": _fmt(self.expected) if self.expected is not None else None,
+            "found": _fmt(self.found) if self.found is not None else None,
+            "fix": self.fix,
+        }
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+class ConfigError(DrafterError):
+    """config.json is missing, unreadable, or contradicts the weights."""
+
+    kind = "config"
+
+
+class CorruptFileError(DrafterError):
+    """A safetensors/.pt file is truncated or not parseable."""
+
+    kind = "corrupt_file"
+
+
+class MissingTensorError(DrafterError):
+    """A tensor the forward pass needs is in none of the files."""
+
+    kind = "missing_tensor"
+
+
+class ShapeMismatchError(DrafterError):
+    """Two tensors (or a tensor and the config) disagree on a dimension."""
+
+    kind = "shape_mismatch"
+
+
+class DataError(DrafterError):
+    """The hidden-state dump cannot be used as given."""
+
+    kind = "data"
+
+
+class EmptyDataError(DataError):
+    """The data path holds no dump file."""
+
+    kind = "empty_data"
+
+
+class UnsupportedError(DrafterError):
+    """A feature of the checkpoint this evaluator does not implement."""
+
+    kind = "unsupported"

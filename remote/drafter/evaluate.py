@@ -1,0 +1,224 @@
+"""``eval``: load a draft and a dump, diagnose the aux layout, measure TTT accuracy, write the report.
+
+Two passes over the data: a layout scan (step 0 only, every ascending choice of A slots out of S,
+on the first ``layout_samples`` samples, plus per-slot norms), then the full K-step metrics for the
+layout SGLang would feed (``served``) and, when it differs, the best-scoring layout (``best``).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import events
+from . import layouts, report
+from .batching import Batch, background, iter_batches, to_device
+from .checkpoint import CheckpointInfo, load_checkpoint
+from .data import DumpSet
+from .errors import ConfigError, DataError, ShapeMismatchError
+from .layouts import Verdict
+from .model import Eagle3Draft
+from .scoring import LayoutScore, VerifierHead, new_score, score_batch
+from .verifier import Verifier
+
+
+@dataclass
+class EvalOptions:
+    """Inputs of one evaluation (the CLI flags of ``eval``)."""
+
+    ckpt: Path
+    data: Path
+    verifier: Path | None = None
+    config: Path | None = None
+    steps: int = 3
+    limit: int | None = None
+    expected_acc: float | None = None
+    device: str = "auto"
+    out: Path = Path(".")
+    layout_samples: int = 64
+    layout_tolerance: float = 0.03
+    acc_tolerance: float = 0.05
+    batch_tokens: int | None = None
+    max_len: int | None = None
+
+
+def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
+    """auto -> cuda when present; fp32 on CPU (exact), bf16 on GPU (how drafts are served)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    return device, (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+@dataclass
+class EvalContext:
+    """Everything loaded before scoring starts (read by report.build)."""
+
+    draft: Eagle3Draft
+    info: CheckpointInfo
+    dumps: DumpSet
+    verifier: Verifier | None
+    head: VerifierHead | None
+    slot_count: int
+    hidden_size: int
+    final_slot: int | None
+    final_source: str | None
+    num_layers: int | None
+    device: torch.device
+    budget: int
+
+
+def evaluate(opts: EvalOptions) -> dict[str, Any]:
+    """Run the whole evaluation and write ``report.json`` into ``opts.out``; returns the report."""
+    started = time.time()
+    device, dtype = resolve_device(opts.device)
+    events.progress(0, 4, "loading checkpoint and data")
+    ctx = _load(opts, device, dtype)
+    count = len(ctx.dumps.files) if opts.limit is None else min(opts.limit, len(ctx.dumps.files))
+    events.progress(1, 4, "layout scan")
+    scan_n = min(count, opts.layout_samples)
+    norms, scan, basis = _scan(ctx, scan_n, opts)
+    slot_ids = ctx.dumps.slots.layer_ids
+    interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers)
+    verdict = layouts.decide({s: v.step0(basis) or 0.0 for s, v in scan.items()}, interps[0], slot_ids,
+                             ctx.final_slot, basis, opts.layout_tolerance, ctx.info.format)
+    events.progress(2, 4, "metrics")
+    roles = _roles(verdict)
+    full, tokens = _metrics(ctx, count, roles, opts)
+    events.progress(3, 4, "writing report")
+    doc = report.build(opts, ctx, report.Results(
+        samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
+        verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
+        seconds=time.time() - started))
+    path = report.write(doc, Path(opts.out))
+    events.progress(4, 4, "done")
+    events.result(str(path), status=verdict.status)
+    return doc
+
+
+def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalContext:
+    verifier = Verifier(opts.verifier) if opts.verifier else None
+    draft, info = load_checkpoint(opts.ckpt, opts.config, verifier, device, dtype)
+    dumps = DumpSet.open(opts.data)
+    first = dumps.load(0)
+    _, s, h = first.hidden.shape
+    arch = draft.arch
+    if h != arch.aux_hidden_size:
+        raise ShapeMismatchError(
+            "The dump's hidden size differs from the draft's aux width per slot", path=first.path,
+            tensor="hidden_states", expected=f"[T, S, {arch.aux_hidden_size}]",
+            found=list(first.hidden.shape),
+            fix="the dump and the draft come from different target models; pass the matching --data/--ckpt",
+        )
+    if s < arch.num_aux:
+        raise DataError("The dump has fewer slots than the draft's fc takes", path=first.path,
+                        tensor="hidden_states", expected=f">= {arch.num_aux} slots", found=f"{s} slots",
+                        fix="dump at least as many layers as the draft was trained on")
+    slots = dumps.slots
+    if slots.layer_ids is not None and len(slots.layer_ids) != s:
+        raise ConfigError("data_config.json lists a different number of layer ids than the dump has slots",
+                          path=slots.path, tensor="layer_ids", expected=f"{s} ids",
+                          found=list(slots.layer_ids),
+                          fix="list one layer id per slot of hidden_states, in slot order")
+    num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
+    final_slot, final_source = _final_slot(slots.final_slot, slots.final_slot_given, slots.layer_ids,
+                                           num_layers, s, arch.num_aux)
+    head = None
+    if verifier is not None:
+        if final_slot is None:
+            info.warnings.append("a verifier was given but the dump has no final-layer slot: "
+                                 "verifier targets are skipped")
+        else:
+            head = _verifier_head(verifier, draft, device, dtype)
+    budget = opts.batch_tokens or (16384 if device.type == "cuda" else 4096)
+    return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
+                    device, budget)
+
+
+def _final_slot(given: int | None, was_given: bool, slot_ids: tuple[int, ...] | None,
+                num_layers: int | None, slots: int, num_aux: int) -> tuple[int | None, str | None]:
+    """The dump slot holding the target's final pre-norm state (see docs/drafter.md)."""
+    if was_given:
+        return (int(given), "data_config") if given is not None else (None, "data_config")
+    if slot_ids is not None and num_layers is not None and num_layers - 1 in slot_ids:
+        return list(slot_ids).index(num_layers - 1), "num_hidden_layers"
+    if slots > num_aux:
+        return slots - 1, "last slot (speculators convention)"
+    return None, None
+
+
+def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
+                   dtype: torch.dtype) -> VerifierHead:
+    arch = draft.arch
+    if verifier.hidden_size != arch.hidden_size:
+        raise ShapeMismatchError("The verifier's hidden size differs from the draft's", path=verifier.path,
+                                 tensor=verifier.embed_name, expected=f"[V, {arch.hidden_size}]",
+                                 found=f"[V, {verifier.hidden_size}]",
+                                 fix="pass --verifier the target model the draft was trained for")
+    targets = draft.draft_to_target(torch.arange(arch.draft_vocab_size, device=draft.device)).cpu()
+    order = torch.argsort(targets)
+    rows = torch.empty(arch.draft_vocab_size, arch.hidden_size)
+    rows[order] = verifier.lm_head_rows(targets[order]).to(torch.float32)
+    return VerifierHead(verifier.final_norm().to(device, dtype), rows.to(device, dtype), arch.rms_norm_eps)
+
+
+def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Any:
+    lengths = ctx.dumps.lengths()
+    order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
+    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len))
+    return to_device(host, ctx.device)
+
+
+def _verifier_targets(ctx: EvalContext, batch: Batch) -> torch.Tensor | None:
+    if ctx.head is None or ctx.final_slot is None:
+        return None
+    return ctx.head.targets(batch.final(ctx.final_slot))
+
+
+def _scan(ctx: EvalContext, count: int, opts: EvalOptions
+          ) -> tuple[list[float], dict[tuple[int, ...], LayoutScore], str]:
+    combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
+    scan = {c: new_score(c, 1, ctx.head is not None) for c in combos}
+    norm_sum = torch.zeros(ctx.slot_count, dtype=torch.float64)
+    rows = done = 0
+    with torch.inference_mode():
+        for batch in _batches(ctx, count, opts.max_len):
+            valid = torch.arange(batch.states.shape[1], device=ctx.device)[None, :] <= batch.lengths[:, None]
+            rms = batch.states.float().pow(2).mean(-1).sqrt()  # [B, T, S]
+            norm_sum += (rms * valid[..., None]).sum((0, 1)).double().cpu()
+            rows += int(valid.sum())
+            vt = _verifier_targets(ctx, batch)
+            for combo in combos:
+                score_batch(ctx.draft, batch, scan[combo], 1, vt)
+            done += batch.lengths.shape[0]
+            events.progress(done, count, "layout scan samples")
+    basis = "verifier" if ctx.head is not None else "data"
+    return [float(x) for x in norm_sum / max(rows, 1)], scan, basis
+
+
+def _roles(verdict: Verdict) -> dict[str, tuple[int, ...]]:
+    roles: dict[str, tuple[int, ...]] = {}
+    if verdict.served_slots is not None:
+        roles["served"] = tuple(verdict.served_slots)
+    if tuple(verdict.best_slots) != roles.get("served"):
+        roles["best"] = tuple(verdict.best_slots)
+    return roles
+
+
+def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions
+             ) -> tuple[dict[str, LayoutScore], int]:
+    scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
+    tokens = done = 0
+    with torch.inference_mode():
+        for batch in _batches(ctx, count, opts.max_len):
+            vt = _verifier_targets(ctx, batch)
+            for score in scores.values():
+                score_batch(ctx.draft, batch, score, opts.steps, vt)
+            tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
+            done += batch.lengths.shape[0]
+            events.progress(done, count, "metrics samples")
+    return scores, tokens

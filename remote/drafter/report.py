@@ -1,0 +1,129 @@
+"""The versioned JSON report of ``eval`` (schema documented in docs/drafter.md).
+
+The local side renders tables from it, so keys are only ever added within a schema version;
+renaming or removing one bumps ``SCHEMA``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import layouts
+from .layouts import Interpretation, Verdict
+from .scoring import LayoutScore
+
+if TYPE_CHECKING:
+    from .evaluate import EvalContext, EvalOptions
+
+SCHEMA = "draftops.drafter-report/1"
+REPORT_NAME = "report.json"
+
+
+@dataclass
+class Results:
+    """What the two passes measured."""
+
+    samples: int
+    tokens: int
+    norms: list[float]
+    scan: dict[tuple[int, ...], LayoutScore]
+    scan_samples: int
+    interps: list[Interpretation]
+    verdict: Verdict
+    basis: str
+    full: dict[str, LayoutScore]
+    dtype: str
+    seconds: float
+
+
+def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
+    """Assemble the report dict."""
+    slot_ids = ctx.dumps.slots.layer_ids
+    ids_of = (lambda slots: [slot_ids[s] for s in slots]) if slot_ids is not None else (lambda slots: None)
+    served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
+    best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
+    return {
+        "schema": SCHEMA,
+        "verdict": {**res.verdict.to_dict(), "serving_convention": "sglang",
+                    "expected_acc": _expected(opts, res)},
+        "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
+                        "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
+                       for i, rms in enumerate(res.norms)],
+        "layouts": [{"slots": list(s), "layer_ids": ids_of(s),
+                     "step0_acc": {"data": sc.step0("data"), "verifier": sc.step0("verifier")},
+                     "acc": sc.step0(res.basis),
+                     "tags": _tags(s, res)} for s, sc in res.scan.items()],
+        "interpretations": [i.to_dict() for i in res.interps],
+        "metrics": {"steps": opts.steps, "basis": res.basis,
+                    **{role: _evaluation(sc, ids_of) for role, sc in res.full.items()},
+                    **{role: None for role in ("served", "best") if role not in res.full}},
+        "predicted_accept_length": {"steps": opts.steps, "basis": res.basis,
+                                    "served": served_acc, "best": best_acc,
+                                    "value": served_acc if served_acc is not None else best_acc},
+        "checkpoint": ctx.info.to_dict(),
+        "verifier": ctx.verifier.describe() if ctx.verifier else None,
+        "data": {
+            "path": str(ctx.dumps.root), "formats": ctx.dumps.formats, "files": len(ctx.dumps.files),
+            "first_files": [str(f) for f in ctx.dumps.files[:5]], "samples": res.samples,
+            "tokens": res.tokens, "layout_scan_samples": res.scan_samples, "slots": ctx.slot_count,
+            "hidden_size": ctx.hidden_size, "slot_layer_ids": list(slot_ids) if slot_ids else None,
+            "layer_id_convention_in_file": ctx.dumps.slots.convention, "data_config": ctx.dumps.slots.path,
+            "num_hidden_layers": ctx.num_layers, "final_slot": ctx.final_slot,
+            "final_slot_source": ctx.final_source,
+        },
+        "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
+                "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,
+                "batch_tokens": ctx.budget, "max_len": opts.max_len},
+        "warnings": list(ctx.info.warnings),
+    }
+
+
+def _tags(slots: tuple[int, ...], res: Results) -> list[str]:
+    tags = []
+    if list(slots) == res.verdict.best_slots:
+        tags.append("best")
+    for interp in res.interps:
+        if interp.slots is not None and tuple(interp.slots) == slots:
+            tags.append(f"configured-{interp.convention}")
+    return tags
+
+
+def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
+    return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "data": score.data.to_dict(),
+            "verifier": score.verifier.to_dict() if score.verifier else None}
+
+
+def _accept(score: LayoutScore | None, basis: str, steps: int) -> float | None:
+    if score is None:
+        return None
+    counts = score.verifier if basis == "verifier" and score.verifier else score.data
+    return counts.accept_length(steps)
+
+
+def _expected(opts: EvalOptions, res: Results) -> dict[str, Any] | None:
+    """Compare a training-reported step-0 accuracy with what the served and best layouts score."""
+    if opts.expected_acc is None:
+        return None
+    expected = opts.expected_acc / 100 if opts.expected_acc > 1 else opts.expected_acc
+    measured = {role: sc.step0(res.basis) for role, sc in res.full.items()}
+    served = measured.get("served")
+    reference = served if served is not None else measured.get("best")
+    gap = expected - reference if reference is not None else None
+    return {"expected": expected, "served": served, "best": measured.get("best"),
+            "gap": gap, "tolerance": opts.acc_tolerance,
+            "flagged": gap is not None and gap > opts.acc_tolerance}
+
+
+def write(doc: dict[str, Any], out_dir: Path) -> Path:
+    """Write ``report.json`` atomically (a reader never sees half a file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / REPORT_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,176 @@
+"""Selective, validated reads from (possibly sharded) safetensors files.
+
+A verifier such as Kimi-K2 is hundreds of GB; the drafter needs three of its tensors.  The store
+reads only the headers up front (which is also where a truncated or corrupt file is caught, with the
+tensor whose bytes are missing named), and loads a tensor, or a subset of its rows, on demand.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .errors import ConfigError, CorruptFileError, MissingTensorError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives and what it looks like, from the file header alone."""
+
+    name: str
+    path: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and check a safetensors header; raise CorruptFileError naming what is wrong."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CorruptFileError(
+                    "The safetensors file is shorter than its 8-byte header length",
+                    path=path, expected=">= 8 bytes", found=f"{size} bytes",
+                    fix="re-copy or re-generate the file; it was probably cut off during transfer",
+                )
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER or 8 + n > size:
+                raise CorruptFileError(
+                    "The safetensors header length is larger than the file",
+                    path=path, expected=f"header of {n} bytes within the file", found=f"{size} bytes",
+                    fix="re-copy or re-generate the file; it is truncated or not a safetensors file",
+                )
+            raw = f.read(n)
+        header = json.loads(raw)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptFileError(
+            f"The safetensors header cannot be parsed ({exc})", path=path,
+            fix="re-copy or re-generate the file; its header is damaged",
+        ) from exc
+    if not isinstance(header, dict):
+        raise CorruptFileError("The safetensors header is not a JSON object", path=path,
+                               fix="re-copy or re-generate the file")
+    infos: dict[str, TensorInfo] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = meta["data_offsets"]
+            shape = tuple(int(d) for d in meta["shape"])
+            dtype = str(meta["dtype"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptFileError("A safetensors header entry is malformed", path=path, tensor=name,
+                                   fix="re-copy or re-generate the file") from exc
+        if 8 + n + end > size:
+            raise CorruptFileError(
+                "The file is truncated: the bytes of a tensor are past its end",
+                path=path, tensor=name, expected=f"{8 + n + end} bytes", found=f"{size} bytes",
+                fix="re-copy or re-generate the file (compare its size with the source)",
+            )
+        infos[name] = TensorInfo(name, path, shape, dtype)
+    return infos
+
+
+class TensorStore:
+    """All tensors of one checkpoint (single file, index-sharded, or a folder of shards)."""
+
+    def __init__(self, infos: dict[str, TensorInfo], files: list[Path]) -> None:
+        self._infos = infos
+        self.files = files
+
+    @classmethod
+    def open(cls, path: Path) -> TensorStore:
+        """Open a file or folder; with an index, trust its weight map but check every shard."""
+        path = Path(path)
+        if path.is_file():
+            files = [path]
+        elif (path / INDEX_NAME).is_file():
+            files = _files_from_index(path / INDEX_NAME)
+        elif (path / SINGLE_NAME).is_file():
+            files = [path / SINGLE_NAME]
+        else:
+            files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+        if not files:
+            raise ConfigError(
+                "No safetensors weights found", path=path,
+                expected=f"{SINGLE_NAME}, {INDEX_NAME} with its shards, or *.safetensors",
+                found="none", fix="point at the checkpoint folder that holds the weights",
+            )
+        infos: dict[str, TensorInfo] = {}
+        for file in files:
+            infos.update(read_header(file))
+        return cls(infos, files)
+
+    def names(self) -> list[str]:
+        return sorted(self._infos)
+
+    def has(self, name: str) -> bool:
+        return name in self._infos
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise MissingTensorError(
+                "A required tensor is missing from the checkpoint",
+                path=", ".join(str(f) for f in self.files), tensor=name,
+                expected="present", found="absent",
+                fix="use a complete checkpoint (or pass --verifier for tensors shared with the target)",
+            ) from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info(name).shape
+
+    def get(self, name: str) -> torch.Tensor:
+        """Load one tensor (only its bytes are read)."""
+        info = self.info(name)
+        try:
+            with safe_open(str(info.path), framework="pt") as f:
+                return f.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own Rust-side error types
+            raise CorruptFileError(f"Reading the tensor failed ({exc})", path=info.path, tensor=name,
+                                   fix="re-copy or re-generate the file") from exc
+
+    def get_rows(self, name: str, rows: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        """Load only ``rows`` (ascending indices) of a 2-D tensor, ``chunk`` rows at a time."""
+        info = self.info(name)
+        rows = rows.to(torch.long).cpu()
+        parts: list[torch.Tensor] = []
+        try:
+            with safe_open(str(info.path), framework="pt") as f:
+                sl = f.get_slice(name)
+                for start in range(0, info.shape[0], chunk):
+                    stop = min(start + chunk, info.shape[0])
+                    sel = rows[(rows >= start) & (rows < stop)]
+                    if sel.numel():
+                        parts.append(sl[start:stop][sel - start])
+        except Exception as exc:
+            raise CorruptFileError(f"Reading rows of the tensor failed ({exc})", path=info.path,
+                                   tensor=name, fix="re-copy or re-generate the file") from exc
+        return torch.cat(parts, 0)
+
+
+def _files_from_index(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptFileError("The shard index cannot be read", path=index, tensor="weight_map",
+                               fix="re-copy the index or remove it to scan *.safetensors") from exc
+    files = sorted({index.parent / f for f in weight_map.values()})
+    for file in files:
+        if not file.is_file():
+            raise CorruptFileError(
+                "A shard listed in the index is missing", path=file,
+                expected="file present", found="absent", fix="copy every shard named in the index",
+            )
+    return files

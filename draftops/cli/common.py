@@ -89,3 +89,11 @@ def adopt_callwide_host(argv: list[str]) -> None:
     named |= {arg.split("=", 1)[1] for arg in argv if arg.startswith("--host=")}
     if len(named) == 1 and "DRAFTOPS_HOST" not in os.environ:
         os.environ["DRAFTOPS_HOST"] = named.pop()
+
+
+def host_path(target: Host, path: str | None) -> str | None:
+    """A path the user typed for the host; on the local host, relative means relative to the project
+    (jobs run in <root>/code, where a relative path would silently point elsewhere)."""
+    if path is None or target.spec.transport != "local":
+        return path
+    return str((target.project_root / path).resolve()) if not Path(path).is_absolute() else path

@@ -7,7 +7,7 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from draftops import jobs, report
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
 from draftops.console import console
 
 
@@ -28,6 +28,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     target = connect(c, host)
     ensure_code(target)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
+    ckpt, data, verifier, config = (host_path(target, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:

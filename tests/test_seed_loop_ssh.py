@@ -1,0 +1,45 @@
+"""The seed's whole loop over a real sshd, as a user types it: `invoke sync test-drafter` on the demo
+finds the wiring mismatch, `invoke draft-config --from-report` applies the fix, and a second
+`invoke test-drafter` on the fixed draft says MATCH."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.test_env_ssh import invoke
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+
+def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inventory_env):
+    project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    copy_remote_package(project)
+    first = invoke(project, "sync", "test-drafter")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "MISMATCH" in first.stdout
+    run_dir = next((project / "runs").glob("*-test-drafter-*"))
+    report = json.loads((run_dir / "report.json").read_text())
+    verdict = report["verdict"]
+    assert verdict["status"] == "MISMATCH" and verdict["fix_layer_ids"][0] == -1
+    assert verdict["needs_capture_patch"] is True
+    layouts = {tuple(r["layer_ids"]): r["acc"] for r in report["layouts"]}
+    trained = layouts[tuple(verdict["fix_layer_ids"])]
+    configured = next(r["acc"] for r in report["layouts"] if "configured-sglang" in r["tags"])
+    assert trained >= 0.8 and configured <= trained / 2
+
+    demo = tmp_path / "hostroot" / "state" / "demo"
+    fixed = tmp_path / "draft_to_fix"
+    shutil.copytree(demo / "draft_flat", fixed)
+    rewrite = invoke(project, "draft-config", "--ckpt", str(fixed), "--from-report", run_dir.name)
+    assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
+    config = json.loads((fixed / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == verdict["fix_layer_ids"]
+
+    again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(demo / "data"),
+                   "--verifier", str(demo / "target"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
 import paramiko
 from fabric import Config, Connection
@@ -64,14 +64,6 @@ class Transport(Protocol):
     def get(self, remote: str, local: Path) -> None: ...
 
     def close(self) -> None: ...
-
-
-def with_env(command: str, env: Mapping[str, str] | None) -> str:
-    """Prefix ``command`` with quoted exports (``;``, not ``&&``: a trailing ``&`` must not swallow them)."""
-    if not env:
-        return command
-    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
-    return f"export {exports}; {command}"
 
 
 def _checked(result: CommandResult, spec: HostSpec, check: bool) -> CommandResult:

@@ -108,3 +108,14 @@ def test_unknown_run_id_is_a_clear_error(project):
         jobs.status(host, "nope")
     with pytest.raises(JobError):
         jobs.status(host, "../etc")
+
+
+def test_put_and_get_move_single_files(project, tmp_path):
+    host = open_host(None, project)
+    source = tmp_path / "payload.bin"
+    source.write_bytes(b"\x00draftops\xff" * 1000)
+    remote_path = f"{host.root}/state/put-test.bin"
+    host.transport.put(source, remote_path)
+    back = tmp_path / "back" / "payload.bin"
+    host.transport.get(remote_path, back)
+    assert back.read_bytes() == source.read_bytes()

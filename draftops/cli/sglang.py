@@ -65,32 +65,18 @@ def _patch(c: Context, action: str, host: str | None, models: str | None) -> Non
 _PATCH_HELP = {"host": HOST_HELP, "models": "comma-separated model files (default: all supported)"}
 
 
-@task(default=True, help=_PATCH_HELP)
-@friendly
-def status(c: Context, host: str | None = None, models: str | None = None) -> None:
-    """Per SGLang model file: embedding capture native, patched, or needing the patch."""
-    _patch(c, "status", host, models)
+def _patch_task(action: str, doc: str) -> Any:
+    """One task per action (Invoke has no optional positional arguments)."""
+    def body(c: Context, host: str | None = None, models: str | None = None) -> None:
+        _patch(c, action, host, models)
+    body.__name__, body.__doc__ = action, doc
+    return task(default=action == "status", help=_PATCH_HELP)(friendly(body))
 
 
-@task(help=_PATCH_HELP)
-@friendly
-def apply(c: Context, host: str | None = None, models: str | None = None) -> None:
-    """Patch the host's SGLang (originals saved with sha256 first; idempotent)."""
-    _patch(c, "apply", host, models)
-
-
-@task(help=_PATCH_HELP)
-@friendly
-def verify(c: Context, host: str | None = None, models: str | None = None) -> None:
-    """Check that every patched file compiles and maps [-1, a, b] to the embedding and a+1, b+1."""
-    _patch(c, "verify", host, models)
-
-
-@task(help=_PATCH_HELP)
-@friendly
-def revert(c: Context, host: str | None = None, models: str | None = None) -> None:
-    """Restore the original files byte for byte (refused if someone else changed them since)."""
-    _patch(c, "revert", host, models)
+status = _patch_task("status", "Per SGLang model file: embedding capture native, patched, or needing the patch.")
+apply = _patch_task("apply", "Patch the host's SGLang (originals saved with sha256 first; idempotent).")
+verify = _patch_task("verify", "Check that patched files compile and map [-1, a, b] to the embedding, a+1, b+1.")
+revert = _patch_task("revert", "Restore the original files byte for byte (refused if changed by someone else).")
 
 
 def _ids_from_report(c: Context, target: Any, run_id: str) -> tuple[list[str], Path | None]:

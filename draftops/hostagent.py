@@ -137,10 +137,18 @@ def digest(manifest):
     return hashlib.sha256(json.dumps(sorted(manifest.items()), separators=(",", ":")).encode()).hexdigest()
 
 
+def _scan_and_store(code_dir, state_file):
+    """Manifest of ``code_dir``, keeping the stat cache in ``state_file`` up to date."""
+    old = _load_cache(state_file)
+    manifest, cache = _scan(code_dir, old)
+    if cache != old:
+        _atomic_write(state_file, json.dumps(cache).encode())
+    return manifest
+
+
 def cmd_manifest(code_dir, state_file):
     os.makedirs(code_dir, exist_ok=True)
-    manifest, cache = _scan(code_dir, _load_cache(state_file))
-    _atomic_write(state_file, json.dumps(cache).encode())
+    manifest = _scan_and_store(code_dir, state_file)
     _out({"manifest": manifest, "digest": digest(manifest)})
 
 
@@ -168,9 +176,8 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
     os.makedirs(code_dir, exist_ok=True)
     code_dir = os.path.realpath(code_dir)
     if expected_tree != "-":
-        manifest, cache = _scan(code_dir, _load_cache(state_file))
+        manifest = _scan_and_store(code_dir, state_file)
         if digest(manifest) != expected_tree:
-            _atomic_write(state_file, json.dumps(cache).encode())
             _out({"status": "stale", "manifest": manifest, "digest": digest(manifest)})
             return
     if len(payload) != int(expected_len) or hashlib.sha256(payload).hexdigest() != expected_sha:
@@ -208,8 +215,7 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
             while parent != code_dir and os.path.isdir(parent) and not os.listdir(parent):
                 os.rmdir(parent)
                 parent = os.path.dirname(parent)
-    manifest, cache = _scan(code_dir, _load_cache(state_file))
-    _atomic_write(state_file, json.dumps(cache).encode())
+    manifest = _scan_and_store(code_dir, state_file)
     _out({"status": "applied", "written": written, "deleted": deleted, "files": len(manifest),
           "digest": digest(manifest)})
 

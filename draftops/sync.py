@@ -131,7 +131,7 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
                 sha = old[1] if old and old[0] == key else _hash_file(child)
                 new_cache[rel] = [key, sha]
                 manifest[rel] = ("f", sha, st.st_mode & 0o777)
-    if cache_file:
+    if cache_file and new_cache != cache:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(new_cache))
@@ -224,7 +224,8 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -
     report.bytes_changed = sum((project_root / r).stat().st_size for r in upload if local[r][0] == "f")
     if not dry_run:
         if answer.get("digest") == tree_digest(local):
-            _save_memory(memory_file, local, answer["digest"])
+            if not known or known["digest"] != answer["digest"]:
+                _save_memory(memory_file, local, answer["digest"])
         else:
             memory_file.unlink(missing_ok=True)
     report.seconds = time.monotonic() - started

@@ -75,3 +75,24 @@ def test_runs_lists_and_bad_host_errors_are_one_paragraph(env_project):
     assert "Unknown host 'nope'" in result.stderr and "Traceback" not in result.stderr
     ok = invoke(env_project, "runs")
     assert ok.returncode == 0 and "runs on box" in ok.stdout
+
+
+def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
+    import signal
+    import time
+
+    from draftops import jobs
+    from draftops.host import close_all, open_host
+    host = open_host(None, env_project)
+    job = jobs.start(host, "long", "echo tick; sleep 30", cwd=".")
+    close_all()
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "logs", job.id, "--follow"], cwd=env_project,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "tick" in out and "detached" in out and f"invoke logs {job.id} --follow" in out
+    host = open_host(None, env_project)
+    assert jobs.status(host, job.id)["state"] == "running"
+    jobs.kill(host, job.id, grace_s=2)

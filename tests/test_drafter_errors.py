@@ -162,7 +162,7 @@ def test_cli_reports_errors_as_event_and_exit_code(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "remote.drafter", "eval", "--ckpt", str(demo().draft),
                            "--data", str(tmp_path / "empty"), "--out", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 3
     assert "error:" in proc.stderr and "Fix:" in proc.stderr
     errors = [e for e in map(events.parse, proc.stdout.splitlines()) if e and e["event"] == "error"]
     assert errors and errors[0]["kind"] == "empty_data" and errors[0]["fix"]

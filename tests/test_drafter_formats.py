@@ -9,12 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import Verifier, load_checkpoint
+from remote.drafter import Verifier, load_checkpoint, tinyllama
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
 from remote.drafter.evaluate import _verifier_head
 from remote.drafter.tensorstore import TensorStore
-from remote.drafter import tinyllama
 from tests.drafter_support import SPEC, demo, run_eval
 
 FAST = {"limit": 96, "layout_samples": 48}

@@ -134,7 +134,7 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                                  "verifier targets are skipped")
         else:
             head = _verifier_head(verifier, draft, device, dtype)
-    budget = opts.batch_tokens or (16384 if device.type == "cuda" else 4096)
+    budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
                     device, budget)
 
@@ -169,7 +169,7 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
 def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Any:
     lengths = ctx.dumps.lengths()
     order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
-    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len))
+    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda"))
     return to_device(host, ctx.device)
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from . import rope
 
 Weights = dict[str, torch.Tensor]
-_SCORE_BUDGET = 256 * 1024 * 1024  # bytes of fp32 attention scores per query chunk
+_SCORE_BUDGET = {"cpu": 256 << 20, "cuda": 2 << 30}  # bytes of fp32 attention scores per query chunk
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,7 +102,8 @@ def _attend(q: torch.Tensor, cache: KVCache, key_valid: torch.Tensor, window: in
     keys = torch.cat([cache.k0, *cache.diag_k], dim=2).unsqueeze(2)  # [b, nkv, 1, steps*n, hd]
     values = torch.cat([cache.v0, *cache.diag_v], dim=2).unsqueeze(2)
     qg = q.view(b, nkv, g, n, hd)
-    chunk = max(1, min(n, _SCORE_BUDGET // max(1, 4 * b * nh * n * steps)))
+    budget = _SCORE_BUDGET.get(q.device.type, _SCORE_BUDGET["cpu"])
+    chunk = max(1, min(n, budget // max(1, 4 * b * nh * n * steps)))
     pos = torch.arange(n, device=q.device)
     outs = []
     for s in range(0, n, chunk):

@@ -175,3 +175,21 @@ def test_canonical_names() -> None:
     assert canonical_name("midlayer.self_attn.q_proj.weight") == "layers.0.self_attn.q_proj.weight"
     assert canonical_name("midlayers.2.mlp.up_proj.weight") == "layers.2.mlp.up_proj.weight"
     assert canonical_name("model.fc.weight") == "fc.weight"
+
+
+def test_remote_side_imports_only_torch_safetensors_and_stdlib() -> None:
+    """The GPU host has only torch + safetensors: no draftops, no rich, nothing else."""
+    import ast
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"torch", "safetensors", "remote"}
+    for path in (Path(__file__).resolve().parent.parent / "remote").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path}: imports {name}"

@@ -41,7 +41,7 @@ MARKER = "DEMO.json"
 
 @dataclass(frozen=True)
 class DemoSpec:
-    """Every knob of the demo; changing one changes DEMO_VERSION's meaning, so bump it."""
+    """Every knob of the demo (a cached demo is reused only when they all match)."""
 
     seed: int = 0
     vocab_size: int = 64
@@ -114,19 +114,20 @@ class DemoPaths:
         return [self.target, self.data, self.data_pt, self.draft, self.draft_flat, self.draft_fixed]
 
 
-def is_complete(out: Path) -> bool:
-    """True when ``out`` holds a finished demo of this version."""
+def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
+    """True when ``out`` holds a finished demo of this version and these parameters."""
     marker = Path(out) / MARKER
     try:
-        return json.loads(marker.read_text()).get("version") == DEMO_VERSION
+        meta = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
+    return meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
 
 
 def ensure_demo(out: str | Path, force: bool = False, spec: DemoSpec = DemoSpec()) -> DemoPaths:
     """Generate the demo into ``out`` unless a complete one is already there."""
     out = Path(out)
-    if force or not is_complete(out):
+    if force or not is_complete(out, spec):
         build_demo(out, spec)
     return DemoPaths(out)
 

@@ -167,7 +167,7 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
 
 
 def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Any:
-    lengths = ctx.dumps.lengths()
+    lengths = ctx.dumps.lengths(count)
     order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
     host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda"))
     return to_device(host, ctx.device)

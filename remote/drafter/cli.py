@@ -79,7 +79,7 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines = [f"verdict: {v['status']}", v["message"]]
     for row in sorted(report["layouts"], key=lambda r: -(r["acc"] or 0.0)):
         tags = f"  <- {', '.join(row['tags'])}" if row["tags"] else ""
-        lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {row['acc']:.3f}{tags}")
+        lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {_num(row['acc'])}{tags}")
     pal = report["predicted_accept_length"]
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets): "
                  f"served {_num(pal['served'])}, best {_num(pal['best'])}")

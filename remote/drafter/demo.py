@@ -1,7 +1,9 @@
 """The embedded demo: a tiny target, its hidden-state dumps, and a draft with the seed's bug.
 
-The target is a 6-layer Llama (random init; a 2-token window in layer 0 keeps its language
-learnable by a tiny draft).  Sequences are sampled from it, and every slot the seed's dump had is
+The target is a 6-layer Llama (random init).  Layer 0 attends over a 2-token window and later
+layers over their own position only: every layer's attention and MLP still transform the state (so
+which layers the draft reads matters), while a 2-token receptive field keeps the language learnable
+by a one-layer draft in seconds.  Sequences are sampled from it, and every slot the seed's dump had is
 captured: the embedding, three inner layers and the final layer.  A draft is trained on
 ``[embed, l_a, l_b]`` but saved with config ids pointing at ``[l_a, l_b, l_c]``, the mismatch of the
 seed article (trained on ``cat([embed, layer3, layer31])``, served ``cat([layer3, layer31, layer59])``).

@@ -167,3 +167,13 @@ def test_cli_reports_errors_as_event_and_exit_code(tmp_path: Path) -> None:
     errors = [e for e in map(events.parse, proc.stdout.splitlines()) if e and e["event"] == "error"]
     assert errors and errors[0]["kind"] == "empty_data" and errors[0]["fix"]
     assert not (tmp_path / "report.json").exists()
+
+
+def test_dump_files_that_disagree(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(demo().data, data)
+    save_file({"token_ids": torch.arange(10), "hidden_states": torch.zeros(10, 4, 64)},
+              str(data / "hs_7.safetensors"))
+    with pytest.raises(ShapeMismatchError) as exc:
+        run_eval(tmp_path / "out", data=data, limit=16, layout_samples=4)
+    _one_paragraph(exc.value, "hs_7.safetensors", "hidden_states", "[T, 5, 64]", "[10, 4, 64]")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .data import Sample
+from .errors import ShapeMismatchError
 
 
 @dataclass
@@ -76,13 +77,21 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
 
 
 def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
-                 max_len: int | None = None, pin: bool = False) -> Iterator[Batch]:
+                 max_len: int | None = None, pin: bool = False,
+                 shape: tuple[int, int] | None = None) -> Iterator[Batch]:
     """Read samples in ``order`` and yield a Batch whenever the next sample would push
-    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own)."""
+    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own).
+    Every sample must have ``shape`` = (slots, hidden) (default: the first one read)."""
     current: list[Sample] = []
     longest = 0
     for i in order:
         sample = load(i)
+        shape = shape or tuple(sample.hidden.shape[1:])
+        if tuple(sample.hidden.shape[1:]) != shape:
+            raise ShapeMismatchError(
+                "A dump file has a different number of slots or hidden size than the others",
+                path=sample.path, tensor="hidden_states", expected=f"[T, {shape[0]}, {shape[1]}]",
+                found=list(sample.hidden.shape), fix="dump every sample with the same layers of the same model")
         n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
         if n < 2:
             continue  # no (token, next token) pair to score

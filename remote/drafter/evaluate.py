@@ -128,6 +128,10 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                           path=slots.path, tensor="layer_ids", expected=f"{s} ids",
                           found=list(slots.layer_ids),
                           fix="list one layer id per slot of hidden_states, in slot order")
+    if slots.final_slot is not None and not 0 <= int(slots.final_slot) < s:
+        raise ConfigError("final_slot in data_config.json is not a slot of the dump", path=slots.path,
+                          tensor="final_slot", expected=f"0..{s - 1} or null", found=slots.final_slot,
+                          fix="set final_slot to the index of the final-layer slot, or null")
     num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
     final_slot, final_source = _final_slot(slots.final_slot, slots.final_slot_given, slots.layer_ids,
                                            num_layers, s, arch.num_aux)
@@ -178,7 +182,8 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
 def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Iterator[Batch]:
     lengths = ctx.dumps.lengths(count)
     order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
-    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda"))
+    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
+                                   shape=(ctx.slot_count, ctx.hidden_size)))
     return to_device(host, ctx.device)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .data import Sample
+from .errors import ShapeMismatchError
 
 
 @dataclass
@@ -44,17 +45,20 @@ class Batch:
         return Batch(*(getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)))
 
     def pin(self) -> Batch:
-        return Batch(*(getattr(self, f.name).pin_memory() for f in fields(self)))
+        """Page-locked copies of the tensors that are not pinned yet."""
+        return Batch(*(t if t.is_pinned() else t.pin_memory()
+                       for t in (getattr(self, f.name) for f in fields(self))))
 
 
-def collate(samples: Sequence[Sample], max_len: int | None = None) -> Batch:
-    """Pad ``samples`` (truncated to ``max_len`` tokens) into one Batch on the host."""
+def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = False) -> Batch:
+    """Pad ``samples`` (truncated to ``max_len`` tokens) into one Batch on the host, in pinned
+    memory when ``pin`` (so the device copy can run asynchronously)."""
     trimmed = [(s.token_ids[:max_len], s.hidden[:max_len],
                 None if s.loss_mask is None else s.loss_mask[:max_len]) for s in samples]
     t = max(ids.shape[0] for ids, _, _ in trimmed)
     _, s, h = trimmed[0][1].shape
     b = len(samples)
-    states = torch.zeros(b, t, s, h, dtype=trimmed[0][1].dtype)
+    states = torch.zeros(b, t, s, h, dtype=trimmed[0][1].dtype, pin_memory=pin)
     tokens = torch.zeros(b, t + 1, dtype=torch.long)
     mask = torch.zeros(b, t, dtype=torch.bool)
     has_next = torch.zeros(b, t, dtype=torch.bool)
@@ -68,27 +72,36 @@ def collate(samples: Sequence[Sample], max_len: int | None = None) -> Batch:
         lengths[i] = n - 1
     next_ids = torch.where(has_next[:, 1:], tokens[:, 2:t + 1], torch.full_like(tokens[:, 2:t + 1], -1))
     rows = torch.arange(t - 1)[None, :] < lengths[:, None]
-    return Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths)
+    batch = Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths)
+    return batch.pin() if pin else batch
 
 
 def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
-                 max_len: int | None = None) -> Iterator[Batch]:
+                 max_len: int | None = None, pin: bool = False,
+                 shape: tuple[int, int] | None = None) -> Iterator[Batch]:
     """Read samples in ``order`` and yield a Batch whenever the next sample would push
-    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own)."""
+    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own).
+    Every sample must have ``shape`` = (slots, hidden) (default: the first one read)."""
     current: list[Sample] = []
     longest = 0
     for i in order:
         sample = load(i)
+        shape = shape or tuple(sample.hidden.shape[1:])
+        if tuple(sample.hidden.shape[1:]) != shape:
+            raise ShapeMismatchError(
+                "A dump file has a different number of slots or hidden size than the others",
+                path=sample.path, tensor="hidden_states", expected=f"[T, {shape[0]}, {shape[1]}]",
+                found=list(sample.hidden.shape), fix="dump every sample with the same layers of the same model")
         n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
         if n < 2:
             continue  # no (token, next token) pair to score
         if current and max(longest, n) * (len(current) + 1) > token_budget:
-            yield collate(current, max_len)
+            yield collate(current, max_len, pin)
             current, longest = [], 0
         current.append(sample)
         longest = max(longest, n)
     if current:
-        yield collate(current, max_len)
+        yield collate(current, max_len, pin)
 
 
 def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:
@@ -112,7 +125,8 @@ def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
-    """Move batches to ``device``; on CUDA pin them and copy on a side stream one batch ahead."""
+    """Move batches to ``device``; on CUDA copy from pinned memory on a side stream, one batch
+    ahead, so the copy of batch i+1 overlaps the forward of batch i."""
     if device.type != "cuda":
         yield from (b.to(device) for b in batches)
         return

@@ -1,7 +1,8 @@
 """``python -m remote.drafter {eval,demo}``: argument parsing and the human-readable summary.
 
 Exit codes: 0 done (whatever the verdict: a MISMATCH is a finding, read it from report.json),
-2 a DrafterError (its one-paragraph message on stderr and as an ``error`` event), 64 bad usage.
+2 bad usage (argparse), 3 a DrafterError (its one-paragraph message on stderr and as an ``error``
+event).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .errors import DrafterError
 from .evaluate import EvalOptions, evaluate
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"
+EXIT_DRAFTER_ERROR = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MATCH when the served layout is within this of the best step-0 acc (0.03)")
     ev.add_argument("--acc-tolerance", type=float, default=0.05,
                     help="flag --expected-acc gaps larger than this (0.05)")
-    ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (4096 CPU, 16384 GPU)")
+    ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (8192 CPU, 16384 GPU)")
     ev.add_argument("--max-len", type=int, help="truncate samples to this many tokens")
     demo = sub.add_parser("demo", help="generate the demo (tiny target, dumps, buggy draft)")
     demo.add_argument("--out", type=Path, default=None, help=f"folder (default ${DEMO_ENV} or ./demo)")
@@ -54,7 +56,7 @@ def default_demo_dir() -> Path:
     return Path(os.environ.get(DEMO_ENV) or "demo")
 
 
-def options_from_args(args: argparse.Namespace) -> EvalOptions:
+def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EvalOptions:
     """EvalOptions for the flags; without --ckpt/--data, the demo (generated on first use)."""
     ckpt, data, verifier, expected = args.ckpt, args.data, args.verifier, args.expected_acc
     if ckpt is None and data is None:
@@ -64,7 +66,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         if expected is None:
             expected = json.loads((paths.root / MARKER).read_text()).get("val_full_acc_0")
     elif ckpt is None or data is None:
-        raise SystemExit("eval: give both --ckpt and --data, or neither (to run the demo)")
+        parser.error("eval: give both --ckpt and --data, or neither (to run the demo)")
     return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,
                        limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
@@ -77,7 +79,7 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines = [f"verdict: {v['status']}", v["message"]]
     for row in sorted(report["layouts"], key=lambda r: -(r["acc"] or 0.0)):
         tags = f"  <- {', '.join(row['tags'])}" if row["tags"] else ""
-        lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {row['acc']:.3f}{tags}")
+        lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {_num(row['acc'])}{tags}")
     pal = report["predicted_accept_length"]
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets): "
                  f"served {_num(pal['served'])}, best {_num(pal['best'])}")
@@ -92,17 +94,18 @@ def _num(x: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             paths = ensure_demo(args.out or default_demo_dir(), force=args.force)
             print(f"demo ready in {paths.root}")
             return 0
-        report = evaluate(options_from_args(args))
+        report = evaluate(options_from_args(args, parser))
     except DrafterError as exc:
         events.emit("error", **exc.to_dict())
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_DRAFTER_ERROR
     for line in summary(report):
         print(line)
     return 0

@@ -114,12 +114,14 @@ class DumpSet:
     def formats(self) -> list[str]:
         return sorted({"pt" if f.suffix == ".pt" else "safetensors" for f in self.files})
 
-    def lengths(self) -> list[int] | None:
-        """Token counts from safetensors headers alone (None when any file is .pt)."""
-        if any(f.suffix == ".pt" for f in self.files):
+    def lengths(self, count: int | None = None) -> list[int] | None:
+        """Token counts of the first ``count`` files from safetensors headers alone (None when
+        any of them is .pt)."""
+        files = self.files[:count]
+        if any(f.suffix == ".pt" for f in files):
             return None
         out = []
-        for f in self.files:
+        for f in files:
             header = read_header(f)
             name = "token_ids" if "token_ids" in header else "input_ids"
             out.append(header[name].shape[0] if name in header else 0)

@@ -1,7 +1,9 @@
 """The embedded demo: a tiny target, its hidden-state dumps, and a draft with the seed's bug.
 
-The target is a 6-layer Llama (random init; a 2-token window in layer 0 keeps its language
-learnable by a tiny draft).  Sequences are sampled from it, and every slot the seed's dump had is
+The target is a 6-layer Llama (random init).  Layer 0 attends over a 2-token window and later
+layers over their own position only: every layer's attention and MLP still transform the state (so
+which layers the draft reads matters), while a 2-token receptive field keeps the language learnable
+by a one-layer draft in seconds.  Sequences are sampled from it, and every slot the seed's dump had is
 captured: the embedding, three inner layers and the final layer.  A draft is trained on
 ``[embed, l_a, l_b]`` but saved with config ids pointing at ``[l_a, l_b, l_c]``, the mismatch of the
 seed article (trained on ``cat([embed, layer3, layer31])``, served ``cat([layer3, layer31, layer59])``).
@@ -41,7 +43,7 @@ MARKER = "DEMO.json"
 
 @dataclass(frozen=True)
 class DemoSpec:
-    """Every knob of the demo; changing one changes DEMO_VERSION's meaning, so bump it."""
+    """Every knob of the demo (a cached demo is reused only when they all match)."""
 
     seed: int = 0
     vocab_size: int = 64
@@ -114,19 +116,20 @@ class DemoPaths:
         return [self.target, self.data, self.data_pt, self.draft, self.draft_flat, self.draft_fixed]
 
 
-def is_complete(out: Path) -> bool:
-    """True when ``out`` holds a finished demo of this version."""
+def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
+    """True when ``out`` holds a finished demo of this version and these parameters."""
     marker = Path(out) / MARKER
     try:
-        return json.loads(marker.read_text()).get("version") == DEMO_VERSION
+        meta = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
+    return meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
 
 
 def ensure_demo(out: str | Path, force: bool = False, spec: DemoSpec = DemoSpec()) -> DemoPaths:
     """Generate the demo into ``out`` unless a complete one is already there."""
     out = Path(out)
-    if force or not is_complete(out):
+    if force or not is_complete(out, spec):
         build_demo(out, spec)
     return DemoPaths(out)
 

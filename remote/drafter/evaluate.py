@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from . import layouts, report
 from .batching import Batch, background, iter_batches, to_device
 from .checkpoint import CheckpointInfo, load_checkpoint
 from .data import DumpSet
-from .errors import ConfigError, DataError, ShapeMismatchError
+from .errors import ConfigError, DataError, ShapeMismatchError, UnsupportedError
 from .layouts import Verdict
 from .model import Eagle3Draft
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
@@ -50,6 +51,10 @@ def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
     """auto -> cuda when present; fp32 on CPU (exact), bf16 on GPU (how drafts are served)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedError("CUDA was requested but torch sees no GPU", expected="a CUDA device",
+                               found=f"torch {torch.__version__} without CUDA",
+                               fix="use --device auto or cpu, or a CUDA build of torch")
     device = torch.device(name)
     return device, (torch.bfloat16 if device.type == "cuda" else torch.float32)
 
@@ -76,26 +81,25 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     """Run the whole evaluation and write ``report.json`` into ``opts.out``; returns the report."""
     started = time.time()
     device, dtype = resolve_device(opts.device)
-    events.progress(0, 4, "loading checkpoint and data")
+    _log(f"loading {opts.ckpt} and {opts.data} on {device} ({dtype})")
     ctx = _load(opts, device, dtype)
     count = len(ctx.dumps.files) if opts.limit is None else min(opts.limit, len(ctx.dumps.files))
-    events.progress(1, 4, "layout scan")
+    _log(f"layout scan: every choice of {ctx.draft.arch.num_aux} of {ctx.slot_count} slots")
     scan_n = min(count, opts.layout_samples)
     norms, scan, basis = _scan(ctx, scan_n, opts)
     slot_ids = ctx.dumps.slots.layer_ids
     interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers)
     verdict = layouts.decide({s: v.step0(basis) or 0.0 for s, v in scan.items()}, interps[0], slot_ids,
                              ctx.final_slot, basis, opts.layout_tolerance, ctx.info.format)
-    events.progress(2, 4, "metrics")
+    _log(f"metrics: {opts.steps} TTT steps on {count} samples")
     roles = _roles(verdict)
     full, tokens = _metrics(ctx, count, roles, opts)
-    events.progress(3, 4, "writing report")
     doc = report.build(opts, ctx, report.Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started))
     path = report.write(doc, Path(opts.out))
-    events.progress(4, 4, "done")
+    _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
 
@@ -124,6 +128,10 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                           path=slots.path, tensor="layer_ids", expected=f"{s} ids",
                           found=list(slots.layer_ids),
                           fix="list one layer id per slot of hidden_states, in slot order")
+    if slots.final_slot is not None and not 0 <= int(slots.final_slot) < s:
+        raise ConfigError("final_slot in data_config.json is not a slot of the dump", path=slots.path,
+                          tensor="final_slot", expected=f"0..{s - 1} or null", found=slots.final_slot,
+                          fix="set final_slot to the index of the final-layer slot, or null")
     num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
     final_slot, final_source = _final_slot(slots.final_slot, slots.final_slot_given, slots.layer_ids,
                                            num_layers, s, arch.num_aux)
@@ -134,9 +142,14 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                                  "verifier targets are skipped")
         else:
             head = _verifier_head(verifier, draft, device, dtype)
-    budget = opts.batch_tokens or (16384 if device.type == "cuda" else 4096)
+    budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
                     device, budget)
+
+
+def _log(line: str) -> None:
+    """A plain log line between the machine-readable events."""
+    print(f"drafter: {line}", flush=True)
 
 
 def _final_slot(given: int | None, was_given: bool, slot_ids: tuple[int, ...] | None,
@@ -166,10 +179,11 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
     return VerifierHead(verifier.final_norm().to(device, dtype), rows.to(device, dtype), arch.rms_norm_eps)
 
 
-def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Any:
-    lengths = ctx.dumps.lengths()
+def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Iterator[Batch]:
+    lengths = ctx.dumps.lengths(count)
     order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
-    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len))
+    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
+                                   shape=(ctx.slot_count, ctx.hidden_size)))
     return to_device(host, ctx.device)
 
 

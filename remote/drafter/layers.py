@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from . import rope
 
 Weights = dict[str, torch.Tensor]
-_SCORE_BUDGET = 256 * 1024 * 1024  # bytes of fp32 attention scores per query chunk
+_SCORE_BUDGET = {"cpu": 256 << 20, "cuda": 2 << 30}  # bytes of fp32 attention scores per query chunk
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,10 +99,11 @@ def _attend(q: torch.Tensor, cache: KVCache, key_valid: torch.Tensor, window: in
     nkv = cache.k0.shape[1]
     g = nh // nkv
     steps = 1 + len(cache.diag_k)
-    keys = torch.cat([cache.k0, *cache.diag_k], dim=2).unsqueeze(2)  # [b, nkv, 1, steps*n, hd]
-    values = torch.cat([cache.v0, *cache.diag_v], dim=2).unsqueeze(2)
-    qg = q.view(b, nkv, g, n, hd)
-    chunk = max(1, min(n, _SCORE_BUDGET // max(1, 4 * b * nh * n * steps)))
+    keys_t = torch.cat([cache.k0, *cache.diag_k], dim=2).transpose(-1, -2)  # [b, nkv, hd, steps*n]
+    values = torch.cat([cache.v0, *cache.diag_v], dim=2)  # [b, nkv, steps*n, hd]
+    qg = q.view(b, nkv, g, n, hd)  # query heads grouped by their KV head (GQA without repeat_kv)
+    budget = _SCORE_BUDGET.get(q.device.type, _SCORE_BUDGET["cpu"])
+    chunk = max(1, min(n, budget // max(1, 4 * b * nh * n * steps)))
     pos = torch.arange(n, device=q.device)
     outs = []
     for s in range(0, n, chunk):
@@ -114,8 +115,10 @@ def _attend(q: torch.Tensor, cache: KVCache, key_valid: torch.Tensor, window: in
         if steps > 1:
             diag = (pos[None, :] == rows).expand(b, -1, -1)  # blocks 1..k: own row only
             allowed = torch.cat([allowed] + [diag] * (steps - 1), dim=-1)
-        scores = (qg[:, :, :, s:s + chunk] @ keys.transpose(-1, -2)) * scale
+        c = rows.shape[0]
+        qc = qg[:, :, :, s:s + c].reshape(b, nkv, g * c, hd)
+        scores = (qc @ keys_t).view(b, nkv, g, c, -1) * scale
         scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        outs.append(probs @ values)
+        outs.append((probs.view(b, nkv, g * c, -1) @ values).view(b, nkv, g, c, hd))
     return torch.cat(outs, dim=3).reshape(b, nh, n, hd)

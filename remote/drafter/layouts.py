@@ -120,6 +120,9 @@ def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids:
     if served_slots is not None:
         now = (f"its config ids {served.configured_ids} make SGLang feed "
                f"{describe(served_slots, slot_ids, final_slot)} (step-0 acc {scan[served_slots]:.3f})")
+    elif served.captured_ids is None:
+        now = ("its config has no aux layer ids, so the engines capture their default (after layers "
+               "[2, n/2, n-3]) and the target's layer count n is unknown here")
     else:
         now = (f"its config ids {served.configured_ids} make SGLang capture layers {served.captured_ids}, "
                f"which are not in this dump (missing {served.missing})")

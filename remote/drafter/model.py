@@ -143,7 +143,10 @@ class Eagle3Draft:
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int = 3,
                 lengths: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Logits of every step, ``[steps] x [B, N, Vd]``."""
+        """Logits of every step, ``[steps] x [B, N, Vd]`` (``[N, Vd]`` for unbatched 2-D/1-D inputs)."""
+        if aux.dim() == 2:
+            pos = None if positions is None else positions[None]
+            return [x[0] for x in self.iter_steps(aux[None], input_ids[None], steps, None, pos)]
         return list(self.iter_steps(aux, input_ids, steps, lengths, positions))
 
     __call__ = forward

@@ -45,12 +45,14 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     """Assemble the report dict."""
     slot_ids = ctx.dumps.slots.layer_ids
     ids_of = (lambda slots: [slot_ids[s] for s in slots]) if slot_ids is not None else (lambda slots: None)
+    expected = _expected(opts, res)
+    message = res.verdict.message + (_expected_note(expected) if expected and expected["flagged"] else "")
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
         "schema": SCHEMA,
-        "verdict": {**res.verdict.to_dict(), "serving_convention": "sglang",
-                    "expected_acc": _expected(opts, res)},
+        "verdict": {**res.verdict.to_dict(), "message": message, "serving_convention": "sglang",
+                    "expected_acc": expected},
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
                        for i, rms in enumerate(res.norms)],
@@ -117,6 +119,18 @@ def _expected(opts: EvalOptions, res: Results) -> dict[str, Any] | None:
     return {"expected": expected, "served": served, "best": measured.get("best"),
             "gap": gap, "tolerance": opts.acc_tolerance,
             "flagged": gap is not None and gap > opts.acc_tolerance}
+
+
+def _expected_note(e: dict[str, Any]) -> str:
+    served = "n/a" if e["served"] is None else f"{e['served']:.1%}"
+    note = f" Training reported {e['expected']:.1%} step-0 accuracy; the served layout scores {served}"
+    if e["best"] is not None and e["best"] >= e["expected"] - e["tolerance"]:
+        return note + (f", the best layout {e['best']:.1%}: the training number is reproduced once the ids "
+                       "are fixed.")
+    if e["best"] is not None:
+        return note + (f" and even the best layout only {e['best']:.1%}: check the other causes too (verifier "
+                       "targets without the final norm, norm flags, a different validation split).")
+    return note + "."
 
 
 def write(doc: dict[str, Any], out_dir: Path) -> Path:

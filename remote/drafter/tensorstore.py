@@ -61,6 +61,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise CorruptFileError("The safetensors header is not a JSON object", path=path,
                                fix="re-copy or re-generate the file")
     infos: dict[str, TensorInfo] = {}
+    ends: dict[str, tuple[int, int]] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
@@ -71,13 +72,16 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptFileError("A safetensors header entry is malformed", path=path, tensor=name,
                                    fix="re-copy or re-generate the file") from exc
-        if 8 + n + end > size:
-            raise CorruptFileError(
-                "The file is truncated: the bytes of a tensor are past its end",
-                path=path, tensor=name, expected=f"{8 + n + end} bytes", found=f"{size} bytes",
-                fix="re-copy or re-generate the file (compare its size with the source)",
-            )
         infos[name] = TensorInfo(name, path, shape, dtype)
+        ends[name] = (start, 8 + n + end)
+    full = max((e for _, e in ends.values()), default=8 + n)
+    if full > size:
+        cut = min((t for t in ends if ends[t][1] > size), key=lambda t: ends[t][0])
+        raise CorruptFileError(
+            "The file is truncated: the bytes of a tensor are past its end",
+            path=path, tensor=cut, expected=f"{full} bytes", found=f"{size} bytes",
+            fix="re-copy or re-generate the file (compare its size with the source)",
+        )
     return infos
 
 

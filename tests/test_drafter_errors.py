@@ -1,0 +1,179 @@
+"""Each bad input gets a DrafterError whose one-paragraph message names file, tensor, shapes and fix."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from remote import events
+from remote.drafter import (
+    ConfigError,
+    CorruptFileError,
+    DrafterError,
+    EmptyDataError,
+    MissingTensorError,
+    ShapeMismatchError,
+    load_checkpoint,
+)
+from remote.drafter.data import DumpSet
+from tests.drafter_support import demo, run_eval
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _copy_draft(tmp_path: Path) -> Path:
+    dst = tmp_path / "draft"
+    shutil.copytree(demo().draft, dst)
+    return dst
+
+
+def _edit_weights(folder: Path, edit) -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def _one_paragraph(err: DrafterError, *parts: str) -> str:
+    msg = str(err)
+    assert "\n" not in msg and msg.count("Fix:") == 1
+    for part in parts:
+        assert part in msg, (part, msg)
+    return msg
+
+
+def test_fc_width_not_a_multiple_of_the_hidden_size(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    _edit_weights(ckpt, lambda t: t.update({"fc.weight": torch.zeros(64, 3 * 64 + 5)}))
+    with pytest.raises(ShapeMismatchError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, str(ckpt / "model.safetensors"), "fc.weight", "[64, A*64]", "[64, 197]",
+                   "target_hidden_size")
+
+
+def test_hidden_size_of_data_differs_from_the_draft(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    save_file({"token_ids": torch.arange(10), "hidden_states": torch.zeros(10, 5, 32)},
+              str(data / "hs_0.safetensors"))
+    with pytest.raises(ShapeMismatchError) as exc:
+        run_eval(tmp_path / "out", data=data)
+    _one_paragraph(exc.value, str(data / "hs_0.safetensors"), "hidden_states", "[T, S, 64]", "[10, 5, 32]",
+                   "different target")
+
+
+def test_truncated_checkpoint(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    file = ckpt / "model.safetensors"
+    raw = file.read_bytes()
+    file.write_bytes(raw[: len(raw) - 1000])
+    with pytest.raises(CorruptFileError) as exc:
+        load_checkpoint(ckpt)
+    assert exc.value.tensor  # names the tensor whose bytes are cut off
+    _one_paragraph(exc.value, str(file), "truncated", f"{len(raw)} bytes", f"{len(raw) - 1000} bytes", "re-copy")
+
+
+def test_corrupt_header(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    file = ckpt / "model.safetensors"
+    raw = bytearray(file.read_bytes())
+    raw[8:20] = b"not json!!!!"
+    file.write_bytes(bytes(raw))
+    with pytest.raises(CorruptFileError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, str(file), "header")
+
+
+def test_truncated_dump_files(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = (demo().data / "hs_0.safetensors").read_bytes()
+    (data / "hs_0.safetensors").write_bytes(raw[:-64])
+    with pytest.raises(CorruptFileError) as exc:
+        DumpSet.open(data).load(0)
+    _one_paragraph(exc.value, "hs_0.safetensors", "hidden_states")
+    pt = tmp_path / "pt"
+    pt.mkdir()
+    raw = (demo().data_pt / "data_0.pt").read_bytes()
+    (pt / "data_0.pt").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(CorruptFileError) as exc:
+        DumpSet.open(pt).load(0)
+    _one_paragraph(exc.value, "data_0.pt", "regenerate")
+
+
+def test_empty_data_folder(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "data_config.json").write_text("{}")
+    with pytest.raises(EmptyDataError) as exc:
+        run_eval(tmp_path / "out", data=tmp_path / "empty")
+    _one_paragraph(exc.value, str(tmp_path / "empty"), "*.safetensors or *.pt")
+
+
+def test_missing_draft_tensor(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    _edit_weights(ckpt, lambda t: t.pop("layers.0.hidden_norm.weight"))
+    with pytest.raises(MissingTensorError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, str(ckpt), "layers.0.hidden_norm.weight", "[64]", "absent")
+
+
+def test_missing_embedding_without_verifier() -> None:
+    with pytest.raises(MissingTensorError) as exc:
+        load_checkpoint(demo().draft_flat)
+    _one_paragraph(exc.value, "embed_tokens.weight", "--verifier")
+
+
+def test_missing_tensor_in_a_dump(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    save_file({"token_ids": torch.arange(10)}, str(data / "hs_0.safetensors"))
+    with pytest.raises(MissingTensorError) as exc:
+        DumpSet.open(data).load(0)
+    _one_paragraph(exc.value, "hs_0.safetensors", "hidden_states", "token_ids")
+
+
+def test_wrong_shape_from_the_config(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["transformer_layer_config"]["hidden_size"] = 128
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ShapeMismatchError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, "config.json", "fc.weight", "[64, 192]", "--config")
+
+
+def test_missing_config(tmp_path: Path) -> None:
+    ckpt = _copy_draft(tmp_path)
+    (ckpt / "config.json").unlink()
+    with pytest.raises(ConfigError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, "config.json", "--config")
+
+
+def test_cli_reports_errors_as_event_and_exit_code(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "remote.drafter", "eval", "--ckpt", str(demo().draft),
+                           "--data", str(tmp_path / "empty"), "--out", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert "error:" in proc.stderr and "Fix:" in proc.stderr
+    errors = [e for e in map(events.parse, proc.stdout.splitlines()) if e and e["event"] == "error"]
+    assert errors and errors[0]["kind"] == "empty_data" and errors[0]["fix"]
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_dump_files_that_disagree(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(demo().data, data)
+    save_file({"token_ids": torch.arange(10), "hidden_states": torch.zeros(10, 4, 64)},
+              str(data / "hs_7.safetensors"))
+    with pytest.raises(ShapeMismatchError) as exc:
+        run_eval(tmp_path / "out", data=data, limit=16, layout_samples=4)
+    _one_paragraph(exc.value, "hs_7.safetensors", "hidden_states", "[T, 5, 64]", "[10, 4, 64]")

@@ -1,0 +1,195 @@
+"""Unit checks: metric semantics, batching alignment and padding, layout logic, rope, config inference."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from remote.drafter import load_checkpoint
+from remote.drafter.batching import collate
+from remote.drafter.checkpoint import canonical_name
+from remote.drafter.data import Sample, SlotInfo
+from remote.drafter.layouts import decide, interpret
+from remote.drafter.metrics import StepCounts
+from remote.drafter.rope import RopeSpec, inv_freq
+from tests.drafter_support import demo
+
+
+def _reference_counts(preds, target, scored):
+    """speculators' compute_accuracy_single_step loop, written out with python ints."""
+    out = []
+    b, n = target.shape
+    prev = scored.clone()
+    for k, p in enumerate(preds):
+        full_c = full_t = cond_t = 0
+        for i in range(b):
+            for t in range(n - k):
+                cond_t += int(prev[i, t])
+                ok = bool(prev[i, t]) and int(p[i, t]) == int(target[i, t + k])
+                prev[i, t] = ok
+                if scored[i, t + k]:
+                    full_t += 1
+                    full_c += ok
+        out.append((full_c, full_t, cond_t))
+    return out
+
+
+def test_step_counts_follow_speculators_semantics() -> None:
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randint(0, 3, (3, 9), generator=gen)
+    preds = [torch.where(torch.rand(3, 9, generator=gen) < 0.7, target.roll(-k, 1), 0) for k in range(3)]
+    scored = torch.rand(3, 9, generator=gen) < 0.8
+    counts = StepCounts(3)
+    counts.update(preds, target, scored)
+    assert list(zip(counts.full_correct, counts.full_total, counts.cond_total)) == \
+        _reference_counts(preds, target, scored)
+
+
+def test_step_counts_hand_example() -> None:
+    # 6 scored rows; step 0 right on 4, step 1 right on 2 of those (targets shift by one row)
+    target = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    scored = torch.tensor([[True] * 6 + [False]])
+    step0 = torch.tensor([[1, 2, 3, 4, 0, 0, 0]])
+    step1 = torch.tensor([[2, 3, 0, 0, 6, 7]])  # rows 0,1 right and chained; rows 4,5 right but step 0 wrong
+    counts = StepCounts(2)
+    counts.update([step0, torch.cat([step1, torch.zeros(1, 1, dtype=torch.long)], 1)], target, scored)
+    assert counts.full_acc()[0] == pytest.approx(4 / 6)
+    assert counts.full_acc()[1] == pytest.approx(2 / 5)  # rows whose t+1 is scored: 5
+    assert counts.cond_acc()[1] == pytest.approx(2 / 4)
+    assert counts.accept_length(2) == pytest.approx(1 + 4 / 6 + 2 / 5)
+
+
+def test_collate_aligns_tokens_features_and_targets() -> None:
+    t, s, h = 6, 3, 2
+    hidden = torch.arange(t * s * h, dtype=torch.float32).reshape(t, s, h)
+    sample = Sample(torch.arange(10, 10 + t), hidden, torch.tensor([0, 0, 1, 1, 1, 1], dtype=torch.bool),
+                    Path("x"))
+    short = Sample(torch.arange(20, 24), hidden[:4], None, Path("y"))
+    b = collate([sample, short])
+    assert b.input_ids[0].tolist() == [11, 12, 13, 14, 15]  # x_1..x_5
+    assert b.next_ids[0].tolist() == [12, 13, 14, 15, -1]
+    assert torch.equal(b.aux([2, 0])[0, 1], torch.cat([hidden[1, 2], hidden[1, 0]]))  # row t=2 sees g_1
+    assert torch.equal(b.final(2)[0, 0], hidden[1, 2])  # last hidden at the row's own position
+    assert b.scored[0].tolist() == [False, True, True, True, True]
+    assert b.lengths.tolist() == [5, 3] and b.scored[1].tolist() == [True, True, True, False, False]
+    assert b.input_ids[1].tolist() == [21, 22, 23, 0, 0] and b.next_ids[1].tolist() == [22, 23, -1, -1, -1]
+
+
+def test_padding_never_leaks_into_a_sample() -> None:
+    """A sample's logits are the same alone and padded in a batch with longer ones."""
+    draft, _ = load_checkpoint(demo().draft)
+    gen = torch.Generator().manual_seed(1)
+    samples = [Sample(torch.randint(0, 64, (n,), generator=gen), torch.randn(n, 5, 64, generator=gen),
+                      None, Path(str(n))) for n in (7, 15, 11)]
+    batch = collate(samples)
+    with torch.inference_mode():
+        together = draft.forward(batch.aux([0, 1, 2]), batch.input_ids, 3, batch.lengths)
+        for b, s in enumerate(samples):
+            alone = collate([s])
+            single = draft.forward(alone.aux([0, 1, 2]), alone.input_ids, 3, alone.lengths)
+            n = int(alone.lengths[0])
+            for k in range(3):
+                assert torch.allclose(single[k][0], together[k][b, :n], atol=1e-5)
+
+
+def test_interpretations_and_defaults() -> None:
+    slot_ids = (-1, 1, 3, 4, 5)
+    sglang, vllm = interpret([1, 3, 4], slot_ids, 6)
+    assert sglang.slots == [1, 2, 3] and vllm.captured_ids == [0, 2, 3] and vllm.missing == [0, 2]
+    sglang, vllm = interpret([4, 2, 5], slot_ids, 6)  # vLLM ids: after 2, 4, 5 layers
+    assert vllm.slots == [1, 2, 3] and sglang.missing == [2]
+    default, _ = interpret(None, (-1, 1, 2, 3, 5, 6, 7), 8)  # engines capture after [2, 4, 5] layers
+    assert default.captured_ids == [1, 3, 4]
+
+
+def test_decide_match_mismatch_unknown() -> None:
+    slot_ids = (-1, 1, 3, 4, 5)
+    scan = {(0, 1, 2): 0.9, (1, 2, 3): 0.2, (0, 2, 3): 0.5}
+    served = interpret([1, 3, 4], slot_ids, 6)[0]
+    v = decide(scan, served, slot_ids, 4, "data", 0.03, "flat")
+    assert (v.status, v.fix_layer_ids, v.needs_capture_patch) == ("MISMATCH", [-1, 1, 3], True)
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in v.message
+    close = {**scan, (1, 2, 3): 0.88}
+    assert decide(close, served, slot_ids, 4, "data", 0.03, "flat").status == "MATCH"
+    assert decide(scan, served, None, None, "data", 0.03, "flat").status == "UNKNOWN"
+    no_embed = {(1, 2, 3): 0.9, (0, 1, 2): 0.1}
+    missing = interpret([0, 2, 3], slot_ids, 6)[0]
+    v = decide(no_embed, missing, slot_ids, 4, "data", 0.03, "speculators")
+    assert v.status == "MISMATCH" and v.fix_layer_ids == [1, 3, 4] and not v.needs_capture_patch
+    assert "not in this dump" in v.message
+
+
+def test_slot_info_converts_vllm_ids(tmp_path: Path) -> None:
+    (tmp_path / "data_config.json").write_text(json.dumps({"layer_ids": [0, 2, 4, 6],
+                                                           "layer_id_convention": "vllm"}))
+    info = SlotInfo.read(tmp_path)
+    assert info.layer_ids == (-1, 1, 3, 5) and not info.final_slot_given
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+@pytest.mark.parametrize("params", [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+])
+def test_rope_tables_match_transformers(params: dict) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=128, max_position_embeddings=131072,
+                      rope_parameters=dict(params))
+    if params["rope_type"] == "default":
+        ref, scale = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
+    else:
+        ref, scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, None)
+    spec = RopeSpec.from_config({"rope_parameters": dict(params), "max_position_embeddings": 131072})
+    mine, my_scale = inv_freq(spec, 128)
+    assert torch.equal(mine, ref) and my_scale == pytest.approx(scale)
+
+
+def test_structure_is_inferred_from_weights(tmp_path: Path) -> None:
+    """head_dim from q_proj (never 2H/heads), aux slots from fc width, norms from their tensors."""
+    weights = load_file(str(demo().draft / "model.safetensors"))
+    weights["input_norm.weight"] = torch.ones(192)
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((demo().draft / "config.json").read_text())
+    tlc = cfg["transformer_layer_config"]
+    del tlc["head_dim"], tlc["num_key_value_heads"]
+    cfg["norm_before_fc"] = False
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _, info = load_checkpoint(tmp_path)
+    a = info.arch
+    assert (a.head_dim, a.num_kv_heads, a.num_aux, a.intermediate_size) == (16, 2, 3, 512)
+    assert a.norm_before_fc and (a.draft_vocab_size, a.vocab_size) == (48, 64)
+
+
+def test_canonical_names() -> None:
+    assert canonical_name("midlayer.self_attn.q_proj.weight") == "layers.0.self_attn.q_proj.weight"
+    assert canonical_name("midlayers.2.mlp.up_proj.weight") == "layers.2.mlp.up_proj.weight"
+    assert canonical_name("model.fc.weight") == "fc.weight"
+
+
+def test_remote_side_imports_only_torch_safetensors_and_stdlib() -> None:
+    """The GPU host has only torch + safetensors: no draftops, no rich, nothing else."""
+    import ast
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"torch", "safetensors", "remote"}
+    for path in (Path(__file__).resolve().parent.parent / "remote").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path}: imports {name}"

@@ -36,4 +36,11 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 [ -x .venv/bin/invoke ] || "${pip[@]}" --force-reinstall --no-deps 'invoke>=2.2,<4'
 if [ "$want_tests" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
+  # speculators 0.9.0, for the forward-pass parity test: transformers with the installed torch
+  # pinned (pip must never swap it), speculators itself without its heavy optional dependencies.
+  if ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("speculators") and u.find_spec("transformers")))'; then
+    torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
+    "${pip[@]}" 'transformers==5.3.0' -c <(echo "torch==$torch_version")
+    "${pip[@]}" --no-deps 'speculators==0.9.0'
+  fi
 fi

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.drafter_support import demo
 from tests.test_env_ssh import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -18,6 +19,9 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
     project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box")
     (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     copy_remote_package(project)
+    # The host keeps its demo in <root>/state/demo; seed it with this process's demo (same
+    # parameters, so the cache is taken as complete) instead of generating it again.
+    shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")
     first = invoke(project, "sync", "test-drafter")
     assert first.returncode == 0, first.stdout + first.stderr
     assert "MISMATCH" in first.stdout
@@ -31,15 +35,15 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
     configured = next(r["acc"] for r in report["layouts"] if "configured-sglang" in r["tags"])
     assert trained >= 0.8 and configured <= trained / 2
 
-    demo = tmp_path / "hostroot" / "state" / "demo"
+    host_demo = tmp_path / "hostroot" / "state" / "demo"
     fixed = tmp_path / "draft_to_fix"
-    shutil.copytree(demo / "draft_flat", fixed)
+    shutil.copytree(host_demo / "draft_flat", fixed)
     rewrite = invoke(project, "draft-config", "--ckpt", str(fixed), "--from-report", run_dir.name)
     assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
     config = json.loads((fixed / "config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == verdict["fix_layer_ids"]
 
-    again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(demo / "data"),
-                   "--verifier", str(demo / "target"))
+    again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(host_demo / "data"),
+                   "--verifier", str(host_demo / "target"))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout

@@ -7,7 +7,6 @@ stdout must carry binary tar streams for sync and pull, and Fabric's inline env 
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import shutil
 import socket

@@ -171,7 +171,7 @@ def load_inventory(path: Path | None, project_root: Path) -> Inventory:
         inventory = Inventory(default=data.get("default", LOCAL), hosts=hosts)
     except ValidationError as exc:
         raise InventoryError(_explain(exc, path, root_node)) from None
-    for name, spec in inventory.hosts.items():
+    for spec in inventory.hosts.values():
         _resolve_local_paths(spec, path.parent)
     inventory.hosts = {**builtin, **inventory.hosts}
     inventory.source = str(path)

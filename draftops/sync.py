@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import paramiko
 import pathspec
 
 from draftops.errors import RemoteError, SyncError
@@ -188,8 +189,8 @@ def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[
     try:
         answer = host.agent("apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
                             input=payload)
-    except RemoteError as exc:
-        raise SyncError(f"Sync to host {host.name!r} failed: {exc}. The files on the host were left "
+    except (RemoteError, OSError, EOFError, paramiko.SSHException) as exc:
+        raise SyncError(f"Sync to host {host.name!r} failed: {exc or type(exc).__name__}. The files on the host were left "
                         "as they were (or fully updated, if the failure came after the transfer); "
                         "run `invoke sync` again.") from None
     return answer, len(payload)

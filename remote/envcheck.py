@@ -52,7 +52,7 @@ def _nvidia_smi() -> list[dict[str, str]] | None:
     rows = []
     for line in proc.stdout.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
-        rows.append(dict(zip(fields.split(","), values)))
+        rows.append(dict(zip(fields.split(","), values, strict=False)))
     return rows
 
 

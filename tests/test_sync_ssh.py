@@ -153,7 +153,7 @@ def test_interrupted_sync_leaves_remote_tree_consistent(ssh_project, tmp_path, m
         return original(channel, data)
 
     monkeypatch.setattr(paramiko.Channel, "sendall", cutting_sendall)
-    with pytest.raises(Exception):
+    with pytest.raises(SyncError, match="left as they were"):
         sync(host)
     monkeypatch.setattr(paramiko.Channel, "sendall", original)
     deadline = time.monotonic() + 10

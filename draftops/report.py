@@ -33,10 +33,11 @@ def layout_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"aux layouts tried (step-0 accuracy, {basis} targets)", title_justify="left")
     for col in ("layer ids (SGLang)", "slots", "step-0 acc", ""):
         table.add_column(col)
+    served = report.get("verdict", {}).get("served_slots")
     rows = sorted(report.get("layouts", []), key=lambda r: -(r.get("acc") or 0.0))
     for row in rows:
         tags = ", ".join(row.get("tags") or [])
-        style = "bold green" if "best" in tags else ("bold red" if "configured-sglang" in tags else "")
+        style = "bold green" if "best" in tags else ("bold red" if row.get("slots") == served else "")
         table.add_row(str(row.get("layer_ids")), str(row.get("slots")), _pct(row.get("acc")), tags, style=style)
     return table
 

@@ -39,7 +39,9 @@ def test_trained_layout_is_accurate_and_configured_one_is_not(buggy: dict) -> No
     assert configured <= trained / 2
     best = [r for r in buggy["layouts"] if "best" in r["tags"]]
     assert [r["layer_ids"] for r in best] == [TRAINED]
-    assert "configured-sglang" in next(r for r in buggy["layouts"] if r["layer_ids"] == BUGGY)["tags"]
+    # The default demo draft is in the speculators format: vLLM reads its ids (l + 1 each).
+    assert "configured-vllm" in next(r for r in buggy["layouts"] if r["layer_ids"] == BUGGY)["tags"]
+    assert buggy["checkpoint"]["configured_layer_ids"] == [i + 1 for i in BUGGY]
     assert len(buggy["layouts"]) == 10  # C(5, 3) ascending choices
 
 
@@ -72,10 +74,13 @@ def test_metrics_and_accept_length(buggy: dict) -> None:
 
 
 def test_configured_ids_under_both_conventions(buggy: dict) -> None:
+    # speculators-format ids [l_a+1, l_b+1, l_c+1]: vLLM (which reads this format) feeds slots 1-3;
+    # read as SGLang ids they would name a layer the dump does not have.
     sglang, vllm = buggy["interpretations"]
-    assert sglang["convention"] == "sglang" and sglang["slots"] == [1, 2, 3]
-    assert vllm["convention"] == "vllm" and vllm["slots"] is None
-    assert vllm["missing"]  # vLLM would capture layers the dump does not have
+    assert vllm["convention"] == "vllm" and vllm["slots"] == [1, 2, 3]
+    assert sglang["convention"] == "sglang" and sglang["slots"] is None
+    assert sglang["missing"]
+    assert buggy["verdict"]["serving_convention"] == "vllm"
 
 
 def test_expected_accuracy_gap_is_flagged(buggy: dict) -> None:
@@ -91,7 +96,7 @@ def test_report_sections_and_file(buggy: dict, tmp_path: Path) -> None:
                 "data", "interpretations", "run", "warnings"):
         assert key in buggy
     ck, data = buggy["checkpoint"], buggy["data"]
-    assert ck["format"] == "speculators" and ck["configured_layer_ids"] == BUGGY
+    assert ck["format"] == "speculators" and ck["configured_layer_ids"] == [i + 1 for i in BUGGY]
     assert ck["structure"]["num_aux"] == 3 and ck["structure"]["head_dim"] == 16
     assert data["slot_layer_ids"] == SPEC.slot_ids and data["final_slot"] == 4
     assert data["samples"] == SPEC.samples and data["formats"] == ["safetensors"]

@@ -32,18 +32,21 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
     assert verdict["needs_capture_patch"] is True
     layouts = {tuple(r["layer_ids"]): r["acc"] for r in report["layouts"]}
     trained = layouts[tuple(verdict["fix_layer_ids"])]
-    configured = next(r["acc"] for r in report["layouts"] if "configured-sglang" in r["tags"])
+    configured = next(r["acc"] for r in report["layouts"] if r["slots"] == verdict["served_slots"])
     assert trained >= 0.8 and configured <= trained / 2
 
     host_demo = tmp_path / "hostroot" / "state" / "demo"
-    fixed = tmp_path / "draft_to_fix"
-    shutil.copytree(host_demo / "draft_flat", fixed)
-    rewrite = invoke(project, "draft-config", "--ckpt", str(fixed), "--from-report", run_dir.name)
-    assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
-    config = json.loads((fixed / "config.json").read_text())
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == verdict["fix_layer_ids"]
-
-    again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(host_demo / "data"),
-                   "--verifier", str(host_demo / "target"))
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout
+    for fmt, folder in (("flat", "draft_flat"), ("speculators", "draft")):
+        fixed = tmp_path / f"{fmt}_to_fix"
+        shutil.copytree(host_demo / folder, fixed)
+        rewrite = invoke(project, "draft-config", "--ckpt", str(fixed), "--from-report", run_dir.name)
+        assert rewrite.returncode == 0, rewrite.stdout + rewrite.stderr
+        config = json.loads((fixed / "config.json").read_text())
+        if fmt == "flat":   # SGLang reads eagle_config, in its output-of-layer ids
+            assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == verdict["fix_layer_ids"]
+        else:               # speculators' own field holds vLLM ids (0 = embedding)
+            assert config["eagle_aux_hidden_state_layer_ids"] == verdict["fix_layer_ids_vllm"]
+        again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(host_demo / "data"),
+                       "--verifier", str(host_demo / "target"))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout, (fmt, again.stdout)

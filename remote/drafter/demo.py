@@ -14,10 +14,11 @@ Layout of ``out``::
     target/       HF layout, 2 shards + index (use as --verifier)
     data/         hs_{i}.safetensors  (token_ids, hidden_states [T, 5, H]) + data_config.json
     data_pt/      data_{i}.pt (legacy: input_ids, hidden_states list, loss_mask) + data_config.json
-    draft/        speculators format, ids [l_a, l_b, l_c] (the bug)
+    draft/        speculators format, ids [l_a, l_b, l_c] (the bug), stored as speculators does,
+                  in vLLM's convention: [l_a+1, l_b+1, l_c+1]
     draft_flat/   flat LlamaForCausalLMEagle3 (midlayer.*, no embed_tokens), same bug,
                   plus config_speculators.json (the seed's backup)
-    draft_fixed/  speculators format, ids [-1, l_a, l_b]
+    draft_fixed/  speculators format, ids [-1, l_a, l_b], stored as [0, l_a+1, l_b+1]
     DEMO.json     written last: marks the folder complete, holds the parameters and training stats
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .layers import Weights
 from .model import DraftArch, Eagle3Draft
 from .rope import RopeSpec
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: speculators-format ids in the vLLM convention
 MARKER = "DEMO.json"
 
 
@@ -277,12 +278,13 @@ def _llama_block(arch: DraftArch) -> dict[str, Any]:
 
 
 def speculators_config(arch: DraftArch, layer_ids: list[int]) -> dict[str, Any]:
-    """As speculators 0.9.0 writes it (reference §1a)."""
+    """As speculators 0.9.0 writes it (reference §1a). ``layer_ids`` are SGLang ids; the file holds
+    them in speculators' own (vLLM) convention, id + 1, where 0 is the embedding."""
     tlc = {**_llama_block(arch), "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope.theta}}
     return {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_version": "0.9.0", "draft_vocab_size": arch.draft_vocab_size,
-        "eagle_aux_hidden_state_layer_ids": layer_ids, "embed_requires_grad": False, "fc_norm": arch.fc_norm,
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "embed_requires_grad": False, "fc_norm": arch.fc_norm,
         "norm_before_fc": arch.norm_before_fc, "norm_before_residual": arch.norm_before_residual,
         "norm_output": arch.norm_output, "target_hidden_size": None,
         "speculators_config": {

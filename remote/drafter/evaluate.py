@@ -89,7 +89,10 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     norms, scan, basis = _scan(ctx, scan_n, opts)
     slot_ids = ctx.dumps.slots.layer_ids
     interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers)
-    verdict = layouts.decide({s: v.step0(basis) or 0.0 for s, v in scan.items()}, interps[0], slot_ids,
+    # The engine that reads this format decides what the server feeds: SGLang reads the flat format's
+    # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
+    served = next(i for i in interps if i.convention == layouts.serving_convention(ctx.info.format))
+    verdict = layouts.decide({s: v.step0(basis) or 0.0 for s, v in scan.items()}, served, slot_ids,
                              ctx.final_slot, basis, opts.layout_tolerance, ctx.info.format)
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
     roles = _roles(verdict)

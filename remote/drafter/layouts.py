@@ -53,6 +53,14 @@ def interpret(configured: list[int] | None, slot_ids: Sequence[int] | None,
     return out
 
 
+def serving_convention(fmt: str) -> str:
+    """Convention of the ids stored in a config of format ``fmt`` ("flat" or "speculators")."""
+    return "vllm" if fmt == "speculators" else "sglang"
+
+
+ENGINE = {"sglang": "SGLang", "vllm": "vLLM"}
+
+
 def _locate(captured: list[int] | None, slot_ids: Sequence[int] | None) -> tuple[list[int] | None, list[int]]:
     if captured is None or slot_ids is None:
         return None, []
@@ -92,7 +100,7 @@ class Verdict:
 
 def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids: Sequence[int] | None,
            final_slot: int | None, basis: str, tolerance: float, fmt: str) -> Verdict:
-    """MATCH when the layout SGLang would feed scores within ``tolerance`` of the best layout."""
+    """MATCH when the layout the serving engine would feed scores within ``tolerance`` of the best."""
     best = max(scan, key=lambda s: (scan[s], [-x for x in s]))
     best_acc = scan[best]
     fix = [slot_ids[s] for s in best] if slot_ids is not None else None
@@ -100,6 +108,8 @@ def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids:
     where = ("eagle_config.eagle_aux_hidden_state_layer_ids" if fmt == "flat"
              else "eagle_aux_hidden_state_layer_ids")
     best_txt = f"{describe(best, slot_ids, final_slot)} (step-0 acc {best_acc:.3f}, {basis} targets)"
+    engine = ENGINE[served.convention]
+    write = fix_vllm if served.convention == "vllm" else fix
     served_slots = tuple(served.slots) if served.slots is not None else None
     if fix is None:
         return Verdict(STATUS_UNKNOWN, None, None, False,
@@ -110,7 +120,7 @@ def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids:
     if served_slots is not None and scan.get(served_slots, -1.0) >= best_acc - tolerance:
         patch = -1 in (served.captured_ids or [])
         return Verdict(STATUS_MATCH, None, None, patch,
-                       f"The layout SGLang feeds for the configured ids {served.configured_ids}, "
+                       f"The layout {engine} feeds for the configured ids {served.configured_ids}, "
                        f"{describe(served_slots, slot_ids, final_slot)}, is the one the draft was trained "
                        f"on: step-0 acc {scan[served_slots]:.3f} vs best {best_acc:.3f}. Nothing to fix"
                        + (" (the ids include -1: SGLang needs the embedding-capture patch)."
@@ -118,18 +128,19 @@ def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids:
                        basis, list(best), list(served_slots), tolerance)
     patch = -1 in fix
     if served_slots is not None:
-        now = (f"its config ids {served.configured_ids} make SGLang feed "
+        now = (f"its config ids {served.configured_ids} make {engine} feed "
                f"{describe(served_slots, slot_ids, final_slot)} (step-0 acc {scan[served_slots]:.3f})")
     elif served.captured_ids is None:
         now = ("its config has no aux layer ids, so the engines capture their default (after layers "
                "[2, n/2, n-3]) and the target's layer count n is unknown here")
     else:
-        now = (f"its config ids {served.configured_ids} make SGLang capture layers {served.captured_ids}, "
-               f"which are not in this dump (missing {served.missing})")
-    msg = (f"The draft was trained on {best_txt}, but {now}. Put \"{where}\": {fix} in the draft "
-           f"config.json")
+        now = (f"its config ids {served.configured_ids} make {engine} capture the outputs of layers "
+               f"{served.captured_ids}, which are not in this dump (missing {served.missing})")
+    msg = (f"The draft was trained on {best_txt}, but {now}. Put \"{where}\": {write} in the draft "
+           f"config.json" + (" (speculators' own convention: 0 is the embedding)" if write is fix_vllm else ""))
     msg += (" and apply the SGLang embedding-capture patch: unpatched SGLang cannot capture the "
             "embedding output (-1)." if patch else "; no SGLang patch is needed.")
-    msg += f" vLLM reads the same layout as {fix_vllm}."
+    msg += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if write is fix_vllm
+            else f" vLLM reads the same layout as {fix_vllm}.")
     return Verdict(STATUS_MISMATCH, fix, fix_vllm, patch, msg, basis, list(best),
                    list(served_slots) if served_slots else None, tolerance)

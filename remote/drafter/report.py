@@ -51,7 +51,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
         "schema": SCHEMA,
-        "verdict": {**res.verdict.to_dict(), "message": message, "serving_convention": "sglang",
+        "verdict": {**res.verdict.to_dict(), "message": message,
+                    "serving_convention": layouts.serving_convention(ctx.info.format),
                     "expected_acc": expected},
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}

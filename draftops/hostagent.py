@@ -290,6 +290,7 @@ def cmd_runner(run_dir, run_id):
     status_path = os.path.join(run_dir, "status.json")
     started = _now()
     base = {"pid": os.getpid(), "started": started}
+    _atomic_write(os.path.join(run_dir, "pid"), ("%d\n" % os.getpid()).encode())
     _atomic_write(status_path, json.dumps(dict(base, state="running")).encode())
     env = dict(os.environ, **job.get("env", {}), DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir,
                PYTHONUNBUFFERED="1")

@@ -98,7 +98,9 @@ def test_env_values_are_quoted_and_reach_the_job(project):
     wait_state(project, job.id, {"succeeded"})
     local = jobs.pull(host, job.id)
     assert (local / "out.txt").read_text() == tricky
-    assert json.loads((local / "status.json").read_text())["exit_code"] == 0
+    status = json.loads((local / "status.json").read_text())
+    assert status["exit_code"] == 0 and int((local / "pid").read_text()) == status["pid"]
+    assert (local / "command").read_text().startswith("printf")
     assert "TRICKY" not in (local / "log").read_text()
 
 

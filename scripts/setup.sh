@@ -9,6 +9,9 @@ want_tests=0
 [ "${1:-}" = "--test" ] && want_tests=1
 
 need=()
+py=${PYTHON:-python3}
+command -v "$py" >/dev/null 2>&1 || need+=(python3)
+"$py" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)   # Debian splits venv out
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 if [ "$want_tests" = 1 ]; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -24,7 +27,6 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
-py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv --system-site-packages .venv
 fi

@@ -44,12 +44,12 @@ def connect(c: Context, host: str | None) -> Host:
 
 def ensure_code(target: Host) -> None:
     """Sync once per invoke call before running synced code (a no-op sync costs one round trip)."""
-    if getattr(target, "synced", False):
+    if target.synced:
         return
     report = sync(target)
     if not report.noop:
         console.print(f"[dim]synced {len(report.upload)} changed file(s) to {target.name}[/]")
-    target.synced = True  # type: ignore[attr-defined]
+    target.synced = True
 
 
 def run_job(target: Host, name: str, command: str, *, follow: bool = True, pull: bool = True,

@@ -16,7 +16,7 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
     """Push remote/ (and the host's sync_paths) to <root>/code; only changed files travel."""
     target = connect(c, host)
     report = sync_code(target, dry_run=dry_run)
-    target.synced = not dry_run  # type: ignore[attr-defined]
+    target.synced = target.synced or not dry_run
     show_sync(report, verbose)
 
 

@@ -6,9 +6,9 @@ import json
 from invoke import Context, task
 from rich.table import Table
 
-from draftops import mlenv
+from draftops import jobs, mlenv
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
-from draftops.console import console
+from draftops.console import console, follow_live
 
 
 @task(help={"host": HOST_HELP})
@@ -22,8 +22,6 @@ def setup(c: Context, host: str | None = None) -> None:
                       f"(requirements hash {env_plan.digest[:12]}); nothing to do")
         return
     job = mlenv.start_setup(target, env_plan)
-    from draftops.console import follow_live
-    from draftops import jobs
     final = follow_live(target, job.id)
     require_success(job.id, final, None)
     console.print(f"[green]env[/] {target.name}: {env_plan.venv} ready (hash {env_plan.digest[:12]})")

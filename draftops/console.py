@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -38,9 +39,9 @@ def show_sync(report: SyncReport, verbose: bool = False) -> None:
                   f"deleted {len(report.delete)}, {report.unchanged} unchanged, {report.seconds:.2f}s")
     if report.dry_run or verbose:
         for rel in report.upload[:50]:
-            console.print(f"  [cyan]+[/] {rel}", markup=True)
+            console.print(f"  [cyan]+[/] {escape(rel)}")
         for rel in report.delete[:50]:
-            console.print(f"  [red]-[/] {rel}")
+            console.print(f"  [red]-[/] {escape(rel)}")
         hidden = max(0, len(report.upload) - 50) + max(0, len(report.delete) - 50)
         if hidden:
             console.print(f"  … and {hidden} more")
@@ -59,7 +60,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
         command = (row.get("command") or "")
         table.add_row(row["id"], state_text(row.get("state")), str(row.get("exit_code", "")),
                       row.get("started") or "", row.get("ended") or "",
-                      command if len(command) < 80 else command[:77] + "...")
+                      escape(command if len(command) < 80 else command[:77] + "..."))
     console.print(table)
 
 

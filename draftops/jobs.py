@@ -18,7 +18,7 @@ from remote import events
 from draftops.errors import JobError, RemoteError
 from draftops.host import Host
 
-TERMINAL = {"succeeded", "failed", "killed", "dead"}
+NO_SUCH_RUN = 7                  # the host agent's exit code for a missing run folder
 RUN_DIR = "$DRAFTOPS_RUN_DIR"   # in a job's argv: the job's own run folder (set by the runner)
 
 
@@ -82,7 +82,9 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
 def status(host: Host, run_id: str) -> dict[str, Any]:
     try:
         return host.agent("status", f"runs/{_check_id(run_id)}")
-    except RemoteError:
+    except RemoteError as exc:
+        if exc.exit_code != NO_SUCH_RUN:
+            raise
         raise JobError(f"Host {host.name!r} has no run {run_id!r}; `invoke runs` lists the runs there.") from None
 
 

@@ -140,9 +140,10 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
     return manifest
 
 
-def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], delete: list[str]) -> bytes:
+def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], delete: list[str],
+             sizes: dict[str, int]) -> bytes:
     """One tar stream: the changed files plus a metadata member listing deletions."""
-    raw = sum((project_root / rel).stat().st_size for rel in upload if manifest[rel][0] == "f")
+    raw = sum(sizes.values())
     buf = io.BytesIO()
     # gzip level 1 makes tar headers and padding nearly free and shrinks code text; past a few MB
     # (weights, blobs) it only costs CPU, so big payloads go as plain tar.
@@ -161,10 +162,9 @@ def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], 
                 info.linkname = value
                 tar.addfile(info)
             else:
-                path = project_root / rel
-                info.size = path.stat().st_size
+                info.size = sizes[rel]
                 info.mode = mode_bits
-                with open(path, "rb") as fh:
+                with open(project_root / rel, "rb") as fh:
                     tar.addfile(info, fh)
     return buf.getvalue()
 
@@ -182,9 +182,15 @@ def _memory_file(host: Host) -> Path:
     return host.project_root / ".draftops" / "cache" / f"remote-{spec.name}-{key.hexdigest()[:12]}.json"
 
 
+def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) -> dict[str, int]:
+    return {rel: (project_root / rel).stat().st_size for rel in upload if local[rel][0] == "f"}
+
+
 def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[str],
-           expected_tree: str) -> tuple[dict, int]:
-    payload = _payload(host.project_root, upload, local, delete) if upload or delete else b""
+           expected_tree: str) -> tuple[dict, int, int]:
+    """Send the changes; returns (host's answer, bytes sent, bytes of changed files)."""
+    sizes = _file_sizes(host.project_root, upload, local)
+    payload = _payload(host.project_root, upload, local, delete, sizes) if upload or delete else b""
     digest = hashlib.sha256(payload).hexdigest()
     try:
         answer = host.agent("apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
@@ -193,7 +199,7 @@ def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[
         raise SyncError(f"Sync to host {host.name!r} failed: {exc or type(exc).__name__}. The files on the host were left "
                         "as they were (or fully updated, if the failure came after the transfer); "
                         "run `invoke sync` again.") from None
-    return answer, len(payload)
+    return answer, len(payload), sum(sizes.values())
 
 
 def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -> SyncReport:
@@ -210,19 +216,21 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -
     memory_file = _memory_file(host)
     known = _load_memory(memory_file)
     answer: dict = {"status": "stale"}
-    sent = 0
+    sent = changed = 0
     if known is not None and not dry_run:
         upload, delete = _diff(local, known["manifest"])
-        answer, sent = _apply(host, local, upload, delete, known["digest"])
+        answer, sent, changed = _apply(host, local, upload, delete, known["digest"])
     if answer["status"] == "stale":
         remote_answer = answer if "manifest" in answer else host.agent("manifest", "code", STATE_FILE)
         remote = {k: tuple(v) for k, v in remote_answer["manifest"].items()}
         upload, delete = _diff(local, remote)
-        if not dry_run:
-            answer, sent = _apply(host, local, upload, delete, "-")
+        answer, sent, changed = remote_answer, 0, 0
+        if not dry_run and (upload or delete):
+            answer, sent, changed = _apply(host, local, upload, delete, "-")
+    if dry_run:
+        changed = sum(_file_sizes(project_root, upload, local).values())
     report = SyncReport(host=host.name, upload=upload, delete=delete, unchanged=len(local) - len(upload),
-                        dry_run=dry_run, bytes_sent=sent if upload or delete else 0)
-    report.bytes_changed = sum((project_root / r).stat().st_size for r in upload if local[r][0] == "f")
+                        dry_run=dry_run, bytes_sent=sent, bytes_changed=changed)
     if not dry_run:
         if answer.get("digest") == tree_digest(local):
             if not known or known["digest"] != answer["digest"]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
+from rich.markup import escape
 from rich.table import Table
 
 from draftops import jobs
@@ -33,14 +34,14 @@ def _show_patch(report: dict[str, Any], host: str) -> None:
         state = row["state"]
         mark = " (changed)" if row["file"] in changed else ""
         table.add_row(row["file"], row["model"], f"[{STATE_STYLE.get(state, 'white')}]{state}[/]{mark}",
-                      row.get("detail") or "")
+                      escape(row.get("detail") or ""))
     console.print(table)
     for check in report.get("checks") or []:
         colour = "green" if check["ok"] else "red"
         console.print(f"  [{colour}]{'ok' if check['ok'] else 'FAIL'}[/] {check['file']}: {check['check']} "
-                      f"{check.get('detail') or ''}")
+                      f"{escape(check.get('detail') or '')}")
     for note in report.get("notes") or []:
-        console.print(f"[dim]{note}[/]")
+        console.print(f"[dim]{escape(note)}[/]")
 
 
 def _patch(c: Context, action: str, host: str | None, models: str | None) -> None:
@@ -134,5 +135,5 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         if result.get("backup"):
             console.print(f"  backup: {result['backup']}")
         for warning in result.get("warnings") or []:
-            console.print(f"  [yellow]warning[/]: {warning}")
+            console.print(f"  [yellow]warning[/]: {escape(warning)}")
     require_success(run_id, final, local)

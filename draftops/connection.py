@@ -6,6 +6,7 @@ stdout must carry binary tar streams for sync and pull, and Fabric's inline env 
 """
 from __future__ import annotations
 
+import io
 import logging
 import shlex
 import shutil
@@ -109,9 +110,10 @@ class LocalTransport:
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
         proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
+        stdout = proc.stdout
+        assert isinstance(stdout, io.BufferedReader)
         try:
-            while chunk := proc.stdout.read1(65536):
+            while chunk := stdout.read1(65536):
                 on_output(chunk)
             return proc.wait()
         finally:
@@ -276,10 +278,9 @@ class SSHTransport:
         reader = threading.Thread(target=drain_stderr, daemon=True)
         reader.start()
         try:
-            if input:
-                view = memoryview(input)
-                for start in range(0, len(view), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
-                    channel.sendall(view[start:start + SEND_CHUNK])
+            data = input or b""
+            for start in range(0, len(data), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
+                channel.sendall(data[start:start + SEND_CHUNK])
             channel.shutdown_write()
             while chunk := channel.recv(1 << 16):
                 out += chunk

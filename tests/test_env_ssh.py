@@ -25,7 +25,8 @@ def invoke(project: Path, *args: str, env: dict[str, str] | None = None) -> subp
 def hostile_venv(tmp_path: Path) -> Path:
     """The ml-env path every test here uses: quotes, $(), backticks, `;`, spaces and a newline (R3).
     Were any of it run by a shell, a `pwned*` file would appear in tmp_path."""
-    return tmp_path / "venvs" / f"ml env'$(touch {tmp_path}/pwned1)`touch {tmp_path}/pwned2`;touch {tmp_path}/pwned3;\"\nx"
+    return tmp_path / "venvs" / (f"ml env'$(touch {tmp_path}/pwned1)`touch {tmp_path}/pwned2`;"
+                                 f"touch {tmp_path}/pwned3;\"\nx")
 
 
 def assert_nothing_injected(tmp_path: Path) -> None:

@@ -267,10 +267,10 @@ def test_ssh_entry_names_this_runs_interpreter_for_remote_jobs(make_project, ssh
                            files={"remote/__init__.py": "",
                                   "remote/which.py": "import sys, torch\nprint('exe=' + sys.executable)\n"})
     host = open_host(None, project)
-    assert host.spec.python == sys.executable
     sync(host)
     job = jobs.start(host, "which", jobs.python_module_command(host, "remote.which", []))
     lines: list[str] = []
     final = jobs.follow(host, job.id, lines.append)
     assert final["state"] == "succeeded", lines
     assert f"exe={sys.executable}" in lines
+    assert host.spec.python == sys.executable

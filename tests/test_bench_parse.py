@@ -281,10 +281,11 @@ def test_cross_check_missing_side(missing: object) -> None:
 # --- digest and datasets -------------------------------------------------------------------------
 
 def test_config_digest_ignores_layout_but_not_layer_ids(tmp_path) -> None:
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+    eagle: dict[str, list[int]] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": eagle}
     a = config_digest(json.dumps(cfg).encode())
     b = config_digest(json.dumps(cfg, indent=4, sort_keys=True).encode())
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 1, 3]
+    eagle["eagle_aux_hidden_state_layer_ids"] = [-1, 1, 3]
     c = config_digest(json.dumps(cfg).encode())
     assert a == b != c and a.startswith("sha256:")
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -84,14 +84,14 @@ class RunRecord:
     verdict: str | None = None
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe copy: NaN/inf become null (not measured), paths become text, tuples lists."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, PurePath):
         return str(value)
     if value is None or isinstance(value, (str, int, bool)):
@@ -149,6 +149,16 @@ def parse_since(text: str, now: datetime | None = None) -> str:
                            "nor an age (90m, 12h, 7d, 2w).") from None
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo an open transaction; SQLite may already have rolled back after a failed COMMIT (a full
+    disk), and that must not hide the original error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
 def _like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -203,7 +213,7 @@ class History:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def _error(self, exc: BaseException) -> HistoryError:
@@ -212,8 +222,8 @@ class History:
             return HistoryError(f"{self.path} is not a readable SQLite database ({text}). Move it aside "
                                 f"(mv {self.path} {self.path}.bad); the next run starts a new history.")
         if "readonly" in text or "unable to open" in text or isinstance(exc, OSError):
-            return HistoryError(f"cannot write the run history {self.path} ({text}); make its folder "
-                                "writable, or run from a project checkout you own.")
+            return HistoryError(f"cannot open the run history {self.path} for writing ({text}); make it and "
+                                "its folder writable, or run from a project checkout you own.")
         if "disk is full" in text or "disk I/O" in text:
             return HistoryError(f"the run history {self.path} could not be written ({text}); nothing was "
                                 "changed. Free disk space and record again.")
@@ -225,7 +235,7 @@ class History:
         values = [getattr(rec, c) for c in _COLUMNS]
         values[_COLUMNS.index("time")] = to_iso(parse_time(rec.time))
         for name in ("settings", "metrics"):
-            values[_COLUMNS.index(name)] = json.dumps(_clean(getattr(rec, name)), sort_keys=True, allow_nan=False)
+            values[_COLUMNS.index(name)] = json.dumps(json_safe(getattr(rec, name)), sort_keys=True, allow_nan=False)
         placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 1))
         updates = ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "recorded_at"))
         with self._connect(write=True) as conn:
@@ -235,7 +245,7 @@ class History:
                              f"ON CONFLICT(run_id) DO UPDATE SET {updates}", [*values, now_iso()])
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     def query(self, *, kind: str | None = None, draft: str | None = None, since: str | None = None,
@@ -252,6 +262,8 @@ class History:
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
+        if draft is not None and not draft.strip():
+            raise HistoryError("--draft is empty: give a draft path, its last path part or a digest prefix.")
         if draft is not None:
             digest = draft if draft.startswith("sha256:") else "sha256:" + draft
             where.append("(draft = ? OR draft LIKE ? ESCAPE '\\' OR draft_digest LIKE ? ESCAPE '\\')")

@@ -61,7 +61,9 @@ def test_compare_explicit_runs_and_bad_arguments(project: Path) -> None:
     for args, needle in ((["--run-a", "20261130-100000-bench-base"], "give both --run-a and --run-b"),
                          (["--run-a", "nope", "--run-b", "20261130-100000-bench-base"], "invoke runs --local"),
                          (["--run-a", "../../etc", "--run-b", "x"], "neither a run id"),
-                         (["--tolerance", "2"], "--tolerance")):
+                         (["--tolerance", "2"], "--tolerance"),
+                         (["--run-a", "20261130-100000-bench-base", "--run-b", "20261130-100000-bench-base"],
+                          "the same run")):
         bad = invoke(project, "bench.compare", *args)
         assert bad.returncode == 1 and needle in bad.stdout + bad.stderr, (args, bad.stdout, bad.stderr)
         assert "Traceback" not in bad.stderr

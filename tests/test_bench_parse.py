@@ -135,6 +135,11 @@ def test_sglang_jsonl_bad_middle_line_and_nan_and_null_accept_length() -> None:
     assert out.records[1].accept_length is None
 
 
+def test_byte_order_mark_at_the_start_is_not_a_broken_record() -> None:
+    out = client_output.parse_sglang("\ufeff" + fmt.jsonl(_sglang_records(1)))
+    assert len(out.records) == 1 and out.problems == []
+
+
 def test_client_error_record_without_results_is_a_problem() -> None:
     out = client_output.parse_sglang(json.dumps({"error": "Initial test run failed"}) + "\n")
     assert out.records == [] and "output_throughput" in out.problems[0]["message"]

@@ -55,6 +55,8 @@ def test_query_filters_and_latest(tmp_path: Path) -> None:
     assert [r.run_id for r in hist.query(draft="2222")] == ["b"]               # digest prefix
     assert [r.run_id for r in hist.query(draft="sha256:1111aaaa")] == ["a"]
     assert [r.run_id for r in hist.query(draft="dem%")] == []                  # LIKE wildcards are literal
+    with pytest.raises(HistoryError, match="--draft is empty"):
+        hist.query(draft=" ")
     assert [r.run_id for r in hist.query(host="gpu")] == ["b"]
     assert [r.run_id for r in hist.query(since=parse_since("2026-11-21T00:00:00Z"))] == ["d", "c"]
     latest = hist.latest(kind="bench", host="local")
@@ -151,7 +153,7 @@ def test_read_only_folder_as_nobody(tmp_path: Path) -> None:
     """)
     done = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
-    assert done.stdout.startswith("ERR cannot write the run history"), done.stdout + done.stderr
+    assert done.stdout.startswith("ERR cannot open the run history"), done.stdout + done.stderr
 
 
 WRITER = textwrap.dedent("""
@@ -251,3 +253,39 @@ def test_project_revision(tmp_path: Path) -> None:
     assert rev is not None and len(rev) == 12 and not rev.endswith("-dirty")
     (tmp_path / "f").write_text("2")
     assert project_revision(tmp_path) == rev + "-dirty"
+
+
+FULL_DISK_WRITER = textwrap.dedent("""
+    import resource, signal, sys
+    sys.path.insert(0, {repo!r})
+    from pathlib import Path
+    from draftops.errors import HistoryError
+    from draftops.history import History, RunRecord
+    hist = History(Path({db!r}))
+    hist.record(RunRecord(run_id="small", kind="bench", host="local"))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)        # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+    done = 0
+    try:
+        for i in range(1000):
+            hist.record(RunRecord(run_id=f"big-{{i}}", kind="bench", host="local", metrics={{"blob": "x" * 50000}}))
+            done += 1
+    except HistoryError as exc:
+        print(done, "|", exc)
+""")
+
+
+def test_full_disk_fails_cleanly_and_keeps_what_was_committed(tmp_path: Path) -> None:
+    """A file-size limit stands in for a full disk: the write that does not fit is refused with a
+    clear message, and every run committed before it is still there."""
+    db = tmp_path / "h.sqlite"
+    done = subprocess.run([sys.executable, "-c", FULL_DISK_WRITER.format(repo=str(REPO), db=str(db))],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    count, message = done.stdout.split("|", 1)
+    assert "could not be written" in message and "Free disk space" in message
+    assert _integrity(db) == "ok"
+    hist = History(db)
+    assert len(hist.query()) == 1 + int(count)
+    hist.record(_rec("after"))                                      # room again: writes work
+    assert hist.get("after") is not None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from draftops.bench import chart, render
 from draftops.bench.compare import Comparison
+from draftops.history import json_safe
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -19,7 +20,7 @@ def write(cmp: Comparison, out_dir: Path) -> dict[str, Path]:
     """The three files, each replaced atomically; returns them by kind."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "compare.json", "markdown": out_dir / "compare.md", "chart": out_dir / "compare.png"}
-    _atomic(paths["json"], json.dumps(cmp.to_dict(), indent=2, allow_nan=False, default=str) + "\n")
+    _atomic(paths["json"], json.dumps(json_safe(cmp.to_dict()), indent=2, allow_nan=False) + "\n")
     chart.draw(cmp, paths["chart"])
     _atomic(paths["markdown"], render.markdown(cmp, paths["chart"].name))
     return paths

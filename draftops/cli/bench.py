@@ -47,6 +47,8 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     if not run_a or not run_b:
         run_a, run_b = comparing.default_pair(hist, host)
     runs = [result.load(run_folder(root, ref)) for ref in (run_a, run_b)]
+    if runs[0].run_id == runs[1].run_id:
+        raise BenchError(f"--run-a and --run-b are the same run ({runs[0].run_id}); give two different runs.")
     predictions = {r.run_id: comparing.find_prediction(hist, r) for r in runs}
     cmp = comparing.compare(runs[0], runs[1], predictions, tolerance)
     run_id = jobs.new_run_id("bench-compare")

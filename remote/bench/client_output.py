@@ -94,7 +94,7 @@ def iter_json_objects(text: str) -> Iterator[tuple[int, dict[str, Any] | None, s
     """Yield ``(lineno, object, None)`` for each top-level JSON value, ``(lineno, None, error)`` for
     each one that cannot be decoded; decoding resumes at the next line that opens an object."""
     decoder = json.JSONDecoder()
-    pos, size = 0, len(text)
+    pos, size = (1 if text.startswith("\ufeff") else 0), len(text)
     while True:
         while pos < size and text[pos] in " \t\r\n":
             pos += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def test_test_drafter_runs_are_recorded(make_project, sshd, tmp_path, no_inventory_env) -> None:
-    project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box")
+    project = make_project({"box": ssh_entry(sshd, tmp_path, python=sys.executable)}, "box")
     (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     copy_remote_package(project)
     host_demo = tmp_path / "hostroot" / "state" / "demo"

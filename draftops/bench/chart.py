@@ -46,6 +46,13 @@ def draw(cmp: Comparison, path: Path) -> Path:
     accept.bar([x - width / 2 for x in xs], measured, width, label="measured", color=COLOURS["speculative"])
     accept.bar([x + width / 2 for x in xs], predicted, width, label="predicted (test-drafter)",
                color=COLOURS["predicted"])
+    top = max([1.0, *measured, *predicted])
+    for x, pred in zip(xs, preds):
+        if pred and pred.role == "served" and pred.best is not None and pred.best > pred.value:
+            top = max(top, pred.best)
+            accept.hlines(pred.best, x - width, x + width, colors=COLOURS["predicted"], linestyles="dashed",
+                          label="predicted with test-drafter's fix")
+    accept.set_ylim(0, top * 1.35)                 # room for the legend above the bars
     accept.set_xticks(xs, labels)
     accept.set_ylabel("accept length (tokens per verify step)")
     accept.set_title("accept length")

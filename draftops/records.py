@@ -4,12 +4,14 @@ fields the same way and ``bench compare`` can find a prediction by draft digest 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from draftops.bench.compare import Comparison
-from draftops.bench.result import BenchResult
 from draftops.history import RunRecord, now_iso
 from remote.bench.numbers import finite
+
+if TYPE_CHECKING:                 # the bench models load pydantic; test-drafter's hook does not need them
+    from draftops.bench.compare import Comparison
+    from draftops.bench.result import BenchResult
 
 
 def _get(doc: Any, *path: str) -> Any:

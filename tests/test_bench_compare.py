@@ -320,3 +320,8 @@ def test_seed_story_on_the_real_demo_report(tmp_path: Path, hist: History) -> No
     change = _compare(hist, wrong, fixed)
     assert f"accept length {accept['served'] * 1.02:.2f} → {accept['best'] * 0.97:.2f}" in next(
         f.text for f in change.findings if f.code == "change")
+
+
+def test_task_default_tolerance_is_the_compare_modules() -> None:
+    from draftops.cli import bench as bench_task
+    assert bench_task.TOLERANCE == comparing.TOLERANCE

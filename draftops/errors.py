@@ -9,7 +9,9 @@
     ├── RemoteError         a command on the host failed (carries stdout/stderr/exit code)
     ├── RootError           the host's `root` is unusable (not writable, `/`, the home directory)
     ├── SyncError           code sync failed; the remote tree is left as it was before
-    └── JobError            a run id is unknown or a job cannot be started/stopped
+    ├── JobError            a run id is unknown or a job cannot be started/stopped
+    ├── HistoryError        runs/history.sqlite cannot be read or written
+    └── BenchError          a benchmark result is unreadable, or two runs cannot be compared
 """
 from __future__ import annotations
 
@@ -58,3 +60,11 @@ class SyncError(DraftopsError):
 
 class JobError(DraftopsError):
     """A remote job could not be found, started or stopped."""
+
+
+class HistoryError(DraftopsError):
+    """The local run history (runs/history.sqlite) cannot be read or written."""
+
+
+class BenchError(DraftopsError):
+    """A benchmark result cannot be read, or two runs cannot be compared."""

@@ -5,6 +5,7 @@ from invoke import Context, task
 
 from draftops import jobs
 from draftops.cli.common import HOST_HELP, connect, friendly
+from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import console, follow_live, show_runs, show_sync, state_text
 from draftops.sync import sync as sync_code
 
@@ -20,10 +21,13 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
     show_sync(report, verbose)
 
 
-@task(help={"host": HOST_HELP})
+@task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP})
 @friendly
-def runs(c: Context, host: str | None = None) -> None:
-    """List the host's runs with their state (a dead process shows as dead)."""
+def runs(c: Context, host: str | None = None, local: bool = False, kind: str | None = None,
+         draft: str | None = None, since: str | None = None) -> None:
+    """List the host's runs with their state (a dead process shows as dead); --local: the local history."""
+    if local:
+        return show_local_runs(c, host=host, kind=kind, draft=draft, since=since)
     target = connect(c, host)
     show_runs(jobs.list_runs(target), target.name)
 

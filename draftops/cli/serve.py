@@ -211,7 +211,9 @@ def status(c: Context, host: str | None = None) -> None:
         console.print(f"no draftops servers on {box.name}")
         return
     table = Table(title=f"servers on {box.name}", title_justify="left")
-    for col in ("port", "engine", "state", "pid", "uptime", "target", "draft", "effective settings", "run"):
+    for col in ("port", "engine", "state", "pid", "uptime"):
+        table.add_column(col, no_wrap=True)
+    for col in ("target", "draft", "effective settings", "run"):
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(str(row.port), row.engine, state_text("alive" if row.alive else "dead"),

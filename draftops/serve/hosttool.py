@@ -45,7 +45,8 @@ def inspect(host: Host, python: str, env: Mapping[str, str], engine: str, target
     args = ["inspect", "--engine", engine, "--target", target, "--sglang-status"]
     if draft:
         args += ["--draft", draft]
-    return run(host, args, python=python, env=env, timeout=120)
+    # the capture patcher keeps its records in <root>/state (as `invoke patch-sglang` does)
+    return run(host, args, python=python, env={**env, "DRAFTOPS_STATE_DIR": host.state_dir}, timeout=120)
 
 
 def port(host: Host, number: int, listen: str = "127.0.0.1", wait_free: float = 0.0) -> dict[str, Any]:
@@ -71,13 +72,17 @@ def servers(host: Host) -> tuple[list[dict[str, Any]], float]:
     return answer["servers"], float(answer["now"])
 
 
-def register(host: Host, number: int, entry: dict[str, Any]) -> None:
-    run(host, ["servers", "--state", host.state_dir, "put", str(number)], input=json.dumps(entry).encode())
+def register(host: Host, number: int, entry: dict[str, Any], *, token: str | None = None,
+             exclusive: bool = False) -> bool:
+    """Write the registry entry for port ``number``; False when the claim or update was refused."""
+    args = ["servers", "--state", host.state_dir, "put", str(number)]
+    args += (["--token", token] if token else []) + (["--exclusive"] if exclusive else [])
+    return bool(run(host, args, input=json.dumps(entry).encode()).get("written"))
 
 
-def unregister(host: Host, number: int, run_id: str | None = None) -> None:
+def unregister(host: Host, number: int, run_id: str | None = None, token: str | None = None) -> None:
     args = ["servers", "--state", host.state_dir, "remove", str(number)]
-    run(host, args + (["--run", run_id] if run_id else []))
+    run(host, args + (["--run", run_id] if run_id else []) + (["--token", token] if token else []))
 
 
 def probe_address(listen: str) -> str:

@@ -8,6 +8,7 @@ port and what was asked. Liveness always comes from the run, so a crashed server
 from __future__ import annotations
 
 import calendar
+import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from draftops.serve.request import Plan
 ALIVE = ("running", "starting")
 TAIL_LINES = 50
 POLL_S = 1.0
+#: how long a port claim without a run counts as "being started" (then it is a leftover)
+CLAIM_S = 120.0
 #: a 1-token completion on a cold CPU server can take a while
 PROBE_TIMEOUT_S = 120.0
 
@@ -45,6 +48,7 @@ class Server:
     uptime_s: float | None
     asked: dict[str, Any] = field(default_factory=dict)
     effective: dict[str, Any] | None = None
+    entry: dict[str, Any] = field(default_factory=dict)   # the registry entry as written
 
     @property
     def alive(self) -> bool:
@@ -66,7 +70,11 @@ def servers(host: Host) -> list[Server]:
     runs = {row["id"]: row for row in jobs.list_runs(host)}
     out = []
     for entry in entries:
-        run = runs.get(entry.get("run_id"), {"state": "dead"})
+        claimed = _epoch(entry.get("created"))
+        if entry.get("run_id") is None and claimed is not None and now - claimed < CLAIM_S:
+            run: dict[str, Any] = {"state": "starting"}       # claimed by an `invoke serve` right now
+        else:
+            run = runs.get(entry.get("run_id"), {"state": "dead"})
         started = run.get("started")
         begun = _epoch(started)
         alive = run.get("state") in ALIVE
@@ -76,7 +84,7 @@ def servers(host: Host) -> list[Server]:
             listen=str(entry.get("listen") or "127.0.0.1"), state=str(run.get("state")),
             pid=run.get("pid"), started=started,
             uptime_s=(now - begun) if begun is not None and alive else None,
-            asked=entry.get("asked") or {}, effective=entry.get("effective")))
+            asked=entry.get("asked") or {}, effective=entry.get("effective"), entry=entry))
     return out
 
 
@@ -100,6 +108,9 @@ def find(host: Host, port: int | None) -> Server:
 
 def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
     """TERM the server's process group, KILL it after ``grace``; forget the registry entry."""
+    if not server.entry.get("run_id") and server.alive:
+        raise ServeError(f"Port {server.port} on host {host.name!r} is being claimed by an `invoke serve` call "
+                         "that has not started its server yet; stop it once `invoke serve.status` lists it.")
     final: dict[str, Any] = {"state": server.state}
     if server.alive:
         try:
@@ -109,7 +120,7 @@ def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
     reaped: dict[str, Any] = {}
     if server.pid:
         reaped = hosttool.reap(host, int(server.pid), server.run_id, grace=min(grace, 5.0))
-    hosttool.unregister(host, server.port, server.run_id)
+    hosttool.unregister(host, server.port, token=server.entry.get("token"))
     return {**final, "reaped": reaped}
 
 
@@ -117,6 +128,11 @@ def make_room(host: Host, plan: Plan) -> list[str]:
     """Refuse a port in use; with --replace, stop the draftops server holding it first."""
     port, notes = plan.launch.port, []
     mine = next((s for s in servers(host) if s.port == port), None)
+    if mine is not None and mine.alive and not mine.entry.get("run_id"):
+        raise ServeRefused(
+            f"Port {port} on host {host.name!r} was claimed {mine.entry.get('created')} by another `invoke "
+            "serve` call that is starting its server right now; wait for it (`invoke serve.status`), or "
+            "choose another port (--port).")
     if mine is not None and mine.alive:
         what = f"the {mine.engine} server of run {mine.run_id} (draft {mine.draft or 'none, baseline'})"
         if not plan.request.replace:
@@ -127,7 +143,7 @@ def make_room(host: Host, plan: Plan) -> list[str]:
         stop(host, mine)
         notes.append(f"stopped {what} on port {port} (--replace)")
     elif mine is not None:
-        hosttool.unregister(host, port, mine.run_id)      # a dead server's entry: nothing to stop
+        hosttool.unregister(host, port, token=mine.entry.get("token"))   # a dead server: nothing to stop
         notes.append(f"forgot the dead server of run {mine.run_id} on port {port}")
     status = hosttool.port(host, port, plan.launch.listen, wait_free=15.0 if notes else 0.0)
     if status.get("in_use"):
@@ -143,17 +159,30 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
     engine, launch_ = plan.engine, plan.launch
     argv = engine.command(launch_)
     command = "exec " + " ".join([jobs.shell_path(argv[0])] + [shlex.quote(a) for a in argv[1:]])
-    job = jobs.start(host, f"serve-{engine.name}-{launch_.port}", command,
-                     env={**env, **engine.environment(launch_)}, cwd="state")
-    asked = engine.asked(launch_)
-    hosttool.register(host, launch_.port, {
-        "run_id": job.id, "engine": engine.name, "profile": plan.profile.name, "python": launch_.python,
-        "target": launch_.target, "draft": launch_.draft, "listen": launch_.listen, "asked": asked,
-        "effective": None, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    token = secrets.token_hex(8)
+    entry = {"token": token, "run_id": None, "engine": engine.name, "profile": plan.profile.name,
+             "python": launch_.python, "target": launch_.target, "draft": launch_.draft,
+             "listen": launch_.listen, "asked": engine.asked(launch_), "effective": None,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not hosttool.register(host, launch_.port, entry, exclusive=True):
+        raise ServeRefused(
+            f"Port {launch_.port} on host {host.name!r} was claimed by another `invoke serve` call a moment "
+            "ago; two servers cannot share it. Check `invoke serve.status`, or choose another port (--port).")
+    try:
+        job = jobs.start(host, f"serve-{engine.name}-{launch_.port}", command,
+                         env={**env, **engine.environment(launch_)}, cwd="state")
+    except BaseException:
+        hosttool.unregister(host, launch_.port, token=token)
+        raise
+    entry["run_id"] = job.id
+    if not hosttool.register(host, launch_.port, entry, token=token):
+        jobs.kill(host, job.id, 5.0)
+        raise ServeError(f"The claim on port {launch_.port} of host {host.name!r} was removed while the server "
+                         f"was starting (by `invoke serve.stop`?); run {job.id} was stopped again.")
     row = jobs.status(host, job.id)
     return Server(launch_.port, job.id, engine.name, plan.profile.name, launch_.target, launch_.draft,
                   launch_.listen, row.get("state", "starting"), row.get("pid"), row.get("started"), 0.0,
-                  asked)
+                  entry["asked"], None, entry)
 
 
 def log_tail(host: Host, run_id: str, lines: int = TAIL_LINES) -> str:
@@ -244,8 +273,6 @@ def read_back(host: Host, plan: Plan, server: Server) -> Readback:
         rows.append((label, asked, got, differs))
     if OVERRIDE_WARNING in head:
         notes.append(f"{plan.engine.label} logged: {OVERRIDE_WARNING}")
-    entries, _ = hosttool.servers(host)
-    entry = next((e for e in entries if e.get("run_id") == server.run_id), None)
-    if entry is not None:
-        hosttool.register(host, server.port, {**entry, "effective": effective})
+    server.effective = effective
+    hosttool.register(host, server.port, {**server.entry, "effective": effective}, token=server.entry["token"])
     return Readback(rows, notes, effective)

@@ -10,5 +10,7 @@ happen here, never from the laptop.
     port PORT [--host H] [--wait-free S]                           -> {"port", "in_use", "detail"}
     http PORT PATH [--host H] [--json BODY] [--timeout S]          -> {"status", "body", "error", "seconds"}
     reap PGID RUN_ID [--grace S]                                   -> {"terminated", "killed", "left"}
-    servers --state DIR (list | put PORT | remove PORT [--run ID])  -> {"servers": [...]} / the entry
+    servers --state DIR list                                       -> {"servers": [...], "now": host clock}
+    servers --state DIR put PORT [--exclusive | --token T] < entry  -> {"written": bool}
+    servers --state DIR remove PORT [--run ID] [--token T]          -> {"removed": bool}
 """

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     servers.add_argument("action", choices=("list", "put", "remove"))
     servers.add_argument("port", type=int, nargs="?")
     servers.add_argument("--run", help="remove only if the entry belongs to this run")
+    servers.add_argument("--token", help="update or remove only the entry claimed with this token")
+    servers.add_argument("--exclusive", action="store_true", help="put: claim the port only if it is free")
     return parser
 
 
@@ -60,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "list":
             out = {"servers": registry.entries(args.state), "now": time.time()}
         elif args.action == "put":
-            out = registry.put(args.state, args.port, json.loads(sys.stdin.read()))
+            out = registry.put(args.state, args.port, json.loads(sys.stdin.read()), token=args.token,
+                               exclusive=args.exclusive)
         else:
-            out = registry.remove(args.state, args.port, args.run)
+            out = registry.remove(args.state, args.port, args.run, args.token)
     sys.stdout.write(json.dumps(out, default=str) + "\n")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from draftops.serve import engines
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.sshd import free_port
 from tests.test_env_ssh import invoke
@@ -61,6 +62,7 @@ def draft_config(ids: list[int]) -> dict[str, Any]:
 def profile(tmp: Path, **extra: Any) -> dict[str, Any]:
     """A serve profile whose engine is the SGLang double, put on the path by this test only."""
     entry = {"engine": "sglang", "python": sys.executable, "port": free_port(), "max_running_requests": 8,
+             "extra_args": ["--decode-log-interval", 1],
              "target": write_model(tmp / "target", target_config()),
              "env": {"PYTHONPATH": str(DOUBLES), **FAST}}
     return {**entry, **extra}
@@ -122,6 +124,8 @@ def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_pa
     assert "num_draft_tokens=4" in status
     logs = ok(invoke(root, "serve.logs", "--lines", "400"))
     assert "The server is fired up and ready to roll!" in logs and "server_args=ServerArgs(" in logs
+    decoded = [engines.get("sglang").parse_log_line(line) for line in logs.splitlines()]
+    assert any(d and 1.0 <= d["accept_len"] <= 4.0 for d in decoded)       # steps 3: 1 .. steps+1
     assert run_processes(run_id)
     stopped = ok(invoke(root, "serve.stop"))
     assert f"port {port}" in stopped and "no process left" in stopped

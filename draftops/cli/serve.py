@@ -26,7 +26,7 @@ from draftops.cli.common import (
     run_job,
 )
 from draftops.console import console, follow_live, state_text
-from draftops.errors import ServeRefused
+from draftops.errors import ConnectError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, resolve
@@ -169,14 +169,17 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {box.name}; "
                   f"log: {box.runs_dir}/{server.run_id}/log[/]")
     update = _ProgressLine(plan.engine.label, f"{box.name}:{server.port}")
+    later = (f"Check it with `invoke serve.status --host {box.name}`; stop it with `invoke serve.stop --port "
+             f"{server.port} --host {box.name}`.")
     try:
         lifecycle.wait_ready(box, plan, server, update)
     except KeyboardInterrupt:
         update.done()
-        console.print(f"\n[yellow]detached[/]: the server keeps starting on {box.name}. Check it with "
-                      f"`invoke serve.status --host {box.name}`; stop it with `invoke serve.stop --port "
-                      f"{server.port} --host {box.name}`.")
+        console.print(f"\n[yellow]detached[/]: the server keeps starting on {box.name}. {later}")
         raise SystemExit(130) from None
+    except (ConnectError, RemoteError) as exc:
+        raise ServeError(f"Lost the host while waiting for the server to come up ({exc}). The server runs "
+                         f"detached (run {server.run_id}) and may still be starting. {later}") from None
     finally:
         update.done()
     readback = lifecycle.read_back(box, plan, server)

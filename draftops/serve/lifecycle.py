@@ -160,9 +160,10 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
     argv = engine.command(launch_)
     command = "exec " + " ".join([jobs.shell_path(argv[0])] + [shlex.quote(a) for a in argv[1:]])
     token = secrets.token_hex(8)
-    entry = {"token": token, "run_id": None, "engine": engine.name, "profile": plan.profile.name,
+    asked = engine.asked(launch_)
+    entry: dict[str, Any] = {"token": token, "run_id": None, "engine": engine.name, "profile": plan.profile.name,
              "python": launch_.python, "target": launch_.target, "draft": launch_.draft,
-             "listen": launch_.listen, "asked": engine.asked(launch_), "effective": None,
+             "listen": launch_.listen, "asked": asked, "effective": None,
              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if not hosttool.register(host, launch_.port, entry, exclusive=True):
         raise ServeRefused(
@@ -182,7 +183,7 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
     row = jobs.status(host, job.id)
     return Server(launch_.port, job.id, engine.name, plan.profile.name, launch_.target, launch_.draft,
                   launch_.listen, row.get("state", "starting"), row.get("pid"), row.get("started"), 0.0,
-                  entry["asked"], None, entry)
+                  asked, None, entry)
 
 
 def log_tail(host: Host, run_id: str, lines: int = TAIL_LINES) -> str:
@@ -223,8 +224,8 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
         row = jobs.status(host, server.run_id)
         if row.get("state") not in ALIVE:
             code = row.get("exit_code")
-            raise abandon(host, server, f"exited during start-up after {elapsed:.0f} s ({row.get('state')}"
-                          + (f", exit code {code})" if code is not None else ")"))
+            how = f"exit code {code}" if code is not None else f"its run is {row.get('state')}"
+            raise abandon(host, server, f"exited during start-up after {elapsed:.0f} s ({how})")
         if elapsed > timeout:
             raise abandon(host, server, f"was not ready after {timeout:.0f} s (ready_timeout of serve "
                           f"profile {plan.profile.name!r})")

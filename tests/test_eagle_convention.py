@@ -55,6 +55,9 @@ def test_embedding_ids_and_malformed_values():
     assert cv.read("vllm", {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, "speculators", 6).needs_embedding
     bad = cv.read("sglang", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": "1,2,3"}}, "flat", 6)
     assert bad.malformed == {"eagle_config.eagle_aux_hidden_state_layer_ids": "1,2,3"} and bad.fallback
+    empty = {"eagle_aux_hidden_state_layer_ids": [], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
+    assert cv.read("vllm", empty, "flat", 6).ids == [1, 2, 3]           # vLLM: `if not layer_ids` -> next
+    assert cv.read("sglang", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": []}}, "flat", 6).malformed
     with pytest.raises(ValueError, match="unknown engine"):
         cv.read("tgi", FLAT, "flat", 6)
 

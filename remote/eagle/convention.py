@@ -128,7 +128,7 @@ def read(engine: str, config: dict[str, Any], fmt: str, num_layers: int | None) 
         if _int_list(value):
             found_field, ids = field, list(value)
             break
-        if value is not None:
+        if value is not None and not (engine == VLLM and value == []):   # vLLM: `if not layer_ids`
             malformed[field] = value
     ignored = {}
     for field in (IDS_KEY, NESTED_FIELD):

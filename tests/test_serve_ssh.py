@@ -190,7 +190,9 @@ def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_pa
 
 
 def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):
-    root = project("box")
+    root = project("box", default=profile(tmp_path), ghost=profile(tmp_path, python="/no/such/env/bin/python"))
+    text = refused(invoke(root, "serve", "--baseline", "--profile", "ghost"))
+    assert "The python /no/such/env/bin/python does not exist on host 'box'" in text
     wrong = write_model(tmp_path / "wrong", draft_config([1, 15, 31]))
     text = refused(invoke(root, "serve", "--draft", wrong, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
     assert "can only capture ids -1..30; [31] is outside" in text and "started run" not in text

@@ -237,7 +237,13 @@ def stop(c: Context, port: int | None = None, all: bool = False, grace: float = 
     if not targets:
         console.print(f"no draftops servers on {box.name}")
     for server in targets:
-        final = lifecycle.stop(box, server, grace)
+        try:
+            final = lifecycle.stop(box, server, grace)
+        except ServeError as exc:
+            if not all:
+                raise
+            console.print(f"port {server.port}: [yellow]skipped[/]: {escape(str(exc))}")
+            continue
         left = (final.get("reaped") or {}).get("left")
         tail = f", [red]processes left: {left}[/]" if left else ", no process left"
         console.print(f"port {server.port} ({server.engine}, run {server.run_id}): "

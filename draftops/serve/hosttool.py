@@ -16,8 +16,9 @@ from draftops.jobs import shell_path
 
 
 def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[str, str] | None = None,
-        input: bytes | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """``python -m remote.serve ARGS`` on ``host``; returns its JSON answer."""
+        input: bytes | None = None, timeout: float | None = None, install: str = "") -> dict[str, Any]:
+    """``python -m remote.serve ARGS`` on ``host``; returns its JSON answer. ``install`` says how to get
+    the python when it is missing."""
     variables = dict(env or {})
     extra = variables.pop("PYTHONPATH", "")
     pythonpath = ".:" + extra if extra else "."
@@ -30,9 +31,9 @@ def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[
     if not result.ok or not lines:
         stderr = result.stderr.decode("utf-8", "replace").strip()
         missing = result.exit_code == 127 or "No such file" in stderr
-        hint = (f" The python {interpreter} does not exist on host {host.name!r}: fix `python:` in the "
-                "serve profile (or `engine_python:` in the host entry), or install the engine "
-                "(`invoke env.setup`)." if missing else "")
+        hint = (f" The python {interpreter} does not exist on host {host.name!r}. {install or 'Install it'}, "
+                "or point `python:` in the serve profile (or `engine_python:` in the host entry) at the "
+                "interpreter that runs the engine." if missing else "")
         raise ServeError(f"Host {host.name!r}: `remote.serve {args[0]}` failed (exit {result.exit_code})."
                          f"{hint} {stderr[-1500:]}".strip())
     answer: dict[str, Any] = json.loads(lines[-1])
@@ -45,8 +46,11 @@ def inspect(host: Host, python: str, env: Mapping[str, str], engine: str, target
     args = ["inspect", "--engine", engine, "--target", target, "--sglang-status"]
     if draft:
         args += ["--draft", draft]
+    install = (f"Install vLLM there with `invoke env.setup --engine vllm --host {host.name}`" if engine == "vllm"
+               else "Install SGLang into the host's ml-env (`sglang` in env.requirements, `invoke env.setup`)")
     # the capture patcher keeps its records in <root>/state (as `invoke patch-sglang` does)
-    return run(host, args, python=python, env={**env, "DRAFTOPS_STATE_DIR": host.state_dir}, timeout=120)
+    return run(host, args, python=python, env={**env, "DRAFTOPS_STATE_DIR": host.state_dir}, timeout=120,
+               install=install)
 
 
 def port(host: Host, number: int, listen: str = "127.0.0.1", wait_free: float = 0.0) -> dict[str, Any]:

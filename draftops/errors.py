@@ -11,7 +11,9 @@
     ├── SyncError           code sync failed; the remote tree is left as it was before
     ├── JobError            a run id is unknown or a job cannot be started/stopped
     ├── HistoryError        runs/history.sqlite cannot be read or written
-    └── BenchError          a benchmark result is unreadable, or two runs cannot be compared
+    ├── BenchError          a benchmark result is unreadable, or two runs cannot be compared
+    └── ServeError          a server could not be started, probed or stopped
+        └── ServeRefused      a pre-start check failed (one paragraph per reason)
 """
 from __future__ import annotations
 
@@ -68,3 +70,15 @@ class HistoryError(DraftopsError):
 
 class BenchError(DraftopsError):
     """A benchmark result cannot be read, or two runs cannot be compared."""
+
+
+class ServeError(DraftopsError):
+    """A server could not be started, reached or stopped."""
+
+
+class ServeRefused(ServeError):
+    """`invoke serve` refused to start: each reason is one paragraph naming what to change."""
+
+    def __init__(self, *reasons: str):
+        super().__init__("\n\n".join(reasons))
+        self.reasons = list(reasons)

@@ -79,6 +79,47 @@ class EnvSpec(BaseModel):
         return _host_path(value, "base_python", command_ok=True)
 
 
+Engine = Literal["sglang", "vllm"]
+
+
+class ServeProfile(BaseModel):
+    """One way to serve on a host (``serve:`` in a host entry, by name): `invoke serve --profile NAME`."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: Engine | None = Field(default=None, description="sglang or vllm (default: the host's engine)")
+    python: str | None = Field(default=None, description="python that runs the engine, or its venv folder")
+    target: str | None = Field(default=None, description="target model folder on the host")
+    tp: int = Field(default=1, ge=1, le=64, description="tensor parallel size")
+    mem_fraction: float | None = Field(default=None, gt=0, le=1, description="static memory fraction (GPU)")
+    max_running_requests: int | None = Field(default=None, ge=1, description="set for comparable runs")
+    port: int | None = Field(default=None, ge=1, le=65535, description="default: 30000 (SGLang), 8000 (vLLM)")
+    listen: str = Field(default="127.0.0.1", description="address the server binds on the host")
+    context_length: int | None = Field(default=None, ge=16, description="max context the server accepts")
+    extra_args: list[str] = Field(default_factory=list, description="more engine flags, verbatim")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the server")
+    ready_timeout: float = Field(default=900.0, gt=0, le=24 * 3600, description="seconds to wait for readiness")
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _args_are_strings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("write extra_args as a YAML list, e.g. [--disable-cuda-graph, --page-size, '1']")
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_names(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k))]
+        if bad:
+            raise ValueError(f"{bad} are not environment variable names (letters, digits, _)")
+        return {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in value.items()}
+
+
 class HostSpec(BaseModel):
     """One host entry of hosts.yaml."""
 
@@ -98,6 +139,9 @@ class HostSpec(BaseModel):
     gpu: str | None = None
     sync_paths: list[str] = Field(default_factory=list)
     connect_timeout: float = Field(10.0, gt=0, le=300)
+    engine: Engine | None = None
+    engine_python: str | None = None
+    serve: dict[str, ServeProfile] = Field(default_factory=dict)
 
     @field_validator("root")
     @classmethod
@@ -196,7 +240,7 @@ class Inventory(BaseModel):
 def local_host(project_root: Path) -> HostSpec:
     """The built-in host that runs everything on this machine."""
     return HostSpec(name=LOCAL, transport="local", root=str(project_root / ".draftops"),
-                    python=sys.executable)
+                    python=sys.executable, engine="vllm")
 
 
 def default_inventory_path(project_root: Path) -> Path:
@@ -294,17 +338,22 @@ def _explain(exc: ValidationError, path: Path, root_node: yaml.Node | None) -> s
         host = keys[0] if loc and loc[0] == "hosts" and keys else None
         field = ".".join(keys[1:]) if host else ".".join(keys)
         what = f"host {host!r}, field `{field}`" if host else f"field `{field}`"
+        model: type[BaseModel] = HostSpec
+        if host and len(keys) > 3 and keys[1] == "serve":
+            what = f"host {host!r}, serve profile {keys[2]!r}, field `{'.'.join(keys[3:])}`"
+            model = ServeProfile
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = _unknown_field(field)
+            msg = _unknown_field(field, model)
         parts.append(f"{path}:{yamlfile.line_of(root_node, loc)}: {what}: {msg}.")
     return " ".join(parts) + " Fix hosts.yaml and run again."
 
 
-def _unknown_field(field: str) -> str:
-    """'unknown field' plus the fields valid at that place (a host entry, or its env mapping)."""
+def _unknown_field(field: str, model: type[BaseModel] = HostSpec) -> str:
+    """'unknown field' plus the fields valid at that place (a host entry, its env, or a serve profile)."""
     parent, _, name = field.rpartition(".")
-    model: type[BaseModel] = EnvSpec if parent == "env" else HostSpec
+    if parent == "env":
+        model = EnvSpec
     valid = [f for f in model.model_fields if f != "name"]
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" (did you mean `{close[0]}`?)" if close else ""

@@ -89,7 +89,7 @@ def sglang_bench_record(*, ttfts_ms: list[float], tpots_ms: list[float], itls_ms
     """One bench_serving JSONL record in the 0.5.10/0.5.13 key order."""
     ttft, tpot, itl = _stats(ttfts_ms), _stats(tpots_ms), _stats(itls_ms)
     completed = prompts or len(ttfts_ms)
-    e2e = _stats([t + p * 100 for t, p in zip(ttfts_ms, tpots_ms)])
+    e2e = _stats([t + p * 100 for t, p in zip(ttfts_ms, tpots_ms, strict=True)])
     return {
         "tag": None, "backend": "sglang", "dataset_name": dataset_name, "request_rate": float("inf"),
         "max_concurrency": max_concurrency, "sharegpt_output_len": 128, "random_input_len": 1024,

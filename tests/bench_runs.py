@@ -87,7 +87,8 @@ def sglang_run(run_id: str, *, tok_s: list[float], accept: float | None = None, 
                    time=time, host=host, **settings)
 
 
-def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: list, server: list, source: str, repeats: list,
+def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: list, server: list, source: str,
+            repeats: list,
             *, draft: DraftInfo | None, steps: int, time: str, host: str,
             status: Literal["succeeded", "failed"] = "succeeded",
             failure: str | None = None, **settings: Any) -> BenchResult:

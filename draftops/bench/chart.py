@@ -30,9 +30,9 @@ def draw(cmp: Comparison, path: Path) -> Path:
     runs = [cmp.a, cmp.b]
     medians = [r.metrics.output_throughput.median or 0.0 for r in runs]
     lows = [m - (r.metrics.output_throughput.min if r.metrics.output_throughput.min is not None else m)
-            for m, r in zip(medians, runs)]
+            for m, r in zip(medians, runs, strict=True)]
     highs = [(r.metrics.output_throughput.max if r.metrics.output_throughput.max is not None else m) - m
-             for m, r in zip(medians, runs)]
+             for m, r in zip(medians, runs, strict=True)]
     tput.bar(labels, medians, yerr=[lows, highs], capsize=6, color=[COLOURS[r.mode] for r in runs])
     tput.set_ylabel("output tok/s (median, range of repeats)")
     title = f"speedup ×{cmp.speedup:.2f}" if cmp.speedup is not None else "output throughput"
@@ -47,7 +47,7 @@ def draw(cmp: Comparison, path: Path) -> Path:
     accept.bar([x + width / 2 for x in xs], predicted, width, label="predicted (test-drafter)",
                color=COLOURS["predicted"])
     top = max([1.0, *measured, *predicted])
-    for x, pred in zip(xs, preds):
+    for x, pred in zip(xs, preds, strict=True):
         if pred and pred.role == "served" and pred.best is not None and pred.best > pred.value:
             top = max(top, pred.best)
             accept.hlines(pred.best, x - width, x + width, colors=COLOURS["predicted"], linestyles="dashed",

@@ -72,7 +72,8 @@ class Client:
     """The host's benchmark client, as ``python -m remote.bench.probe ENGINE`` describes it."""
 
     engine: Engine
-    command: tuple[str, ...]              # ("/venv/bin/python", "-m", "sglang.bench_serving") or ("/venv/bin/vllm", "bench", "serve")
+    # ("/venv/bin/python", "-m", "sglang.bench_serving") or ("/venv/bin/vllm", "bench", "serve")
+    command: tuple[str, ...]
     flags: dict[str, bool] = field(default_factory=dict)
     version: str | None = None
 

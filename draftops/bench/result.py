@@ -91,7 +91,7 @@ class Metrics(_Model):
 
 
 class AcceptLength(_Model):
-    client: Stat | None = None                                 # vLLM spec_decode_acceptance_length; SGLang accept_length
+    client: Stat | None = None      # vLLM spec_decode_acceptance_length; SGLang accept_length
     server: Stat | None = None                                 # /metrics window, server info or decode log
     server_source: str | None = None
     value: float | None = None                                 # the one compared with predictions

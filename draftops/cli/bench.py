@@ -27,7 +27,8 @@ def run_folder(root: Path, ref: str) -> Path:
     return root / "runs" / ref
 
 
-@task(help={"run_a": "run A: a bench run id or folder (default: the latest baseline of run B's host, engine and target)",
+@task(help={"run_a": "run A: a bench run id or folder (default: the latest baseline of run B's host, "
+                     "engine and target)",
             "run_b": "run B: a bench run id or folder (default: the latest speculative run)",
             "host": "pick the default pair among this host's runs only",
             "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"})

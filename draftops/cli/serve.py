@@ -194,7 +194,9 @@ def _uptime(seconds: float | None) -> str:
     if seconds is None:
         return "—"
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def _settings(server: lifecycle.Server) -> str:

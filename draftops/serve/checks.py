@@ -107,7 +107,8 @@ def _vllm_flags(plan: Plan, found: Findings) -> None:
     if (topk not in (None, 1)) or (tokens is not None and tokens != steps + 1):
         found.refusals.append(
             f"vLLM serves an EAGLE-3 draft as a chain: num_speculative_tokens = --steps = {steps} draft "
-            f"tokens, verified {steps + 1} at a time; it has no topk tree. {_flags(('--topk', topk), ('--draft-tokens', tokens))} "
+            f"tokens, verified {steps + 1} at a time; it has no topk tree. "
+            f"{_flags(('--topk', topk), ('--draft-tokens', tokens))} "
             f"cannot be honoured. Drop --topk and --draft-tokens (or give --topk 1 --draft-tokens "
             f"{steps + 1}) and set the chain length with --steps.")
     else:

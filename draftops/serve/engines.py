@@ -105,13 +105,14 @@ def _numbers(line: str, patterns: dict[str, re.Pattern[str]]) -> dict[str, float
 
 class SGLang(Engine):
     name, label = "sglang", "SGLang"
-    owned_flags: ClassVar[dict[str, str]] = {"--model-path": "target", "--model": "target", "--host": "listen", "--port": "port",
-                   "--tp-size": "tp", "--tensor-parallel-size": "tp",
-                   "--max-running-requests": "max_running_requests",
-                   "--mem-fraction-static": "mem_fraction", "--context-length": "context_length",
-                   "--speculative-algorithm": "--draft", "--speculative-draft-model-path": "--draft",
-                   "--speculative-draft-model": "--draft", "--speculative-num-steps": "--steps",
-                   "--speculative-eagle-topk": "--topk", "--speculative-num-draft-tokens": "--draft-tokens"}
+    owned_flags: ClassVar[dict[str, str]] = {
+        "--model-path": "target", "--model": "target", "--host": "listen", "--port": "port",
+        "--tp-size": "tp", "--tensor-parallel-size": "tp",
+        "--max-running-requests": "max_running_requests",
+        "--mem-fraction-static": "mem_fraction", "--context-length": "context_length",
+        "--speculative-algorithm": "--draft", "--speculative-draft-model-path": "--draft",
+        "--speculative-draft-model": "--draft", "--speculative-num-steps": "--steps",
+        "--speculative-eagle-topk": "--topk", "--speculative-num-draft-tokens": "--draft-tokens"}
     settings = (("algorithm", "speculative algorithm"), ("draft", "draft model"),
                 ("num_steps", "num steps"), ("topk", "eagle topk"), ("num_draft_tokens", "num draft tokens"),
                 ("max_running_requests", "max running requests"), ("tp", "tensor parallel"),
@@ -180,10 +181,11 @@ class SGLang(Engine):
 
 class VLLM(Engine):
     name, label = "vllm", "vLLM"
-    owned_flags: ClassVar[dict[str, str]] = {"--host": "listen", "--port": "port", "--tensor-parallel-size": "tp", "-tp": "tp",
-                   "--max-num-seqs": "max_running_requests", "--gpu-memory-utilization": "mem_fraction",
-                   "--max-model-len": "context_length", "--speculative-config": "--draft / --steps",
-                   "--model": "target"}
+    owned_flags: ClassVar[dict[str, str]] = {
+        "--host": "listen", "--port": "port", "--tensor-parallel-size": "tp", "-tp": "tp",
+        "--max-num-seqs": "max_running_requests", "--gpu-memory-utilization": "mem_fraction",
+        "--max-model-len": "context_length", "--speculative-config": "--draft / --steps",
+        "--model": "target"}
     settings = (("method", "speculative method"), ("draft", "draft model"),
                 ("num_speculative_tokens", "num speculative tokens"), ("max_num_seqs", "max num seqs"),
                 ("tp", "tensor parallel"), ("max_model_len", "max model len"))

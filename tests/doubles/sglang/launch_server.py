@@ -250,97 +250,103 @@ def scheduler_log(message: str) -> None:
     sys.stderr.flush()
 
 
+class Handler(BaseHTTPRequestHandler):
+    """The routes of the real server that the tests use; bound to one server by make_handler."""
+
+    args: ServerArgs
+    engine: Engine
+    state: dict[str, Any]
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *a: Any) -> None:
+        request, code = (a[0] if a else fmt), (a[1] if len(a) > 1 else "")
+        sys.stderr.write(f'INFO:     {self.client_address[0]} - "{request}" {code}\n')
+
+    def _send(self, code: int, body: Any = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            return json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return {}
+
+    def _health(self, body: dict[str, Any]) -> None:
+        if not self.state["ready"]:
+            self._send(503)
+            return
+        self.engine.generate("health", 1)
+        self._send(200)
+
+    def _server_info(self, body: dict[str, Any]) -> None:
+        self._send(200, {**dataclasses.asdict(self.args), "max_total_num_tokens": 65536,
+                         "max_req_input_len": (self.args.context_length or 4096) - 1,
+                         "internal_states": [dict(self.engine.internal)], "version": __version__})
+
+    def _model_info(self, body: dict[str, Any]) -> None:
+        self._send(200, {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
+                         "is_generation": True})
+
+    def _models(self, body: dict[str, Any]) -> None:
+        self._send(200, {"object": "list", "data": [{"id": self.args.served_model_name,
+                                                      "object": "model", "owned_by": "sglang"}]})
+
+    def _generate(self, body: dict[str, Any]) -> None:
+        params = body.get("sampling_params") or {}
+        prompt = body.get("text") if "text" in body else json.dumps(body.get("input_ids"))
+        max_new = int(params.get("max_new_tokens", 128))
+        ids, steps = self.engine.generate(str(prompt), max_new)
+        meta = {"prompt_tokens": len(str(prompt).split()), "completion_tokens": len(ids),
+                "spec_verify_ct": steps if self.engine.spec else 0,
+                "finish_reason": {"type": "length", "length": max_new}}
+        self._send(200, {"text": "".join(f" t{i}" for i in ids), "output_ids": ids, "meta_info": meta})
+
+    def _completions(self, body: dict[str, Any]) -> None:
+        prompt = str(body.get("prompt", ""))
+        ids, _ = self.engine.generate(prompt, int(body.get("max_tokens", 16)))
+        self._send(200, {"id": "cmpl-double", "object": "text_completion", "created": int(time.time()),
+                         "model": self.args.served_model_name,
+                         "choices": [{"index": 0, "text": "".join(f" t{i}" for i in ids),
+                                      "logprobs": None, "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(ids),
+                                   "total_tokens": len(prompt.split()) + len(ids)}})
+
+    def _flush(self, body: dict[str, Any]) -> None:
+        self.engine.flush()
+        self._send(200)
+
+    GET = {"/health": _health, "/health_generate": _health, "/get_server_info": _server_info,
+           "/server_info": _server_info, "/get_model_info": _model_info, "/model_info": _model_info,
+           "/v1/models": _models}
+    POST = {"/generate": _generate, "/v1/completions": _completions, "/flush_cache": _flush}
+
+    def do_GET(self) -> None:
+        route = self.GET.get(self.path.split("?")[0])
+        if route is None:
+            self._send(404, {"detail": "Not Found"})
+        else:
+            route(self, {})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        body = self._body()
+        route = self.POST.get(path)
+        if route is None:
+            self._send(404, {"detail": "Not Found"})
+        elif not self.state["ready"] and path in ("/generate", "/v1/completions"):
+            self._send(503, {"error": "server is starting"})
+        else:
+            route(self, body)
+
+
 def make_handler(args: ServerArgs, engine: Engine, state: dict[str, Any]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt: str, *a: Any) -> None:
-            request, code = (a[0] if a else fmt), (a[1] if len(a) > 1 else "")
-            sys.stderr.write(f'INFO:     {self.client_address[0]} - "{request}" {code}\n')
-
-        def _send(self, code: int, body: Any = None) -> None:
-            data = b"" if body is None else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                return json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                return {}
-
-        def _health(self, body: dict[str, Any]) -> None:
-            if not state["ready"]:
-                self._send(503)
-                return
-            engine.generate("health", 1)
-            self._send(200)
-
-        def _server_info(self, body: dict[str, Any]) -> None:
-            self._send(200, {**dataclasses.asdict(args), "max_total_num_tokens": 65536,
-                             "max_req_input_len": (args.context_length or 4096) - 1,
-                             "internal_states": [dict(engine.internal)], "version": __version__})
-
-        def _model_info(self, body: dict[str, Any]) -> None:
-            self._send(200, {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path,
-                             "is_generation": True})
-
-        def _models(self, body: dict[str, Any]) -> None:
-            self._send(200, {"object": "list", "data": [{"id": args.served_model_name,
-                                                          "object": "model", "owned_by": "sglang"}]})
-
-        def _generate(self, body: dict[str, Any]) -> None:
-            params = body.get("sampling_params") or {}
-            prompt = body.get("text") if "text" in body else json.dumps(body.get("input_ids"))
-            max_new = int(params.get("max_new_tokens", 128))
-            ids, steps = engine.generate(str(prompt), max_new)
-            meta = {"prompt_tokens": len(str(prompt).split()), "completion_tokens": len(ids),
-                    "spec_verify_ct": steps if engine.spec else 0,
-                    "finish_reason": {"type": "length", "length": max_new}}
-            self._send(200, {"text": "".join(f" t{i}" for i in ids), "output_ids": ids, "meta_info": meta})
-
-        def _completions(self, body: dict[str, Any]) -> None:
-            prompt = str(body.get("prompt", ""))
-            ids, _ = engine.generate(prompt, int(body.get("max_tokens", 16)))
-            self._send(200, {"id": "cmpl-double", "object": "text_completion", "created": int(time.time()),
-                             "model": args.served_model_name,
-                             "choices": [{"index": 0, "text": "".join(f" t{i}" for i in ids),
-                                          "logprobs": None, "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(ids),
-                                       "total_tokens": len(prompt.split()) + len(ids)}})
-
-        def _flush(self, body: dict[str, Any]) -> None:
-            engine.flush()
-            self._send(200)
-
-        GET = {"/health": _health, "/health_generate": _health, "/get_server_info": _server_info,
-               "/server_info": _server_info, "/get_model_info": _model_info, "/model_info": _model_info,
-               "/v1/models": _models}
-        POST = {"/generate": _generate, "/v1/completions": _completions, "/flush_cache": _flush}
-
-        def do_GET(self) -> None:
-            route = self.GET.get(self.path.split("?")[0])
-            if route is None:
-                self._send(404, {"detail": "Not Found"})
-            else:
-                route(self, {})
-
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            body = self._body()
-            route = self.POST.get(path)
-            if route is None:
-                self._send(404, {"detail": "Not Found"})
-            elif not state["ready"] and path in ("/generate", "/v1/completions"):
-                self._send(503, {"error": "server is starting"})
-            else:
-                route(self, body)
-
-    return Handler
+    return type("BoundHandler", (Handler,), {"args": args, "engine": engine, "state": state})
 
 
 def start_children(crash: bool) -> list[subprocess.Popen[bytes]]:

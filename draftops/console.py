@@ -37,6 +37,9 @@ def show_sync(report: SyncReport, verbose: bool = False) -> None:
     console.print(f"[green]sync[/] {report.host}: {verb} {len(report.upload)} file(s) "
                   f"({human_bytes(report.bytes_changed)} changed, {human_bytes(report.bytes_sent)} on the wire), "
                   f"deleted {len(report.delete)}, {report.unchanged} unchanged, {report.seconds:.2f}s")
+    if report.busy_runs:
+        console.print(f"[yellow]warning[/]: changed the code under running run(s) "
+                      f"{escape(', '.join(report.busy_runs))} (--force); they may mix old and new code")
     if report.dry_run or verbose:
         for rel in report.upload[:50]:
             console.print(f"  [cyan]+[/] {escape(rel)}")

@@ -11,12 +11,17 @@ from draftops.sync import sync as sync_code
 
 
 @task(help={"host": HOST_HELP, "dry_run": "show what would change, send nothing",
-            "verbose": "list every file sent or deleted"})
+            "verbose": "list every file sent or deleted",
+            "force": "change the code even under a run that is still running there"})
 @friendly
-def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bool = False) -> None:
-    """Push remote/ (and the host's sync_paths) to <root>/code; only changed files travel."""
+def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bool = False,
+         force: bool = False) -> None:
+    """Push remote/ (and the host's sync_paths) to <root>/code; only changed files travel.
+
+    A run still running in <root>/code makes the sync refuse to change its code (it would pick up
+    new modules mid-run) unless --force is given."""
     target = connect(c, host)
-    report = sync_code(target, dry_run=dry_run)
+    report = sync_code(target, dry_run=dry_run, force=force)
     target.synced = target.synced or not dry_run
     show_sync(report, verbose)
 

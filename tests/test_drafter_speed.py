@@ -154,3 +154,26 @@ def test_cuda_benchmarks_fail_in_one_line_without_cuda(script: str, tmp_path: Pa
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--device cuda needs a CUDA GPU" in lines[0] and "--device cpu" in lines[0]
     assert not proc.stdout.strip()
+
+
+@pytest.mark.slow
+def test_gpu_figures_script_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The one-run GPU script, at tiny shapes on the CPU: every section ends without an error and
+    the correctness section compares like with like (CPU against CPU here, so identical)."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_figures.py"), "--device", "cpu",
+                           "--smoke", "--no-compile", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"),
+                           "--sections", "env,probe,throughput,overlap,naive,correct,e2e"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads((tmp_path / "out" / "gpu_figures.json").read_text())
+    assert "errors" not in figures, figures.get("errors")
+    variants = figures["throughput"]["variants"]
+    assert all("error" not in v for v in variants.values()) and len(variants) >= 4
+    kimi = figures["correct"]["kimi"]
+    assert kimi["verdict_identical"] and kimi["verdict_cpu"]["status"] == "MISMATCH"
+    assert kimi["verdict_cpu"]["best_slots"] == [0, 1, 2]  # the slots the targets were built from
+    assert kimi["logits"]["within_tolerance"]
+    assert figures["e2e"]["pruned"]["verdict"] == figures["e2e"]["every_row"]["verdict"] == "MISMATCH"
+    assert "==== summary ====" in proc.stdout

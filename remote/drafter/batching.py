@@ -89,7 +89,7 @@ def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budg
     current: list[Sample] = []
     longest = 0
     for sample in _read_ahead(load, order, readers):
-        shape = shape or tuple(sample.hidden.shape[1:])
+        shape = shape or (int(sample.hidden.shape[1]), int(sample.hidden.shape[2]))
         if tuple(sample.hidden.shape[1:]) != shape:
             raise ShapeMismatchError(
                 "A dump file has a different number of slots or hidden size than the others",

@@ -149,7 +149,8 @@ class Unroll:
                  positions: torch.Tensor | None = None, exact: bool | None = None) -> None:
         self.draft = draft
         dev = draft.device
-        self.shape = bsz, n = input_ids.shape
+        bsz, n = input_ids.shape
+        self.shape = (int(bsz), int(n))
         self.ids = input_ids.to(dev)
         if positions is None:
             positions = torch.arange(1, n + 1, device=dev).expand(bsz, n)

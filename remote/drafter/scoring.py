@@ -75,12 +75,11 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         if prune and rows.numel() == 0:
             break
         logits = unroll.step(rows if prune else None)
-        if not prune:
-            logits = logits[rows]
-        draft_ids = logits.argmax(-1)
-        computed.append(bsz * n if not prune else int(rows.numel()))
+        keep = slice(None) if prune else rows  # every row was run: keep the ones counted
+        draft_ids = logits.argmax(-1)[keep]
+        computed.append(int(logits.shape[0]))
         in_target = draft.draft_to_target(draft_ids)
-        top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices if k == 0 else draft_ids
+        top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
         for kind, (target, alive) in chains.items():
             pred = torch.full((bsz * n,), -2, dtype=torch.long, device=rows.device)  # -2 matches no target
             pred[rows] = in_target if kind == "data" else draft_ids

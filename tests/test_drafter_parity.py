@@ -1,62 +1,38 @@
 """fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``.
 
 speculators imports openai/datasets/hs_connectors at module level for its data pipeline; none of
-that is used by the model, so those three are stubbed (only when they are not installed).
+that is used by the model, so those three are stubbed when not installed
+(``benchmarks/speculators_peer.py``, shared with the benchmark's peer).
 In CI (``CI`` set) a missing speculators is a failure, not a skip: this is the check that the
 evaluator computes what training computed.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import importlib.metadata
-import importlib.util
 import json
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from benchmarks import speculators_peer
 from remote.drafter import load_checkpoint
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
 from tests.drafter_support import demo
 
 TOL = 1e-5
-_STUBBED = ("openai", "datasets", "hs_connectors")
-
-
-class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Empty modules (any attribute is a dummy class) for speculators' unused heavy imports."""
-
-    def find_spec(self, name, path, target=None):  # noqa: ANN001
-        if name.split(".")[0] in _STUBBED:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):  # noqa: ANN001
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = lambda attr: type(attr, (), {})
-        return module
-
-    def exec_module(self, module) -> None:  # noqa: ANN001
-        pass
 
 
 @pytest.fixture(scope="module")
 def speculators():
-    if importlib.util.find_spec("speculators") is None or importlib.util.find_spec("transformers") is None:
+    if not speculators_peer.available():
         if os.environ.get("CI"):
             pytest.fail("speculators==0.9.0 and transformers are not installed (see docs/drafter.md)")
         pytest.skip("speculators==0.9.0 not installed")
-    if any(importlib.util.find_spec(m) is None for m in _STUBBED):
-        sys.meta_path.insert(0, _Stubs())
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    Eagle3DraftModel, Eagle3SpeculatorConfig = speculators_peer.import_eagle3()  # noqa: N806
 
     assert importlib.metadata.version("speculators") == "0.9.0"
     return Eagle3DraftModel, Eagle3SpeculatorConfig

@@ -363,7 +363,7 @@ def require_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="demo")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -381,7 +381,11 @@ def main() -> None:
                    help="verifier targets: random (a draft that is never right), or the draft's own step-0 "
                         "predictions (always right at step 0)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs of each path; the best is reported")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     scale = replace(SCALES[args.scale], **{f: getattr(args, f) for f in Scale.__dataclass_fields__
                                            if getattr(args, f) is not None})
     device = require_device(args.device)

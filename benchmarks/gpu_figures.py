@@ -296,7 +296,8 @@ def section_throughput(fig: Figures, device: torch.device, scale: de.Scale, prob
         fig.say(f"throughput {name}: {d['tokens_per_s']:,.0f} tokens/s, {d['tflops']:.1f} TFLOP/s, "
                 f"MFU {100 * d['mfu_probe']:.1f}% of probe"
                 + (f", {100 * d['mfu_790']:.1f}% of 790" if "mfu_790" in d else "")
-                + f", peak {d['peak_gib']:.1f} GiB, rows/step {d['rows_per_step']}, acc {de._fmt(run.accs['verifier'])}")
+                + f", peak {d['peak_gib']:.1f} GiB, rows/step {d['rows_per_step']}, "
+                  f"acc {de._fmt(run.accs['verifier'])}")
         fig.save()
         return d["tokens_per_s"]
 
@@ -406,11 +407,12 @@ def _compare_reports(cpu: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]
             for kind in ("data", "verifier"):
                 if a.get(kind) and b.get(kind):
                     full = max(full, max(abs((x or 0) - (y or 0)) for x, y in
-                                         zip(a[kind]["full_acc"], b[kind]["full_acc"])))
+                                         zip(a[kind]["full_acc"], b[kind]["full_acc"], strict=True)))
     return {"verdict_identical": all(v0.get(k) == v1.get(k) for k in keys),
             "verdict_cpu": {k: v0.get(k) for k in keys}, "verdict_gpu": {k: v1.get(k) for k in keys},
             "max_step0_acc_diff_points": 100 * step0, "max_full_acc_diff_points": 100 * full,
-            "layout_acc_cpu": {str(k): v for k, v in acc.items()}, "layout_acc_gpu": {str(k): v for k, v in acc_gpu.items()}}
+            "layout_acc_cpu": {str(k): v for k, v in acc.items()},
+            "layout_acc_gpu": {str(k): v for k, v in acc_gpu.items()}}
 
 
 def _logit_check(cpu_draft: Eagle3Draft, gpu_draft: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor,
@@ -422,7 +424,7 @@ def _logit_check(cpu_draft: Eagle3Draft, gpu_draft: Eagle3Draft, aux: torch.Tens
         got = gpu_draft.forward(aux.to(gpu_draft.device), ids, steps, lengths)
     valid = (torch.arange(ids.shape[1])[None, :] < lengths[:, None])
     out: list[dict[str, Any]] = []
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         r, g = r[valid], g.float().cpu()[valid]
         top2 = r.topk(2, dim=-1).values
         margin = top2[:, 0] - top2[:, 1]
@@ -672,7 +674,8 @@ def summary(fig: Figures) -> None:
     d = fig.data
     lines = ["", "==== summary ===="]
     if "env" in d:
-        lines.append(f"machine: {d['env'].get('gpu', 'cpu')}, {d['env'].get('nvidia_smi', '')}, torch {d['env']['torch']}, "
+        lines.append(f"machine: {d['env'].get('gpu', 'cpu')}, {d['env'].get('nvidia_smi', '')}, "
+                     f"torch {d['env']['torch']}, "
                      f"CUDA {d['env']['cuda']}")
     if "probe" in d:
         lines.append(f"probe: draft GEMM mix {d['probe']['mix_tflops']:.1f} TFLOP/s; "
@@ -683,13 +686,15 @@ def summary(fig: Figures) -> None:
             continue
         lines.append(f"{name:48s} {v['tokens_per_s']:>10,.0f} tok/s {v['tflops']:7.1f} TFLOP/s "
                      f"MFU {100 * v['mfu_probe']:5.1f}% probe"
-                     + (f" {100 * v['mfu_790']:5.1f}% of 790 {100 * v['mfu_989']:5.1f}% of 989" if "mfu_790" in v else "")
+                     + (f" {100 * v['mfu_790']:5.1f}% of 790 {100 * v['mfu_989']:5.1f}% of 989"
+                        if "mfu_790" in v else "")
                      + f" peak {v['peak_gib']:.1f} GiB")
     for name, v in d.get("overlap", {}).items():
         if isinstance(v, dict):
             lines.append(f"overlap {name}: {v['seconds']:.3f} s ({v['tokens_per_s']:,.0f} tok/s)")
     if "naive" in d:
-        lines.append(f"naive: {d['naive']['naive_tokens_per_s']:,.0f} tok/s, batched {d['naive']['batched_tokens_per_s']:,.0f}: "
+        lines.append(f"naive: {d['naive']['naive_tokens_per_s']:,.0f} tok/s, "
+                     f"batched {d['naive']['batched_tokens_per_s']:,.0f}: "
                      f"{d['naive']['speedup']:.1f}x")
     for part in ("demo", "kimi"):
         if part in d.get("correct", {}):

@@ -133,7 +133,7 @@ def test_read_ahead_keeps_the_order_and_raises_in_turn() -> None:
     serial = list(iter_batches(samples.__getitem__, range(8), 16, readers=1))
     parallel = list(iter_batches(samples.__getitem__, range(8), 16, readers=3))
     assert len(serial) == len(parallel) > 2
-    for a, b in zip(serial, parallel):
+    for a, b in zip(serial, parallel, strict=True):
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.states, b.states)
     seen = []
     with pytest.raises(CorruptFileError):

@@ -65,7 +65,7 @@ def fuse_projections(w: Weights, prefix: str) -> None:
                 continue
             stacked = torch.cat(pieces, 0)  # type: ignore[arg-type]
             w[prefix + fused + suffix] = stacked
-            for n, piece in zip(names, stacked.split([p.shape[0] for p in pieces])):  # type: ignore[union-attr]
+            for n, piece in zip(names, stacked.split([p.shape[0] for p in pieces]), strict=True):  # type: ignore[union-attr]
                 w[n + suffix] = piece
 
 
@@ -202,7 +202,7 @@ def exact_rows(q: torch.Tensor, rows: torch.Tensor, n: int, k0: torch.Tensor, v0
     pos = torch.arange(n, device=q.device)
     samples, counts = torch.unique_consecutive(torch.div(rows, n, rounding_mode="floor"), return_counts=True)
     start = 0
-    for b, c in zip(samples.tolist(), counts.tolist()):
+    for b, c in zip(samples.tolist(), counts.tolist(), strict=True):
         seg = slice(start, start + c)
         start += c
         t = rows[seg] - b * n

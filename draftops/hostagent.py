@@ -427,7 +427,7 @@ class _EventScanner:
         if not isinstance(event, dict):
             return
         if event.get("event") == "result":
-            fields = {}
+            fields: dict = {}
             for key, value in event.items():
                 if key in ("event", "t") or not isinstance(value, (str, int, float, bool)) or len(fields) >= 24:
                     continue
@@ -454,7 +454,8 @@ def cmd_start(run_dir):
     _atomic_write(os.path.join(run_dir, "job.json"), json.dumps(spec).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "command"), (spec["command"] + "\n").encode())
     with open(os.path.join(run_dir, "log"), "ab") as log:      # the runner keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, _AGENT_PATH, os.getcwd(), "runner", run_dir, run_id],
+        agent = _AGENT_PATH or os.path.abspath(__file__)
+        proc = subprocess.Popen([sys.executable, agent, os.getcwd(), "runner", run_dir, run_id],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     _atomic_write(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
@@ -769,7 +770,7 @@ def cmd_pack(run_dir):
     except OSError as exc:
         _fail(f"cannot open run folder {run_dir} without following links: {exc.strerror}", 8)
     _raw_start({"format": "tar.gz"})
-    skipped = []
+    skipped: list = []
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|gz") as tar:
         try:
             _pack_dir(tar, top, "", skipped)
@@ -784,7 +785,7 @@ def cmd_pack(run_dir):
 
 COMMANDS = {"prepare": cmd_prepare, "manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start,
             "runner": cmd_runner, "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill,
-            "tail": cmd_tail, "follow": cmd_follow, "pack": cmd_pack}
+            "tail": cmd_tail, "follow": cmd_follow, "pack": cmd_pack}  # type: dict
 
 def main(argv):
     """``agent.py ROOT COMMAND ARGS...``: paths in ARGS are relative to ROOT."""

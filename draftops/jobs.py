@@ -323,14 +323,20 @@ def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:
         except (ValueError, AttributeError):
             skipped.append({"path": hostagent.PULL_NOTES, "reason": "unreadable notes from the host"})
         notes.unlink()
+    return skipped + _drop_links_leading_out(tree)
+
+
+def _drop_links_leading_out(tree: Path) -> list[dict[str, str]]:
+    """Remove links that resolve outside ``tree`` (a chain of links may, even if each looked fine)."""
+    dropped = []
     real_tree = os.path.realpath(tree)
-    for folder, dirs, files in os.walk(tree):     # a chain of links may still lead out: drop it
+    for folder, dirs, files in os.walk(tree):
         for name in dirs + files:
             path = os.path.join(folder, name)
             if os.path.islink(path) and os.path.commonpath([real_tree, os.path.realpath(path)]) != real_tree:
-                skipped.append({"path": os.path.relpath(path, tree), "reason": "symlink leads out of the run folder"})
+                dropped.append({"path": os.path.relpath(path, tree), "reason": "symlink leads out of the run folder"})
                 os.unlink(path)
-    return skipped
+    return dropped
 
 
 def _member_problem(member: tarfile.TarInfo) -> str | None:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
-# project venv in .venv that reuses an already installed torch. Idempotent; safe to run every time.
+# project venv in .venv holding exactly what pyproject.toml declares. Idempotent; safe to run every time.
 #   scripts/setup.sh          # what `invoke ...` needs
-#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, speculators)
+#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, ruff, mypy, speculators)
+#
+# The venv never sees the system's site-packages: a package that works here only because the
+# machine happens to have it installed (numpy did) must fail here, not on the next machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=0
@@ -27,22 +30,26 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
+# A .venv made by an older setup.sh with --system-site-packages is replaced (it is ours: .venv/).
+if [ -f .venv/pyvenv.cfg ] && grep -qiE '^include-system-site-packages *= *true' .venv/pyvenv.cfg; then
+  echo "setup: .venv sees the system site-packages; recreating it without them" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv --system-site-packages .venv
+  "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-# torch: keep an installed one; otherwise the CPU build 2.13.0 (from local disk where provided).
+# torch: the CPU build 2.13.0 (from local disk where provided) unless the venv already has one that
+# pyproject's range accepts; installed first so that resolving `-e .` never fetches another build.
 .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" 'torch==2.13.0'
 "${pip[@]}" -e .
-# With --system-site-packages an invoke found outside the venv leaves no .venv/bin/invoke: add it.
-[ -x .venv/bin/invoke ] || "${pip[@]}" --force-reinstall --no-deps 'invoke>=2.2,<4'
 if [ "$want_tests" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
-  # speculators 0.9.0, for the forward-pass parity test: transformers with the installed torch
+  # requirements-parity.txt, for the forward-pass parity test: transformers with the installed torch
   # pinned (pip must never swap it), speculators itself without its heavy optional dependencies.
   if ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("speculators") and u.find_spec("transformers")))'; then
     torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
-    "${pip[@]}" 'transformers==5.3.0' -c <(echo "torch==$torch_version")
-    "${pip[@]}" --no-deps 'speculators==0.9.0'
+    "${pip[@]}" -r <(grep -iv '^speculators' requirements-parity.txt) -c <(echo "torch==$torch_version")
+    "${pip[@]}" --no-deps -r <(grep -i '^speculators' requirements-parity.txt)
   fi
 fi

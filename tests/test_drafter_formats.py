@@ -82,7 +82,7 @@ def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
     with torch.inference_mode():
         a = single.forward(batch.aux([0, 1, 2]), batch.input_ids, 3, batch.lengths)
         b = sharded.forward(batch.aux([0, 1, 2]), batch.input_ids, 3, batch.lengths)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_verifier_reads_only_what_it_needs_from_shards() -> None:

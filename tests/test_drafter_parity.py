@@ -99,7 +99,7 @@ def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: li
     with torch.inference_mode():
         mine = ours.forward(aux, ids, steps, lengths)
     worst = 0.0
-    for b, (a, i) in enumerate(zip(aux_rows, ids_rows)):
+    for b, (a, i) in enumerate(zip(aux_rows, ids_rows, strict=True)):
         ref = _speculators_logits(reference, a, i, steps)
         assert len(ref) == steps
         for k in range(steps):

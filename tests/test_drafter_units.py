@@ -45,7 +45,7 @@ def test_step_counts_follow_speculators_semantics() -> None:
     scored = torch.rand(3, 9, generator=gen) < 0.8
     counts = StepCounts(3)
     counts.update(preds, target, scored)
-    assert list(zip(counts.full_correct, counts.full_total, counts.cond_total)) == \
+    assert list(zip(counts.full_correct, counts.full_total, counts.cond_total, strict=True)) == \
         _reference_counts(preds, target, scored)
 
 

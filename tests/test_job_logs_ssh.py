@@ -53,7 +53,8 @@ def local_project(make_project, sshd, tmp_path, no_inventory_env):
     return cli_project(make_project, sshd, tmp_path, "local")
 
 
-def measured(args: list[str], cwd: Path, timeout: float, stdout=subprocess.PIPE) -> tuple[subprocess.CompletedProcess, int]:
+def measured(args: list[str], cwd: Path, timeout: float,
+             stdout=subprocess.PIPE) -> tuple[subprocess.CompletedProcess, int]:
     """Run ``args`` and return it with the peak RSS (MiB) of its whole process tree."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)

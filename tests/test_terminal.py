@@ -24,7 +24,8 @@ ESC = "\x1b"
     ("10%\r50%\r100%", "100%"),                                       # progress redraw: what a terminal shows
     ("line\r\n", "line\n"),
     (f"unterminated {ESC}]0;title", "unterminated "),
-    (f"an unterminated string ends with its line {ESC}]0;title\nnext", "an unterminated string ends with its line \nnext"),
+    (f"an unterminated string ends with its line {ESC}]0;title\nnext",
+     "an unterminated string ends with its line \nnext"),
     (f"lone escape at the end {ESC}", "lone escape at the end "),
     (f"{ESC}[", ""),
     ("multi\nline\n\tindented", "multi\nline\n\tindented"),

@@ -6,6 +6,7 @@ from invoke.exceptions import Exit
 
 from draftops import jobs
 from draftops.cli.common import HOST_HELP, connect, friendly, show_skipped
+from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
     console,
     err_console,
@@ -30,16 +31,21 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
     show_sync(report, verbose)
 
 
-@task(help={"host": HOST_HELP})
+@task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP})
 @friendly
-def runs(c: Context, host: str | None = None) -> None:
-    """List the host's runs: what each was (task and arguments), its state, exit code and outcome."""
+def runs(c: Context, host: str | None = None, local: bool = False, kind: str | None = None,
+         draft: str | None = None, since: str | None = None) -> None:
+    """List the host's runs: what each was (task and arguments), its state, exit code and outcome;
+    --local: the local history."""
+    if local:
+        return show_local_runs(c, host=host, kind=kind, draft=draft, since=since)
     target = connect(c, host)
     show_runs(jobs.list_runs(target), target.name)
 
 
 @task(help={"host": HOST_HELP, "follow": "keep streaming until the job ends (Ctrl-C detaches)",
-            "all": "the whole log, not just its end", "lines": f"how many lines of its end (default {jobs.TAIL_LINES})"})
+            "all": "the whole log, not just its end",
+            "lines": f"how many lines of its end (default {jobs.TAIL_LINES})"})
 @friendly
 def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False, all: bool = False,
          lines: int = jobs.TAIL_LINES) -> None:

@@ -7,15 +7,8 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from draftops import jobs, report
-from draftops.cli.common import (
-    HOST_HELP,
-    connect,
-    ensure_code,
-    friendly,
-    host_path,
-    require_success,
-    run_job,
-)
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
+from draftops.cli.history import record_test_drafter
 from draftops.console import console
 
 
@@ -54,4 +47,5 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
         doc = json.loads(path.read_text())
         report.show(doc, console)
         console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt CKPT --from-report {run_id}`)[/]")
+    record_test_drafter(target, run_id, final, local, given)
     require_success(run_id, final, local)

@@ -182,7 +182,7 @@ def _lock(timeout=LOCK_WAIT_S):
                 os.close(fd)
                 raise SyncRefused(LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
                                   f"held the lock {os.path.abspath(SYNC_LOCK)} for over {timeout} s; wait "
-                                  "for it to finish, or stop that process if it is stuck, then sync again")
+                                  "for it to finish, or stop that process if it is stuck, then sync again") from None
             time.sleep(0.05)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -224,10 +224,10 @@ def _open_code(code_dir):
             raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
                               f"{os.readlink(code_dir)}), and draftops writes and deletes only inside a real "
                               f"folder it created itself. Remove the link (`rm {where}`; its target is not "
-                              "touched) or set `root:` in hosts.yaml to another folder, then sync again")
+                              "touched) or set `root:` in hosts.yaml to another folder, then sync again") from None
         raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
                           "of its own there; move that away or set `root:` in hosts.yaml to another folder, "
-                          "then sync again")
+                          "then sync again") from None
     try:
         if stat.S_ISREG(os.stat(OWNER_MARK, dir_fd=fd, follow_symlinks=False).st_mode):
             return fd
@@ -266,7 +266,7 @@ def _scan(code_fd, cache):
     stay the same. Nothing is deleted here, and an unreadable entry stops the sync: it must never
     read as "missing"."""
     manifest, new_cache = {}, {}
-    stack = [(os.dup(code_fd), "", None)]
+    stack: list = [(os.dup(code_fd), "", None)]   # (dir fd, path prefix, names iterator once listed)
     try:
         while stack:
             fd, prefix, names = stack[-1]

@@ -114,7 +114,8 @@ def test_probe_reads_versions_without_importing(recipe, tmp_path, monkeypatch) -
     host = open_host("local", tmp_path)
     rows = {r["engine"]: r for r in engine_env.probe(host)}
     assert rows[recipe.name]["version"] is None and rows[recipe.name]["current"] is False
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     info = site / f"pip-{PIP_VERSION}.dist-info"
     info.mkdir(parents=True)

@@ -99,7 +99,7 @@ def test_every_import_names_a_declared_distribution():
     assert undeclared(imported_modules(REPO / "draftops") | imported_modules(REPO / "tasks.py"), runtime) == {}
     assert undeclared(imported_modules(REPO / "remote"), remote) == {}
     assert undeclared(imported_modules(REPO / "remote"), runtime) == {}   # the local package ships remote/
-    assert undeclared(imported_modules(REPO / "benchmarks"), runtime) == {}
+    assert undeclared(imported_modules(REPO / "benchmarks"), tests) == {}   # the speculators peer is optional
     assert undeclared(imported_modules(REPO / "tests"), tests) == {}
 
 
@@ -160,7 +160,9 @@ def test_jobs_run_with_only_the_declared_packages():
 
 
 def test_the_check_would_catch_an_undeclared_package():
-    """The same check against pyproject without numpy (as it was) names numpy."""
-    without_numpy = [r for r in project_requirements() if norm(r.name) != "numpy"]
+    """The same check against declarations without numpy names numpy. (pyproject's own closure now
+    holds numpy twice over, via matplotlib, so the declarations here are the ones the demo needs.)"""
+    without_numpy = [r for r in project_requirements() if norm(r.name) in ("pyyaml", "torch", "safetensors")]
+    assert "numpy" not in closure(without_numpy)
     assert "numpy" in undeclared({"numpy", "yaml", "torch"}, closure(without_numpy))
     assert undeclared({"yaml", "torch", "json"}, closure(without_numpy)) == {}

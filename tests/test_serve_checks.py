@@ -256,5 +256,7 @@ def test_bad_profile_fields_name_file_line_host_profile_and_field(tmp_path):
     assert "serve profile 'slow', field `tp`" in text and "serve profile 'slow', field `extra_args`" in text
     assert "not environment variable names" in text
     path.write_text(yaml.safe_dump({"hosts": {"gpu": {"address": "g", "serve": {"p": {"engin": "vllm"}}}}}))
-    with pytest.raises(InventoryError, match="field `engin`: unknown field; valid fields are engine, python"):
+    expected = (r"serve profile 'p', field `engin`: unknown field \(did you mean `engine`\?\); "
+                r"valid fields are engine, python")
+    with pytest.raises(InventoryError, match=expected):
         load_inventory(path, tmp_path)

@@ -43,7 +43,8 @@ def wait_state(project, run_id, states, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         row = jobs.status(open_host(None, project), run_id)
-        if row["state"] in states:
+        # "running" can be read before the runner has recorded its pid: wait for both
+        if row["state"] in states and (row["state"] != "running" or "pid" in row):
             return row
         time.sleep(0.1)
     raise AssertionError(f"run {run_id} never reached {states}: {row}")

@@ -191,13 +191,13 @@ def section_probe(fig: Figures, device: torch.device, arch: DraftArch, m: int, s
 
 
 def _norm_probe(device: torch.device, dtype: torch.dtype, m: int, h: int, reps: int) -> dict[str, float]:
-    """ms of the HF-style RMSNorm (layers.rms_norm) vs torch's F.rms_norm on [M, H]."""
+    """ms of the HF-style RMSNorm (layers.hf_rms_norm) vs torch's F.rms_norm on [M, H]."""
     x = torch.randn(m, h, device=device, dtype=dtype)
     w = torch.rand(h, device=device, dtype=dtype) + 0.5
-    out = {"hf_ms": timed(lambda: layers.rms_norm(x, w, 1e-5), device, reps) * 1e3}
+    out = {"hf_ms": timed(lambda: layers.hf_rms_norm(x, w, 1e-5), device, reps) * 1e3}
     if hasattr(F, "rms_norm"):
         out["torch_ms"] = timed(lambda: F.rms_norm(x, (h,), w, 1e-5), device, reps) * 1e3
-        out["torch_vs_hf_rel_err"] = rel_err(F.rms_norm(x, (h,), w, 1e-5), layers.rms_norm(x, w, 1e-5))
+        out["torch_vs_hf_rel_err"] = rel_err(F.rms_norm(x, (h,), w, 1e-5), layers.hf_rms_norm(x, w, 1e-5))
     return out
 
 
@@ -251,13 +251,8 @@ def _with_norm(norm: Callable[..., torch.Tensor], fn: Callable[[], de.Run]) -> d
 def _with_compiled_norm(fn: Callable[[], de.Run]) -> de.Run:
     """``fn`` with layers.rms_norm torch.compile'd (dynamic shapes; the warm-up pays the compile)."""
     if "rms_norm" not in _COMPILED:
-        _COMPILED["rms_norm"] = torch.compile(layers.rms_norm, dynamic=True)
+        _COMPILED["rms_norm"] = torch.compile(layers.hf_rms_norm, dynamic=True)
     return _with_norm(_COMPILED["rms_norm"], fn)
-
-
-def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """torch's own RMSNorm (fp32 inside, the weight applied before the one rounding)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def section_throughput(fig: Figures, device: torch.device, scale: de.Scale, probe: float,
@@ -315,11 +310,10 @@ def section_throughput(fig: Figures, device: torch.device, scale: de.Scale, prob
     every_row = every_row_at(best_budget)
     measure(f"tuned, pruned (random draft), {best_budget} tokens",
             lambda s: de.run_fast(draft, head, s, scale.steps, best_budget, device, prune=True))
-    if hasattr(F, "rms_norm"):
-        measure(f"tuned + torch's F.rms_norm, every row, {best_budget} tokens",
-                lambda s: _with_norm(_torch_rms_norm, lambda: every_row(s)))
+    measure(f"tuned with HF's 5-kernel rms_norm (before the fused norm), every row, {best_budget} tokens",
+            lambda s: _with_norm(layers.hf_rms_norm, lambda: every_row(s)))
     if compile_norms:
-        measure(f"tuned + torch.compile'd rms_norm, every row, {best_budget} tokens",
+        measure(f"tuned + torch.compile'd HF rms_norm, every row, {best_budget} tokens",
                 lambda s: _with_compiled_norm(lambda: every_row(s)))
     de.aim_verifier_targets(draft, head, samples)  # from here on the draft is right at step 0
     measure(f"tuned, pruned (draft right at step 0), {best_budget} tokens",

@@ -243,7 +243,7 @@ def run_fast(draft: Eagle3Draft, head: VerifierHead, samples: list[Sample], step
             batches = preloaded
         for batch in batches:
             done = score_batch(draft, batch, score, steps, head.targets(batch.final(final)), prune=prune)
-            computed = [c + d for c, d in zip(computed, done + [0] * steps)]
+            computed = [c + d for c, d in zip(computed, done + [0] * steps, strict=False)]
             rows += int(batch.lengths.sum())
             grid += batch.input_ids.numel()
     _sync(device)
@@ -291,7 +291,7 @@ def run_naive(draft: Eagle3Draft, head: VerifierHead, samples: list[Sample], ste
                             total[kind][k] += 1
             rows += n
     _sync(dev)
-    accs: Accs = {kind: [r / t if t else None for r, t in zip(right[kind], total[kind])] for kind in right}
+    accs: Accs = {kind: [r / t if t else None for r, t in zip(right[kind], total[kind], strict=True)] for kind in right}
     accs["top5"] = [top5[0] / top5[1]]
     return Run(time.perf_counter() - start, rows, accs)
 
@@ -347,7 +347,7 @@ def run_peer(model: Any, draft: Eagle3Draft, head: VerifierHead, samples: list[S
 
 
 def _same(a: Accs, b: Accs, kinds: tuple[str, ...] = ("data", "verifier")) -> bool:
-    return all(abs((x or 0) - (y or 0)) <= 1e-9 for kind in kinds for x, y in zip(a[kind], b[kind]))
+    return all(abs((x or 0) - (y or 0)) <= 1e-9 for kind in kinds for x, y in zip(a[kind], b[kind], strict=True))
 
 
 def _fmt(accs: list[float | None]) -> str:

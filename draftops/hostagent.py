@@ -81,9 +81,9 @@ def cmd_prepare(root, agent_name, source=None):
     home = os.path.realpath(os.path.expanduser("~"))
     resolved = os.path.realpath(os.path.expanduser(os.path.expandvars(root)))
     if resolved in ("/", home):
-        _fail("root %r resolves to %s, which is %s; draftops deletes inside <root>/code during sync, so it "
-              "needs a folder of its own, e.g. ~/draftops" % (root, resolved,
-                                                               "/" if resolved == "/" else "the home directory"), 3)
+        what = "/" if resolved == "/" else "the home directory"
+        _fail(f"root {root!r} resolves to {resolved}, which is {what}; draftops deletes inside <root>/code "
+              "during sync, so it needs a folder of its own, e.g. ~/draftops", 3)
     try:
         for sub in ("runs", "state"):
             os.makedirs(os.path.join(resolved, sub), exist_ok=True)
@@ -98,9 +98,9 @@ def cmd_prepare(root, agent_name, source=None):
         if source and not os.path.exists(agent):
             _atomic_write(agent, source.encode())
     except OSError as exc:
-        _fail("root %r (%s) is not writable: %s" % (root, resolved, exc.strerror or exc), 4)
+        _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", 4)
     _out({"root": resolved, "home": home, "python": sys.executable,
-          "python_version": "%d.%d.%d" % sys.version_info[:3], "platform": sys.platform})
+          "python_version": "{}.{}.{}".format(*sys.version_info[:3]), "platform": sys.platform})
     return resolved
 
 

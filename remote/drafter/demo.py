@@ -354,7 +354,8 @@ def speculators_config(arch: DraftArch, layer_ids: list[int]) -> dict[str, Any]:
     return {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_version": "0.9.0", "draft_vocab_size": arch.draft_vocab_size,
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "embed_requires_grad": False, "fc_norm": arch.fc_norm,
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "embed_requires_grad": False,
+        "fc_norm": arch.fc_norm,
         "norm_before_fc": arch.norm_before_fc, "norm_before_residual": arch.norm_before_residual,
         "norm_output": arch.norm_output, "target_hidden_size": None,
         "speculators_config": {

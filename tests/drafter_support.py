@@ -5,6 +5,7 @@ import atexit
 import contextlib
 import functools
 import io
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,15 +15,22 @@ from remote.drafter import EvalOptions, evaluate
 from remote.drafter.demo import DemoPaths, DemoSpec, ensure_demo
 
 SPEC = DemoSpec()
+# docs/drafter.md: in fp32, |logits padded into a batch - logits alone| <= PAD_BOUND * (1 + max |logit|)
+PAD_BOUND = 2e-6
 
 
 @functools.lru_cache(maxsize=1)
 def demo() -> DemoPaths:
-    """Build the demo once per process (about 15 s on 2 cores) into a temp folder."""
-    root = Path(tempfile.mkdtemp(prefix="draftops-demo-"))
-    atexit.register(shutil.rmtree, root, True)
+    """Build the demo once per process into a temp folder (or reuse a complete one at
+    ``$DRAFTOPS_TEST_DEMO_DIR``: ensure_demo rebuilds it when its parameters changed)."""
+    keep = os.environ.get("DRAFTOPS_TEST_DEMO_DIR")
+    if keep:
+        root = Path(keep)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="draftops-demo-")) / "demo"
+        atexit.register(shutil.rmtree, root.parent, True)
     with contextlib.redirect_stdout(io.StringIO()):
-        return ensure_demo(root / "demo")
+        return ensure_demo(root)
 
 
 def run_eval(out: Path, **kw: Any) -> dict[str, Any]:

@@ -1,20 +1,8 @@
-"""fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``.
-
-speculators imports openai/datasets/hs_connectors at module level for its data pipeline; none of
-that is used by the model, so those three are stubbed (only when they are not installed).
-In CI (``CI`` set) a missing speculators is a failure, not a skip: this is the check that the
-evaluator computes what training computed.
-"""
+"""fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``
+(imported as tests/speculators_support.py explains; in CI a missing speculators fails)."""
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.metadata
-import importlib.util
 import json
-import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -24,42 +12,17 @@ from safetensors.torch import save_file
 from remote.drafter import load_checkpoint
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
-from tests.drafter_support import demo
+from tests.drafter_support import PAD_BOUND, demo
+from tests.speculators_support import load_speculators
 
-TOL = 1e-5
-_STUBBED = ("openai", "datasets", "hs_connectors")
-
-
-class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Empty modules (any attribute is a dummy class) for speculators' unused heavy imports."""
-
-    def find_spec(self, name, path, target=None):  # noqa: ANN001
-        if name.split(".")[0] in _STUBBED:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):  # noqa: ANN001
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = lambda attr: type(attr, (), {})
-        return module
-
-    def exec_module(self, module) -> None:  # noqa: ANN001
-        pass
+# Same bound as padded vs unpadded batches (docs/drafter.md): the reference runs each sample alone,
+# ours runs them padded into one batch, so only the fp32 summation order differs.
+BOUND = PAD_BOUND
 
 
 @pytest.fixture(scope="module")
 def speculators():
-    if importlib.util.find_spec("speculators") is None or importlib.util.find_spec("transformers") is None:
-        if os.environ.get("CI"):
-            pytest.fail("speculators==0.9.0 and transformers are not installed (see docs/drafter.md)")
-        pytest.skip("speculators==0.9.0 not installed")
-    if any(importlib.util.find_spec(m) is None for m in _STUBBED):
-        sys.meta_path.insert(0, _Stubs())
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
-    assert importlib.metadata.version("speculators") == "0.9.0"
-    return Eagle3DraftModel, Eagle3SpeculatorConfig
+    return load_speculators()
 
 
 def _reference(speculators, ckpt: Path, weights: dict[str, torch.Tensor]):
@@ -86,7 +49,8 @@ def _speculators_logits(model, aux: torch.Tensor, ids: torch.Tensor, steps: int)
 
 def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: list[torch.Tensor],
              steps: int) -> float:
-    """Max |diff| over every step, comparing per sample with ours run on the padded batch."""
+    """Max |diff| / (1 + max |logit|) over every step, comparing per sample with ours run on the
+    padded batch."""
     from safetensors.torch import load_file
 
     weights = load_file(str(ckpt / "model.safetensors"))
@@ -103,7 +67,8 @@ def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: li
         ref = _speculators_logits(reference, a, i, steps)
         assert len(ref) == steps
         for k in range(steps):
-            worst = max(worst, float((ref[k] - mine[k][b, : i.shape[0]]).abs().max()))
+            diff = float((ref[k] - mine[k][b, : i.shape[0]]).abs().max())
+            worst = max(worst, diff / (1 + float(ref[k].abs().max())))
     return worst
 
 
@@ -113,8 +78,8 @@ def test_demo_draft_matches_speculators_on_demo_data(speculators) -> None:
     aux = [batch.aux([0, 1, 2])[b] for b in range(3)]
     ids = [batch.input_ids[b] for b in range(3)]
     worst = _compare(speculators, demo().draft, aux, ids, steps=4)
-    print(f"max |logit diff| = {worst:.3g}")
-    assert worst <= TOL
+    print(f"max |logit diff| = {worst:.3g} x (1 + max |logit|)")
+    assert worst <= BOUND
 
 
 @pytest.mark.parametrize("variant", [
@@ -163,5 +128,5 @@ def test_random_drafts_match_speculators(speculators, tmp_path: Path, variant: d
     aux = [torch.randn(n, 3 * h, generator=gen) * 3 for n in lengths]
     ids = [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
     worst = _compare(speculators, tmp_path, aux, ids, steps=3)
-    print(f"max |logit diff| = {worst:.3g}")
-    assert worst <= TOL
+    print(f"max |logit diff| = {worst:.3g} x (1 + max |logit|)")
+    assert worst <= BOUND

@@ -34,14 +34,19 @@ class VerifierHead:
 
 @dataclass
 class LayoutScore:
-    """Counts for one layout; ``verifier`` is None without a verifier."""
+    """Counts for one layout; ``verifier`` is None without a verifier.  ``nonfinite``: valid rows
+    whose logits held NaN/inf at some step (their argmax means nothing)."""
 
     slots: tuple[int, ...]
     data: StepCounts
     verifier: StepCounts | None
+    nonfinite: int = 0
+
+    def counts(self, basis: str) -> StepCounts | None:
+        return self.verifier if basis == "verifier" else self.data
 
     def step0(self, basis: str) -> float | None:
-        counts = self.verifier if basis == "verifier" else self.data
+        counts = self.counts(basis)
         return counts.full_acc()[0] if counts is not None else None
 
 
@@ -54,12 +59,16 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     """Run the TTT forward on ``batch`` with ``score.slots`` and add its counts to ``score``."""
     preds: list[torch.Tensor] = []
     top5 = None
+    valid = torch.arange(batch.input_ids.shape[1], device=batch.lengths.device)[None, :] < batch.lengths[:, None]
+    bad = torch.zeros_like(valid)
     for k, logits in enumerate(draft.iter_steps(batch.aux(score.slots), batch.input_ids, steps,
                                                 batch.lengths)):
         preds.append(logits.argmax(-1))
+        bad |= ~torch.isfinite(logits.sum(-1))  # NaN or inf anywhere in the row
         if k == 0:
             top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
     assert top5 is not None
+    score.nonfinite += int((bad & valid.to(bad.device)).sum())
     has_next = batch.scored & (batch.next_ids >= 0)
     score.data.update([draft.draft_to_target(p) for p in preds], batch.next_ids, has_next)
     score.data.update_top5((draft.draft_to_target(top5) == batch.next_ids[..., None]).any(-1), has_next)

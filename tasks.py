@@ -7,7 +7,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import core, drafter, env, sglang
+from draftops.cli import bench, core, drafter, env, serve, sglang
 from draftops.cli.common import adopt_callwide_host
 
 adopt_callwide_host(sys.argv)
@@ -19,4 +19,6 @@ ns.add_task(drafter.test_drafter)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
 ns.add_collection(Collection.from_module(env, name="env"))
+ns.add_collection(Collection.from_module(bench, name="bench"))
+ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))
 ns.configure({"draftops": {"project_root": str(Path(__file__).resolve().parent)}})

@@ -35,7 +35,8 @@ def make_tree(root: Path, files: int, total_mb: int, seed: int = 0) -> None:
     for i in range(files - big):
         path = root / "remote" / f"pkg{i % 40}" / f"mod_{i}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
-        words = " ".join(rng.choice(("torch", "layer", "hidden", "draft", "token", "eagle")) for _ in range(small_bytes // 6))
+        vocabulary = ("torch", "layer", "hidden", "draft", "token", "eagle")
+        words = " ".join(rng.choice(vocabulary) for _ in range(small_bytes // 6))
         path.write_text(f"# module {i}\nDOC = '''{words}'''\n")
     for i in range(big):
         path = root / "remote" / "blobs" / f"blob_{i}.bin"
@@ -55,7 +56,8 @@ def run_invoke_sync(project: Path, env: dict[str, str]) -> tuple[float, int]:
 
 
 def run_rsync(src: Path, dest: str, port: int, key: Path) -> tuple[float, int]:
-    ssh = f"ssh -p {port} -i {key} -o IdentitiesOnly=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    ssh = (f"ssh -p {port} -i {key} -o IdentitiesOnly=yes -o StrictHostKeyChecking=no "
+           "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
     started = time.perf_counter()
     out = subprocess.run(["rsync", "-a", "--delete", "--stats", "-e", ssh, f"{src}/", f"root@127.0.0.1:{dest}/"],
                          check=True, capture_output=True, text=True).stdout

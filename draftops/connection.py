@@ -6,16 +6,17 @@ stdout must carry binary tar streams for sync and pull, and Fabric's inline env 
 """
 from __future__ import annotations
 
+import io
 import logging
 import shlex
 import shutil
-import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import paramiko
 from fabric import Config, Connection
@@ -28,6 +29,25 @@ log = logging.getLogger(__name__)
 KEEPALIVE_S = 15
 CONNECT_ATTEMPTS = 3
 SEND_CHUNK = 1 << 20
+
+
+class _ParamikoToDebug(logging.Handler):
+    """paramiko logs a failed handshake at ERROR with a traceback from its transport thread, which
+    Python's last-resort handler prints to the terminal before draftops' own one-paragraph error.
+    Those records are kept, at DEBUG level, under draftops' logger (shown only when asked for)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.debug("paramiko %s: %s", record.levelname, record.getMessage())
+
+
+def _quiet_paramiko() -> None:
+    paramiko_log = logging.getLogger("paramiko")
+    if not paramiko_log.handlers:   # a handler set up on purpose (paramiko.util.log_to_file) stays
+        paramiko_log.addHandler(_ParamikoToDebug())
+        paramiko_log.propagate = False
+
+
+_quiet_paramiko()
 
 
 @dataclass
@@ -90,9 +110,10 @@ class LocalTransport:
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
         proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
+        stdout = proc.stdout
+        assert isinstance(stdout, io.BufferedReader)
         try:
-            while chunk := proc.stdout.read1(65536):
+            while chunk := stdout.read1(65536):
                 on_output(chunk)
             return proc.wait()
         finally:
@@ -148,62 +169,94 @@ def _make_connection(spec: HostSpec, gateway: Connection | None) -> Connection:
     return conn
 
 
+def _reason(exc: BaseException) -> str:
+    """An exception as a short reason; some paramiko errors have an empty message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
+    """Open one SSH connection (its gateway must be open already) with retries inside the connect
+    timeout, mapping every failure to a one-paragraph ConnectError. ``via`` says which hop this is."""
+    who = f"Host {spec.name!r} ({spec.describe()}){via}"
+    deadline = time.monotonic() + spec.connect_timeout
+    delay = 0.5
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        try:
+            conn.open()
+            return
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyRejected(
+                f"{who} presented a host key that differs from the one in {spec.known_hosts} "
+                f"({exc.expected_key.get_name()}). Someone may be intercepting the connection, or the host "
+                f"was reinstalled; check with its owner, then remove the old line with `ssh-keygen -R` on "
+                f"{spec.known_hosts}.") from None
+        except paramiko.AuthenticationException:
+            raise AuthFailed(
+                f"{who} rejected key {spec.key or '(agent/default keys)'}. Put its .pub into the host's "
+                f"~/.ssh/authorized_keys for user {spec.user!r}, or fix `key:`/`user:` in hosts.yaml.") from None
+        except paramiko.SSHException as exc:
+            if "known_hosts" in str(exc):
+                raise HostKeyRejected(
+                    f"{who} has a host key that is not in {spec.known_hosts} and its entry says "
+                    f"`host_key: strict`. Verify the key and add it (ssh-keyscan -p {spec.port} "
+                    f"{spec.address} >> {spec.known_hosts}), or set `host_key: accept-new` to trust it on "
+                    "first use.") from None
+            error: BaseException = exc
+        except (NoValidConnectionsError, TimeoutError, OSError, EOFError) as exc:
+            error = exc
+        conn.close()
+        remaining = deadline - time.monotonic()
+        if attempt == CONNECT_ATTEMPTS or remaining <= delay:
+            raise HostUnreachable(
+                f"{who} could not be reached within {spec.connect_timeout:g}s after {attempt} attempt(s): "
+                f"{_reason(error)}. Check that the box is up and `address`/`port`/`jump` in hosts.yaml "
+                "are right (try the same with plain ssh).") from None
+        time.sleep(delay)
+        delay *= 2
+
+
 class SSHTransport:
-    """A Fabric connection (with its jump-host gateway), opened once, with keepalive and retries."""
+    """A Fabric connection behind its chain of jump hosts (Fabric gateways), opened once, with
+    keepalive and retries. Every hop is opened in turn, so an error names the hop that failed."""
 
     def __init__(self, spec: HostSpec, inventory: Inventory | None = None):
         self.spec = spec
-        jump = inventory.parse_jump(spec) if inventory else None
-        gateway = _make_connection(jump, None) if jump else None
+        self.hops = inventory.jump_chain(spec) if inventory else []
+        gateway: Connection | None = None
+        self.gateways: list[Connection] = []
+        for hop in self.hops:
+            gateway = _make_connection(hop, gateway)
+            self.gateways.append(gateway)
         self.connection = _make_connection(spec, gateway)
         self._open()
 
     def _open(self) -> None:
-        spec = self.spec
-        deadline = time.monotonic() + spec.connect_timeout
-        delay = 0.5
-        for attempt in range(1, CONNECT_ATTEMPTS + 1):
-            try:
-                self.connection.open()
-                break
-            except paramiko.BadHostKeyException as exc:
-                raise HostKeyRejected(
-                    f"Host {spec.name!r} ({spec.describe()}) presented a host key that differs from the "
-                    f"one in {spec.known_hosts} ({exc.expected_key.get_name()}). Someone may be "
-                    "intercepting the connection, or the host was reinstalled; check with its owner, "
-                    f"then remove the old line with `ssh-keygen -R` on {spec.known_hosts}.") from None
-            except paramiko.AuthenticationException:
-                raise AuthFailed(
-                    f"Host {spec.name!r} ({spec.describe()}) rejected key {spec.key or '(agent/default keys)'}"
-                    f". Put its .pub into the host's ~/.ssh/authorized_keys for user {spec.user!r}, or fix "
-                    "`key:`/`user:` in hosts.yaml.") from None
-            except paramiko.SSHException as exc:
-                if "known_hosts" in str(exc) or "not found in known_hosts" in str(exc):
-                    raise HostKeyRejected(
-                        f"Host {spec.name!r} ({spec.describe()}) has a host key that is not in "
-                        f"{spec.known_hosts} and its entry says `host_key: strict`. Verify the key and "
-                        f"add it (ssh-keyscan -p {spec.port} {spec.address} >> {spec.known_hosts}), or "
-                        "set `host_key: accept-new` to trust it on first use.") from None
-                error: Exception = exc
-            except (NoValidConnectionsError, socket.timeout, TimeoutError, OSError, EOFError) as exc:
-                error = exc
-            self.connection.close()
-            remaining = deadline - time.monotonic()
-            if attempt == CONNECT_ATTEMPTS or remaining <= delay:
-                raise HostUnreachable(
-                    f"Host {spec.name!r} ({spec.describe()}) could not be reached within "
-                    f"{spec.connect_timeout:g}s after {attempt} attempt(s): {error}. Check that the box is "
-                    "up and `address`/`port`/`jump` in hosts.yaml are right (try the same with plain "
-                    "ssh).") from None
-            time.sleep(delay)
-            delay *= 2
-        assert self.connection.transport is not None
-        self.connection.transport.set_keepalive(KEEPALIVE_S)
+        chain = [*self.hops, self.spec]
+        try:
+            for index, (hop, conn) in enumerate(zip(chain, [*self.gateways, self.connection], strict=True)):
+                _open_one(conn, hop, self._role(index))
+                assert conn.transport is not None
+                conn.transport.set_keepalive(KEEPALIVE_S)
+                if index + 1 < len(chain):   # this hop makes the next one's TCP connection: bound it
+                    conn.transport.channel_timeout = chain[index + 1].connect_timeout
+        except BaseException:
+            self.close()
+            raise
+
+    def _role(self, index: int) -> str:
+        """How hop ``index`` of the chain is described in errors (empty for a direct connection)."""
+        role = ""
+        if index < len(self.hops):
+            role = f", jump host {index + 1} of {len(self.hops)} for {self.spec.name!r},"
+        if index:
+            role += f" via {self.hops[index - 1].name!r}"
+        return role
 
     def _channel(self, command: str) -> paramiko.Channel:
         transport = self.connection.transport
         if transport is None or not transport.is_active():
-            self.connection.close()
+            self.close()
             self._open()
             transport = self.connection.transport
         assert transport is not None
@@ -225,16 +278,15 @@ class SSHTransport:
         reader = threading.Thread(target=drain_stderr, daemon=True)
         reader.start()
         try:
-            if input:
-                view = memoryview(input)
-                for start in range(0, len(view), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
-                    channel.sendall(view[start:start + SEND_CHUNK])
+            data = input or b""
+            for start in range(0, len(data), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
+                channel.sendall(data[start:start + SEND_CHUNK])
             channel.shutdown_write()
             while chunk := channel.recv(1 << 16):
                 out += chunk
             reader.join(timeout)
             code = channel.recv_exit_status()
-        except socket.timeout:
+        except TimeoutError:
             raise RemoteError(f"Host {self.spec.name!r}: command timed out after {timeout}s: {command[:200]}") from None
         finally:
             channel.close()
@@ -259,7 +311,9 @@ class SSHTransport:
         self.connection.get(remote, str(local))
 
     def close(self) -> None:
-        self.connection.close()
+        """Close the target first, then each jump host from the innermost out."""
+        for conn in [self.connection, *reversed(self.gateways)]:
+            conn.close()
 
 
 def connect(spec: HostSpec, inventory: Inventory | None = None) -> Transport:

@@ -4,18 +4,35 @@ The library modules never print; they return data, and these functions show it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+import shlex
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Literal
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.padding import Padding
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from draftops import jobs
 from draftops.host import Host
 from draftops.sync import SyncReport
+from draftops.terminal import clean
+
+LogMode = Literal["print", "window", "hide"]
+WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
 
 console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)   # notes that must not mix with piped output
 STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "cyan", "failed": "red",
                "killed": "yellow", "dead": "red bold"}
 
@@ -37,6 +54,9 @@ def show_sync(report: SyncReport, verbose: bool = False) -> None:
     console.print(f"[green]sync[/] {report.host}: {verb} {len(report.upload)} file(s) "
                   f"({human_bytes(report.bytes_changed)} changed, {human_bytes(report.bytes_sent)} on the wire), "
                   f"deleted {len(report.delete)}, {report.unchanged} unchanged, {report.seconds:.2f}s")
+    if report.busy_runs:
+        console.print(f"[yellow]warning[/]: changed the code under running run(s) "
+                      f"{escape(', '.join(report.busy_runs))} (--force); they may mix old and new code")
     if report.dry_run or verbose:
         for rel in report.upload[:50]:
             console.print(f"  [cyan]+[/] {escape(rel)}")
@@ -47,50 +67,113 @@ def show_sync(report: SyncReport, verbose: bool = False) -> None:
             console.print(f"  … and {hidden} more")
 
 
-def state_text(state: str | None) -> str:
+def safe(value: Any) -> str:
+    """Host-supplied text ready for rich markup: terminal escapes stripped, brackets escaped."""
+    return escape(clean("" if value is None else str(value)))
+
+
+def state_text(state: str | None, orphaned: bool = False) -> str:
     state = state or "?"
-    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+    extra = " (runner gone)" if orphaned else ""
+    return f"[{STATE_STYLE.get(state, 'white')}]{safe(state)}{extra}[/]"
+
+
+def describe_run(row: dict[str, Any]) -> str:
+    """What a run was, as the user would type it: ``test-drafter --steps 3 --ckpt /x``."""
+    parts = [str(row.get("task") or row.get("name") or "?")]
+    for key, value in (row.get("args") or {}).items():
+        flag = "--" + str(key).replace("_", "-")
+        parts.append(flag if value is True else f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+def headline(row: dict[str, Any]) -> str:
+    """A run's outcome in a few words: the headline (or status) of its last result event, or its error."""
+    outcome = row.get("outcome") or {}
+    text = str(outcome.get("headline") or outcome.get("status") or "")
+    if outcome.get("error"):
+        error = str(outcome["error"]).strip().splitlines()[0] if str(outcome["error"]).strip() else ""
+        text = (text + "; " if text else "") + "error: " + (error[:77] + "..." if len(error) > 80 else error)
+    return text
 
 
 def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
-    table = Table(title=f"runs on {host}", title_justify="left")
-    for col in ("id", "state", "exit", "started", "ended", "command"):
-        table.add_column(col, overflow="fold" if col == "command" else "ellipsis")
+    """The runs as a table whose ids are always whole (a list, when the terminal is too narrow)."""
+    rows = list(rows)
+    id_width = max([len(str(row["id"])) for row in rows] + [2])
+    if console.width < id_width + 64:           # room for the other columns, or a list
+        console.print(f"runs on {safe(host)}")
+        for row in rows:
+            console.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
+            console.print(Padding(Text.from_markup(
+                f"{state_text(row.get('state'), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
+                f"  {safe(describe_run(row))}  {safe(headline(row))}".rstrip()), (0, 0, 0, 2)))
+        return
+    table = Table(title=f"runs on {safe(host)}", title_justify="left")
+    table.add_column("id", no_wrap=True, min_width=id_width)
+    for col in ("state", "exit", "started", "run", "outcome"):
+        table.add_column(col, overflow="fold")
     for row in rows:
-        command = (row.get("command") or "")
-        table.add_row(row["id"], state_text(row.get("state")), str(row.get("exit_code", "")),
-                      row.get("started") or "", row.get("ended") or "",
-                      escape(command if len(command) < 80 else command[:77] + "..."))
+        table.add_row(safe(row["id"]), state_text(row.get("state"), bool(row.get("orphaned"))),
+                      safe(row.get("exit_code", "")), safe(row.get("started") or row.get("created") or ""),
+                      safe(describe_run(row)), safe(headline(row)))
     console.print(table)
 
 
-def follow_live(host: Host, run_id: str, offset: int = 0, quiet: bool = False) -> dict[str, Any]:
-    """Tail a job's log with a progress bar; Ctrl-C detaches and says how to re-attach."""
+class _LiveView:
+    """What a live tail shows: the progress bar, and in window mode the last lines of the log."""
+
+    def __init__(self, progress: Progress, window: deque[str] | None):
+        self.progress, self.window = progress, window
+
+    def __rich__(self) -> Group:
+        parts: list[Any] = []
+        if self.progress.tasks:
+            parts.append(self.progress.get_renderable())
+        if self.window:
+            parts.append(Text("\n".join(tuple(self.window)), style="dim", no_wrap=True, overflow="ellipsis"))
+        return Group(*parts)
+
+
+def follow_live(host: Host, run_id: str, offset: int = 0, quiet: bool = False, lines: int | None = None,
+                log: LogMode | None = None) -> dict[str, Any]:
+    """Tail a job's log with a progress bar until it ends; Ctrl-C detaches and says how to re-attach.
+
+    ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
+    few under the bar while the job runs and clears them when it ends (for tasks that show their
+    result themselves, so it is not shown twice), "hide" (or ``quiet``) shows none."""
+    mode: LogMode = log or ("hide" if quiet else "print")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                        TimeElapsedColumn(), console=console, transient=True)
+                        TimeElapsedColumn(), console=console, auto_refresh=False)
+    window: deque[str] = deque(maxlen=WINDOW_LINES)
+    live = Live(_LiveView(progress, window if mode == "window" else None), console=console, transient=True,
+                refresh_per_second=8, redirect_stdout=False, redirect_stderr=False)
     bar: dict[str, Any] = {}
 
     def on_text(line: str) -> None:
-        if not quiet:
-            progress.console.print(line, markup=False, highlight=False)
+        if mode == "print":
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        elif mode == "window":
+            window.append(line)
 
     def on_event(event: dict[str, Any]) -> None:
         if event.get("event") != "progress":
             return
-        what = event.get("what") or run_id
+        what = clean(str(event.get("what") or run_id))
+        total = event.get("total") if isinstance(event.get("total"), (int, float)) else None
+        done = event.get("done") if isinstance(event.get("done"), (int, float)) else 0
         if "id" not in bar:
-            bar["id"] = progress.add_task(what, total=event.get("total") or None)
-        progress.update(bar["id"], completed=event.get("done", 0), total=event.get("total") or None,
-                        description=what)
+            bar["id"] = progress.add_task(what, total=total or None)
+        progress.update(bar["id"], completed=done, total=total or None, description=what)
 
     try:
-        with progress:
-            final = jobs.follow(host, run_id, on_text, on_event, offset)
+        with live:
+            final = jobs.follow(host, run_id, on_text, on_event, offset, lines)
     except KeyboardInterrupt:
-        console.print(f"\n[yellow]detached[/]: job {run_id} keeps running on {host.name}. Re-attach with "
-                      f"`invoke logs {run_id} --follow --host {host.name}`; stop it with "
-                      f"`invoke kill {run_id} --host {host.name}`.")
+        console.print(f"\n[yellow]detached[/]: job {safe(run_id)} keeps running on {safe(host.name)}. Re-attach "
+                      f"with `invoke logs {safe(run_id)} --follow --host {safe(host.name)}`; stop it with "
+                      f"`invoke kill {safe(run_id)} --host {safe(host.name)}`.")
         raise SystemExit(130) from None
-    console.print(f"job {run_id}: {state_text(final.get('state'))}"
-                  + (f" (exit {final['exit_code']})" if final.get("exit_code") is not None else ""))
+    console.print(f"job {safe(run_id)}: {state_text(final.get('state'))}"
+                  + (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None else ""))
     return final

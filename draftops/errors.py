@@ -9,7 +9,11 @@
     ├── RemoteError         a command on the host failed (carries stdout/stderr/exit code)
     ├── RootError           the host's `root` is unusable (not writable, `/`, the home directory)
     ├── SyncError           code sync failed; the remote tree is left as it was before
-    └── JobError            a run id is unknown or a job cannot be started/stopped
+    ├── JobError            a run id is unknown or a job cannot be started/stopped
+    ├── HistoryError        runs/history.sqlite cannot be read or written
+    ├── BenchError          a benchmark result is unreadable, or two runs cannot be compared
+    └── ServeError          a server could not be started, probed or stopped
+        └── ServeRefused      a pre-start check failed (one paragraph per reason)
 """
 from __future__ import annotations
 
@@ -58,3 +62,23 @@ class SyncError(DraftopsError):
 
 class JobError(DraftopsError):
     """A remote job could not be found, started or stopped."""
+
+
+class HistoryError(DraftopsError):
+    """The local run history (runs/history.sqlite) cannot be read or written."""
+
+
+class BenchError(DraftopsError):
+    """A benchmark result cannot be read, or two runs cannot be compared."""
+
+
+class ServeError(DraftopsError):
+    """A server could not be started, reached or stopped."""
+
+
+class ServeRefused(ServeError):
+    """`invoke serve` refused to start: each reason is one paragraph naming what to change."""
+
+    def __init__(self, *reasons: str):
+        super().__init__("\n\n".join(reasons))
+        self.reasons = list(reasons)

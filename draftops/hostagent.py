@@ -3,14 +3,22 @@
 It runs under any python3 on the host (no ml-env needed) and does the work that must happen next to
 the files: resolve and check ``root``, list and apply code syncs atomically, start detached jobs and
 record their state, follow logs, pack run folders. Every subcommand prints one JSON object (or a raw
-stream for ``follow``/``pack``), so the local side parses nothing ad hoc.
+stream for ``tail``/``follow``/``pack``), so the local side parses nothing ad hoc.
+
+Replies are framed: the host's shell start-up files may print a banner before this script runs, so
+every answer starts with a marker line holding a nonce the local side chose (``$DRAFTOPS_FRAME``),
+and the local side ignores whatever comes before it. A JSON reply is the line after the marker; a
+raw stream is a JSON header line after the marker, then the bytes. Error messages on stderr carry
+their own marker, so a banner on stderr does not bury them.
 """
+import errno
+import fcntl
 import hashlib
 import io
 import json
 import os
-import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -20,16 +28,32 @@ import time
 SYNC_META = ".draftops-sync.json"
 TMP_MARK = ".draftops-tmp-"
 EVENT_PREFIX = "@@draftops "
+FRAME_ENV = "DRAFTOPS_FRAME"          # the nonce of this call's reply marker (chosen by the local side)
+FRAME_PREFIX = "@@draftops-reply "    # stdout: the reply follows this marker line
+ERROR_PREFIX = "@@draftops-error "    # stderr: the error message follows this marker line
 _AGENT_PATH = None   # where this script is installed on the host (set by prepare or main)
 
 
+def _marker(prefix):
+    return "\n{}{}\n".format(prefix, os.environ.get(FRAME_ENV, "-")).encode()
+
+
 def _out(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
+    """Print one framed JSON reply."""
     sys.stdout.flush()
+    sys.stdout.buffer.write(_marker(FRAME_PREFIX) + json.dumps(obj).encode() + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def _raw_start(header):
+    """Start a framed raw stream: the marker, one JSON header line, then the caller writes bytes."""
+    _out(header)
 
 
 def _fail(message, code=2):
-    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    sys.stderr.buffer.write(_marker(ERROR_PREFIX) + message.encode("utf-8", "replace") + b"\n")
+    sys.stderr.buffer.flush()
     sys.exit(code)
 
 
@@ -61,8 +85,10 @@ def cmd_prepare(root, agent_name, source=None):
               "needs a folder of its own, e.g. ~/draftops" % (root, resolved,
                                                                "/" if resolved == "/" else "the home directory"), 3)
     try:
-        for sub in ("code", "runs", "state"):
+        for sub in ("runs", "state"):
             os.makedirs(os.path.join(resolved, sub), exist_ok=True)
+        if not os.path.lexists(os.path.join(resolved, "code")):     # an existing one is judged by sync
+            _create_code(os.path.join(resolved, "code"))
         fd, probe = tempfile.mkstemp(dir=os.path.join(resolved, "state"), prefix=".probe")
         os.close(fd)
         os.unlink(probe)
@@ -89,47 +115,211 @@ def boot(source, argv):
 
 
 # ---------------------------------------------------------------- sync
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+# Everything a sync touches lives under the real <root>/code: the folder is opened with O_NOFOLLOW
+# and every path below it is reached component by component through directory file descriptors
+# (O_NOFOLLOW again), so a symlink anywhere on the way (made by a job, a user or an attacker, before
+# or during the sync) is refused instead of followed. ``code`` must carry the OWNER_MARK file that
+# draftops writes when it creates the folder: a folder of someone else's files is refused rather than
+# mirrored (a mirror deletes whatever is not in the project).
+OWNER_MARK = ".draftops-owned"
+OWNER_TEXT = ("This folder is managed by draftops: `invoke sync` makes it mirror the project's synced "
+              "paths, replacing and deleting files here. Keep your own files elsewhere.\n")
+SYNC_LOCK = os.path.join("state", "sync.lock")
+LOCK_WAIT_S = 600
+CODE_TMP = ".draftops-tmp-"   # + pid-random-index: the names of one apply's own temp files
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+# exit codes of the sync commands (the local side turns them into one-paragraph SyncErrors)
+REFUSED_ENTRY, INCOMPLETE, REFUSED_CODE, SCAN_FAILED, APPLY_FAILED, BUSY, LOCK_TIMEOUT = 5, 6, 20, 21, 22, 23, 24
+_NOTHING_CHANGED = "; nothing was changed"
+_TAR_KINDS = {tarfile.LNKTYPE: "hard link", tarfile.SYMTYPE: "symbolic link without a target",
+              tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.DIRTYPE: "folder",
+              tarfile.FIFOTYPE: "FIFO"}
+
+
+class SyncRefused(Exception):
+    """A sync command cannot go on; ``code`` is its exit code, the message says why and what to do."""
+
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+def _why(exc):
+    return exc.strerror or str(exc)
+
+
+def _split(rel):
+    head, _, name = rel.rpartition("/")
+    return head, name
+
+
+def _in_code(rel=""):
+    return os.path.join(os.path.abspath("code"), rel) if rel else os.path.abspath("code")
+
+
+def _canonical(rel, what):
+    """Refuse a path that is not plainly relative and normalised (``..``, ``/x``, ``a//b``, ``./a``)."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    if any(part in ("", ".", "..") for part in parts) or "\0" in rel or rel == OWNER_MARK:
+        raise SyncRefused(REFUSED_ENTRY, f"refusing sync {what} {rel!r}: only plain relative paths inside "
+                          f"{_in_code()} are accepted (no '..', no absolute path, not the {OWNER_MARK} "
+                          f"marker){_NOTHING_CHANGED}")
+    return rel
+
+
+def _lock(timeout=LOCK_WAIT_S):
+    """Hold the root's sync lock (released when the fd closes or the process ends): syncs take turns."""
+    fd = os.open(SYNC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _CLOEXEC, 0o644)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise SyncRefused(LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
+                                  f"held the lock {os.path.abspath(SYNC_LOCK)} for over {timeout} s; wait "
+                                  "for it to finish, or stop that process if it is stuck, then sync again") from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _mark(code_fd):
+    try:
+        fd = os.open(OWNER_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=code_fd)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as fh:
+        fh.write(OWNER_TEXT)
+
+
+def _create_code(path):
+    """Create ``path`` as draftops' own code folder, with its marker; an existing one is left alone."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        return
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        _mark(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_code(code_dir):
+    """Directory fd of the real, draftops-owned ``code_dir`` (created when missing), or a refusal."""
+    where = os.path.abspath(code_dir)
+    try:
+        fd = os.open(code_dir, _DIR_FLAGS)
+    except FileNotFoundError:
+        _create_code(code_dir)
+        fd = os.open(code_dir, _DIR_FLAGS)
+    except OSError as exc:
+        if os.path.islink(code_dir):
+            raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
+                              f"{os.readlink(code_dir)}), and draftops writes and deletes only inside a real "
+                              f"folder it created itself. Remove the link (`rm {where}`; its target is not "
+                              "touched) or set `root:` in hosts.yaml to another folder, then sync again") from None
+        raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
+                          "of its own there; move that away or set `root:` in hosts.yaml to another folder, "
+                          "then sync again") from None
+    try:
+        if stat.S_ISREG(os.stat(OWNER_MARK, dir_fd=fd, follow_symlinks=False).st_mode):
+            return fd
+    except FileNotFoundError:
+        pass
+    if not os.listdir(fd):      # empty (e.g. made by an earlier draftops): nothing to lose, adopt it
+        _mark(fd)
+        return fd
+    os.close(fd)
+    raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: the folder already holds files that "
+                      f"draftops did not put there (it has no {OWNER_MARK} marker, which draftops writes "
+                      "when it creates the folder), and a sync deletes whatever in it is not in your project. "
+                      "Move those files elsewhere or remove the folder (also one left by a draftops version "
+                      "older than this check), or set `root:` in hosts.yaml to a folder of draftops' own, "
+                      "then sync again")
+
+
+def _sha256_at(dir_fd, name):
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "it stopped being a regular file while it was read")
+        digest = hashlib.sha256()
+        for block in iter(lambda: os.read(fd, 1 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
 
 
-def _scan(code_dir, cache):
-    """Manifest of ``code_dir``: {rel: [kind, sha_or_target, mode]}; hashes reused when stat is unchanged."""
+def _scan(code_fd, cache):
+    """Manifest of the tree under ``code_fd``: {rel: [kind, sha_or_target, mode]}, links not followed.
+
+    Kinds: "f" file, "l" symlink, "x" anything else (FIFO, socket, device: never equal to a local
+    entry, so the sync replaces or deletes it). Hashes are reused while (size, mtime, ctime, inode)
+    stay the same. Nothing is deleted here, and an unreadable entry stops the sync: it must never
+    read as "missing"."""
     manifest, new_cache = {}, {}
-    for dirpath, dirnames, filenames in os.walk(code_dir):
-        for name in list(dirnames):
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                dirnames.remove(name)
-                filenames.append(name)
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, code_dir)
-            if TMP_MARK in name:
-                os.unlink(full)          # left by an apply that was killed before os.replace
+    stack: list = [(os.dup(code_fd), "", None)]   # (dir fd, path prefix, names iterator once listed)
+    try:
+        while stack:
+            fd, prefix, names = stack[-1]
+            if names is None:
+                try:
+                    names = iter(sorted(os.listdir(fd)))
+                except OSError as exc:
+                    raise _unreadable(prefix.rstrip("/"), exc) from None
+                stack[-1] = (fd, prefix, names)
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
                 continue
-            st = os.lstat(full)
-            if os.path.islink(full):
-                manifest[rel] = ["l", os.readlink(full), 0]
+            if not prefix and name == OWNER_MARK:
                 continue
-            key = [st.st_size, st.st_mtime_ns, st.st_ino]
-            old = cache.get(rel)
-            sha = old[1] if old and old[0] == key else _sha256(full)
-            new_cache[rel] = [key, sha]
-            manifest[rel] = ["f", sha, st.st_mode & 0o777]
+            rel = prefix + name
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), rel + "/", None))
+                elif stat.S_ISLNK(st.st_mode):
+                    manifest[rel] = ["l", os.readlink(name, dir_fd=fd), 0]
+                elif stat.S_ISREG(st.st_mode):
+                    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                    old = cache.get(rel)
+                    sha = old[1] if old and old[0] == key else _sha256_at(fd, name)
+                    new_cache[rel] = [key, sha]
+                    manifest[rel] = ["f", sha, st.st_mode & 0o777]
+                else:
+                    manifest[rel] = ["x", oct(stat.S_IFMT(st.st_mode)), 0]
+            except FileNotFoundError:
+                continue            # removed while we looked (by a job: syncs hold the lock)
+            except OSError as exc:
+                raise _unreadable(rel, exc) from None
+    finally:
+        for fd, _prefix, _names in stack:
+            os.close(fd)
     return manifest, new_cache
+
+
+def _unreadable(rel, exc):
+    return SyncRefused(SCAN_FAILED, f"cannot read {_in_code(rel)}: {_why(exc)}. draftops must see everything "
+                       f"in {_in_code()} to mirror it safely, so nothing was changed; make it readable for "
+                       f"this user (e.g. `chmod -R u+rwX {_in_code()}`) or remove it, then sync again")
 
 
 def _load_cache(state_file):
     try:
         with open(state_file) as fh:
-            return json.load(fh)
+            cache = json.load(fh)
     except (OSError, ValueError):
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def digest(manifest):
@@ -137,90 +327,381 @@ def digest(manifest):
     return hashlib.sha256(json.dumps(sorted(manifest.items()), separators=(",", ":")).encode()).hexdigest()
 
 
-def _scan_and_store(code_dir, state_file):
-    """Manifest of ``code_dir``, keeping the stat cache in ``state_file`` up to date."""
+def _scan_and_store(code_fd, state_file):
+    """Manifest of the code tree, keeping the stat cache in ``state_file`` up to date."""
     old = _load_cache(state_file)
-    manifest, cache = _scan(code_dir, old)
+    manifest, cache = _scan(code_fd, old)
     if cache != old:
-        _atomic_write(state_file, json.dumps(cache).encode())
+        try:
+            _atomic_write(state_file, json.dumps(cache).encode())
+        except OSError:
+            pass        # only a cache (a full disk must not stop the sync that frees space)
     return manifest
 
 
+def _locked(step):
+    """Run a sync step under the root's sync lock, on the opened code folder; a refusal becomes its
+    message and exit code."""
+    try:
+        lock = _lock()
+        try:
+            step()
+        finally:
+            os.close(lock)
+    except SyncRefused as exc:
+        _fail(str(exc), exc.code)
+    except OSError as exc:
+        _fail(f"sync into {_in_code()} failed: {exc}. Fix the cause (permissions or space in "
+              f"{os.getcwd()}), then sync again", APPLY_FAILED)
+
+
 def cmd_manifest(code_dir, state_file):
-    os.makedirs(code_dir, exist_ok=True)
-    manifest = _scan_and_store(code_dir, state_file)
-    _out({"manifest": manifest, "digest": digest(manifest)})
+    def scan():
+        code_fd = _open_code(code_dir)
+        try:
+            manifest = _scan_and_store(code_fd, state_file)
+        finally:
+            os.close(code_fd)
+        _out({"manifest": manifest, "digest": digest(manifest)})
+    _locked(scan)
 
 
-def _inside(code_dir, rel):
-    full = os.path.normpath(os.path.join(code_dir, rel))
-    if os.path.isabs(rel) or not full.startswith(code_dir.rstrip("/") + "/"):
-        _fail("refusing sync entry %r: it points outside %s" % (rel, code_dir), 5)
-    return full
+class _Plan:
+    """A checked sync payload: the deletions, then the files and links to put in place.
+
+    Every member is checked before anything changes: plain relative names only, plain files and
+    symlinks only (no hard links, devices, FIFOs, folders), each once, none written through another
+    (a link, then "link/file"), none both sent and deleted."""
+
+    def __init__(self, tar):
+        self.tar, self.delete, self.members = tar, [], []
+        if tar is None:
+            return
+        try:
+            members = tar.getmembers()
+            if not members or members[0].name != SYNC_META or not members[0].isfile():
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
+                                  + _NOTHING_CHANGED)
+            meta = json.load(tar.extractfile(members[0]))
+        except (tarfile.TarError, ValueError, OSError) as exc:
+            raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
+                              + _NOTHING_CHANGED) from None
+        deletes = meta.get("delete") if isinstance(meta, dict) else None
+        if not isinstance(deletes, list):
+            raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
+                              + _NOTHING_CHANGED)
+        self.delete = sorted({_canonical(rel, "deletion") for rel in deletes})
+        sent = set()
+        for member in members[1:]:
+            rel = _canonical(member.name, "entry")
+            plain_file = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
+            if not (plain_file or (member.issym() and member.linkname and "\0" not in member.linkname)):
+                kind = _TAR_KINDS.get(member.type, f"tar type {member.type!r}")
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
+                                  "files and symbolic links are synced (no hard links, devices, FIFOs or "
+                                  f"folders){_NOTHING_CHANGED}")
+            if rel in sent:
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
+                                  + _NOTHING_CHANGED)
+            sent.add(rel)
+            self.members.append(member)
+        for rel in sent:
+            parent = _first_parent_in(rel, sent)
+            if parent:
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: {parent!r} is sent as a file "
+                                  f"or link too, and nothing is written through one{_NOTHING_CHANGED}")
+        both = sent.intersection(self.delete)
+        if both:
+            raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
+                              f"deleted{_NOTHING_CHANGED}")
+
+    def check_against(self, manifest):
+        """Refuse before changing anything if a path would go through a host file or link that stays
+        (through any at all, for a deletion), or a file would replace a folder holding files that stay."""
+        doomed = set(self.delete)
+        sent = {member.name for member in self.members}
+        staying = set(manifest) - doomed
+        for rel in sorted(sent) + self.delete:
+            parent = _first_parent_in(rel, manifest if rel in doomed else staying)
+            if parent:
+                what = {"l": "a symbolic link", "f": "a file"}.get(manifest[parent][0], "not a folder")
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: {_in_code(parent)} on the "
+                                  f"host is {what}, and nothing is written or deleted through it"
+                                  + _NOTHING_CHANGED)
+        for rel in manifest:
+            folder = _first_parent_in(rel, sent) if rel not in doomed else None
+            if folder:
+                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {folder!r}: on the host it is a folder "
+                                  f"holding {rel!r}, which this sync does not delete{_NOTHING_CHANGED}")
 
 
-def _clear_for(full):
-    """Remove what stands where a file or link must go (a directory becoming a file)."""
-    if os.path.isdir(full) and not os.path.islink(full):
-        shutil.rmtree(full)
+def _first_parent_in(rel, names):
+    """The shortest proper parent path of ``rel`` that is in ``names`` (or None)."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if parent in names:
+            return parent
+    return None
 
 
-def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-"):
-    """Apply a sync payload from stdin. With ``expected_tree``, apply only if the tree still has that
-    manifest digest (the local side's memory of the last sync); otherwise answer "stale" with the
-    manifest, and the local side falls back to a full comparison."""
+class _Dirs:
+    """Directory fds under code, reached component by component with O_NOFOLLOW (cached, bounded)."""
+
+    def __init__(self, code_fd):
+        self.code_fd, self.fds, self.created = code_fd, {}, []
+
+    def open(self, rel_dir, create=False):
+        if not rel_dir:
+            return self.code_fd
+        if rel_dir in self.fds:
+            return self.fds[rel_dir]
+        head, name = _split(rel_dir)
+        parent = self.open(head, create)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.mkdir(name, 0o755, dir_fd=parent)
+            self.created.append(rel_dir)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise SyncRefused(REFUSED_ENTRY, f"refusing to write or delete under {_in_code(rel_dir)}: it "
+                                  "is not a real folder on the host (a symbolic link or a file appeared "
+                                  "there), and nothing is followed through it") from None
+            raise
+        if len(self.fds) >= 256:
+            self.close()
+        self.fds[rel_dir] = fd
+        return fd
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+    def remove_created(self):
+        """Remove the folders this apply created, where they stayed empty (after a failure)."""
+        self.close()
+        for rel_dir in reversed(self.created):
+            head, name = _split(rel_dir)
+            try:
+                os.rmdir(name, dir_fd=self.open(head))
+            except (OSError, SyncRefused):
+                pass
+        self.close()
+
+
+def _delete(code_fd, rels):
+    """Unlink the listed files and links (never a folder, never through a link); prune emptied folders."""
+    dirs, deleted, emptied = _Dirs(code_fd), 0, set()
+    try:
+        for rel in rels:
+            head, name = _split(rel)
+            try:
+                parent = dirs.open(head)
+                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    continue
+                os.unlink(name, dir_fd=parent)
+            except FileNotFoundError:
+                continue
+            deleted += 1
+            emptied.add(head)
+        for head in sorted(emptied, key=lambda d: -d.count("/")):
+            while head:
+                dirs.close()
+                head, name = _split(head)
+                try:
+                    os.rmdir(name, dir_fd=dirs.open(head))
+                except (OSError, SyncRefused):
+                    break
+    finally:
+        dirs.close()
+    return deleted
+
+
+def _datasync(fds):
+    """fdatasync written temp files in parallel, then close them: the journal batches the flushes, so
+    2,000 small files cost a few commits instead of 2,000 (one by one that is seconds)."""
+    try:
+        if len(fds) < 4:
+            for fd in fds:
+                os.fdatasync(fd)
+        else:
+            # imported here: on a no-op sync its import would cost 40 ms
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(os.fdatasync, fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
+        del fds[:]
+
+
+def _write_fd(fd, source):
+    for block in iter(lambda: source.read(1 << 20), b""):
+        view = memoryview(block)
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _write(code_fd, plan):
+    """Write every file and link to a temp name of this apply, flush them, then rename each into place.
+
+    A failure (a full disk) removes this apply's temp files and the folders it created, so the tree
+    holds only whole files. Nothing else is removed: other names with ``.draftops-tmp-`` in them
+    belong to someone else (or to the project) and are synced like any other file."""
+    dirs, staged, unsynced = _Dirs(code_fd), [], []
+    token = f"{CODE_TMP}{os.getpid()}-{os.urandom(4).hex()}-"
+    try:
+        for i, member in enumerate(plan.members):
+            head, name = _split(member.name)
+            parent = dirs.open(head, create=True)
+            tmp = token + str(i)
+            if member.issym():
+                os.symlink(member.linkname, tmp, dir_fd=parent)
+                staged.append((head, tmp, name))
+                continue
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
+                         dir_fd=parent)
+            unsynced.append(fd)
+            staged.append((head, tmp, name))
+            _write_fd(fd, plan.tar.extractfile(member))
+            os.fchmod(fd, member.mode & 0o777)
+            if len(unsynced) >= 128:
+                _datasync(unsynced)
+        _datasync(unsynced)
+        while staged:
+            head, tmp, name = staged[0]
+            parent = dirs.open(head)
+            try:
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except IsADirectoryError:   # an empty folder stands where the file goes
+                os.rmdir(name, dir_fd=parent)
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            staged.pop(0)
+        return len(plan.members)
+    except BaseException:
+        for fd in unsynced:
+            os.close(fd)
+        for head, tmp, _name in staged:
+            try:
+                os.unlink(tmp, dir_fd=dirs.open(head))
+            except (OSError, SyncRefused):
+                pass
+        dirs.remove_created()
+        raise
+    finally:
+        dirs.close()
+
+
+def _live_runs_on_code(code_dir):
+    """Ids of live runs whose working folder is in ``code_dir``: a sync would change code under them
+    (a module imported later, a script read again) mid-run."""
+    code_real = os.path.realpath(code_dir)
+    try:
+        names = sorted(os.listdir("runs"))
+    except OSError:
+        return []
+    busy = []
+    for name in names:
+        run_dir = os.path.join("runs", name)
+        job = _read_json(os.path.join(run_dir, "job.json"))
+        cwd = job.get("cwd") if isinstance(job, dict) else None
+        if not isinstance(cwd, str) or not cwd:
+            continue
+        cwd = os.path.realpath(cwd)
+        if cwd != code_real and not cwd.startswith(code_real + "/"):
+            continue
+        try:
+            if _status(run_dir).get("state") in ("running", "starting"):
+                busy.append(name)
+        except OSError:
+            continue            # the run folder went away while we looked
+    return busy
+
+
+def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-", force="0"):
+    """Apply a sync payload from stdin, under the root's sync lock.
+
+    The payload is checked whole (length, sha256, every tar member) before anything changes. With
+    ``expected_tree`` the tree must still have that manifest digest (what the local side compared
+    against); otherwise the answer is "stale" with the manifest, and the local side compares again.
+    Deletions go first (a file that became a folder; room on a full disk), then every file is written
+    to a temp name and renamed into place. A live run working in code refuses the changes unless
+    ``force`` is "1" (then they are made and the run ids reported)."""
     # Once the whole payload is here the apply must finish even if the SSH link drops.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     payload = sys.stdin.buffer.read()
-    os.makedirs(code_dir, exist_ok=True)
-    code_dir = os.path.realpath(code_dir)
-    if expected_tree != "-":
-        manifest = _scan_and_store(code_dir, state_file)
-        if digest(manifest) != expected_tree:
-            _out({"status": "stale", "manifest": manifest, "digest": digest(manifest)})
-            return
     if len(payload) != int(expected_len) or hashlib.sha256(payload).hexdigest() != expected_sha:
-        _fail("sync payload incomplete (%d of %s bytes); nothing was changed" % (len(payload), expected_len), 6)
+        _fail(f"sync payload incomplete ({len(payload)} of {expected_len} bytes){_NOTHING_CHANGED}", INCOMPLETE)
+
+    def apply(tar):
+        plan = _Plan(tar)
+        code_fd = _open_code(code_dir)
+        try:
+            _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force == "1")
+        finally:
+            os.close(code_fd)
+
     if not payload:
-        _out({"status": "applied", "written": 0, "deleted": 0, "digest": expected_tree})
+        _locked(lambda: apply(None))
         return
-    written = 0
-    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
-        meta = json.load(tar.extractfile(SYNC_META))
-        for member in tar.getmembers():
-            if member.name == SYNC_META:
-                continue
-            full = _inside(code_dir, member.name)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            _clear_for(full)
-            tmp = os.path.join(os.path.dirname(full), TMP_MARK + os.path.basename(full))
-            if member.issym():
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-                os.symlink(member.linkname, tmp)
-            else:
-                with open(tmp, "wb") as fh:
-                    shutil.copyfileobj(tar.extractfile(member), fh)
-                os.chmod(tmp, member.mode & 0o777)
-            os.replace(tmp, full)
-            written += 1
-    deleted = 0
-    for rel in meta.get("delete", []):
-        full = _inside(code_dir, rel)
-        if os.path.lexists(full) and not (os.path.isdir(full) and not os.path.islink(full)):
-            os.unlink(full)
-            deleted += 1
-            parent = os.path.dirname(full)
-            while parent != code_dir and os.path.isdir(parent) and not os.listdir(parent):
-                os.rmdir(parent)
-                parent = os.path.dirname(parent)
-    manifest = _scan_and_store(code_dir, state_file)
-    _out({"status": "applied", "written": written, "deleted": deleted, "files": len(manifest),
-          "digest": digest(manifest)})
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(payload), mode="r:*")  # noqa: SIM115 (closed by `with` below)
+    except tarfile.TarError as exc:
+        _fail(f"refusing sync payload: unreadable tar ({exc}){_NOTHING_CHANGED}", REFUSED_ENTRY)
+    with tar:
+        _locked(lambda: apply(tar))
+
+
+def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
+    manifest = _scan_and_store(code_fd, state_file)
+    if expected_tree != "-" and digest(manifest) != expected_tree:
+        _out({"status": "stale", "manifest": manifest, "digest": digest(manifest)})
+        return
+    plan.check_against(manifest)
+    if not plan.members and not plan.delete:
+        _out({"status": "applied", "written": 0, "deleted": 0, "files": len(manifest),
+              "digest": digest(manifest)})
+        return
+    busy = _live_runs_on_code(code_dir)
+    if busy and not force:
+        raise SyncRefused(BUSY, f"not changing {len(plan.members) + len(plan.delete)} file(s) in {_in_code()}: "
+                          f"run(s) {', '.join(busy)} are running there and would pick up new code mid-run "
+                          "(a module imported later, a script read again). Wait for them to end (`invoke "
+                          f"logs {busy[0]} --follow`), stop them (`invoke kill {busy[0]}`), or sync anyway "
+                          f"with `invoke sync --force`{_NOTHING_CHANGED}")
+    try:
+        deleted = _delete(code_fd, plan.delete)
+        written = _write(code_fd, plan)
+    except OSError as exc:
+        raise SyncRefused(APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
+                          "there is either its old or its new version (no partial files; the deletions were "
+                          "done first, to make room); free space or fix the cause, then sync again") from None
+    manifest = _scan_and_store(code_fd, state_file)
+    answer = {"status": "applied", "written": written, "deleted": deleted, "files": len(manifest),
+              "digest": digest(manifest)}
+    if busy:
+        answer["busy_runs"] = busy
+    _out(answer)
 
 
 # ---------------------------------------------------------------- jobs
+LIVE_STATES = (None, "starting", "running")
+ENV_FILE = ".env.json"                # the job's env values (0600): read, then deleted, by the runner
+PULL_NOTES = ".draftops-pull-notes.json"
+NO_RUN = 7                            # exit code: no such run folder
+BLOCK = 1 << 16
+MAX_LINE = 1 << 16                    # the local side shows longer lines in pieces of this size
+OUTCOME_POLL_S = 2.0                  # how often the runner looks for new result events
+MAX_EVENT = 1 << 16
+HAVE_PROC = os.path.exists("/proc/self/stat")
+
+
 def _read_json(path):
     try:
         with open(path) as fh:
@@ -229,74 +710,229 @@ def _read_json(path):
         return None
 
 
-def _alive(pid, run_id):
-    """True when ``pid`` is a live (non-zombie) process of this run; guards against pid reuse."""
+def _proc_info(pid):
+    """(pgid, state letter, start time in clock ticks since boot) of ``pid``, or None if it is gone."""
+    if not HAVE_PROC:
+        return _proc_table().get(pid)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[2]), fields[0].decode(), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_table():
+    """{pid: (pgid, state, start_ticks)} of every process (start_ticks None where ``ps`` answers)."""
+    if HAVE_PROC:
+        table = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                info = _proc_info(int(name))
+                if info is not None:
+                    table[int(name)] = info
+        return table
+    ps = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=False)
+    table = {}
+    for line in ps.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].isdigit() and fields[1].isdigit():
+            table[int(fields[0])] = (int(fields[1]), fields[2][:1], None)
+    return table
+
+
+def _cmdline(pid):
     try:
-        with open("/proc/%d/stat" % pid) as fh:
-            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            return run_id.encode() in fh.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
     except OSError:
-        ps = subprocess.run(["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True, text=True)
-        line = ps.stdout.strip()
-        return bool(line) and not line.startswith("Z") and run_id in line
+        ps = subprocess.run(["ps", "-o", "args=", "-p", str(pid)], capture_output=True, check=False)
+        return ps.stdout
 
 
-def _status(run_dir):
-    run_id = os.path.basename(run_dir.rstrip("/"))
+def _is_ours(pid, info, start_ticks, run_id):
+    """Whether process ``pid`` is the runner we recorded, not a later process that got its pid."""
+    if start_ticks is not None and info[2] is not None:
+        return info[2] == start_ticks
+    return run_id.encode() in _cmdline(pid)     # status written without a start time, or no /proc
+
+
+def _group_state(pgid, start_ticks, run_id, table=None):
+    """How the job's process group is doing: "running" while the runner (the group leader, started
+    with setsid) lives, "orphaned" while only other members do (someone killed the runner), None
+    when the group is gone.
+
+    Pid reuse: the kernel keeps a group id taken while any member lives, so a leader pid that now
+    belongs to another process (other start time) means every process of ours is gone."""
+    if table is None:
+        leader = _proc_info(pgid)
+        if leader is not None and leader[1] != "Z" and _is_ours(pgid, leader, start_ticks, run_id):
+            return "running"                     # the common case, without scanning every process
+        table = _proc_table()
+    leader = table.get(pgid)
+    if leader is not None:
+        if not _is_ours(pgid, leader, start_ticks, run_id):
+            return None
+        if leader[1] != "Z":
+            return "running"
+    members = any(info[0] == pgid and info[1] != "Z" for pid, info in table.items() if pid != pgid)
+    return "orphaned" if members else None
+
+
+def _read_pid(run_dir):
+    try:
+        with open(os.path.join(run_dir, "pid")) as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _status(run_dir, table=None):
     run_dir = os.path.abspath(run_dir)
+    run_id = os.path.basename(run_dir.rstrip("/"))
     job = _read_json(os.path.join(run_dir, "job.json")) or {}
-    status = _read_json(os.path.join(run_dir, "status.json")) or {}
-    row = {"id": run_id, "name": job.get("name"), "command": job.get("command"),
-           "created": job.get("created"), **status}
-    if status.get("state") in (None, "starting", "running"):
-        pid = status.get("pid")
-        if pid and _alive(int(pid), run_id):
-            row["state"] = "running"
+    status_path = os.path.join(run_dir, "status.json")
+    status = _read_json(status_path) or {}
+    row = {"id": run_id, "name": job.get("name"), "task": job.get("task") or job.get("name"),
+           "args": job.get("args"), "command": job.get("command"), "created": job.get("created")}
+    row.update(status)
+    if status.get("state") not in LIVE_STATES:
+        return row
+    pid = status.get("pid") or _read_pid(run_dir)
+    group = _group_state(int(pid), status.get("start_ticks"), run_id, table) if pid else None
+    if group == "running":
+        row["state"] = "running"
+    elif group == "orphaned":
+        row.update(state="running", orphaned=True,
+                   note="the runner process is gone (killed?) but the job's other processes still run in "
+                        f"process group {int(pid)}; its exit code will not be recorded")
+    else:
+        again = _read_json(status_path) or {}
+        if again.get("state") not in LIVE_STATES:            # it ended while we looked
+            row.update(again)
         elif not pid and time.time() - os.path.getmtime(run_dir) < 30:
             row["state"] = "starting"
         else:
-            row["state"] = "dead"
+            row.update(state="dead", note="every process of the job is gone and none recorded an exit code "
+                                          "(the runner was killed, or the host restarted)")
     return row
 
 
+class _EventScanner:
+    """Reads a growing log from where it stopped, in blocks (bounded memory, C-speed search), and
+    keeps the fields of the last ``result`` event and the last ``error`` event: the run's outcome,
+    which `invoke runs` shows. Any job records its own headline by printing a result event."""
+
+    MARK = b"\n" + EVENT_PREFIX.encode()
+    READ = 1 << 20
+
+    def __init__(self, path):
+        self.path, self.pos, self.carry = path, 0, b"\n"
+        self.result, self.error = {}, None
+
+    @property
+    def outcome(self):
+        outcome = dict(self.result)
+        if self.error:
+            outcome["error"] = self.error
+        return outcome
+
+    def scan(self, final=False):
+        """Read what was appended since the last call; True when the outcome changed."""
+        before = self.outcome
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                while block := fh.read(self.READ):
+                    self.pos += len(block)
+                    self._search(self.carry + block)
+        except OSError:
+            return False
+        if final and self.carry.startswith(self.MARK):        # an event line without its newline
+            self._take(self.carry[len(self.MARK):])
+        return self.outcome != before
+
+    def _search(self, buf):
+        start = 0
+        while True:
+            i = buf.find(self.MARK, start)
+            if i < 0:
+                self.carry = buf[-(len(self.MARK) - 1):]
+                return
+            j = buf.find(b"\n", i + 1)
+            if j < 0:                                          # the line goes on in the next block
+                self.carry = buf[i:] if len(buf) - i <= MAX_EVENT else b""
+                return
+            self._take(buf[i + len(self.MARK):j])
+            start = j
+
+    def _take(self, raw):
+        try:
+            event = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("event") == "result":
+            fields: dict = {}
+            for key, value in event.items():
+                if key in ("event", "t") or not isinstance(value, (str, int, float, bool)) or len(fields) >= 24:
+                    continue
+                fields[str(key)[:64]] = value[:300] if isinstance(value, str) else value
+            self.result = fields
+        elif event.get("event") == "error" and isinstance(event.get("message"), str):
+            self.error = event["message"][:300]
+
+
 def cmd_start(run_dir):
-    """Create ``run_dir`` from the job spec on stdin, start its runner in its own session with stdio
-    detached, and print the runner's pid. job.json may hold secrets (env): it is 0600."""
+    """Create ``run_dir`` from the job spec on stdin, start its runner in its own session (the leader
+    of a new process group) with stdio detached, and print the runner's pid.
+
+    job.json says what the run is (task, arguments, env names); the env values go to a 0600 file the
+    runner reads and deletes, so they never reach `runs`, a pulled folder or a log."""
     run_dir = os.path.abspath(run_dir)
     run_id = os.path.basename(run_dir.rstrip("/"))
     spec = json.loads(sys.stdin.read())
+    env = spec.pop("env", None) or {}
+    spec["env_keys"] = sorted(env)
     os.makedirs(run_dir, mode=0o700)
+    if env:
+        _atomic_write(os.path.join(run_dir, ENV_FILE), json.dumps(env).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "job.json"), json.dumps(spec).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "command"), (spec["command"] + "\n").encode())
-    log = open(os.path.join(run_dir, "log"), "ab")
-    proc = subprocess.Popen([sys.executable, _AGENT_PATH, os.getcwd(), "runner", run_dir, run_id],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, close_fds=True)
+    with open(os.path.join(run_dir, "log"), "ab") as log:      # the runner keeps its own descriptor
+        agent = _AGENT_PATH or os.path.abspath(__file__)
+        proc = subprocess.Popen([sys.executable, agent, os.getcwd(), "runner", run_dir, run_id],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    _atomic_write(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())
     _out({"pid": proc.pid})
 
 
 def cmd_runner(run_dir, run_id):
-    """Run the job, then record its exit code; survives the SSH link (own session, no tty)."""
+    """Run the job, keep its outcome (result events) and record its exit code; survives the SSH link
+    (own session, no tty). The runner is its process group's leader: liveness and kill go by group."""
     run_dir = os.path.abspath(run_dir)
-    job = _read_json(os.path.join(run_dir, "job.json"))
+    job = _read_json(os.path.join(run_dir, "job.json")) or {}
+    env_path = os.path.join(run_dir, ENV_FILE)
+    extra = _read_json(env_path) or {}
+    if os.path.exists(env_path):
+        os.unlink(env_path)
     status_path = os.path.join(run_dir, "status.json")
-    started = _now()
-    base = {"pid": os.getpid(), "started": started}
-    _atomic_write(os.path.join(run_dir, "pid"), ("%d\n" % os.getpid()).encode())
+    me = _proc_info(os.getpid())
+    base = {"pid": os.getpid(), "pgid": os.getpgid(0), "start_ticks": me[2] if me else None,
+            "started": _now()}
     _atomic_write(status_path, json.dumps(dict(base, state="running")).encode())
-    env = dict(os.environ, **job.get("env", {}), DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir,
-               PYTHONUNBUFFERED="1")
+    env = dict(os.environ, **extra, DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir, PYTHONUNBUFFERED="1")
+    env.pop(FRAME_ENV, None)
     cwd = os.path.abspath(job.get("cwd") or run_dir)     # relative cwd: relative to root
-    child = subprocess.Popen(["sh", "-c", job["command"]], cwd=cwd, env=env,
-                             stdin=subprocess.DEVNULL)
+    try:
+        child = subprocess.Popen(["sh", "-c", job["command"]], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, KeyError) as exc:
+        print(f"draftops: cannot start the job in {cwd}: {exc}", flush=True)
+        final = dict(base, state="failed", exit_code=127, ended=_now(), outcome={"error": str(exc)[:300]})
+        _atomic_write(status_path, json.dumps(final).encode())
+        return
     got = {}
 
     def forward(signum, _frame):
@@ -309,87 +945,294 @@ def cmd_runner(run_dir, run_id):
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    code = child.wait()
+    scanner = _EventScanner(os.path.join(run_dir, "log"))
+    while True:
+        try:
+            code = child.wait(timeout=OUTCOME_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            if scanner.scan():
+                _atomic_write(status_path, json.dumps(dict(base, state="running",
+                                                           outcome=scanner.outcome)).encode())
+    sys.stdout.flush()
+    scanner.scan(final=True)
     state = "killed" if got else ("succeeded" if code == 0 else "failed")
     final = dict(base, state=state, exit_code=code, ended=_now())
+    if scanner.outcome:
+        final["outcome"] = scanner.outcome
     if got:
         final["signal"] = got["signal"]
-    sys.stdout.flush()
     _atomic_write(status_path, json.dumps(final).encode())
 
 
-def cmd_status(run_dir):
+def _run_dir_or_fail(run_dir):
     if not os.path.isdir(run_dir):
-        _fail("no run folder %s" % run_dir, 7)
-    _out(_status(run_dir))
+        _fail(f"no run folder {run_dir}", NO_RUN)
+    return os.path.abspath(run_dir)
+
+
+def cmd_status(run_dir):
+    _out(_status(_run_dir_or_fail(run_dir)))
 
 
 def cmd_runs(runs_dir):
     rows = []
     if os.path.isdir(runs_dir):
+        table = _proc_table()                  # one look at the process list for every run
         for name in sorted(os.listdir(runs_dir)):
             full = os.path.join(runs_dir, name)
-            if os.path.isdir(full):
-                rows.append(_status(full))
+            if os.path.isdir(full) and not os.path.islink(full):
+                rows.append(_status(full, table))
     _out({"runs": rows})
 
 
 def cmd_kill(run_dir, grace):
+    """TERM the job's whole process group, KILL what is left after ``grace`` seconds; works when the
+    runner itself is gone too (then this records the kill)."""
+    run_dir = _run_dir_or_fail(run_dir)
     row = _status(run_dir)
     if row["state"] != "running":
         _out(row)
         return
-    pgid = int(row["pid"])
-    os.killpg(pgid, signal.SIGTERM)
-    deadline = time.time() + float(grace)
-    while time.time() < deadline and _alive(pgid, row["id"]):
-        time.sleep(0.1)
-    if _alive(pgid, row["id"]):
-        os.killpg(pgid, signal.SIGKILL)
-        time.sleep(0.2)
-    row = _status(run_dir)
-    if row["state"] == "dead":      # runner was SIGKILLed before it could write its status
-        final = dict(_read_json(os.path.join(run_dir, "status.json")) or {}, state="killed", ended=_now())
-        _atomic_write(os.path.join(run_dir, "status.json"), json.dumps(final).encode())
-        row = _status(run_dir)
-    _out(row)
+    pgid = int(row.get("pgid") or row["pid"])
 
+    def live():
+        return _group_state(pgid, row.get("start_ticks"), row["id"]) is not None
 
-def cmd_follow(run_dir, offset):
-    """Copy the log from ``offset`` to stdout as it grows; end with a job-end event."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    path = os.path.join(run_dir, "log")
-    pos = int(offset)
-    out = sys.stdout.buffer
-    while True:
-        row = _status(run_dir)
+    sent = None
+    for sig, wait in ((signal.SIGTERM, float(grace)), (signal.SIGKILL, 5.0)):
+        if not live():
+            break
         try:
-            with open(path, "rb") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-        except OSError:
-            chunk = b""
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        sent = sig
+        deadline = time.time() + wait
+        while time.time() < deadline and live():
+            time.sleep(0.05)
+    status_path = os.path.join(run_dir, "status.json")
+    final = _read_json(status_path) or {}
+    if final.get("state") in LIVE_STATES:      # the runner was gone, or SIGKILLed before it could record
+        final.update(state="killed", ended=_now(), signal=sent)
+        _atomic_write(status_path, json.dumps(final).encode())
+    _out(_status(run_dir))
+
+
+def _tail_offset(path, lines):
+    """Where the last ``lines`` text lines of the log start (event lines not counted), reading
+    backwards in blocks and never more than ``lines`` × MAX_LINE bytes: memory and time stay bounded
+    whatever the size of the log."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if lines <= 0:
+            return size
+        floor = max(0, size - lines * MAX_LINE)
+        mark = EVENT_PREFIX.encode()
+        count, pos, later = 0, size, b""
+        while pos > floor:
+            step = min(BLOCK, pos - floor)
+            pos -= step
+            block = os.pread(fd, step, pos)
+            ext = block + later                  # a line start's prefix may reach into the next block
+            i = len(block)
+            while True:
+                i = block.rfind(b"\n", 0, i)
+                if i < 0:
+                    break
+                start = pos + i + 1
+                if start < size and not ext.startswith(mark, i + 1):
+                    count += 1
+                    if count == lines:
+                        return start
+            later = ext[:len(mark)]
+        return floor
+    finally:
+        os.close(fd)
+
+
+def _read_at(path, pos, size=BLOCK):
+    """Up to ``size`` bytes of ``path`` from ``pos`` (nothing when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(pos)
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
+def _copy_range(path, start, end, out):
+    """Copy bytes [start, end) of ``path`` to ``out`` in blocks."""
+    pos = start
+    while pos < end:
+        chunk = _read_at(path, pos, min(BLOCK, end - pos))
+        if not chunk:
+            break
+        out.write(chunk)
+        pos += len(chunk)
+    out.flush()
+
+
+def cmd_tail(run_dir, lines):
+    """The log's last ``lines`` lines (or "all") as a framed raw stream, copied in blocks."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    path = os.path.join(_run_dir_or_fail(run_dir), "log")
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    start = 0 if lines == "all" else _tail_offset(path, int(lines))
+    _raw_start({"offset": start, "size": size})
+    _copy_range(path, start, size, sys.stdout.buffer)
+
+
+def cmd_follow(run_dir, start):
+    """Copy the log to stdout as it grows, from byte ``start`` (or "-N": the last N lines), in blocks;
+    end with a job-end event on a line of its own."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    run_dir = _run_dir_or_fail(run_dir)
+    path = os.path.join(run_dir, "log")
+    pos = _tail_offset(path, int(start[1:])) if start.startswith("-") else int(start)
+    _raw_start({"offset": pos})
+    out = sys.stdout.buffer
+    last = b"\n"
+    while True:
+        chunk = _read_at(path, pos)
         if chunk:
             out.write(chunk)
             out.flush()
             pos += len(chunk)
-        if row["state"] not in ("running", "starting") and not chunk:
-            out.write((EVENT_PREFIX + json.dumps(dict(row, event="job-end", offset=pos)) + "\n").encode())
-            out.flush()
-            return
-        if not chunk:
+            last = chunk[-1:]
+            continue
+        row = _status(run_dir)
+        if row["state"] in ("running", "starting"):
             time.sleep(0.2)
+            continue
+        while chunk := _read_at(path, pos):      # what the job wrote before it ended
+            out.write(chunk)
+            pos += len(chunk)
+            last = chunk[-1:]
+        if last != b"\n":
+            out.write(b"\n")
+        out.write((EVENT_PREFIX + json.dumps(dict(row, event="job-end", offset=pos)) + "\n").encode())
+        out.flush()
+        return
 
 
-def cmd_pack(path):
-    """Write a tar of ``path`` (a run folder) to stdout, for `invoke pull`."""
+def _link_problem(rel, target):
+    """Why a symlink may not travel with a pulled run folder (None: it stays inside, keep it)."""
+    if os.path.isabs(target):
+        return f"symlink to the absolute path {target} (outside the run folder)"
+    if ".." in target.split("/"):
+        return f"symlink to {target}: links with '..' are not pulled (they may lead out of the run folder)"
+    return None
+
+
+class _Exactly:
+    """Reads exactly ``size`` bytes of a file that may change while it is packed: stops at ``size`` if
+    it grew, pads with NULs (and says so) if it shrank."""
+
+    def __init__(self, fh, size):
+        self.fh, self.left, self.short = fh, size, False
+
+    def read(self, n=-1):
+        if self.left <= 0:
+            return b""
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.fh.read(n)
+        if not data:
+            self.short, data = True, b"\0" * n
+        self.left -= len(data)
+        return data
+
+
+def _tarinfo(rel, st, kind):
+    info = tarfile.TarInfo(rel)
+    info.type, info.mode, info.mtime = kind, stat.S_IMODE(st.st_mode), int(st.st_mtime)
+    return info
+
+
+def _pack_dir(tar, dir_fd, rel, skipped):
+    """Add the entries of the open folder ``dir_fd`` (named ``rel`` in the tar) without following any
+    link: folders and files are opened relative to their parent's fd with O_NOFOLLOW."""
+    try:
+        names = sorted(os.listdir(dir_fd))
+    except OSError as exc:
+        skipped.append({"path": rel or ".", "reason": f"cannot list the folder: {exc.strerror}"})
+        return
+    for name in names:
+        path = rel + "/" + name if rel else name
+        if (not rel and name == ENV_FILE) or TMP_MARK in name:
+            continue
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    tar.addfile(_tarinfo(path, st, tarfile.DIRTYPE))
+                    _pack_dir(tar, fd, path, skipped)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+                with os.fdopen(fd, "rb") as fh:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        skipped.append({"path": path, "reason": "changed from a file to something else"})
+                        continue
+                    info = _tarinfo(path, st, tarfile.REGTYPE)
+                    info.size = st.st_size
+                    body = _Exactly(fh, st.st_size)
+                    tar.addfile(info, body)
+                    if body.short:
+                        skipped.append({"path": path, "reason": "shrank while it was copied; padded with NULs"})
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=dir_fd)
+                problem = _link_problem(path, target)
+                if problem:
+                    skipped.append({"path": path, "reason": problem})
+                    continue
+                info = _tarinfo(path, st, tarfile.SYMTYPE)
+                info.linkname, info.mode = target, 0o777
+                tar.addfile(info)
+            else:
+                kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                        else "a device node")
+                skipped.append({"path": path, "reason": f"{kind}, not a file"})
+        except OSError as exc:
+            skipped.append({"path": path, "reason": f"cannot read: {exc.strerror or exc}"})
+
+
+def cmd_pack(run_dir):
+    """A tar.gz of the run folder on stdout (framed), for `invoke pull`: files, folders and links that
+    stay inside; everything else is left out and listed in a notes member at the end."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    run_dir = _run_dir_or_fail(run_dir)
+    try:
+        top = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        _fail(f"cannot open run folder {run_dir} without following links: {exc.strerror}", 8)
+    _raw_start({"format": "tar.gz"})
+    skipped: list = []
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|gz") as tar:
-        tar.add(path, arcname=".")
+        try:
+            _pack_dir(tar, top, "", skipped)
+        finally:
+            os.close(top)
+        notes = json.dumps({"skipped": skipped}).encode()
+        info = tarfile.TarInfo(PULL_NOTES)
+        info.size, info.mtime, info.mode = len(notes), int(time.time()), 0o644
+        tar.addfile(info, io.BytesIO(notes))
+    sys.stdout.buffer.flush()
 
 
 COMMANDS = {"prepare": cmd_prepare, "manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start,
             "runner": cmd_runner, "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill,
-            "follow": cmd_follow, "pack": cmd_pack}
+            "tail": cmd_tail, "follow": cmd_follow, "pack": cmd_pack}  # type: dict
 
 def main(argv):
     """``agent.py ROOT COMMAND ARGS...``: paths in ARGS are relative to ROOT."""

@@ -1,25 +1,37 @@
 """Remote jobs: every run gets an id and ``<root>/runs/<id>/`` (job.json, log, status.json), runs
-detached from the SSH link, and can be listed, followed, killed and pulled home.
+detached from the SSH link, and can be listed, read, followed, killed and pulled home.
+
+job.json says what the run is (the task and its arguments, never env values); status.json says how it
+went (state, exit code, and the ``outcome``: the fields of the last ``result`` event the job printed,
+e.g. the drafter's verdict, so any task can record its own headline). Logs travel in bounded blocks
+and reach the terminal only through :mod:`draftops.terminal`.
 """
 from __future__ import annotations
 
-import io
 import json
+import os
 import secrets
 import shlex
+import shutil
 import tarfile
+import tempfile
 import time
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from remote import events
-
+from draftops import hostagent
 from draftops.errors import JobError, RemoteError
 from draftops.host import Host
+from draftops.terminal import clean, needs_cleaning
+from remote import events
 
-NO_SUCH_RUN = 7                  # the host agent's exit code for a missing run folder
-RUN_DIR = "$DRAFTOPS_RUN_DIR"   # in a job's argv: the job's own run folder (set by the runner)
+NO_SUCH_RUN = hostagent.NO_RUN     # the host agent's exit code for a missing run folder
+RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
+TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
+MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
 
 
 def shell_path(path: str) -> str:
@@ -38,7 +50,7 @@ def new_run_id(name: str) -> str:
 
 
 def _check_id(run_id: str) -> str:
-    if not run_id or "/" in run_id or run_id.startswith("."):
+    if not run_id or "/" in run_id or run_id.startswith(".") or "\0" in run_id:
         raise JobError(f"{run_id!r} is not a run id; `invoke runs` lists them.")
     return run_id
 
@@ -55,14 +67,26 @@ class Job:
         return f"{self.host.runs_dir}/{self.id}"
 
 
+def _plain_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The task's arguments as JSON scalars, unset ones left out."""
+    plain: dict[str, Any] = {}
+    for key, value in (args or {}).items():
+        if value is None or value is False:
+            continue
+        plain[str(key)] = value if isinstance(value, (str, int, float, bool)) else str(value)
+    return plain
+
+
 def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None = None,
-          cwd: str | None = None) -> Job:
+          cwd: str | None = None, task: str | None = None, args: Mapping[str, Any] | None = None) -> Job:
     """Start ``command`` (a shell command line) detached on ``host``; returns at once.
 
-    ``cwd`` is relative to the host's root (default ``code``, the synced tree); ``env`` values are
-    stored in the run's 0600 job.json and never printed."""
+    ``task`` and ``args`` say what the run is for `invoke runs` (default: ``name``, no arguments);
+    ``cwd`` is relative to the host's root (default ``code``, the synced tree); ``env`` values reach
+    the job only (a 0600 file its runner reads and deletes), never job.json, a log or a pulled folder."""
     job = Job(host, new_run_id(name))
-    spec = {"name": name, "command": command, "cwd": cwd or "code", "env": dict(env or {}),
+    spec = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
+            "cwd": cwd or "code", "env": dict(env or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     host.agent("start", f"runs/{job.id}", input=json.dumps(spec).encode())
     return job
@@ -79,13 +103,32 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
             f'PYTHONPATH="$PWD" exec {python} -m {module} {argv}')
 
 
-def status(host: Host, run_id: str) -> dict[str, Any]:
+def _unknown(host: Host, run_id: str) -> JobError:
+    return JobError(f"Host {host.name!r} has no run {run_id!r}; `invoke runs` lists the runs there.")
+
+
+def _run_agent(host: Host, command: str, run_id: str, *extra: str) -> dict[str, Any]:
     try:
-        return host.agent("status", f"runs/{_check_id(run_id)}")
+        return host.agent(command, f"runs/{_check_id(run_id)}", *extra)
     except RemoteError as exc:
         if exc.exit_code != NO_SUCH_RUN:
             raise
-        raise JobError(f"Host {host.name!r} has no run {run_id!r}; `invoke runs` lists the runs there.") from None
+        raise _unknown(host, run_id) from None
+
+
+def _run_stream(host: Host, command: str, run_id: str, *extra: str, on_output: Callable[[bytes], object],
+                on_header: Callable[[dict[str, Any]], None] = lambda header: None) -> int:
+    try:
+        return host.agent_stream(command, f"runs/{_check_id(run_id)}", *extra, on_output=on_output,
+                                 on_header=on_header)
+    except RemoteError as exc:
+        if exc.exit_code != NO_SUCH_RUN:
+            raise
+        raise _unknown(host, run_id) from None
+
+
+def status(host: Host, run_id: str) -> dict[str, Any]:
+    return _run_agent(host, "status", run_id)
 
 
 def list_runs(host: Host) -> list[dict[str, Any]]:
@@ -94,56 +137,227 @@ def list_runs(host: Host) -> list[dict[str, Any]]:
 
 def kill(host: Host, run_id: str, grace_s: float = 10.0) -> dict[str, Any]:
     """SIGTERM the job's process group, SIGKILL after ``grace_s``; returns the final status."""
-    status(host, run_id)
-    return host.agent("kill", f"runs/{run_id}", str(grace_s))
+    return _run_agent(host, "kill", run_id, str(float(grace_s)))
 
 
-class _LineSplitter:
-    """Turns the raw byte stream into lines, then into events or text."""
+class LineSplitter:
+    """Bytes in, lines out: text lines (made terminal-safe) to ``on_text``, events to ``on_event``;
+    the job-end event is kept in ``end``.
 
-    def __init__(self, on_text: Callable[[str], None], on_event: Callable[[dict[str, Any]], None]):
-        self.buffer = b""
-        self.on_text, self.on_event = on_text, on_event
+    Memory is bounded and the work linear whatever the stream looks like: each chunk is searched
+    once, and a line longer than ``max_line`` bytes is passed on in pieces."""
+
+    def __init__(self, on_text: Callable[[str], None],
+                 on_event: Callable[[dict[str, Any]], None] = lambda event: None, max_line: int = MAX_LINE):
+        self.on_text, self.on_event, self.max_line = on_text, on_event, max_line
+        self.partial = bytearray()
         self.end: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            event = events.parse(line)
-            if event is None:
+        end = chunk.rfind(b"\n")
+        if end >= 0:
+            if self.partial:
+                self.partial += chunk[:end]
+                block = bytes(self.partial)
+                self.partial.clear()
+            else:
+                block = chunk[:end]
+            self._block(block)
+            chunk = chunk[end + 1:]
+        self.partial += chunk
+        while len(self.partial) >= self.max_line:
+            piece = bytes(self.partial[:self.max_line])
+            del self.partial[:self.max_line]
+            self._block(piece)
+
+    def close(self) -> None:
+        """Pass on a last line that had no newline."""
+        if self.partial:
+            block = bytes(self.partial)
+            self.partial.clear()
+            self._block(block)
+
+    def _block(self, block: bytes) -> None:
+        """Complete lines, decoded and checked once per block: line by line only when it holds an
+        event or something to clean (a log of plain text goes at C speed)."""
+        text = block.decode("utf-8", "replace")
+        lines = text.split("\n")
+        if events.EVENT_PREFIX not in text and not needs_cleaning(text):
+            for line in lines:
                 self.on_text(line)
+            return
+        for line in lines:
+            event = events.parse(line) if line.startswith(events.EVENT_PREFIX) else None
+            if event is None:
+                self.on_text(clean(line))
             elif event.get("event") == "job-end":
                 self.end = event
             else:
                 self.on_event(event)
 
 
+def read_log(host: Host, run_id: str, on_text: Callable[[str], None],
+             on_event: Callable[[dict[str, Any]], None] = lambda event: None,
+             lines: int | None = TAIL_LINES) -> dict[str, Any]:
+    """Stream the log's last ``lines`` text lines (None: all of it) to ``on_text``, in bounded memory.
+
+    Returns the host's header: ``offset`` (where the shown part starts) and ``size`` (bytes in all)."""
+    if lines is not None and lines < 0:
+        raise JobError(f"--lines must be 0 or more, not {lines}.")
+    splitter = LineSplitter(on_text, on_event)
+    header: dict[str, Any] = {}
+    code = _run_stream(host, "tail", run_id, "all" if lines is None else str(lines),
+                       on_output=splitter.feed, on_header=header.update)
+    splitter.close()
+    if code != 0:
+        raise JobError(f"Reading the log of run {run_id} on host {host.name!r} stopped early (exit {code}): "
+                       "the connection dropped or the host agent failed; try again.")
+    return header
+
+
 def follow(host: Host, run_id: str, on_text: Callable[[str], None],
-           on_event: Callable[[dict[str, Any]], None] = lambda e: None, offset: int = 0) -> dict[str, Any]:
-    """Stream the job's log until it ends; returns its final status. Ctrl-C only stops the tail."""
-    status(host, run_id)
-    splitter = _LineSplitter(on_text, on_event)
-    host.transport.stream(host.agent_command("follow", f"runs/{run_id}", str(offset)),
-                          splitter.feed)
-    if splitter.buffer:
-        splitter.feed(b"\n")
-    return splitter.end or status(host, run_id)
+           on_event: Callable[[dict[str, Any]], None] = lambda e: None, offset: int = 0,
+           lines: int | None = None) -> dict[str, Any]:
+    """Stream the job's log until it ends, from byte ``offset`` or from its last ``lines`` lines;
+    returns its final status. Ctrl-C only stops the tail.
+
+    A stream that ends before the job's end event (a dropped link, a killed agent) is an error that
+    says how to re-attach: the job itself does not depend on the link."""
+    splitter = LineSplitter(on_text, on_event)
+    header: dict[str, Any] = {"offset": offset}
+    seen = {"bytes": 0}
+
+    def feed(chunk: bytes) -> None:
+        seen["bytes"] += len(chunk)
+        splitter.feed(chunk)
+
+    start = f"-{lines}" if lines is not None else str(offset)
+    try:
+        code: int | str = _run_stream(host, "follow", run_id, start, on_output=feed, on_header=header.update)
+    except RemoteError as exc:
+        code = f"{exc}"
+    splitter.close()
+    if splitter.end is None:
+        where = int(header.get("offset") or 0) + seen["bytes"]
+        raise JobError(
+            f"The log stream of run {run_id} from host {host.name!r} ended before the job did ({code}): the "
+            "connection dropped or the host agent was stopped. The job itself keeps running on the host. "
+            f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {where} bytes of its "
+            "log were shown), or check it with `invoke runs`.")
+    return splitter.end
+
+
+@dataclass
+class Pulled:
+    """A run folder copied home, and the entries the host left out (links leading out, FIFOs, ...)."""
+
+    path: Path
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
 
 def pull(host: Host, run_id: str, dest_root: Path | None = None) -> Path:
-    """Copy ``<root>/runs/<id>/`` into local ``runs/<id>/`` (one tar stream)."""
-    status(host, run_id)
-    dest = (dest_root or host.project_root / "runs") / run_id
-    result = host.transport.run(host.agent_command("pack", f"runs/{run_id}"))
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:gz") as tar:
+    """Copy ``<root>/runs/<id>/`` into local ``runs/<id>/``; see :func:`pull_run`."""
+    return pull_run(host, run_id, dest_root).path
+
+
+def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
+    """Copy ``<root>/runs/<id>/`` into local ``runs/<id>/`` (one tar stream, spooled to disk).
+
+    It lands in a temp folder next to the destination first and is renamed into place only when all
+    of it arrived, so a failure leaves no partial folder (and an earlier copy stays as it was). Links
+    that lead out of the run folder and special files are left out, each with a note in ``skipped``."""
+    _check_id(run_id)
+    dest_root = dest_root or host.project_root / "runs"
+    dest = dest_root / run_id
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{run_id}.pull-", dir=dest_root))
+    except OSError as exc:
+        raise JobError(f"Cannot pull run {run_id} into {dest}: {exc}.") from None
+    try:
+        archive = work / "pack.tar.gz"
+        with open(archive, "wb") as fh:
+            code = _run_stream(host, "pack", run_id, on_output=fh.write)
+        if code != 0:
+            raise JobError(f"Pulling run {run_id} from host {host.name!r} stopped early (exit {code}); "
+                           f"{dest} was left as it was. Try again.")
+        tree = work / "tree"
+        tree.mkdir()
+        skipped = _extract(archive, tree)
+        _rename_into_place(tree, dest, work / "previous")
+        return Pulled(dest, skipped)
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        raise JobError(f"Pulling run {run_id} from host {host.name!r} into {dest} failed: {exc}. {dest} was "
+                       "left as it was.") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:
+    """Unpack into ``tree`` only files, folders and links that stay inside it; return the notes."""
+    skipped: list[dict[str, str]] = []
+
+    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        problem = _member_problem(member)
+        if problem is None and hasattr(tarfile, "data_filter"):
+            try:
+                return tarfile.data_filter(member, path)
+            except tarfile.FilterError as exc:
+                problem = str(exc)
+        if problem:
+            skipped.append({"path": member.name, "reason": problem})
+            return None
+        return member
+
+    with tarfile.open(archive, "r:gz") as tar:
         if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # pragma: no cover - Python without PEP 706
-            for member in tar.getmembers():
-                if member.issym() or member.islnk() or member.name.startswith(("/", "..")):
-                    continue
-                tar.extract(member, dest)
-    return dest
+            tar.extractall(tree, filter=keep)
+        else:  # pragma: no cover - Python without PEP 706 (3.10 before .12)
+            for member in tar:
+                if keep(member, str(tree)) is not None:
+                    tar.extract(member, tree)
+    notes = tree / hostagent.PULL_NOTES
+    if notes.is_file() and not notes.is_symlink():
+        try:
+            skipped = json.loads(notes.read_text()).get("skipped", []) + skipped
+        except (ValueError, AttributeError):
+            skipped.append({"path": hostagent.PULL_NOTES, "reason": "unreadable notes from the host"})
+        notes.unlink()
+    return skipped + _drop_links_leading_out(tree)
+
+
+def _drop_links_leading_out(tree: Path) -> list[dict[str, str]]:
+    """Remove links that resolve outside ``tree`` (a chain of links may, even if each looked fine)."""
+    dropped = []
+    real_tree = os.path.realpath(tree)
+    for folder, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and os.path.commonpath([real_tree, os.path.realpath(path)]) != real_tree:
+                dropped.append({"path": os.path.relpath(path, tree), "reason": "symlink leads out of the run folder"})
+                os.unlink(path)
+    return dropped
+
+
+def _member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why a tar member may not be unpacked (None: it may)."""
+    if not (member.isfile() or member.isdir() or member.issym()):
+        return "not a file, folder or symlink"
+    parts = member.name.split("/")
+    if member.name.startswith("/") or ".." in parts:
+        return "its name leads out of the run folder"
+    if member.issym() and (member.linkname.startswith("/") or ".." in member.linkname.split("/")):
+        return f"symlink to {member.linkname} may lead out of the run folder"
+    return None
+
+
+def _rename_into_place(tree: Path, dest: Path, previous: Path) -> None:
+    if os.path.lexists(dest):
+        os.rename(dest, previous)
+        try:
+            os.rename(tree, dest)
+        except OSError:
+            os.rename(previous, dest)
+            raise
+    else:
+        os.rename(tree, dest)

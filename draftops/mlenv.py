@@ -42,39 +42,54 @@ def plan(host: Host) -> EnvPlan:
         requirements = path.read_bytes()
     digest = hashlib.sha256(b"\0".join([env.venv.encode(), env.base_python.encode(),
                                         str(env.system_site_packages).encode(), requirements])).hexdigest()
-    venv = shell_path(env.venv)
-    probe = f"[ -x {venv}/bin/python ] && cat {venv}/{HASH_FILE} 2>/dev/null || true"
+    python, stored = shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE))
+    probe = f"[ -x {python} ] && cat {stored} 2>/dev/null || true"
     current = host.transport.run(probe).text.strip()
     return EnvPlan(env.venv, digest, requirements, current == digest)
 
 
+def _in_venv(venv: str, rel: str) -> str:
+    return venv.rstrip("/") + "/" + rel
+
+
+def _words(*argv: str) -> str:
+    """One shell command from argv; every word is quoted (a leading ``~/`` stays expandable)."""
+    return " ".join(shell_path(word) for word in argv)
+
+
 def setup_command(host: Host, env_plan: EnvPlan) -> str:
-    """The shell script of the setup job: venv if missing, pip install, then record the hash."""
+    """The shell script of the setup job: venv if missing, pip install, then record the hash.
+
+    Every user value (venv, base_python) reaches the shell only through ``_words``/``shell_path``."""
     env = host.spec.env
     assert env is not None
-    venv = shell_path(env_plan.venv)
-    flags = " --system-site-packages" if env.system_site_packages else ""
-    req = f"{venv}/{REQ_FILE}"
+    venv = env_plan.venv
+    python = _in_venv(venv, "bin/python")
+    req = _in_venv(venv, REQ_FILE)
+    flags = ["--system-site-packages"] if env.system_site_packages else []
     return " && ".join([
         "set -e",
-        f"if [ ! -x {venv}/bin/python ]; then echo 'creating venv {env_plan.venv}'; "
-        f"{shell_path(env.base_python)} -m venv{flags} {venv}; fi",
-        f"if grep -qvE '^[[:space:]]*(#.*)?$' {req}; then "
-        f"{venv}/bin/python -m pip install --disable-pip-version-check -r {req}; "
+        f"if [ ! -x {shell_path(python)} ]; then {_words('echo', 'creating venv ' + venv)}; "
+        f"{_words(env.base_python, '-m', 'venv', *flags, venv)}; fi",
+        f"if grep -qvE '^[[:space:]]*(#.*)?$' {shell_path(req)}; then "
+        f"{_words(python, '-m', 'pip', 'install', '--disable-pip-version-check', '-r', req)}; "
         "else echo 'no requirements to install'; fi",
-        f"printf %s {env_plan.digest} > {venv}/{HASH_FILE}",
+        f"printf %s {_words(env_plan.digest)} > {shell_path(_in_venv(venv, HASH_FILE))}",
         "echo 'env ready'",
     ])
 
 
+def upload_requirements(host: Host, env_plan: EnvPlan) -> None:
+    """Put the requirements file next to the venv (creating its folder), where the setup job reads it."""
+    upload = f"{_words('mkdir', '-p', env_plan.venv)} && cat > {shell_path(_in_venv(env_plan.venv, REQ_FILE))}"
+    host.transport.run(upload, input=env_plan.requirements)
+
+
 def start_setup(host: Host, env_plan: EnvPlan) -> jobs.Job:
     """Upload the requirements next to the venv and start the setup job."""
-    venv = shell_path(env_plan.venv)
-    host.transport.run(f"mkdir -p {venv} && cat > {venv}/{REQ_FILE}", input=env_plan.requirements)
+    upload_requirements(host, env_plan)
     return jobs.start(host, "env-setup", setup_command(host, env_plan), cwd=".")
 
 
 def check_command(host: Host) -> str:
     return jobs.python_module_command(host, "remote.envcheck", ["--out", jobs.RUN_DIR])
-
-

@@ -11,7 +11,10 @@ import hashlib
 import io
 import json
 import os
+import posixpath
+import stat
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +24,22 @@ import pathspec
 
 from draftops.errors import RemoteError, SyncError
 from draftops.host import Host
-from draftops.hostagent import SYNC_META
+from draftops.hostagent import (
+    APPLY_FAILED,
+    BUSY,
+    LOCK_TIMEOUT,
+    OWNER_MARK,
+    REFUSED_CODE,
+    REFUSED_ENTRY,
+    SCAN_FAILED,
+    SYNC_META,
+)
 from draftops.hostagent import digest as tree_digest
 
 DEFAULT_PATHS = ("remote",)
-ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/")
+ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/", "/" + OWNER_MARK)
+REFUSALS = {REFUSED_ENTRY, REFUSED_CODE, SCAN_FAILED, APPLY_FAILED, BUSY, LOCK_TIMEOUT}
+MAX_ROUNDS = 8                   # applies that may find the host's tree changed under them
 Entry = tuple[str, str, int]     # (kind "f"/"l", sha256 or link target, mode)
 STATE_FILE = "state/code-manifest.json"   # the host's stat cache of <root>/code, relative to root
 GZIP_BELOW = 16 << 20
@@ -43,6 +57,7 @@ class SyncReport:
     bytes_sent: int = 0
     seconds: float = 0.0
     dry_run: bool = False
+    busy_runs: list[str] = field(default_factory=list)   # live runs whose code changed (--force)
 
     @property
     def noop(self) -> bool:
@@ -54,7 +69,7 @@ class _Ignore:
 
     def __init__(self, project_root: Path):
         self.root = project_root
-        self.specs: dict[Path, pathspec.PathSpec] = {}
+        self.specs: dict[Path, pathspec.PathSpec | None] = {}
         self.fixed = pathspec.GitIgnoreSpec.from_lines(ALWAYS_EXCLUDED)
 
     def _spec(self, folder: Path) -> pathspec.PathSpec | None:
@@ -88,56 +103,115 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sync_roots(project_root: Path, paths: list[str]) -> list[str]:
+    """The sync paths as normalised project-relative POSIX paths, each once, nested ones dropped.
+
+    ``remote/../remote`` or ``./remote/`` must not become a second name for the same files (the host
+    stores them under one name, so they would differ, and be re-sent, on every sync)."""
+    tops: list[str] = []
+    for top in paths:
+        raw = Path(top)
+        if raw.is_absolute():
+            try:
+                raw = raw.relative_to(project_root)
+            except ValueError:
+                raw = Path(os.path.relpath(raw, project_root))
+        norm = posixpath.normpath(raw.as_posix())
+        real = (project_root / norm).resolve()
+        if norm == ".." or norm.startswith("../") or (real != project_root.resolve()
+                                                       and project_root.resolve() not in real.parents):
+            raise SyncError(f"Sync path {top!r} points outside the project {project_root}; list only "
+                            "folders inside it in `sync_paths` (hosts.yaml).")
+        tops.append(norm)
+    unique = list(dict.fromkeys(tops))
+    return [top for top in unique
+            if not any(other != top and (other == "." or top.startswith(other + "/")) for other in unique)]
+
+
+def _local_entry(path: Path, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return ("l", os.readlink(path), 0)
+    if not stat.S_ISREG(st.st_mode):
+        raise SyncError(f"Cannot sync {path}: it is not a regular file, folder or symbolic link (a FIFO, "
+                        "socket or device), so it cannot be copied; remove it or list it in .gitignore.")
+    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    old = cache.get(rel)
+    sha = old[1] if old and old[0] == key else _hash_file(path)
+    new_cache[rel] = [key, sha]
+    return ("f", sha, st.st_mode & 0o777)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
 def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None = None) -> dict[str, Entry]:
-    """{relative path: entry} for everything that should be on the host; hashes cached by stat."""
-    cache: dict[str, list] = {}
-    if cache_file and cache_file.is_file():
-        try:
-            cache = json.loads(cache_file.read_text())
-        except ValueError:
-            cache = {}
+    """{relative path: entry} for everything that should be on the host; hashes cached by stat.
+
+    Anything that cannot be read stops the sync: a file the scan did not see would otherwise be
+    deleted on the host."""
+    cache = _read_json(cache_file) if cache_file else {}
     new_cache: dict[str, list] = {}
     ignore = _Ignore(project_root)
     manifest: dict[str, Entry] = {}
-    for top in paths:
-        start = (project_root / top)
-        if project_root.resolve() not in start.resolve().parents and start.resolve() != project_root.resolve():
-            raise SyncError(f"Sync path {top!r} points outside the project {project_root}; list only "
-                            "folders inside it.")
-        if not start.exists() and not start.is_symlink():
-            raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` in "
-                            "hosts.yaml (paths are relative to the project root).")
-        candidates = [start] if not start.is_dir() or start.is_symlink() else None
-        walker = ([(str(start.parent), [], [start.name])] if candidates else os.walk(start))
-        for dirpath, dirnames, filenames in walker:
-            folder = Path(dirpath)
-            for name in list(dirnames):
-                child = folder / name
-                if child.is_symlink():
-                    dirnames.remove(name)
-                    filenames.append(name)
-                elif ignore.ignored(child, True):
-                    dirnames.remove(name)
-            for name in filenames:
-                child = folder / name
-                if ignore.ignored(child, False):
-                    continue
-                rel = child.relative_to(project_root).as_posix()
-                if child.is_symlink():
-                    manifest[rel] = ("l", os.readlink(child), 0)
-                    continue
-                st = child.stat()
-                key = [st.st_size, st.st_mtime_ns, st.st_ino]
-                old = cache.get(rel)
-                sha = old[1] if old and old[0] == key else _hash_file(child)
-                new_cache[rel] = [key, sha]
-                manifest[rel] = ("f", sha, st.st_mode & 0o777)
+    try:
+        for top in sync_roots(project_root, paths):
+            start = project_root / top
+            if not start.exists() and not start.is_symlink():
+                raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` "
+                                "in hosts.yaml (paths are relative to the project root).")
+            single = not start.is_dir() or start.is_symlink()
+            walker = [(str(start.parent), [], [start.name])] if single else os.walk(start, onerror=_raise)
+            for dirpath, dirnames, filenames in walker:
+                folder = Path(dirpath)
+                for name in list(dirnames):
+                    child = folder / name
+                    if child.is_symlink():
+                        dirnames.remove(name)
+                        filenames.append(name)
+                    elif ignore.ignored(child, True):
+                        dirnames.remove(name)
+                for name in filenames:
+                    child = folder / name
+                    if not ignore.ignored(child, False):
+                        rel = child.relative_to(project_root).as_posix()
+                        manifest[rel] = _local_entry(child, rel, cache, new_cache)
+    except OSError as exc:
+        raise SyncError(f"Cannot read {exc.filename or project_root}: {exc.strerror or exc}. The sync "
+                        "stopped before changing anything (a file it cannot see would otherwise be "
+                        "deleted on the host); make it readable, or list it in .gitignore, then sync "
+                        "again.") from None
     if cache_file and new_cache != cache:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(new_cache))
-        os.replace(tmp, cache_file)
+        _write_json(cache_file, new_cache)
     return manifest
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Atomic and safe when several syncs run at once: each writer has its own temp file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _tar_writer(buf: io.BytesIO, compress: bool) -> tarfile.TarFile:
+    if compress:
+        return tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=1)
+    return tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT)
 
 
 def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], delete: list[str],
@@ -147,9 +221,7 @@ def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], 
     buf = io.BytesIO()
     # gzip level 1 makes tar headers and padding nearly free and shrinks code text; past a few MB
     # (weights, blobs) it only costs CPU, so big payloads go as plain tar.
-    mode = "w:gz" if raw < GZIP_BELOW else "w:"
-    kwargs = {"compresslevel": 1} if mode == "w:gz" else {}
-    with tarfile.open(fileobj=buf, mode=mode, format=tarfile.PAX_FORMAT, **kwargs) as tar:
+    with _tar_writer(buf, compress=raw < GZIP_BELOW) as tar:
         meta = json.dumps({"delete": delete}).encode()
         info = tarfile.TarInfo(SYNC_META)
         info.size = len(meta)
@@ -161,11 +233,15 @@ def _payload(project_root: Path, upload: list[str], manifest: dict[str, Entry], 
                 info.type = tarfile.SYMTYPE
                 info.linkname = value
                 tar.addfile(info)
-            else:
-                info.size = sizes[rel]
-                info.mode = mode_bits
+                continue
+            info.mode = mode_bits
+            try:
                 with open(project_root / rel, "rb") as fh:
+                    info.size = os.fstat(fh.fileno()).st_size
                     tar.addfile(info, fh)
+            except OSError as exc:
+                raise SyncError(f"Cannot read {project_root / rel}: {exc.strerror or exc} (did it change "
+                                "while syncing?). Nothing was sent; sync again.") from None
     return buf.getvalue()
 
 
@@ -183,31 +259,50 @@ def _memory_file(host: Host) -> Path:
 
 
 def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) -> dict[str, int]:
-    return {rel: (project_root / rel).stat().st_size for rel in upload if local[rel][0] == "f"}
+    try:
+        return {rel: (project_root / rel).stat().st_size for rel in upload if local[rel][0] == "f"}
+    except OSError as exc:
+        raise SyncError(f"Cannot read {exc.filename}: {exc.strerror or exc} (did it change while "
+                        "syncing?). Nothing was sent; sync again.") from None
+
+
+def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
+    """One sync command on the host; its refusals (with the host's reason and fix) become SyncErrors."""
+    try:
+        return host.agent(*args, input=payload)
+    except RemoteError as exc:
+        if exc.exit_code in REFUSALS:
+            hint = (" Before a task, in one call: `invoke sync --force test-drafter`."
+                    if exc.exit_code == BUSY else "")
+            raise SyncError(f"{exc}.{hint}") from None
+        failure: object = exc
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        failure = exc or type(exc).__name__
+    raise SyncError(f"Sync to host {host.name!r} failed: {failure}. The files on the host were left "
+                    "as they were (or fully updated, if the failure came after the transfer); "
+                    "run `invoke sync` again.")
 
 
 def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[str],
-           expected_tree: str) -> tuple[dict, int, int]:
+           expected_tree: str, force: bool) -> tuple[dict, int, int]:
     """Send the changes; returns (host's answer, bytes sent, bytes of changed files)."""
     sizes = _file_sizes(host.project_root, upload, local)
     payload = _payload(host.project_root, upload, local, delete, sizes) if upload or delete else b""
     digest = hashlib.sha256(payload).hexdigest()
-    try:
-        answer = host.agent("apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
-                            input=payload)
-    except (RemoteError, OSError, EOFError, paramiko.SSHException) as exc:
-        raise SyncError(f"Sync to host {host.name!r} failed: {exc or type(exc).__name__}. The files on the host were left "
-                        "as they were (or fully updated, if the failure came after the transfer); "
-                        "run `invoke sync` again.") from None
+    answer = _agent(host, "apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
+                    "1" if force else "0", payload=payload)
     return answer, len(payload), sum(sizes.values())
 
 
-def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -> SyncReport:
+def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
+         force: bool = False) -> SyncReport:
     """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done.
 
     When we remember the host's tree from our last sync, the changes go out at once together with
     that tree's digest: one SSH exec for a no-op or a small edit. The host refuses ("stale") if its
-    tree differs from what we remember, and we fall back to comparing full manifests.
+    tree differs from what we remember, and we compare against the manifest it sends back; every
+    apply names the tree it was computed against, so a concurrent change is never overwritten
+    blindly. A live run working in ``<root>/code`` makes the host refuse changes unless ``force``.
     """
     started = time.monotonic()
     project_root = host.project_root
@@ -216,21 +311,33 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -
     memory_file = _memory_file(host)
     known = _load_memory(memory_file)
     answer: dict = {"status": "stale"}
+    upload: list[str] = []
+    delete: list[str] = []
     sent = changed = 0
     if known is not None and not dry_run:
         upload, delete = _diff(local, known["manifest"])
-        answer, sent, changed = _apply(host, local, upload, delete, known["digest"])
-    if answer["status"] == "stale":
-        remote_answer = answer if "manifest" in answer else host.agent("manifest", "code", STATE_FILE)
-        remote = {k: tuple(v) for k, v in remote_answer["manifest"].items()}
+        answer, sent, changed = _apply(host, local, upload, delete, known["digest"], force)
+    rounds = 0
+    while answer.get("status") == "stale":
+        if "manifest" not in answer:
+            answer = _agent(host, "manifest", "code", STATE_FILE)
+        remote = {k: tuple(v) for k, v in answer["manifest"].items()}
         upload, delete = _diff(local, remote)
-        answer, sent, changed = remote_answer, 0, 0
-        if not dry_run and (upload or delete):
-            answer, sent, changed = _apply(host, local, upload, delete, "-")
+        changed = 0
+        if dry_run or not (upload or delete):
+            break
+        rounds += 1
+        if rounds > MAX_ROUNDS:
+            raise SyncError(f"The code tree on host {host.name!r} kept changing while we synced "
+                            f"({MAX_ROUNDS} tries): other syncs of different checkouts, or a job writing "
+                            f"into {host.code_dir}, got there first each time. Stop them, then sync again.")
+        answer, more, changed = _apply(host, local, upload, delete, answer["digest"], force)
+        sent += more
     if dry_run:
         changed = sum(_file_sizes(project_root, upload, local).values())
     report = SyncReport(host=host.name, upload=upload, delete=delete, unchanged=len(local) - len(upload),
-                        dry_run=dry_run, bytes_sent=sent, bytes_changed=changed)
+                        dry_run=dry_run, bytes_sent=sent, bytes_changed=changed,
+                        busy_runs=list(answer.get("busy_runs", [])))
     if not dry_run:
         if answer.get("digest") == tree_digest(local):
             if not known or known["digest"] != answer["digest"]:
@@ -242,15 +349,12 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None) -
 
 
 def _load_memory(path: Path) -> dict | None:
+    data = _read_json(path)
     try:
-        data = json.loads(path.read_text())
         return {"digest": data["digest"], "manifest": {k: tuple(v) for k, v in data["manifest"].items()}}
-    except (OSError, ValueError, KeyError):
+    except (KeyError, TypeError, AttributeError):
         return None
 
 
 def _save_memory(path: Path, manifest: dict[str, Entry], digest: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"digest": digest, "manifest": manifest}))
-    os.replace(tmp, path)
+    _write_json(path, {"digest": digest, "manifest": manifest})

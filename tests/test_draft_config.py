@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.sglang_wheels import REPO, extract, run_patcher
-
 from remote.draft_config import rewrite, weights
+from tests.sglang_wheels import REPO, extract, run_patcher
 
 HIDDEN = 16
 FLAT_CONFIG = {

@@ -97,7 +97,7 @@ def test_report_sections_and_file(buggy: dict, tmp_path: Path) -> None:
         assert key in buggy
     ck, data = buggy["checkpoint"], buggy["data"]
     assert ck["format"] == "speculators" and ck["configured_layer_ids"] == [i + 1 for i in BUGGY]
-    assert ck["structure"]["num_aux"] == 3 and ck["structure"]["head_dim"] == 16
+    assert ck["structure"]["num_aux"] == 3 and ck["structure"]["head_dim"] == 32
     assert data["slot_layer_ids"] == SPEC.slot_ids and data["final_slot"] == 4
     assert data["samples"] == SPEC.samples and data["formats"] == ["safetensors"]
 

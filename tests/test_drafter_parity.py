@@ -1,5 +1,7 @@
 """fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``
-(imported as tests/speculators_support.py explains; in CI a missing speculators fails)."""
+(imported through benchmarks/speculators_peer.py, shared with the benchmark's peer; in CI a missing
+speculators is a failure, not a skip: this is the check that the evaluator computes what training
+computed)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +14,7 @@ from safetensors.torch import save_file
 from remote.drafter import load_checkpoint
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
-from tests.drafter_support import PAD_BOUND, demo
-from tests.speculators_support import load_speculators
+from tests.drafter_support import PAD_BOUND, demo, load_speculators
 
 # Same bound as padded vs unpadded batches (docs/drafter.md): the reference runs each sample alone,
 # ours runs them padded into one batch, so only the fp32 summation order differs.
@@ -63,7 +64,7 @@ def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: li
     with torch.inference_mode():
         mine = ours.forward(aux, ids, steps, lengths)
     worst = 0.0
-    for b, (a, i) in enumerate(zip(aux_rows, ids_rows)):
+    for b, (a, i) in enumerate(zip(aux_rows, ids_rows, strict=True)):
         ref = _speculators_logits(reference, a, i, steps)
         assert len(ref) == steps
         for k in range(steps):

@@ -26,7 +26,7 @@ from tests.drafter_lab import (
     run,
     target_weights,
 )
-from tests.speculators_support import load_speculators
+from tests.drafter_support import load_speculators
 
 H_HEADS, KV_HEADS, HEAD_DIM, FFN = 4, 2, 8, 128
 

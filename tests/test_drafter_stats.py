@@ -57,7 +57,7 @@ def test_a_clearly_better_layout_is_better_with_its_accept_length_gain() -> None
     assert c.gain == pytest.approx(c.best_accept_length - c.served_accept_length)
     assert c.gain == pytest.approx(sum(c.step_gain))
     assert c.gain_ci[0] > 0 and c.gain_ci[0] < c.gain < c.gain_ci[1]
-    assert all(lo <= g <= hi for g, (lo, hi) in zip(c.step_gain, c.step_gain_ci))
+    assert all(lo <= g <= hi for g, (lo, hi) in zip(c.step_gain, c.step_gain_ci, strict=True))
 
 
 def test_a_few_samples_are_inconclusive_even_with_a_large_gain() -> None:

@@ -21,7 +21,7 @@ from remote.drafter.model import Eagle3Draft
 from remote.drafter.rope import RopeSpec, inv_freq
 from remote.drafter.stats import PerSample, compare
 from remote.drafter.train import init_draft
-from tests.drafter_support import PAD_BOUND, demo
+from tests.drafter_support import PAD_BOUND, SPEC, demo
 
 
 def _reference_counts(preds, target, scored):
@@ -50,7 +50,7 @@ def test_step_counts_follow_speculators_semantics() -> None:
     scored = torch.rand(3, 9, generator=gen) < 0.8
     counts = StepCounts(3)
     counts.update(preds, target, scored)
-    assert list(zip(counts.full_correct, counts.full_total, counts.cond_total)) == \
+    assert list(zip(counts.full_correct, counts.full_total, counts.cond_total, strict=True)) == \
         _reference_counts(preds, target, scored)
 
 
@@ -222,7 +222,8 @@ def test_structure_is_inferred_from_weights(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     _, info = load_checkpoint(tmp_path)
     a = info.arch
-    assert (a.head_dim, a.num_kv_heads, a.num_aux, a.intermediate_size) == (16, 2, 3, 512)
+    assert (a.head_dim, a.num_kv_heads, a.num_aux, a.intermediate_size) == (32, 1, 3, SPEC.draft_intermediate)
+    assert a.head_dim != 2 * a.hidden_size // a.num_heads
     assert a.norm_before_fc and (a.draft_vocab_size, a.vocab_size) == (48, 64)
 
 

@@ -22,12 +22,26 @@ def invoke(project: Path, *args: str, env: dict[str, str] | None = None) -> subp
                           capture_output=True, text=True, timeout=240)
 
 
+def hostile_venv(tmp_path: Path) -> Path:
+    """The ml-env path every test here uses: quotes, $(), backticks, `;`, spaces and a newline (R3).
+    Were any of it run by a shell, a `pwned*` file would appear in tmp_path."""
+    return tmp_path / "venvs" / (f"ml env'$(touch {tmp_path}/pwned1)`touch {tmp_path}/pwned2`;"
+                                 f"touch {tmp_path}/pwned3;\"\nx")
+
+
+def assert_nothing_injected(tmp_path: Path) -> None:
+    assert not list(tmp_path.glob("pwned*")), "a hostile path was run as shell code"
+
+
 @pytest.fixture
 def env_project(make_project, sshd, tmp_path, no_inventory_env):
     (tmp_path / "reqs.txt").write_text("# nothing to install: the venv itself is the test\n")
-    entry = ssh_entry(sshd, tmp_path, env={"venv": str(tmp_path / "venvs" / "ml env"),
+    base_python = tmp_path / f"base 'py`$(touch {tmp_path}/pwned4)`" / "python"   # hostile too
+    base_python.parent.mkdir(parents=True)
+    base_python.symlink_to(sys.executable)
+    entry = ssh_entry(sshd, tmp_path, env={"venv": str(hostile_venv(tmp_path)),
                                            "requirements": str(tmp_path / "reqs.txt"),
-                                           "base_python": sys.executable})
+                                           "base_python": str(base_python)})
     project = make_project({"box": entry}, default="box")
     (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     copy_remote_package(project)
@@ -37,8 +51,9 @@ def env_project(make_project, sshd, tmp_path, no_inventory_env):
 def test_env_setup_is_idempotent_and_rehashes_on_change(env_project, tmp_path):
     first = invoke(env_project, "env.setup")
     assert first.returncode == 0, first.stdout + first.stderr
-    venv = tmp_path / "venvs" / "ml env"
+    venv = hostile_venv(tmp_path)
     assert (venv / "bin" / "python").exists() and "ready" in first.stdout
+    assert_nothing_injected(tmp_path)
     marker = (venv / ".draftops-env-hash").read_text()
     second = invoke(env_project, "env.setup")
     assert second.returncode == 0 and "up to date" in second.stdout and "nothing to do" in second.stdout
@@ -46,13 +61,15 @@ def test_env_setup_is_idempotent_and_rehashes_on_change(env_project, tmp_path):
     third = invoke(env_project, "env.setup")
     assert third.returncode == 0 and "ready" in third.stdout
     assert (venv / ".draftops-env-hash").read_text() != marker
+    assert_nothing_injected(tmp_path)
 
 
 def test_env_setup_failure_is_reported(env_project, tmp_path):
     (tmp_path / "reqs.txt").write_text("--no-index\ndefinitely-not-a-package-draftops==9.9\n")
     result = invoke(env_project, "env.setup")
     assert result.returncode == 1 and "failed" in result.stderr
-    assert not (tmp_path / "venvs" / "ml env" / ".draftops-env-hash").exists()
+    assert not (hostile_venv(tmp_path) / ".draftops-env-hash").exists()
+    assert_nothing_injected(tmp_path)
 
 
 def test_sync_then_env_check_on_one_host_writes_table_and_json(env_project, tmp_path):
@@ -63,6 +80,9 @@ def test_sync_then_env_check_on_one_host_writes_table_and_json(env_project, tmp_
     assert (tmp_path / "hostroot/code/remote/envcheck.py").exists()   # --host applied to sync too
     assert not (env_project / ".draftops/code/remote").exists()
     assert "torch" in result.stdout and "sglang" in result.stdout
+    rows = [line.strip("│ ").split()[0] for line in result.stdout.splitlines() if line.startswith("│")]
+    assert rows.count("torch") == 1 and rows.count("numpy") == 1, result.stdout   # item 5: torch once
+    assert_nothing_injected(tmp_path)
     reports = list((env_project / "runs").glob("*-env-check-*/env.json"))
     assert len(reports) == 1
     report = json.loads(reports[0].read_text())
@@ -89,9 +109,14 @@ def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "logs", job.id, "--follow"], cwd=env_project,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120      # a loaded machine can take seconds just to start invoke
+    while "tick" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
+    out = seen + out
     assert "tick" in out and "detached" in out and f"invoke logs {job.id} --follow" in out
     host = open_host(None, env_project)
     assert jobs.status(host, job.id)["state"] == "running"

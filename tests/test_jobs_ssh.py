@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,7 @@ def live_group_members(pgid: int) -> list[int]:
         if not proc.isdigit():
             continue
         try:
-            fields = open(f"/proc/{proc}/stat").read().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
@@ -41,7 +43,8 @@ def wait_state(project, run_id, states, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         row = jobs.status(open_host(None, project), run_id)
-        if row["state"] in states:
+        # "running" can be read before the runner has recorded its pid: wait for both
+        if row["state"] in states and (row["state"] != "running" or "pid" in row):
             return row
         time.sleep(0.1)
     raise AssertionError(f"run {run_id} never reached {states}: {row}")
@@ -121,3 +124,110 @@ def test_put_and_get_move_single_files(project, tmp_path):
     back = tmp_path / "back" / "payload.bin"
     host.transport.get(remote_path, back)
     assert back.read_bytes() == source.read_bytes()
+
+
+def wait_until(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_job_whose_runner_was_killed_is_still_running_and_kill_stops_its_group(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "orphan", "sleep 300 & sleep 300; wait")
+    row = wait_state(project, job.id, {"running"})
+    pgid = int(row["pid"])
+    wait_until(lambda: len(live_group_members(pgid)) >= 3, what="sh and both sleeps")
+    os.kill(pgid, signal.SIGKILL)                      # only the runner: its job keeps going
+    wait_until(lambda: pgid not in live_group_members(pgid), what="the runner to die")
+    assert live_group_members(pgid), "the job's processes should outlive the runner"
+    row = jobs.status(host, job.id)
+    assert row["state"] == "running" and row["orphaned"] is True and "runner" in row["note"]
+    assert {r["id"]: r for r in jobs.list_runs(host)}[job.id]["state"] == "running"
+    final = jobs.kill(host, job.id, grace_s=5)
+    assert final["state"] == "killed"
+    assert live_group_members(pgid) == []
+    assert jobs.status(host, job.id)["state"] == "killed"
+
+
+def test_kill_escalates_to_sigkill_for_a_group_that_ignores_sigterm(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "stubborn", "trap '' TERM; while true; do sleep 0.1; done")
+    row = wait_state(project, job.id, {"running"})
+    started = time.monotonic()
+    final = jobs.kill(host, job.id, grace_s=1)
+    assert final["state"] == "killed" and final["signal"] == signal.SIGKILL
+    assert live_group_members(int(row["pid"])) == []
+    assert time.monotonic() - started < 15
+
+
+def test_a_reused_pid_is_not_taken_for_the_job(project):
+    """The recorded runner pid now belongs to another process whose command line even names the run:
+    the start time tells them apart, so the run is dead and kill leaves the stranger alone."""
+    host = open_host(None, project)
+    job = jobs.start(host, "gone", "true")
+    done = wait_state(project, job.id, {"succeeded"})
+    stranger = subprocess.Popen(["sh", "-c", f"sleep 300; : {job.id}"], start_new_session=True)
+    try:
+        status_path = os.path.join(job.run_dir, "status.json")
+        with open(status_path, "w") as fh:
+            json.dump({"state": "running", "pid": stranger.pid, "pgid": stranger.pid,
+                       "start_ticks": done["start_ticks"], "started": done["started"]}, fh)
+        assert jobs.status(host, job.id)["state"] == "dead"
+        assert jobs.kill(host, job.id, grace_s=1)["state"] == "dead"
+        assert stranger.poll() is None, "kill signalled a process that is not the job's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_kill_and_status_of_unknown_runs_are_clear_errors(project):
+    host = open_host(None, project)
+    for bad in ("nope", "../etc", ".hidden", ""):
+        with pytest.raises(JobError):
+            jobs.kill(host, bad)
+
+
+def test_a_job_whose_folder_vanished_cannot_start_is_recorded_failed(project):
+    host = open_host(None, project)
+    job = jobs.start(host, "nowhere", "true", cwd="does/not/exist")
+    row = wait_state(project, job.id, {"failed", "dead"})
+    assert row["state"] == "failed" and row["exit_code"] == 127
+    assert "does/not/exist" in row["outcome"]["error"]
+
+
+def test_runs_record_task_arguments_and_outcome_but_never_env_values(project):
+    host = open_host(None, project)
+    secret = "hunter2-do-not-log"
+    result = json.dumps({"event": "result", "headline": "412 tok/s", "tokens_per_s": 412.5,
+                         "status": "ok"})
+    command = f"echo warming up; echo '@@draftops {result}'; exit 3"
+    job = jobs.start(host, "bench", command, env={"API_TOKEN": secret}, task="bench",
+                     args={"model": "a b", "steps": 3, "dry_run": False, "fast": True, "limit": None})
+    row = wait_state(project, job.id, {"failed", "succeeded", "dead"})
+    assert row["state"] == "failed" and row["exit_code"] == 3
+    assert row["task"] == "bench" and row["args"] == {"model": "a b", "steps": 3, "fast": True}
+    assert row["outcome"] == {"headline": "412 tok/s", "tokens_per_s": 412.5, "status": "ok"}
+    listed = {r["id"]: r for r in jobs.list_runs(host)}[job.id]
+    assert listed["outcome"]["headline"] == "412 tok/s"
+    for path in os.listdir(job.run_dir):          # the env file is gone once the runner read it
+        with open(os.path.join(job.run_dir, path), "rb") as fh:
+            assert secret.encode() not in fh.read(), path
+    local = jobs.pull(host, job.id)
+    job_json = json.loads((local / "job.json").read_text())
+    assert job_json["env_keys"] == ["API_TOKEN"] and "env" not in job_json
+
+
+def test_result_events_while_running_show_as_the_outcome_before_the_end(project):
+    host = open_host(None, project)
+    event = json.dumps({"event": "result", "headline": "serving on :30000"})
+    job = jobs.start(host, "serve", f"echo '@@draftops {event}'; sleep 300")
+    try:
+        wait_until(lambda: (jobs.status(host, job.id).get("outcome") or {}).get("headline")
+                   == "serving on :30000", timeout=20, what="the live headline")
+        assert jobs.status(host, job.id)["state"] == "running"
+    finally:
+        jobs.kill(host, job.id, grace_s=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -16,7 +17,8 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inventory_env):
-    project = make_project({"box": ssh_entry(sshd, tmp_path)}, "box")
+    # the host runs the drafter with this test's interpreter (it has torch), never a machine python3
+    project = make_project({"box": ssh_entry(sshd, tmp_path, python=sys.executable)}, "box")
     (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     copy_remote_package(project)
     # The host keeps its demo in <root>/state/demo; seed it with this process's demo (same

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.sglang_wheels import extract, run_patcher
-
 from remote import fileio
 from remote.sglang_patch import locate, template
 from remote.sglang_patch.edits import Edit, Source
 from remote.sglang_patch.targets import resolve_models
+from tests.sglang_wheels import extract, run_patcher
 
 
 @pytest.mark.parametrize("version, metadata, source", [
@@ -101,7 +100,7 @@ def test_edits_are_byte_exact_and_refuse_overlaps():
     src = Source(data)
     stmt = src.tree.body[1].body[0]
     new = src.apply([src.comment_before(stmt, "note"), Edit(*src.span(stmt.value), "(w)")])
-    assert new == "x = 1\nif True:\n    # note\n    y = (w)\n".encode()
+    assert new == b"x = 1\nif True:\n    # note\n    y = (w)\n"
     with pytest.raises(ValueError, match="overlapping"):
         src.apply([Edit(0, 3, "a"), Edit(2, 4, "b")])
 

@@ -11,6 +11,7 @@ import pytest
 
 from draftops.errors import SyncError
 from draftops.host import open_host
+from draftops.hostagent import OWNER_MARK
 from draftops.sync import local_manifest, sync
 from tests.conftest import ssh_entry
 
@@ -64,7 +65,10 @@ def ssh_project(make_project, sshd, tmp_path, no_inventory_env):
 
 
 def code_tree(project: Path, tmp_path: Path) -> dict[str, tuple]:
-    return tree(tmp_path / "hostroot" / "code")
+    """The synced tree on the host, without draftops' ownership marker."""
+    out = tree(tmp_path / "hostroot" / "code")
+    out.pop(OWNER_MARK, None)
+    return out
 
 
 def test_first_sync_copies_files_modes_links_and_respects_excludes(ssh_project, tmp_path):

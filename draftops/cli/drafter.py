@@ -8,6 +8,7 @@ from invoke.exceptions import Exit
 
 from draftops import jobs, report
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
+from draftops.cli.history import record_test_drafter
 from draftops.console import console
 
 
@@ -34,12 +35,17 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
         if value is not None:
             args += [flag, str(value)]
     command = jobs.python_module_command(target, "remote.drafter", args)
+    given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
+             "limit": limit, "expected_acc": expected_acc, "device": device}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
-    run_id, final, local = run_job(target, "test-drafter", command,
-                                   env={"DRAFTOPS_DEMO_DIR": f"{target.root}/state/demo"})
+    # The log shows in a window while the job runs and goes when it ends: the report below is the
+    # result, shown once (a failure shows the log's end instead).
+    run_id, final, local = run_job(target, "test-drafter", command, log="window", task="test-drafter",
+                                   args=given, env={"DRAFTOPS_DEMO_DIR": f"{target.root}/state/demo"})
     path = local / "report.json" if local else None
     if final.get("state") == "succeeded" and path and path.is_file():
         doc = json.loads(path.read_text())
         report.show(doc, console)
         console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt CKPT --from-report {run_id}`)[/]")
+    record_test_drafter(target, run_id, final, local, given)
     require_success(run_id, final, local)

@@ -15,8 +15,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftops import jobs
-from draftops.cli.common import (HOST_HELP, connect, ensure_code, friendly, host_path, project_root,
-                                  require_success, run_job)
+from draftops.cli.common import (
+    HOST_HELP,
+    connect,
+    ensure_code,
+    friendly,
+    host_path,
+    project_root,
+    require_success,
+    run_job,
+)
 from draftops.console import console
 from draftops.errors import JobError
 
@@ -110,8 +118,8 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         raise Exit("error: give exactly one of --layer-ids (e.g. -1,2,30) or --from-report RUN_ID.", code=1)
     box = connect(c, host)
     ensure_code(box)
-    ckpt, target = host_path(box, ckpt), host_path(box, target)
-    args = ["--ckpt", str(ckpt), "--out", jobs.RUN_DIR, "--sglang-status"]
+    target = host_path(box, target)
+    args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR, "--sglang-status"]
     if layer_ids:
         args += ["--layer-ids", layer_ids]
     else:

@@ -19,7 +19,8 @@ draft_config.json (``--out DIR``), schema ``draftops.draft-config/1``::
       "changed": bool, "dry_run": bool,
       "backup": str | null,                       # config.json.draftops-bak-<UTC stamp>[-n]
       "source": {"kind": "cli" | "report", "path": str | null, "status": str | null},
-      "target": {"path", "num_hidden_layers", "hidden_size", "architectures"} | null,
+      "target": {"path", "num_hidden_layers", "hidden_size", "architectures",
+                 "max_position_embeddings"} | null,
       "fc_aux_slots": int | null,                 # from fc.weight's shape, when readable
       "needs_capture_patch": bool | null,         # any id -1, or the report says so
       "sglang": {"version", "dir", "files": {file: state}} | null,   # with --sglang-status

@@ -18,6 +18,7 @@ class TargetInfo:
     num_hidden_layers: int
     hidden_size: int | None
     architectures: list[str]
+    max_position_embeddings: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +43,8 @@ def load_target(path: Path) -> TargetInfo:
         )
     archs = [str(a) for a in data.get("architectures") or []]
     return TargetInfo(path=str(config), num_hidden_layers=layers,
-                      hidden_size=_first_int(holders, "hidden_size"), architectures=archs)
+                      hidden_size=_first_int(holders, "hidden_size"), architectures=archs,
+                      max_position_embeddings=_first_int(holders, "max_position_embeddings"))
 
 
 def _first_int(holders: list[dict[str, Any]], key: str) -> int | None:

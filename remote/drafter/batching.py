@@ -7,9 +7,12 @@ forward overlap.
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
 import torch
@@ -58,7 +61,7 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
     t = max(ids.shape[0] for ids, _, _ in trimmed)
     _, s, h = trimmed[0][1].shape
     b = len(samples)
-    states = torch.zeros(b, t, s, h, dtype=trimmed[0][1].dtype, pin_memory=pin)
+    states = torch.empty(b, t, s, h, dtype=trimmed[0][1].dtype, pin_memory=pin)  # each row written once
     tokens = torch.zeros(b, t + 1, dtype=torch.long)
     mask = torch.zeros(b, t, dtype=torch.bool)
     has_next = torch.zeros(b, t, dtype=torch.bool)
@@ -66,6 +69,7 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
     for i, (ids, hid, lm) in enumerate(trimmed):
         n = ids.shape[0]
         states[i, :n] = hid
+        states[i, n:] = 0
         tokens[i, :n] = ids
         mask[i, :n] = True if lm is None else lm
         has_next[i, : n - 1] = True
@@ -78,15 +82,14 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
 
 def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
                  max_len: int | None = None, pin: bool = False,
-                 shape: tuple[int, int] | None = None) -> Iterator[Batch]:
-    """Read samples in ``order`` and yield a Batch whenever the next sample would push
-    B * longest past ``token_budget`` (a longer-than-budget sample gets a batch of its own).
-    Every sample must have ``shape`` = (slots, hidden) (default: the first one read)."""
+                 shape: tuple[int, int] | None = None, readers: int = 4) -> Iterator[Batch]:
+    """Read samples in ``order`` (``readers`` files at a time) and yield a Batch whenever the next
+    sample would push B * longest past ``token_budget`` (a longer-than-budget sample gets a batch
+    of its own).  Every sample must have ``shape`` = (slots, hidden) (default: the first one read)."""
     current: list[Sample] = []
     longest = 0
-    for i in order:
-        sample = load(i)
-        shape = shape or tuple(sample.hidden.shape[1:])
+    for sample in _read_ahead(load, order, readers):
+        shape = shape or (int(sample.hidden.shape[1]), int(sample.hidden.shape[2]))
         if tuple(sample.hidden.shape[1:]) != shape:
             raise ShapeMismatchError(
                 "A dump file has a different number of slots or hidden size than the others",
@@ -102,6 +105,28 @@ def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budg
         longest = max(longest, n)
     if current:
         yield collate(current, max_len, pin)
+
+
+def _read_ahead(load: Callable[[int], Sample], order: Sequence[int], readers: int) -> Iterator[Sample]:
+    """``load(i)`` for i in ``order``, in order, with up to 2 * ``readers`` reads in flight on a
+    thread pool (so reads overlap; torch copies release the GIL); errors are raised in order."""
+    if readers <= 1:
+        yield from (load(i) for i in order)
+        return
+    with ThreadPoolExecutor(readers, thread_name_prefix="drafter-read") as pool:
+        pending: deque[Future[Sample]] = deque()
+        todo = iter(order)
+        for i in itertools.islice(todo, 2 * readers):
+            pending.append(pool.submit(load, i))
+        try:
+            while pending:
+                sample = pending.popleft().result()
+                for i in itertools.islice(todo, 1):
+                    pending.append(pool.submit(load, i))
+                yield sample
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:

@@ -93,9 +93,6 @@ def canonical_name(name: str) -> str:
 def infer_arch(cfg: config.DraftConfig, store: TensorStore, names: dict[str, str],
                verifier: Verifier | None, warnings: list[str]) -> DraftArch:
     """Structure from the weights, with the (validated) config filling in what weights cannot show."""
-    cfg_path = cfg.path
-    field = (lambda key: ("transformer_layer_config." if cfg.format == config.SPECULATORS else "") + key)
-
     def shape(canon: str) -> tuple[int, ...]:
         if canon not in names:
             raise MissingTensorError("A draft tensor is missing", path=", ".join(map(str, store.files)),
@@ -103,58 +100,10 @@ def infer_arch(cfg: config.DraftConfig, store: TensorStore, names: dict[str, str
                                      fix="use the complete checkpoint folder written by the trainer")
         return store.shape(names[canon])
 
-    fc_shape = shape("fc.weight")
-    if len(fc_shape) != 2:
-        raise ShapeMismatchError("fc.weight is not a matrix", path=store.info(names["fc.weight"]).path,
-                                 tensor="fc.weight", expected="[H, A*H]", found=list(fc_shape),
-                                 fix="use the fc.weight this draft was trained with")
-    hidden, fc_in = fc_shape
-    if cfg.hidden_size is not None and cfg.hidden_size != hidden:
-        raise ShapeMismatchError(
-            "The config's hidden_size disagrees with fc.weight", path=cfg_path, field=field("hidden_size"),
-            tensor="fc.weight", expected=f"[{cfg.hidden_size}, A*{cfg.hidden_size}]", found=[hidden, fc_in],
-            fix="pass --config with the config that belongs to these weights",
-        )
-    aux_hidden = cfg.target_hidden_size or hidden
-    if fc_in % aux_hidden:
-        raise ShapeMismatchError(
-            "fc.weight's input width is not a whole number of aux slots × hidden size",
-            path=store.info(names["fc.weight"]).path, tensor="fc.weight",
-            expected=f"[{hidden}, A*{aux_hidden}] for an integer A", found=[hidden, fc_in],
-            fix="set target_hidden_size in the config to the target's hidden size, or use the "
-                "fc.weight this draft was trained with",
-        )
-    q_rows = shape("layers.0.self_attn.q_proj.weight")[0]
-    heads = cfg.num_attention_heads
-    if heads is None and cfg.head_dim:
-        heads = max(1, q_rows // cfg.head_dim)
-    if heads is None:
-        heads = config.DEFAULT_HEADS
-        warnings.append(f"config has no num_attention_heads; using the transformers default {heads}")
-    if q_rows % heads:
-        raise ShapeMismatchError(
-            "q_proj rows are not a multiple of num_attention_heads",
-            path=cfg_path, field=field("num_attention_heads"), tensor="layers.0.self_attn.q_proj.weight",
-            expected=f"rows divisible by {heads}", found=[q_rows],
-            fix="fix num_attention_heads in the config")
-    head_dim = q_rows // heads
-    if head_dim % 2:
-        raise ShapeMismatchError(
-            "head_dim (q_proj rows / num_attention_heads) is odd, so rotary embeddings cannot split it",
-            path=cfg_path, field=field("num_attention_heads"), tensor="layers.0.self_attn.q_proj.weight",
-            expected="an even head_dim", found=f"{q_rows} rows / {heads} heads = {head_dim}",
-            fix="fix num_attention_heads in the config")
-    if cfg.head_dim and cfg.head_dim != head_dim:
-        warnings.append(f"config head_dim={cfg.head_dim} but q_proj implies {head_dim}; using {head_dim}")
-    kv_rows = shape("layers.0.self_attn.k_proj.weight")[0]
-    if kv_rows % head_dim or heads % max(1, kv_rows // head_dim):
-        raise ShapeMismatchError(
-            "k_proj rows do not make a whole number of key/value heads that divides the query heads",
-            path=cfg_path, field=field("num_attention_heads"), tensor="layers.0.self_attn.k_proj.weight",
-            expected=f"a multiple of head_dim {head_dim} that divides {heads} heads", found=[kv_rows],
-            fix="fix num_attention_heads in the config")
+    hidden, fc_in, aux_hidden = _fc_dims(cfg, shape("fc.weight"), store.info(names["fc.weight"]).path)
+    heads, head_dim, kv_heads = _heads(cfg, shape("layers.0.self_attn.q_proj.weight")[0],
+                                       shape("layers.0.self_attn.k_proj.weight")[0], warnings)
     num_layers = 1 + max(int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n)))
-    vocab = _target_vocab(names, store, cfg, verifier)
     windows = tuple(cfg.sliding_window if cfg.sliding_window and i < len(cfg.layer_types)
                     and cfg.layer_types[i] == "sliding_attention" else None for i in range(num_layers))
     nbf = "input_norm.weight" in names
@@ -164,15 +113,74 @@ def infer_arch(cfg: config.DraftConfig, store: TensorStore, names: dict[str, str
                                  expected=f"[{fc_in}]", found="absent",
                                  fix="use the checkpoint the trainer wrote, or set norm_before_fc=false")
     return DraftArch(
-        hidden_size=hidden, num_heads=heads, num_kv_heads=kv_rows // head_dim, head_dim=head_dim,
+        hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         intermediate_size=shape("layers.0.mlp.gate_proj.weight")[0], num_layers=num_layers,
         num_aux=fc_in // aux_hidden, aux_hidden_size=aux_hidden,
-        draft_vocab_size=shape("lm_head.weight")[0], vocab_size=vocab,
+        draft_vocab_size=shape("lm_head.weight")[0], vocab_size=_target_vocab(names, store, cfg, verifier),
         rms_norm_eps=cfg.rms_norm_eps, rope=cfg.rope,
         norm_before_residual=cfg.norm_before_residual, norm_output=cfg.norm_output,
         norm_before_fc=nbf, fc_norm="fc_norm.0.weight" in names,
         qk_norm="layers.0.self_attn.q_norm.weight" in names, sliding_windows=windows,
     )
+
+
+def _fc_dims(cfg: config.DraftConfig, fc_shape: tuple[int, ...], fc_file: Path) -> tuple[int, int, int]:
+    """(hidden, fc input width, aux hidden size) from fc.weight, checked against the config."""
+    if len(fc_shape) != 2:
+        raise ShapeMismatchError("fc.weight is not a matrix", path=fc_file,
+                                 tensor="fc.weight", expected="[H, A*H]", found=list(fc_shape),
+                                 fix="use the fc.weight this draft was trained with")
+    hidden, fc_in = fc_shape
+    if cfg.hidden_size is not None and cfg.hidden_size != hidden:
+        raise ShapeMismatchError(
+            "The config's hidden_size disagrees with fc.weight", path=cfg.path,
+            field=cfg.layer_field("hidden_size"), tensor="fc.weight",
+            expected=f"[{cfg.hidden_size}, A*{cfg.hidden_size}]", found=[hidden, fc_in],
+            fix="pass --config with the config that belongs to these weights",
+        )
+    aux_hidden = cfg.target_hidden_size or hidden
+    if fc_in % aux_hidden:
+        raise ShapeMismatchError(
+            "fc.weight's input width is not a whole number of aux slots × hidden size",
+            path=fc_file, tensor="fc.weight",
+            expected=f"[{hidden}, A*{aux_hidden}] for an integer A", found=[hidden, fc_in],
+            fix="set target_hidden_size in the config to the target's hidden size, or use the "
+                "fc.weight this draft was trained with",
+        )
+    return hidden, fc_in, aux_hidden
+
+
+def _heads(cfg: config.DraftConfig, q_rows: int, kv_rows: int, warnings: list[str]) -> tuple[int, int, int]:
+    """(query heads, head_dim, key/value heads): head_dim from q_proj rows / heads, never 2H/heads."""
+    heads = cfg.num_attention_heads
+    if heads is None and cfg.head_dim:
+        heads = max(1, q_rows // cfg.head_dim)
+    if heads is None:
+        heads = config.DEFAULT_HEADS
+        warnings.append(f"config has no num_attention_heads; using the transformers default {heads}")
+    heads_field = cfg.layer_field("num_attention_heads")
+    if q_rows % heads:
+        raise ShapeMismatchError(
+            "q_proj rows are not a multiple of num_attention_heads",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.q_proj.weight",
+            expected=f"rows divisible by {heads}", found=[q_rows],
+            fix="fix num_attention_heads in the config")
+    head_dim = q_rows // heads
+    if head_dim % 2:
+        raise ShapeMismatchError(
+            "head_dim (q_proj rows / num_attention_heads) is odd, so rotary embeddings cannot split it",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.q_proj.weight",
+            expected="an even head_dim", found=f"{q_rows} rows / {heads} heads = {head_dim}",
+            fix="fix num_attention_heads in the config")
+    if cfg.head_dim and cfg.head_dim != head_dim:
+        warnings.append(f"config head_dim={cfg.head_dim} but q_proj implies {head_dim}; using {head_dim}")
+    if kv_rows % head_dim or heads % max(1, kv_rows // head_dim):
+        raise ShapeMismatchError(
+            "k_proj rows do not make a whole number of key/value heads that divides the query heads",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.k_proj.weight",
+            expected=f"a multiple of head_dim {head_dim} that divides {heads} heads", found=[kv_rows],
+            fix="fix num_attention_heads in the config")
+    return heads, head_dim, kv_rows // head_dim
 
 
 def _check_rope(arch: DraftArch, cfg: config.DraftConfig) -> None:

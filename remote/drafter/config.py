@@ -50,6 +50,10 @@ class DraftConfig:
     norm_before_residual: bool
     norm_output: bool
 
+    def layer_field(self, key: str) -> str:
+        """The dotted name of a decoder-layer field in this config's format (for error messages)."""
+        return ("transformer_layer_config." if self.format == SPECULATORS else "") + key
+
 
 def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
     """Read and validate ``config_file``, else ``path/config.json``."""

@@ -1,30 +1,37 @@
 """The embedded demo: a tiny target, its hidden-state dumps, and a draft with the seed's bug.
 
-The target is a 6-layer Llama (random init).  Layer 0 attends over a 2-token window and later
-layers over their own position only: every layer's attention and MLP still transform the state (so
-which layers the draft reads matters), while a 2-token receptive field keeps the language learnable
-by a one-layer draft in seconds.  Sequences are sampled from it, and every slot the seed's dump had is
-captured: the embedding, three inner layers and the final layer.  A draft is trained on
-``[embed, l_a, l_b]`` but saved with config ids pointing at ``[l_a, l_b, l_c]``, the mismatch of the
-seed article (trained on ``cat([embed, layer3, layer31])``, served ``cat([layer3, layer31, layer59])``).
-A correctly configured copy (``[-1, l_a, l_b]``) is saved next to it.  Deterministic (seeded).
+The target is a standard 6-layer ``LlamaForCausalLM`` (full causal attention, default rope, a
+word-level tokenizer saved next to it), so vLLM and SGLang serve the folder as is.  Its weights are
+random around a positional skeleton (see ``tinyllama.init_weights``): layer 0 attends to the previous
+and the current token, so the next token is a function of the last two, a language a one-layer
+draft learns in seconds, while every layer's MLP still transforms the state (which layers the draft
+reads matters).  Sequences are sampled from it, and every slot the seed's dump had is captured: the
+embedding, three inner layers and the final layer.  A draft is trained on ``[embed, l_a, l_b]`` but
+saved with config ids pointing at ``[l_a, l_b, l_c]``, the mismatch of the seed article (trained on
+``cat([embed, layer3, layer31])``, served ``cat([layer3, layer31, layer59])``).  A correctly
+configured copy (``[-1, l_a, l_b]``) is saved next to it.  Deterministic (seeded).
 
 Layout of ``out``::
 
-    target/       HF layout, 2 shards + index (use as --verifier)
+    target/       HF Llama folder: config.json, generation_config.json, model.safetensors,
+                  tokenizer.json + tokenizer_config.json (use as --verifier, or serve it)
     data/         hs_{i}.safetensors  (token_ids, hidden_states [T, 5, H]) + data_config.json
     data_pt/      data_{i}.pt (legacy: input_ids, hidden_states list, loss_mask) + data_config.json
     draft/        speculators format, ids [l_a, l_b, l_c] (the bug), stored as speculators does,
                   in vLLM's convention: [l_a+1, l_b+1, l_c+1]
     draft_flat/   flat LlamaForCausalLMEagle3 (midlayer.*, no embed_tokens), same bug,
                   plus config_speculators.json (the seed's backup)
-    draft_fixed/  speculators format, ids [-1, l_a, l_b], stored as [0, l_a+1, l_b+1]
+    draft_fixed/  speculators format, ids [-1, l_a, l_b], stored as [0, l_a+1, l_b+1]; vLLM's
+                  eagle3 serves it on the target as is
+    SERVE.json    what a server needs: folders, layer ids in both conventions, layer count
     DEMO.json     written last: marks the folder complete, holds the parameters and training stats
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +40,15 @@ import torch
 from safetensors.torch import save_file
 
 from .. import events
-from . import tinyllama, train
+from . import tinyllama, train, wordtokenizer
 from .layers import Weights
 from .model import DraftArch, Eagle3Draft
 from .rope import RopeSpec
 
-DEMO_VERSION = 2  # 2: speculators-format ids in the vLLM convention
+DEMO_VERSION = 3  # 2: speculators-format ids in the vLLM convention; 3: a standard, servable target
 MARKER = "DEMO.json"
+SERVE_INFO = "SERVE.json"
+SERVE_SCHEMA = "draftops.demo-serve/1"
 
 
 @dataclass(frozen=True)
@@ -55,18 +64,20 @@ class DemoSpec:
     seq_len: int = 40
     prompt_len: int = 4
     temperature: float = 0.35
-    target_proj_std: float = 0.15
-    max_current_token_share: float = 0.40  # redraw the target above this (see _draw_target)
-    max_target_draws: int = 16
+    target_proj_std: float = 0.2
+    max_current_token_share: float = 0.60  # redraw the target above this (see _draw_target)
+    max_target_draws: int = 8
     layer_a: int = 1  # SGLang ids: output of decoder layer a
     layer_b: int = 3
     layer_c: int = 4
-    draft_intermediate: int = 512
+    draft_intermediate: int = 128
     train_steps: int = 3
     train_iters: int = 300
-    train_batch: int = 32
-    lr: float = 5e-3
+    train_batch: int = 16
+    lr: float = 2e-2
     val_fraction: float = 0.1
+    precondition: bool = True  # scale fc's init by each aux feature's spread (train.init_draft)
+    threads: int = 1  # torch threads while building: tiny ops lose more to thread hand-offs than they gain
 
     @property
     def slot_ids(self) -> list[int]:
@@ -128,59 +139,117 @@ def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
 
 
 def ensure_demo(out: str | Path, force: bool = False, spec: DemoSpec = DemoSpec()) -> DemoPaths:
-    """Generate the demo into ``out`` unless a complete one is already there."""
+    """Generate the demo into ``out`` unless a complete one is already there.
+
+    Two jobs asking at once (two test-drafter runs on one host) take turns on a lock file next to
+    the folder; the second finds the first one's demo complete and reuses it."""
     out = Path(out)
-    if force or not is_complete(out, spec):
-        build_demo(out, spec)
+    if not force and is_complete(out, spec):
+        return DemoPaths(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not is_complete(out, spec):
+            build_demo(out, spec)
     return DemoPaths(out)
 
 
 def build_demo(out: Path, spec: DemoSpec = DemoSpec()) -> DemoPaths:
-    """Build everything (about 10-20 s on 2 CPU cores)."""
+    """Build everything (about 15 s of one CPU core; see benchmarks/demo_generation.py)."""
     paths = DemoPaths(out)
+    (out / MARKER).unlink(missing_ok=True)
+    (out / SERVE_INFO).unlink(missing_ok=True)
     for part in paths.parts:
         shutil.rmtree(part, ignore_errors=True)
-    (out / MARKER).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
     torch.set_flush_denormal(True)  # tiny weights otherwise hit slow denormal arithmetic
+    torch.set_num_threads(spec.threads)
     try:
         stats = _build(paths, spec)
     finally:
         torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+    (out / SERVE_INFO).write_text(json.dumps(serve_info(spec), indent=2) + "\n")
     (out / MARKER).write_text(json.dumps({"version": DEMO_VERSION, "spec": asdict(spec),
                                           **stats}, indent=2) + "\n")
     events.result(str(out / MARKER), kind="demo")
     return paths
 
 
+def serve_info(spec: DemoSpec = DemoSpec()) -> dict[str, Any]:
+    """SERVE.json: what a server of the demo needs (folders relative to the demo folder, since
+    the folder is copied between hosts; layer ids in both conventions)."""
+    return {
+        "schema": SERVE_SCHEMA, "version": DEMO_VERSION,
+        "target": "target", "tokenizer": "target", "draft": "draft_fixed", "draft_buggy": "draft",
+        "draft_flat_buggy": "draft_flat", "draft_format": "speculators", "method": "eagle3",
+        "num_hidden_layers": spec.num_layers, "vocab_size": spec.vocab_size,
+        "max_position_embeddings": tinyllama.TinyConfig().max_position_embeddings,
+        "draft_layer_ids_sglang": spec.trained_ids, "draft_layer_ids_vllm": [i + 1 for i in spec.trained_ids],
+        "buggy_layer_ids_sglang": spec.buggy_ids, "buggy_layer_ids_vllm": [i + 1 for i in spec.buggy_ids],
+        "num_speculative_tokens": spec.train_steps, "dtype": "float32",
+        "special_token_ids": {"unk": 0, "bos": 1, "eos": 2},
+    }
+
+
+def read_serve_info(root: str | Path) -> dict[str, Any]:
+    """SERVE.json of a complete demo, with the folders made absolute (``*_path`` keys)."""
+    root = Path(root)
+    info = json.loads((root / SERVE_INFO).read_text())
+    for key in ("target", "tokenizer", "draft", "draft_buggy", "draft_flat_buggy"):
+        info[f"{key}_path"] = str((root / info[key]).resolve())
+    return info
+
+
 def _build(paths: DemoPaths, spec: DemoSpec) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(spec.seed)
     cfg = tinyllama.TinyConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-                               num_hidden_layers=spec.num_layers,
-                               windows=(2,) + (1,) * (spec.num_layers - 1))
+                               num_hidden_layers=spec.num_layers)
+    clock = _PhaseClock()
     events.progress(0, 4, "demo: sampling the target")
     target, ids, states, logits, draws = _draw_target(cfg, spec, gen)
+    clock.lap("sample")
     slots = states[:, :, [i + 1 for i in spec.slot_ids]]  # SGLang id i = state after i+1 layers
     mask = torch.arange(spec.seq_len)[None, :].expand(spec.samples, -1) >= spec.prompt_len
     tinyllama.save(cfg, target, paths.target)
+    wordtokenizer.save(paths.target, cfg.vocab_size, cfg.max_position_embeddings)
     events.progress(1, 4, "demo: writing dumps")
     data_cfg = {"layer_ids": spec.slot_ids, "layer_id_convention": "sglang", "final_slot": 4,
                 "num_hidden_layers": spec.num_layers, "hidden_size": spec.hidden_size,
                 "note": "slot k holds the output of decoder layer layer_ids[k] (-1: embedding)"}
     write_dumps(paths.data, ids, slots, None, data_cfg, "safetensors")
     write_dumps(paths.data_pt, ids, slots, mask, data_cfg, "pt")
+    clock.lap("write")
     events.progress(2, 4, "demo: training the draft")
     weights, arch, val_acc, loss = _train_draft(spec, target, ids, slots, logits, gen)
+    clock.lap("train")
     events.progress(3, 4, "demo: saving drafts")
     save_draft(paths.draft, weights, arch, spec.buggy_ids, "speculators")
     save_draft(paths.draft_flat, weights, arch, spec.buggy_ids, "flat")
     shutil.copy(paths.draft / "config.json", paths.draft_flat / "config_speculators.json")
     save_draft(paths.draft_fixed, weights, arch, spec.trained_ids, "speculators")
+    clock.lap("write")
     events.progress(4, 4, "demo: done")
     return {"trained_layer_ids": spec.trained_ids, "configured_layer_ids": spec.buggy_ids,
             "slot_layer_ids": spec.slot_ids, "val_full_acc_0": val_acc, "final_train_loss": loss,
             "target_draws": draws, "current_token_share": current_token_share(
-                ids, logits.argmax(-1), spec.vocab_size)}
+                ids, logits.argmax(-1), spec.vocab_size), "seconds": clock.seconds}
+
+
+class _PhaseClock:
+    """Wall and CPU seconds per build phase, kept in DEMO.json (benchmarks/demo_generation.py)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, dict[str, float]] = {}
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def lap(self, phase: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        entry = self.seconds.setdefault(phase, {"wall": 0.0, "cpu": 0.0})
+        entry["wall"] = round(entry["wall"] + wall - self._wall, 3)
+        entry["cpu"] = round(entry["cpu"] + cpu - self._cpu, 3)
+        self._wall, self._cpu = wall, cpu
 
 
 def _draw_target(cfg: tinyllama.TinyConfig, spec: DemoSpec, gen: torch.Generator
@@ -219,15 +288,16 @@ def _train_draft(spec: DemoSpec, target: Weights, ids: torch.Tensor, slots: torc
     to_draft = torch.full((spec.vocab_size,), -100, dtype=torch.long)
     to_draft[keep] = torch.arange(spec.draft_vocab_size)
     h = spec.hidden_size
-    arch = DraftArch(hidden_size=h, num_heads=4, num_kv_heads=2, head_dim=16,
+    arch = DraftArch(hidden_size=h, num_heads=2, num_kv_heads=1, head_dim=32,
                      intermediate_size=spec.draft_intermediate, num_layers=1, num_aux=3, aux_hidden_size=h,
                      draft_vocab_size=spec.draft_vocab_size, vocab_size=spec.vocab_size, rms_norm_eps=1e-5,
                      rope=RopeSpec(), norm_before_residual=False, norm_output=False, norm_before_fc=False,
                      fc_norm=False, qk_norm=False, sliding_windows=(None,))
-    w = train.init_draft(arch, target["model.embed_tokens.weight"], target["lm_head.weight"][keep], d2t, gen)
     aux = slots[:, :-1, :3].flatten(2)
-    labels = to_draft[logits[:, 1:].argmax(-1)]  # every row: the safetensors dump has no loss mask
     n_train = int(spec.samples * (1 - spec.val_fraction))
+    w = train.init_draft(arch, target["model.embed_tokens.weight"], target["lm_head.weight"][keep], d2t, gen,
+                         aux_std=aux[:n_train].flatten(0, 1).std(0) if spec.precondition else None)
+    labels = to_draft[logits[:, 1:].argmax(-1)]  # every row: the safetensors dump has no loss mask
     losses = train.fit(arch, w, aux[:n_train], ids[:n_train, 1:], labels[:n_train], spec.train_steps,
                        spec.train_iters, spec.train_batch, spec.lr, gen)
     with torch.inference_mode():
@@ -273,7 +343,7 @@ def _llama_block(arch: DraftArch) -> dict[str, Any]:
             "intermediate_size": arch.intermediate_size, "num_hidden_layers": arch.num_layers,
             "num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
             "head_dim": arch.head_dim, "hidden_act": "silu", "rms_norm_eps": arch.rms_norm_eps,
-            "max_position_embeddings": 4096, "vocab_size": arch.vocab_size, "tie_word_embeddings": False,
+            "max_position_embeddings": 2048, "vocab_size": arch.vocab_size, "tie_word_embeddings": False,
             "attention_bias": False, "mlp_bias": False}
 
 

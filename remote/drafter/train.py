@@ -23,8 +23,13 @@ def select_vocab(ids: torch.Tensor, vocab: int, draft_vocab: int) -> tuple[torch
 
 
 def init_draft(arch: DraftArch, embed: torch.Tensor, lm_head_rows: torch.Tensor, d2t: torch.Tensor,
-               gen: torch.Generator) -> Weights:
-    """Fresh draft weights: embedding copied (frozen), lm_head from the target's draft-vocab rows."""
+               gen: torch.Generator, aux_std: torch.Tensor | None = None) -> Weights:
+    """Fresh draft weights: embedding copied (frozen), lm_head from the target's draft-vocab rows.
+
+    ``aux_std`` [A·H] (the spread of each aux feature over the training data) preconditions ``fc``:
+    each input column is divided by its feature's spread and constant features get zero weight, so
+    the embedding slot, a hundred times smaller than the layer slots, is heard from the first step
+    instead of after hundreds of steps of Adam growing its weights."""
     h, hd, a = arch.hidden_size, arch.head_dim, arch.num_aux
 
     def rand(*shape: int) -> torch.Tensor:
@@ -34,6 +39,9 @@ def init_draft(arch: DraftArch, embed: torch.Tensor, lm_head_rows: torch.Tensor,
         "embed_tokens.weight": embed.clone(), "lm_head.weight": lm_head_rows.clone(),
         "d2t": d2t.clone(), "fc.weight": rand(h, a * arch.aux_hidden_size), "norm.weight": torch.ones(h),
     }
+    if aux_std is not None:
+        live = aux_std > 1e-4 * aux_std.max()
+        w["fc.weight"] = w["fc.weight"] * torch.where(live, 1 / aux_std.clamp_min(1e-12), 0.0)
     p = "layers.0."
     w.update({
         p + "self_attn.q_proj.weight": rand(arch.num_heads * hd, 2 * h),

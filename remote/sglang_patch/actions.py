@@ -11,10 +11,11 @@ import py_compile
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import events
 from ..fileio import atomic_write_bytes, sha256_bytes, writable
@@ -289,7 +290,7 @@ def _setter_probes(data: bytes, cls: str, state: str,
                    original: bytes | None) -> list[tuple[str, Thunk, Thunk]]:
     """(check name, what the file does, what it should do) for one class's setter."""
     run = partial(simulate.run_setter, data, cls, num_layers=PROBE_NUM_LAYERS)
-    probes = [(f"{cls}: {PROBE_IDS} -> {PROBE_LOOP_INDICES}", partial(run, PROBE_IDS),
+    probes: list[tuple[str, Thunk, Thunk]] = [(f"{cls}: {PROBE_IDS} -> {PROBE_LOOP_INDICES}", partial(run, PROBE_IDS),
                partial(list, PROBE_LOOP_INDICES))]
     if state == shapes.PATCHED:
         env = ",".join(map(str, PROBE_IDS))

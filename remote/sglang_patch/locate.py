@@ -52,7 +52,7 @@ def read_version(root: Path) -> tuple[str, str]:
     ``importlib.metadata.version("sglang")`` could describe another copy on sys.path.
     """
     for dist in importlib.metadata.distributions(path=[str(root.parent)]):
-        if (dist.metadata.get("Name") or "").lower().replace("_", "-") == "sglang":
+        if (dist.metadata.get_all("Name") or [""])[0].lower().replace("_", "-") == "sglang":
             return dist.version, "metadata"
     for name in ("_version.py", "version.py"):
         literal = _version_literal(root / name)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import ast
 import os
 import typing
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 from . import template as T
 from .shapes import capture_sites
@@ -41,7 +42,8 @@ def run_setter(source: bytes, class_name: str, layer_ids: list[int] | None, *,
                and f.name in (T.SETTER, T.ORIGINAL_SETTER)]
     helpers = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in T.HELPERS]
     namespace: dict[str, Any] = {"__name__": "draftops_simulation", **_TYPING}
-    module = ast.Module(body=helpers + methods, type_ignores=[])
+    body: list[ast.stmt] = [*helpers, *methods]
+    module = ast.Module(body=body, type_ignores=[])
     exec(compile(module, f"<{class_name} setter>", "exec"), namespace)  # noqa: S102
     stand_in_cls = type(class_name, (), {f.name: namespace[f.name] for f in methods})
     stand_in = stand_in_cls()
@@ -79,6 +81,7 @@ def run_capture_blocks(source: bytes, *, index: int, hidden: float, residual: fl
             "i": index, "hidden_states": hidden, "residual": residual,
             "aux_hidden_states": aux, "get_attention_tp_group": _Echo(),
         }
+        assert isinstance(node, ast.stmt)
         block = ast.Module(body=[node], type_ignores=[])
         exec(compile(block, "<capture block>", "exec"), namespace)  # noqa: S102
         out.append(aux)
@@ -88,7 +91,7 @@ def run_capture_blocks(source: bytes, *, index: int, hidden: float, residual: fl
 class _Echo:
     """Stand-in for a process group: any attribute is itself, a call returns its first arg."""
 
-    def __getattr__(self, name: str) -> "_Echo":
+    def __getattr__(self, name: str) -> _Echo:
         return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

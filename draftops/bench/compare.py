@@ -1,0 +1,361 @@
+"""``bench compare``: two benchmark runs side by side with the accept length test-drafter predicted,
+and the conclusions that follow, in plain words.
+
+The rule the findings encode (issue 10): when the measured accept length is far below what
+test-drafter predicts for the served config, the server is not feeding the draft what it was
+trained on (capture wiring); when it is close, the wiring is right and the draft itself is the
+limit, unless test-drafter already said the config's layer ids are wrong (MISMATCH), in which
+case the server faithfully runs a wrong config and the fix is ``draft-config --from-report``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from draftops.bench.result import BenchResult
+from draftops.bench.stats import Stat
+from draftops.errors import BenchError
+from draftops.history import History, RunRecord
+from remote.bench.numbers import finite
+
+TOLERANCE = 0.10          # measured vs predicted accept length, like the client/server cross-check
+SEVERITY_ORDER = {"bad": 0, "warn": 1, "good": 2, "info": 3}
+
+
+@dataclass
+class Prediction:
+    """The accept length test-drafter predicts for a served draft config."""
+
+    value: float
+    role: str                     # "served": this exact config; "best": the fix the served ids now equal
+    steps: int
+    run_id: str
+    status: str | None            # MATCH / MISMATCH / UNKNOWN
+    served: float | None
+    best: float | None
+    fix_layer_ids: list[int] | None
+    how: str
+
+
+@dataclass
+class Finding:
+    severity: str                 # bad | warn | good | info
+    code: str
+    text: str
+
+
+@dataclass
+class Comparison:
+    a: BenchResult
+    b: BenchResult
+    predictions: dict[str, Prediction | None]
+    findings: list[Finding] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    speedup: float | None = None
+    tolerance: float = TOLERANCE
+
+    @property
+    def headline(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "draftops.bench-compare/1", "a": self.a.run_id, "b": self.b.run_id,
+                "modes": [self.a.mode, self.b.mode], "speedup": self.speedup, "tolerance": self.tolerance,
+                "predictions": {k: asdict(v) if v else None for k, v in self.predictions.items()},
+                "rows": self.rows, "findings": [asdict(f) for f in self.findings]}
+
+
+# --- which runs, which prediction ----------------------------------------------------------------
+
+def default_pair(history: History, host: str | None = None) -> tuple[str, str]:
+    """The latest baseline and the latest speculative run of the same host, engine and target (the
+    baseline first); without a baseline, the two latest speculative runs (older first)."""
+    runs = [r for r in history.query(kind="bench", host=host) if r.verdict != "failed"]
+    spec = next((r for r in runs if r.draft), None)
+    if spec is None:
+        where = f" on host {host}" if host else ""
+        raise BenchError(f"no successful speculative benchmark{where} in the history: run `invoke serve --draft "
+                         "CKPT` and `invoke bench` first (`invoke runs --local --kind bench` lists what is there).")
+
+    def same(r: RunRecord) -> bool:
+        return (r.host, r.engine, r.target) == (spec.host, spec.engine, spec.target) and r.run_id != spec.run_id
+    base = next((r for r in runs if not r.draft and same(r)), None)
+    if base is not None:
+        return base.run_id, spec.run_id
+    older = next((r for r in runs if r.draft and same(r) and r.time <= spec.time), None)
+    if older is not None:
+        return older.run_id, spec.run_id
+    raise BenchError(f"only one benchmark of {spec.engine} serving {spec.target} on {spec.host} ({spec.run_id}): "
+                     "run `invoke serve --baseline` and `invoke bench` for a baseline, or give two run ids.")
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
+
+
+def find_prediction(history: History, result: BenchResult) -> Prediction | None:
+    """The newest test-drafter prediction for the served draft at the served step count: first one
+    that evaluated this exact config (same digest); else one of the same draft whose recommended
+    fix is the layer ids now served (its best-layout prediction then describes this config)."""
+    draft, steps = result.draft, result.steps
+    if draft is None or steps is None:
+        return None
+    runs = [r for r in history.query(kind="test-drafter") if r.metrics.get("steps") == steps and r.verdict != "failed"]
+
+    def make(r: RunRecord, role: str, how: str) -> Prediction | None:
+        value = finite(r.metrics.get("predicted_served" if role == "served" else "predicted_best"))
+        if value is None:
+            return None
+        return Prediction(value=value, role=role, steps=steps, run_id=r.run_id, status=r.verdict,
+                          served=finite(r.metrics.get("predicted_served")),
+                          best=finite(r.metrics.get("predicted_best")),
+                          fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how)
+    if draft.digest:
+        for r in runs:
+            if r.draft_digest == draft.digest:
+                found = make(r, "served", f"test-drafter run {r.run_id} evaluated this exact config")
+                if found:
+                    return found
+    if draft.layer_ids is not None:
+        key = "fix_layer_ids_vllm" if draft.layer_id_convention == "vllm" else "fix_layer_ids"
+        for r in runs:
+            if r.draft == draft.path and _ints(r.metrics.get(key)) == draft.layer_ids:
+                found = make(r, "best", f"test-drafter run {r.run_id} recommended the layer ids now served "
+                                        f"({draft.layer_ids}); this is its prediction for them")
+                if found:
+                    return found
+    return None
+
+
+# --- findings ------------------------------------------------------------------------------------
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _accept(res: BenchResult) -> float | None:
+    return res.accept_length.value if res.accept_length else None
+
+
+def _wiring_hint(res: BenchResult) -> str:
+    if res.engine.name == "sglang":
+        return ("the layer ids as SGLang reads them (flat config, -1 = embedding), the SGLang capture patch "
+                "that an embedding id needs (`invoke patch-sglang`), and the CUDA-graph path (SGLang ≤0.5.10 "
+                "replaces custom ids with its defaults during CUDA-graph decode)")
+    return ("the layer ids as vLLM reads them (speculators-format config, 0 = embedding) and which field the "
+            "config holds them in")
+
+
+def _accept_findings(label: str, res: BenchResult, pred: Prediction | None, tol: float) -> list[Finding]:
+    acc = _accept(res)
+    steps = res.steps
+    ckpt = res.draft.path if res.draft else "CKPT"
+    if acc is None:
+        return [Finding("warn", "no-accept-length",
+                        f"{label} has no measured accept length. SGLang reports it only at decode-log time: "
+                        "serve with `--decode-log-interval 1` and bench again.")]
+    if pred is None:
+        digest = res.draft.digest if res.draft and res.draft.digest else "unknown"
+        return [Finding("info", "no-prediction",
+                        f"No test-drafter prediction for {label}'s draft config (digest {digest}) at {steps} "
+                        f"steps, so its accept length {acc:.2f} cannot be judged. Run `invoke test-drafter --ckpt "
+                        f"{ckpt} --steps {steps}` to know what it should reach.")]
+    ratio = acc / pred.value
+    source = f"test-drafter run {pred.run_id}"
+    if ratio < 1 - tol:
+        return [Finding("bad", "wiring-suspect",
+                        f"{label} measured accept length {acc:.2f}, {1 - ratio:.0%} below the {pred.value:.2f} "
+                        f"that {source} predicts for this config. The server is not feeding the draft the "
+                        f"hidden states it was trained on: suspect the capture wiring, that is {_wiring_hint(res)}. "
+                        f"Run `invoke test-drafter --ckpt {ckpt} --steps {steps}` on the served config.")]
+    if ratio > 1 + tol:
+        return [Finding("warn", "above-prediction",
+                        f"{label} measured accept length {acc:.2f}, {ratio - 1:.0%} above the {pred.value:.2f} "
+                        f"{source} predicts. The benchmark's text is easier to draft than the evaluation data "
+                        "(random token ids, text repeated past its end with ignore-EOS, another language), so "
+                        "the two numbers do not describe the same text: bench with prompts like the draft's data.")]
+    if (pred.role == "served" and pred.status == "MISMATCH" and pred.best is not None
+            and pred.best > pred.value * (1 + tol)):
+        fix = f"layer ids {pred.fix_layer_ids}" if pred.fix_layer_ids is not None else "its recommended ids"
+        return [Finding("bad", "config-wrong",
+                        f"{label} measured accept length {acc:.2f}, as {source} predicted for this config "
+                        f"({pred.value:.2f}): the server runs exactly what the config says, and the config is "
+                        f"wrong. test-drafter says MISMATCH; with {fix} it predicts {pred.best:.2f}. Run "
+                        f"`invoke draft-config --ckpt {ckpt} --from-report {pred.run_id}`, serve again and bench.")]
+    return [Finding("good", "draft-limit",
+                    f"{label} measured accept length {acc:.2f}, within {tol:.0%} of the {pred.value:.2f} "
+                    f"{source} predicts{' for its recommended ids' if pred.role == 'best' else ''}: the wiring is "
+                    "right, and the draft itself is the limit. A longer accept length needs a better draft "
+                    "(more or closer training data, more TTT steps), not a serving fix.")]
+
+
+def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[Finding]) -> tuple[list[Finding],
+                                                                                                 float | None]:
+    ta, tb = a.metrics.output_throughput, b.metrics.output_throughput
+    if ta.median is None or tb.median is None or ta.median <= 0:
+        return [Finding("warn", "no-throughput", "One of the runs has no output throughput; nothing to compare.")], None
+    ratio = tb.median / ta.median
+    out: list[Finding] = []
+    if a.mode == "baseline" and b.mode == "speculative":
+        acc = _accept(b)
+        if ratio < 1:
+            wiring = any(f.code in ("wiring-suspect", "config-wrong") for f in findings_so_far)
+            why = (" The accept length is lower than it should be (see that finding): fix it first." if wiring else
+                   f" At accept length {_fmt(acc)} each verify step yields too few tokens to pay for drafting "
+                   f"{b.steps} token(s); try fewer steps, or a better draft.")
+            out.append(Finding("bad", "spec-slower",
+                               f"Speculative decoding is slower than the baseline: {tb.median:.1f} vs "
+                               f"{ta.median:.1f} output tok/s (×{ratio:.2f}).{why}"))
+        else:
+            out.append(Finding("good", "spec-faster",
+                               f"Speculative decoding is ×{ratio:.2f} the baseline's speed ({tb.median:.1f} vs "
+                               f"{ta.median:.1f} output tok/s) at accept length {_fmt(acc)}."))
+    else:
+        change = f"{ta.median:.1f} → {tb.median:.1f} output tok/s (×{ratio:.2f})"
+        if a.mode == b.mode == "speculative":
+            change += f", accept length {_fmt(_accept(a))} → {_fmt(_accept(b))}"
+        out.append(Finding("info", "change", f"From {a.run_id} to {b.run_id}: {change}."))
+    noise = max(ta.spread or 0.0, tb.spread or 0.0)
+    if abs(ratio - 1) <= noise:
+        out.append(Finding("warn", "within-noise",
+                           f"The throughput difference ({abs(ratio - 1):.0%}) is within the spread of the repeats "
+                           f"({noise:.0%}); more repeats or more prompts would tell them apart."))
+    return out, ratio
+
+
+Getter = Callable[[BenchResult], Any]
+SETTINGS: list[tuple[str, Getter]] = [
+    ("host", lambda r: r.host.name), ("GPU", lambda r: r.host.gpu), ("engine", lambda r: r.engine.name),
+    ("engine version", lambda r: r.engine.version), ("target", lambda r: r.target),
+    ("max running requests", lambda r: r.settings.max_running_requests),
+    ("dataset", lambda r: r.settings.dataset), ("input length", lambda r: r.settings.input_len),
+    ("output length", lambda r: r.settings.output_len), ("concurrency", lambda r: r.settings.concurrency),
+    ("prompts", lambda r: r.settings.prompts), ("seed", lambda r: r.settings.seed),
+    ("temperature", lambda r: r.settings.temperature), ("request rate", lambda r: r.settings.request_rate),
+    ("ignore EOS", lambda r: r.settings.ignore_eos),
+]
+SPEC_SETTINGS: list[tuple[str, Getter]] = [
+    ("steps", lambda r: r.speculative.num_steps if r.speculative else None),
+    ("topk", lambda r: r.speculative.topk if r.speculative else None),
+    ("draft tokens", lambda r: r.speculative.num_draft_tokens if r.speculative else None),
+]
+
+
+def _settings_findings(a: BenchResult, b: BenchResult) -> list[Finding]:
+    fields = SETTINGS + (SPEC_SETTINGS if a.mode == b.mode == "speculative" else [])
+    diffs = [f"{name} {get(a)} vs {get(b)}" for name, get in fields if get(a) != get(b)]
+    out = []
+    if diffs:
+        out.append(Finding("warn", "settings-differ",
+                           f"The two runs differ in {'; '.join(diffs)}. Their numbers are not like for like: "
+                           "rerun one with the other's settings before drawing conclusions."))
+    unset = [r.run_id for r in (a, b) if r.settings.max_running_requests is None]
+    if unset:
+        out.append(Finding("warn", "max-running-unset",
+                           f"Max running requests was not set explicitly for {', '.join(unset)}; SGLang resets it "
+                           "to 48 for speculative decoding, so baseline and speculative may run different batch "
+                           "limits. Serve both with the same explicit value."))
+    return out
+
+
+def _run_findings(label: str, res: BenchResult) -> list[Finding]:
+    out = []
+    if res.status == "failed":
+        out.append(Finding("bad", "run-failed",
+                           f"{label} failed ({res.failure or 'no reason recorded'}); its numbers cover only what "
+                           "was written before the failure."))
+    temperature = res.settings.temperature
+    if res.mode == "speculative" and temperature not in (0, 0.0):
+        out.append(Finding("warn", "not-greedy",
+                           f"{label} did not run greedy (temperature {temperature}); accept lengths under sampling "
+                           "are lower and cannot be held against test-drafter's greedy prediction."))
+    if res.mode == "speculative" and res.settings.dataset_kind == "random-ids":
+        out.append(Finding("warn", "random-ids",
+                           f"{label} used random token ids; accept lengths on noise mean little. Bench with a "
+                           "prompt file in the draft's language (`invoke bench --dataset PATH`)."))
+    check = res.accept_length.cross_check if res.accept_length else None
+    if check and check.get("agree") is False:
+        out.append(Finding("warn", "accept-disagree",
+                           f"{label}: the two accept-length measurements disagree ({check.get('message')}); the "
+                           "measurement window is suspect (warm-up counted, a restart, no cache flush)."))
+    return out
+
+
+def _stat_cell(stat: Stat, digits: int = 1) -> str:
+    if stat.median is None:
+        return "—"
+    spread = f" ±{stat.spread / 2:.0%}" if stat.spread else ""
+    return f"{stat.median:.{digits}f}{spread}"
+
+
+def _metric_getter(name: str) -> Getter:
+    return lambda r: getattr(r.metrics, name).median
+
+
+def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], speedup: float | None
+          ) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def add(label: str, get: Getter, show: Callable[[Any], str] = str, text: Getter | None = None) -> None:
+        va, vb = get(a), get(b)
+        cells = [text(r) if text else ("—" if v is None else show(v)) for r, v in ((a, va), (b, vb))]
+        rows.append({"metric": label, "a": va, "b": vb, "a_text": cells[0], "b_text": cells[1]})
+    add("run", lambda r: r.run_id)
+    add("mode", lambda r: r.mode)
+    add("time", lambda r: r.time[:19].replace("T", " "))
+    add("status", lambda r: r.status)
+    add("output tok/s (± half spread)", lambda r: r.metrics.output_throughput.median,
+        text=lambda r: _stat_cell(r.metrics.output_throughput))
+    rows.append({"metric": "speedup (b / a)", "a": None, "b": speedup, "a_text": "",
+                 "b_text": "—" if speedup is None else f"×{speedup:.2f}"})
+    for label, name in (("TTFT median ms", "ttft_median_ms"), ("TTFT p99 ms", "ttft_p99_ms"),
+                        ("TPOT median ms", "tpot_median_ms"), ("TPOT p99 ms", "tpot_p99_ms"),
+                        ("ITL median ms", "itl_median_ms"), ("ITL p99 ms", "itl_p99_ms")):
+        add(label, _metric_getter(name), lambda v: f"{v:.1f}")
+    add("accept length (measured)", _accept, lambda v: f"{v:.2f}")
+    add("accept length source", lambda r: r.accept_length.source if r.accept_length else None)
+    add("accept length client / server",
+        lambda r: (f"{_fmt(r.accept_length.client.median if r.accept_length.client else None)} / "
+                   f"{_fmt(r.accept_length.server.median if r.accept_length.server else None)}")
+        if r.accept_length else None)
+    def predicted(r: BenchResult) -> float | None:
+        pred = preds.get(r.run_id)
+        return pred.value if pred else None
+
+    def ratio(r: BenchResult) -> float | None:
+        pred, acc = predicted(r), _accept(r)
+        return acc / pred if pred and acc is not None else None
+
+    def origin(r: BenchResult) -> str | None:
+        pred = preds.get(r.run_id)
+        return f"{pred.run_id} ({pred.role})" if pred else None
+    add("accept length (predicted)", predicted, lambda v: f"{v:.2f}")
+    add("prediction from", origin)
+    add("measured / predicted", ratio, lambda v: f"{v:.0%}")
+    add("steps / topk / draft tokens", lambda r: (f"{r.speculative.num_steps} / {r.speculative.topk} / "
+                                                  f"{r.speculative.num_draft_tokens}") if r.speculative else None)
+    add("draft", lambda r: r.draft.path if r.draft else None)
+    add("draft layer ids", lambda r: r.draft.layer_ids if r.draft else None)
+    for label, get in SETTINGS[3:]:
+        add(label, get)
+    return rows
+
+
+def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
+            tolerance: float = TOLERANCE) -> Comparison:
+    """Hold two runs against each other (a baseline is put first) and derive the findings."""
+    if a.mode == "speculative" and b.mode == "baseline":
+        a, b = b, a
+    findings: list[Finding] = []
+    for label, res in (("run A", a), ("run B", b)):
+        findings += _run_findings(f"{label} ({res.run_id})", res)
+        if res.mode == "speculative":
+            findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance)
+    through, speedup = _throughput_findings(a, b, findings)
+    findings += through + _settings_findings(a, b)
+    findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
+    return Comparison(a=a, b=b, predictions=predictions, findings=findings,
+                      rows=_rows(a, b, predictions, speedup), speedup=speedup, tolerance=tolerance)

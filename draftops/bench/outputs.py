@@ -1,0 +1,27 @@
+"""Write a comparison into a local run folder: compare.json, compare.md and compare.png."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from draftops.bench import render
+from draftops.bench.compare import Comparison
+from draftops.history import json_safe
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write(cmp: Comparison, out_dir: Path) -> dict[str, Path]:
+    """The three files, each replaced atomically; returns them by kind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "compare.json", "markdown": out_dir / "compare.md", "chart": out_dir / "compare.png"}
+    _atomic(paths["json"], json.dumps(json_safe(cmp.to_dict()), indent=2, allow_nan=False) + "\n")
+    from draftops.bench import chart  # matplotlib costs ~0.5 s to import: only when a chart is drawn
+    chart.draw(cmp, paths["chart"])
+    _atomic(paths["markdown"], render.markdown(cmp, paths["chart"].name))
+    return paths

@@ -1,0 +1,261 @@
+"""The bench runner's plan: every client command line and server snapshot of one ``invoke bench``,
+decided before anything runs, so the runner only executes it on the host and a test can read it.
+
+What the plan guarantees (issue 10, item 1; sglang-eagle3.md §5.1, vllm-cpu.md):
+* the engine's own client: ``vllm bench serve``, or ``python -m sglang.benchmark.serving`` where
+  the host's SGLang has it, else ``python -m sglang.bench_serving`` (``remote.bench.probe``);
+* greedy: ``--temperature 0`` sent explicitly wherever the client has the flag (vLLM's client no
+  longer sends it by default; SGLang clients without the flag hard-code 0.0); a fixed ``--seed``;
+* the same prompts every time: a prompt file (``--dataset``, JSONL of ``{"prompt": ...}``, given
+  to vLLM as ``custom`` and to SGLang as ShareGPT after conversion), else random token ids, which
+  is warned about for speculative runs (accept lengths on noise mean little);
+* EOS: random prompts ignore it (there is no meaningful EOS, lengths stay fixed); prompt files
+  stop at it, so the draft is measured on the model's own continuation, and greedy decoding makes
+  the baseline and the speculative run generate the same tokens anyway;
+* one warm-up run, then R measured repeats, each with its own output file in the run folder;
+  SGLang flushes its cache (and with it the accept-length counters) before each measured run;
+  vLLM's /metrics counters are read before and after each run, and its prefix cache reset where
+  the server allows it (``/reset_prefix_cache`` exists only in vLLM's dev mode, so a 404 is fine).
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from draftops.errors import BenchError
+
+Engine = Literal["sglang", "vllm"]
+SGLANG_CLIENTS = ("sglang.benchmark.serving", "sglang.bench_serving")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What the user asked for (``invoke bench`` flags)."""
+
+    prompts: int = 100
+    concurrency: int = 1
+    input_len: int | None = None          # random prompts only
+    output_len: int = 128
+    dataset: str | None = None            # prompt JSONL on the host; None = random token ids
+    repeats: int = 3
+    warmup: bool = True
+    seed: int = 0
+    request_rate: float | None = None     # None = all requests at once (the clients' "inf")
+
+    def validate(self) -> None:
+        problems = []
+        for name, value, low in (("--prompts", self.prompts, 1), ("--concurrency", self.concurrency, 1),
+                                 ("--repeats", self.repeats, 1), ("--output-len", self.output_len, 4)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                problems.append(f"{name} {value!r} must be a whole number ≥ {low}")
+        if self.input_len is not None:
+            if self.dataset is not None:
+                problems.append("--input-len applies to random prompts; with --dataset the prompts set the length")
+            elif not isinstance(self.input_len, int) or self.input_len < 1:
+                problems.append(f"--input-len {self.input_len!r} must be a whole number ≥ 1")
+        if self.request_rate is not None and not (self.request_rate > 0):
+            problems.append(f"--request-rate {self.request_rate!r} must be a positive number of requests/s")
+        if self.dataset is not None and (not self.dataset.strip() or "\n" in self.dataset or "\0" in self.dataset):
+            problems.append(f"--dataset {self.dataset!r} is not a usable path")
+        if problems:
+            raise BenchError("bench settings refused: " + "; ".join(problems) + ".")
+
+    @property
+    def warmup_prompts(self) -> int:
+        """Enough requests to fill the batch twice (graphs captured, caches warm), never more than asked."""
+        return min(self.prompts, max(2 * self.concurrency, 4))
+
+
+@dataclass(frozen=True)
+class Client:
+    """The host's benchmark client, as ``python -m remote.bench.probe ENGINE`` describes it."""
+
+    engine: Engine
+    # ("/venv/bin/python", "-m", "sglang.bench_serving") or ("/venv/bin/vllm", "bench", "serve")
+    command: tuple[str, ...]
+    flags: dict[str, bool] = field(default_factory=dict)
+    version: str | None = None
+
+    def has(self, flag: str) -> bool:
+        return bool(self.flags.get(flag))
+
+    @classmethod
+    def from_probe(cls, probe: dict[str, Any], *, python: str, vllm_bin: str | None = None) -> Client:
+        """Build from the probe's JSON; ``python`` is the engine's interpreter on the host."""
+        engine = probe.get("engine")
+        if probe.get("error") or not probe.get("client"):
+            raise BenchError(f"no benchmark client for {engine} on the host: {probe.get('error', 'not found')}. "
+                             "Check the engine install with `invoke env.check`.")
+        if engine == "sglang":
+            if probe["client"] not in SGLANG_CLIENTS:
+                raise BenchError(f"unknown SGLang client {probe['client']!r}; expected one of {SGLANG_CLIENTS}.")
+            command: tuple[str, ...] = (python, "-m", probe["client"])
+        elif engine == "vllm":
+            command = (vllm_bin or python.rsplit("/", 1)[0] + "/vllm", "bench", "serve")
+        else:
+            raise BenchError(f"unknown engine {engine!r} in the client probe; expected sglang or vllm.")
+        return cls(engine, command, dict(probe.get("flags") or {}), probe.get("version"))
+
+
+@dataclass(frozen=True)
+class Server:
+    """The running server the benchmark talks to (from ``invoke serve``'s record)."""
+
+    base_url: str                         # http://127.0.0.1:30000
+    model: str                            # the served model name / target path
+    tokenizer: str | None = None
+    speculative: bool = False
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """A request the runner makes to the server around a client run."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    save_as: str | None = None            # file in the run folder for the response body
+    optional: bool = False                # a refusal (404/400) is expected on some servers
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One client run: the warm-up (index 0) or measured repeat 1..R."""
+
+    kind: Literal["warmup", "repeat"]
+    index: int
+    argv: tuple[str, ...]
+    output: str                           # the client's result file
+    before: tuple[HttpCall, ...] = ()
+    after: tuple[HttpCall, ...] = ()
+    log_slice: str | None = None          # file for the server log lines written during the run
+
+    @property
+    def command(self) -> str:
+        """The shell-quoted command line (what the runner executes and the log shows)."""
+        return shlex.join(self.argv)
+
+
+@dataclass
+class BenchPlan:
+    engine: Engine
+    settings: BenchSettings
+    dataset_kind: Literal["random-ids", "text"]
+    prepare: list[tuple[str, ...]]        # commands before the first step (dataset conversion)
+    steps: list[Step]
+    warnings: list[str]
+
+    @property
+    def measured(self) -> list[Step]:
+        return [s for s in self.steps if s.kind == "repeat"]
+
+
+def _rate(settings: BenchSettings) -> str:
+    return "inf" if settings.request_rate is None else repr(float(settings.request_rate))
+
+
+def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompts: int, result_dir: str,
+              result_file: str) -> list[str]:
+    """``vllm bench serve`` for one run, writing ``result_dir/result_file`` (JSON)."""
+    argv = [*client.command, "--backend", "vllm", "--base-url", server.base_url, "--model", server.model,
+            "--tokenizer", server.tokenizer or server.model]
+    if settings.dataset is None:
+        argv += ["--dataset-name", "random", "--random-input-len", str(settings.input_len or 128),
+                 "--random-output-len", str(settings.output_len), "--ignore-eos"]
+    else:
+        argv += ["--dataset-name", "custom", "--dataset-path", settings.dataset,
+                 "--custom-output-len", str(settings.output_len), "--skip-chat-template"]
+    argv += ["--num-prompts", str(prompts), "--max-concurrency", str(settings.concurrency),
+             "--request-rate", _rate(settings), "--seed", str(settings.seed)]
+    if client.has("--temperature") or not client.flags:
+        argv += ["--temperature", "0"]
+    argv += ["--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+             "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
+    return argv
+
+
+def sglang_argv(client: Client, server: Server, settings: BenchSettings, *, prompts: int, output_file: str,
+                sharegpt_path: str | None) -> list[str]:
+    """``python -m sglang.(benchmark.serving|bench_serving)`` for one run, appending to ``output_file``."""
+    argv = [*client.command, "--backend", "sglang", "--base-url", server.base_url, "--model", server.model,
+            "--tokenizer", server.tokenizer or server.model]
+    if sharegpt_path is None:
+        argv += ["--dataset-name", "random-ids", "--random-input-len", str(settings.input_len or 128),
+                 "--random-output-len", str(settings.output_len), "--random-range-ratio", "1.0"]
+    else:
+        argv += ["--dataset-name", "sharegpt", "--dataset-path", sharegpt_path,
+                 "--sharegpt-output-len", str(settings.output_len), "--disable-ignore-eos"]
+    argv += ["--num-prompts", str(prompts), "--max-concurrency", str(settings.concurrency),
+             "--request-rate", _rate(settings), "--seed", str(settings.seed)]
+    if client.has("--temperature"):
+        argv += ["--temperature", "0"]
+    if client.has("--flush-cache"):
+        argv += ["--flush-cache"]
+    if client.has("--warmup-requests"):
+        argv += ["--warmup-requests", "1"]
+    argv += ["--output-file", output_file]
+    return argv
+
+
+def _warnings(client: Client, server: Server, settings: BenchSettings) -> list[str]:
+    out = []
+    if server.speculative and settings.dataset is None:
+        out.append("this speculative run uses random token ids: accept lengths on noise mean little and cannot be "
+                   "held against test-drafter's prediction; give --dataset PATH with prompts in the draft's language.")
+    if client.engine == "sglang" and client.flags and not client.has("--temperature"):
+        out.append(f"this SGLang client ({client.version or 'old'}) has no --temperature; it sends temperature 0.0 "
+                   "itself, so the run is still greedy.")
+    if client.engine == "vllm" and client.flags and not client.has("--temperature"):
+        out.append("this vLLM client has no --temperature flag: greedy decoding cannot be requested explicitly.")
+    if client.engine == "sglang" and client.flags and not client.has("--flush-cache"):
+        out.append("this SGLang client cannot flush the cache: its accept length is cumulative since the server "
+                   "started, so the decode-log lines of the run are used instead.")
+    if settings.repeats < 3:
+        out.append(f"{settings.repeats} repeat(s): the spread over repeats says little below 3.")
+    if settings.concurrency > settings.prompts:
+        out.append(f"--concurrency {settings.concurrency} exceeds --prompts {settings.prompts}: the batch never fills.")
+    return out
+
+
+def plan(client: Client, server: Server, settings: BenchSettings, run_dir: str) -> BenchPlan:
+    """The whole run: dataset preparation, a warm-up, and R measured repeats with their snapshots."""
+    settings.validate()
+    if not server.base_url.startswith(("http://", "https://")):
+        raise BenchError(f"server address {server.base_url!r} is not an http(s) URL; `invoke serve.status` shows it.")
+    run_dir = run_dir.rstrip("/")
+    prepare: list[tuple[str, ...]] = []
+    sharegpt = None
+    if client.engine == "sglang" and settings.dataset is not None:
+        sharegpt = f"{run_dir}/prompts.sharegpt.json"
+        python = client.command[0]
+        prepare.append((python, "-m", "remote.bench.datasets", settings.dataset, sharegpt))
+    steps: list[Step] = []
+    indices = ([0] if settings.warmup else []) + list(range(1, settings.repeats + 1))
+    for index in indices:
+        kind: Literal["warmup", "repeat"] = "warmup" if index == 0 else "repeat"
+        name = "warmup" if index == 0 else f"rep{index}"
+        prompts = settings.warmup_prompts if index == 0 else settings.prompts
+        before: list[HttpCall] = []
+        after: list[HttpCall] = []
+        if client.engine == "vllm":
+            file = f"client-{name}.json"
+            argv = vllm_argv(client, server, settings, prompts=prompts, result_dir=run_dir, result_file=file)
+            before.append(HttpCall("POST", "/reset_prefix_cache", optional=True,
+                                   why="same cache state for every run (vLLM allows it only in dev mode)"))
+            if index:
+                before.append(HttpCall("GET", "/metrics", f"metrics-before-{name}.prom",
+                                       why="spec-decode counters before the run"))
+                after.append(HttpCall("GET", "/metrics", f"metrics-after-{name}.prom",
+                                      why="spec-decode counters after the run: 1 + Δaccepted/Δdrafts"))
+        else:
+            file = f"client-{name}.jsonl"
+            argv = sglang_argv(client, server, settings, prompts=prompts, output_file=f"{run_dir}/{file}",
+                               sharegpt_path=sharegpt)
+            if index:
+                after.append(HttpCall("GET", "/get_server_info", f"server-info-{name}.json",
+                                      why="effective settings and avg_spec_accept_length since the flush"))
+        steps.append(Step(kind, index, tuple(argv), f"{run_dir}/{file}", tuple(before), tuple(after),
+                          log_slice=f"server-log-{name}.txt"))
+    return BenchPlan(client.engine, settings, "text" if settings.dataset else "random-ids", prepare, steps,
+                     _warnings(client, server, settings))

@@ -1,0 +1,206 @@
+"""The bench result file, ``runs/<id>/bench-result.json``, schema ``draftops.bench-result/1``.
+
+One file per ``invoke bench`` run holds everything ``bench compare`` needs without going back to
+the host: the host facts, the engine and version, the target, the draft (path, config digest,
+layer ids as written and in whose convention), the *effective* speculative settings the server
+reported, the benchmark settings, every metric as median and spread over the repeats, and the
+accept length measured two ways with their cross-check. Keys are only ever added within a
+schema version; renaming or removing one bumps it (docs/bench.md has the full table).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from draftops.bench.stats import Stat, summarize
+from draftops.errors import BenchError
+from remote.bench.client_output import ClientRecord
+from remote.bench.crosscheck import TOLERANCE, cross_check
+
+SCHEMA = "draftops.bench-result/1"
+RESULT_NAME = "bench-result.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class HostFacts(_Model):
+    name: str
+    gpu: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    cpu: str | None = None
+
+
+class EngineInfo(_Model):
+    name: Literal["sglang", "vllm"]
+    version: str | None = None
+
+
+class DraftInfo(_Model):
+    path: str
+    digest: str | None = None                                  # remote.bench.digest.config_digest
+    format: str | None = None                                  # "flat" | "speculators"
+    layer_ids: list[int] | None = None                         # as written in the config
+    layer_id_convention: Literal["sglang", "vllm"] | None = None
+
+
+class Speculative(_Model):
+    """Effective settings, as the server reports them (SGLang may override what was asked)."""
+
+    algorithm: str | None = None
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    asked: dict[str, Any] | None = None
+
+
+class Settings(_Model):
+    dataset: str                                               # "random", "random-ids" or the prompt file
+    dataset_kind: Literal["random-ids", "text"]
+    prompts: int
+    repeats: int
+    concurrency: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    request_rate: float | None = None                          # None = all at once (inf)
+    max_running_requests: int | None = None
+    warmup: bool = True
+    ignore_eos: bool | None = None
+
+
+class Metrics(_Model):
+    output_throughput: Stat = Stat()                           # tok/s
+    request_throughput: Stat = Stat()
+    ttft_median_ms: Stat = Stat()
+    ttft_p99_ms: Stat = Stat()
+    tpot_median_ms: Stat = Stat()
+    tpot_p99_ms: Stat = Stat()
+    itl_median_ms: Stat = Stat()
+    itl_p99_ms: Stat = Stat()
+    completed: int | None = None
+    failed: int | None = None
+
+
+class AcceptLength(_Model):
+    client: Stat | None = None      # vLLM spec_decode_acceptance_length; SGLang accept_length
+    server: Stat | None = None                                 # /metrics window, server info or decode log
+    server_source: str | None = None
+    value: float | None = None                                 # the one compared with predictions
+    source: str | None = None
+    cross_check: dict[str, Any] | None = None
+
+
+class Repeat(_Model):
+    index: int
+    client_file: str | None = None
+    record: dict[str, Any] | None = None
+    server_accept: float | None = None
+    problems: list[dict[str, Any]] = []
+
+
+class BenchResult(_Model):
+    schema_: Literal["draftops.bench-result/1"] = Field("draftops.bench-result/1", alias="schema")
+    run_id: str
+    time: str
+    status: Literal["succeeded", "failed"]
+    failure: str | None = None
+    host: HostFacts
+    engine: EngineInfo
+    target: str
+    draft: DraftInfo | None = None
+    speculative: Speculative | None = None
+    patch_state: str | None = None
+    settings: Settings
+    metrics: Metrics
+    accept_length: AcceptLength | None = None
+    repeats: list[Repeat] = []
+    warnings: list[str] = []
+    files: dict[str, str] = {}                                 # role -> path inside the run folder
+
+    @property
+    def mode(self) -> str:
+        return "speculative" if self.draft is not None else "baseline"
+
+    @property
+    def steps(self) -> int | None:
+        return self.speculative.num_steps if self.speculative else None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+
+_METRIC_KEYS = {"output_throughput": "output_throughput", "request_throughput": "request_throughput",
+                "ttft_median_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms",
+                "tpot_median_ms": "median_tpot_ms", "tpot_p99_ms": "p99_tpot_ms",
+                "itl_median_ms": "median_itl_ms", "itl_p99_ms": "p99_itl_ms"}
+
+
+def build_metrics(records: Sequence[ClientRecord | None]) -> Metrics:
+    """Median and spread of every metric over the repeats (a failed repeat is None)."""
+    fields: dict[str, Any] = {name: summarize(getattr(r, key) if r else None for r in records)
+                              for name, key in _METRIC_KEYS.items()}
+    completed = [r.completed for r in records if r and r.completed is not None]
+    failed = [r.failed for r in records if r and r.failed is not None]
+    return Metrics(**fields, completed=int(sum(completed)) if completed else None,
+                   failed=int(sum(failed)) if failed else None)
+
+
+def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float | None],
+                 server_source: str | None, tolerance: float = TOLERANCE) -> AcceptLength | None:
+    """Accept length from the client and from the server, cross-checked; the client's median is the
+    headline value when it has one (it covers exactly the measured requests)."""
+    client = summarize(r.accept_length if r else None for r in records)
+    server_stat = summarize(server)
+    if client.median is None and server_stat.median is None:
+        return None
+    check = cross_check(client.median, server_stat.median, a_source="client",
+                        b_source=server_source or "server", tolerance=tolerance)
+    value, source = ((client.median, "client") if client.median is not None
+                     else (server_stat.median, server_source or "server"))
+    return AcceptLength(client=client if client.n else None, server=server_stat if server_stat.n else None,
+                        server_source=server_source, value=value, source=source, cross_check=check.to_dict())
+
+
+def load(path: Path) -> BenchResult:
+    """Read and validate a bench result; the error names the file, the field and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULT_NAME
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenchError(f"no bench result at {path}: give a run id whose folder runs/<id>/ holds "
+                         f"{RESULT_NAME} (`invoke runs --local --kind bench` lists them).") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BenchError(f"{path} is not readable JSON ({exc}); the run that wrote it may have been cut off. "
+                         "Run the benchmark again.") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise BenchError(f"{path} has schema {found!r}; this draftops reads {SCHEMA}. Use a draftops of the "
+                         "same generation as the run, or run the benchmark again.")
+    try:
+        return BenchResult.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BenchError(f"{path}: field '{where}': {first['msg']} ({len(exc.errors())} problem(s) in all). "
+                         "The file was edited or written by a broken run; run the benchmark again.") from None
+
+
+def write(result: BenchResult, run_dir: Path) -> Path:
+    """Write ``bench-result.json`` atomically into ``run_dir``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RESULT_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(result.to_json() + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,43 @@
+"""The engine half of the env tasks: `env.setup --engine NAME` and the engine rows of `env.check`.
+
+Kept apart from cli/env.py so the ml-env tasks stay as they are; the install logic itself lives
+in draftops/engine_env.py.
+"""
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from draftops import engine_env, jobs
+from draftops.cli.common import require_success
+from draftops.console import console, follow_live
+from draftops.host import Host
+
+
+def setup_engine(target: Host, engine: str, venv: str | None) -> None:
+    """Install ``engine`` into its own venv on the host unless its content hash is current."""
+    plan = engine_env.plan(target, engine, venv)
+    if plan.up_to_date:
+        console.print(f"[green]env[/] {target.name}: {escape(plan.venv)} is up to date "
+                      f"({plan.recipe.dist} {plan.recipe.version}, hash {plan.digest[:12]}); nothing to do")
+        return
+    job = engine_env.start_setup(target, plan)
+    console.print(f"[dim]run {job.id} on {target.name}: installing {plan.recipe.dist} {plan.recipe.version} "
+                  f"into {escape(plan.venv)} (minutes; it survives a dropped link)[/]")
+    final = follow_live(target, job.id)
+    require_success(job.id, final, jobs.pull(target, job.id))
+    console.print(f"[green]env[/] {target.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
+                  f"(hash {plan.digest[:12]})")
+
+
+def add_engine_rows(target: Host, table: Table) -> None:
+    """One row per engine draftops installs: its version and venv, or where it would go."""
+    for row in engine_env.probe(target):
+        venv = escape(row["venv"])
+        if not row["version"]:
+            table.add_row(f"engine {row['engine']}", f"[dim]not installed[/] (would go to {venv}: "
+                                                     f"`invoke env.setup --engine {row['engine']}`)")
+            continue
+        stale = "" if row["current"] else (" [yellow](incomplete or older install: run `invoke env.setup "
+                                           f"--engine {row['engine']}`)[/]")
+        table.add_row(f"engine {row['engine']}", f"{row['version']} in {venv}{stale}")

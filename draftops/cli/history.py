@@ -1,0 +1,122 @@
+"""The task side of the local run history: `invoke runs --local` and the one-call hooks that record
+each task's run (``record_test_drafter``). Recording never fails the task it follows: a history
+that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from invoke import Context
+from rich.markup import escape
+from rich.table import Table
+
+from draftops import history, jobs, records
+from draftops.cli.common import project_root
+from draftops.console import console
+from draftops.errors import DraftopsError, HistoryError
+from draftops.host import Host
+from remote.bench.digest import config_digest
+
+LOCAL_RUNS_HELP = {
+    "local": "list the local run history (runs/history.sqlite) instead of the host's run folders",
+    "kind": "with --local: only runs of this kind (test-drafter, serve, bench, compare)",
+    "draft": "with --local: only runs of this draft (its path, last path part, or config digest prefix)",
+    "since": "with --local: only runs since a date (2026-11-30), a time (2026-11-30T14:05) or an age (12h, 7d)",
+}
+VERDICT_STYLE = {"MATCH": "green", "MISMATCH": "red", "succeeded": "green", "failed": "red", "UNKNOWN": "yellow",
+                 "draft-limit": "green", "spec-faster": "green", "wiring-suspect": "red", "config-wrong": "red",
+                 "spec-slower": "red"}
+
+
+def _num(value: Any, fmt: str) -> str | None:
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def headline(rec: history.RunRecord) -> str:
+    """The one figure that says what a run found."""
+    m = rec.metrics
+    if rec.kind == "test-drafter":
+        parts = [(f"predicted accept {_num(m.get('predicted_served'), '.2f') or '—'}"
+                 f" (best {_num(m.get('predicted_best'), '.2f') or '—'}) at K={m.get('steps')}")]
+        if m.get("fix_layer_ids") is not None:
+            parts.append(f"fix {m['fix_layer_ids']}")
+        return ", ".join(parts)
+    if rec.kind == "bench":
+        tok = _num(m.get("output_throughput"), ".1f")
+        acc = _num(m.get("accept_length"), ".2f")
+        return ", ".join(p for p in (f"{tok} tok/s" if tok else None, f"accept {acc}" if acc else None) if p)
+    if rec.kind == "compare":
+        speed = _num(m.get("speedup"), ".2f")
+        return f"{rec.settings.get('a')} vs {rec.settings.get('b')}" + (f", ×{speed}" if speed else "")
+    shown = [f"{k} {v}" for k, v in m.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    return ", ".join(shown[:3])
+
+
+def _short(path: str | None, width: int = 28) -> str:
+    if not path:
+        return ""
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = None, draft: str | None = None,
+                    since: str | None = None) -> None:
+    """`invoke runs --local`: the history table, newest first."""
+    root = project_root(c)
+    found = history.for_project(root).query(kind=kind, host=host, draft=draft,
+                                            since=history.parse_since(since) if since else None)
+    filters = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("host", host), ("draft", draft),
+                                                  ("since", since)) if v)
+    table = Table(title=f"local run history ({root / 'runs' / history.DB_NAME})" + (f": {filters}" if filters else ""),
+                  title_justify="left")
+    for col in ("id", "kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"):
+        table.add_column(col, overflow="fold" if col in ("id", "headline") else "ellipsis")
+    for rec in found:
+        engine = " ".join(p for p in (rec.engine, rec.engine_version) if p)
+        draft_text = _short(rec.draft) + (f" {rec.draft_digest[7:15]}" if rec.draft_digest else "")
+        verdict = rec.verdict or ""
+        table.add_row(escape(rec.run_id), rec.kind, escape(rec.host), rec.time[:19].replace("T", " "), escape(engine),
+                      escape(_short(rec.target)), escape(draft_text),
+                      f"[{VERDICT_STYLE.get(verdict, 'white')}]{escape(verdict)}[/]", escape(headline(rec)))
+    console.print(table)
+    if not found:
+        console.print("[dim]no runs recorded" + (" match" if filters else " yet") +
+                      "; test-drafter, serve and bench record theirs here.[/]")
+
+
+def _read_report(local: Path | None) -> dict[str, Any] | None:
+    path = local / "report.json" if local else None
+    if not path or not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _host_config_digest(target: Host, report: dict[str, Any] | None) -> str | None:
+    """The digest of the draft config the report evaluated (read on the host: it lives there)."""
+    checkpoint = (report or {}).get("checkpoint") or {}
+    if isinstance(checkpoint.get("config_digest"), str):
+        return checkpoint["config_digest"]
+    path = checkpoint.get("config_path")
+    if not isinstance(path, str) or not path:
+        return None
+    result = target.transport.run(f"cat {jobs.shell_path(path)}", check=False)
+    return config_digest(result.stdout) if result.ok else None
+
+
+def record_test_drafter(target: Host, run_id: str, final: dict[str, Any], local: Path | None,
+                        args: dict[str, Any]) -> None:
+    """Record a finished test-drafter run in the local history (one call at the end of the task)."""
+    try:
+        report = _read_report(local)
+        rec = records.test_drafter_record(run_id, target.name, final, report, args,
+                                          git_rev=history.project_revision(target.project_root),
+                                          config_digest=_host_config_digest(target, report))
+        history.for_project(target.project_root).record(rec)
+    except (DraftopsError, OSError) as exc:
+        kind = "" if isinstance(exc, HistoryError) else f"{type(exc).__name__}: "
+        console.print(f"[yellow]warning: run {escape(run_id)} was not recorded in the local history: "
+                      f"{escape(kind + str(exc))}[/]")

@@ -1,0 +1,266 @@
+"""`invoke serve` (start a checked EAGLE-3 server) and serve.status / serve.stop / serve.logs.
+
+`serve` is a namespace whose default task starts a server, so `invoke serve --draft CKPT` and
+`invoke serve.stop` read as one family.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from invoke import Context, task
+from rich.markup import escape
+from rich.table import Table
+
+from draftops import jobs
+from draftops.cli.common import (
+    HOST_HELP,
+    connect,
+    ensure_code,
+    friendly,
+    host_path,
+    project_root,
+    require_success,
+    run_job,
+)
+from draftops.console import console, follow_live, state_text
+from draftops.errors import ConnectError, RemoteError, ServeError, ServeRefused
+from draftops.host import Host
+from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
+from draftops.serve.request import DEMO, Request, resolve
+
+_HELP = {
+    "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and draft)",
+    "baseline": "serve the profile's target with no draft (for comparison runs)",
+    "profile": "serve profile of the host (hosts.yaml `serve:`; default: the only one, or `default`)",
+    "target": "target model folder on the host (default: the profile's `target`; `demo` for the demo's)",
+    "steps": "speculative steps (vLLM: num_speculative_tokens, default 3)",
+    "topk": "SGLang: draft tree branching per step", "draft_tokens": "SGLang: tokens verified per step",
+    "port": "port on the host (default: the profile's, else 30000 SGLang / 8000 vLLM)",
+    "allow_override": "start even though SGLang will change --draft-tokens (topk 1)",
+    "force": "serve a draft whose latest test-drafter verdict is MISMATCH",
+    "replace": "stop the draftops server already on that port first", "host": HOST_HELP,
+}
+
+
+def _absolute(box: Host, path: str | None) -> str | None:
+    """A host path the engine can use from any folder: relative means the project folder on
+    `local` and the login folder over SSH; `~` is expanded with the host's home."""
+    if path is None or path == DEMO:
+        return path
+    if box.spec.transport == "local":
+        return host_path(box, os.path.expanduser(path))
+    if not box.info:
+        box.prepare()
+    home = str(box.info["home"])
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else f"{home}/{path}"
+
+
+def _whole(flag: str, value: Any) -> int | None:
+    """Invoke passes options whose default is None as strings; counts and ports must be integers."""
+    if value is None:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ServeRefused(f"{flag} {value!r} is not a whole number.") from None
+
+
+def _show(found: checks.Findings) -> None:
+    for note in found.notes:
+        console.print(f"[dim]· {escape(note)}[/]")
+    for warning in found.warnings:
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
+
+
+def _ensure_demo(box: Host) -> None:
+    """Generate the demo on the host once (the same cache `invoke test-drafter` uses)."""
+    command = jobs.python_module_command(box, "remote.drafter", ["demo", "--out", f"{box.state_dir}/demo"])
+    run_id, final, _ = run_job(box, "demo", command, pull=False, quiet=True)
+    require_success(run_id, final, None)
+
+
+class _ProgressLine:
+    """A live status line on a terminal; otherwise a plain line on each change and every 15 s."""
+
+    def __init__(self, label: str, where: str):
+        self.label, self.where = label, where
+        self.last: tuple[str, str] | None = None
+        self.printed = 0.0
+        self.status = console.status(f"waiting for {label} on {where}…") if console.is_terminal else None
+        if self.status is not None:
+            self.status.start()
+
+    def __call__(self, elapsed: float, what: str, code: int | None) -> None:
+        answer = "no answer yet" if code is None else f"HTTP {code}"
+        text = f"waiting for {self.label} on {self.where}: {elapsed:.0f} s, {what} → {answer}"
+        if self.status is not None:
+            self.status.update(text)
+        elif (answer, what) != self.last or time.monotonic() - self.printed > 15:
+            console.print(f"[dim]{escape(text)}[/]")
+            self.last, self.printed = (answer, what), time.monotonic()
+
+    def done(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
+def _value(value: Any) -> str:
+    return "—" if value is None else escape(str(value))
+
+
+def _show_readback(readback: lifecycle.Readback, label: str) -> None:
+    table = Table(title=f"{label}: asked for vs effective", title_justify="left")
+    for col in ("setting", "asked", "effective"):
+        table.add_column(col, overflow="fold")
+    for name, asked, got, differs in readback.rows:
+        style = "bold red" if differs else ""
+        table.add_row(f"[{style}]{name}[/]" if style else name, _value(asked),
+                      f"[{style}]{_value(got)}[/]" if style else _value(got))
+    console.print(table)
+    differing = [name for name, _, _, differs in readback.rows if differs]
+    if differing:
+        console.print(f"[bold red]the server runs with other values than asked for: {', '.join(differing)}[/]")
+    for note in readback.notes:
+        console.print(f"[yellow]note[/]: {escape(note)}")
+
+
+@task(default=True, help=_HELP)
+@friendly
+def start(c: Context, draft: str | None = None, baseline: bool = False, profile: str | None = None,
+          target: str | None = None, steps: int | None = None, topk: int | None = None,
+          draft_tokens: int | None = None, port: int | None = None, allow_override: bool = False,
+          force: bool = False, replace: bool = False, host: str | None = None) -> None:
+    """Check a draft against its engine and target, then serve it detached and show its real settings."""
+    box = connect(c, host)
+    chosen = profiles.resolve(box.spec, profile)
+    request = Request(draft=_absolute(box, draft), baseline=baseline, profile=profile,
+                      target=_absolute(box, target), steps=_whole("--steps", steps),
+                      topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
+                      port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
+    plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
+                   f"{box.state_dir}/demo")
+    found = checks.Findings(notes=list(plan.notes))
+    checks.flag_checks(plan, found)
+    if found.refusals:
+        raise ServeRefused(*found.refusals)
+    ensure_code(box)
+    if request.demo:
+        _ensure_demo(box)
+    launch = plan.launch
+    facts = hosttool.inspect(box, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
+    verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None
+    checks.fact_checks(plan, facts, verdict, found)
+    engine_info = facts.get("engine") or {}
+    console.print(f"[bold]{plan.engine.label}[/] {engine_info.get('version') or ''} on {box.name} "
+                  f"(profile {chosen.name}, {escape(launch.python)})")
+    _show(found)
+    if found.refusals:
+        raise ServeRefused(*found.refusals)
+    ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
+    plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
+    for note in lifecycle.make_room(box, plan):
+        console.print(f"[yellow]{escape(note)}[/]")
+    server = lifecycle.launch(box, plan, dict(chosen.settings.env))
+    console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {box.name}; "
+                  f"log: {box.runs_dir}/{server.run_id}/log[/]")
+    update = _ProgressLine(plan.engine.label, f"{box.name}:{server.port}")
+    later = (f"Check it with `invoke serve.status --host {box.name}`; stop it with `invoke serve.stop --port "
+             f"{server.port} --host {box.name}`.")
+    try:
+        lifecycle.wait_ready(box, plan, server, update)
+    except KeyboardInterrupt:
+        update.done()
+        console.print(f"\n[yellow]detached[/]: the server keeps starting on {box.name}. {later}")
+        raise SystemExit(130) from None
+    except (ConnectError, RemoteError) as exc:
+        raise ServeError(f"Lost the host while waiting for the server to come up ({exc}). The server runs "
+                         f"detached (run {server.run_id}) and may still be starting. {later}") from None
+    finally:
+        update.done()
+    readback = lifecycle.read_back(box, plan, server)
+    console.print(f"[green]ready[/]: {plan.engine.label} on {box.name} 127.0.0.1:{server.port} "
+                  f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
+    _show_readback(readback, plan.engine.label)
+    console.print(f"[dim]status: `invoke serve.status --host {box.name}`; stop: `invoke serve.stop --port "
+                  f"{server.port} --host {box.name}`[/]")
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _settings(server: lifecycle.Server) -> str:
+    effective = server.effective or {}
+    shown = {k: v for k, v in effective.items() if not k.startswith("_") and v is not None and k != "draft"}
+    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "(not read yet)"
+
+
+@task(help={"host": HOST_HELP})
+@friendly
+def status(c: Context, host: str | None = None) -> None:
+    """List the draftops servers on the host: engine, port, pid, target, draft, uptime, settings, alive."""
+    box = connect(c, host)
+    ensure_code(box)
+    rows = lifecycle.servers(box)
+    if not rows:
+        console.print(f"no draftops servers on {box.name}")
+        return
+    table = Table(title=f"servers on {box.name}", title_justify="left")
+    for col in ("port", "engine", "state", "pid", "uptime"):
+        table.add_column(col, no_wrap=True)
+    for col in ("target", "draft", "effective settings", "run"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(str(row.port), row.engine, state_text("alive" if row.alive else "dead"),
+                      str(row.pid or "—"), _uptime(row.uptime_s), escape(row.target),
+                      escape(row.draft or "(baseline)"), escape(_settings(row)), row.run_id)
+    console.print(table)
+
+
+@task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",
+            "grace": "seconds between SIGTERM and SIGKILL", "host": HOST_HELP})
+@friendly
+def stop(c: Context, port: int | None = None, all: bool = False, grace: float = 10.0,
+         host: str | None = None) -> None:
+    """Stop a server: SIGTERM to its process group, SIGKILL after the grace period."""
+    box = connect(c, host)
+    ensure_code(box)
+    targets = lifecycle.servers(box) if all else [lifecycle.find(box, _whole("--port", port))]
+    if not targets:
+        console.print(f"no draftops servers on {box.name}")
+    for server in targets:
+        try:
+            final = lifecycle.stop(box, server, grace)
+        except ServeError as exc:
+            if not all:
+                raise
+            console.print(f"port {server.port}: [yellow]skipped[/]: {escape(str(exc))}")
+            continue
+        left = (final.get("reaped") or {}).get("left")
+        tail = f", [red]processes left: {left}[/]" if left else ", no process left"
+        console.print(f"port {server.port} ({server.engine}, run {server.run_id}): "
+                      f"{state_text(final.get('state'))}{tail}")
+
+
+@task(help={"port": "the server's port (default: the only server)", "follow": "stream until it stops "
+            "(Ctrl-C detaches)", "lines": "how many of the last lines to print", "host": HOST_HELP})
+@friendly
+def logs(c: Context, port: int | None = None, follow: bool = False, lines: int = 200,
+         host: str | None = None) -> None:
+    """Print a server's log (its last lines), or follow it live."""
+    box = connect(c, host)
+    ensure_code(box)
+    server = lifecycle.find(box, _whole("--port", port))
+    console.print(lifecycle.log_tail(box, server.run_id, lines), markup=False, highlight=False, end="")
+    if follow:
+        follow_live(box, server.run_id, offset=lifecycle.log_size(box, server.run_id))

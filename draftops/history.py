@@ -1,0 +1,320 @@
+"""The local run history, ``runs/history.sqlite``: one row per test-drafter, serve, bench and compare
+run, so numbers collected weeks apart can be found and held side by side.
+
+Why SQLite and how it stays safe:
+* WAL journal with ``synchronous=FULL``: a committed run survives a crash or power cut, and a
+  writer killed mid-transaction leaves the last committed state (SQLite rolls the rest back on the
+  next open), so the file is always readable.
+* Every write is one ``BEGIN IMMEDIATE`` transaction with a busy timeout, so two draftops
+  processes recording at the same moment queue instead of failing or interleaving.
+* A run is keyed by its id and written as an upsert: a run recorded when it starts is completed
+  in place when it ends.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path, PurePath
+from typing import Any
+
+from draftops.errors import HistoryError
+
+DB_NAME = "history.sqlite"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+_KIND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_COLUMNS = ("run_id", "kind", "host", "time", "git_rev", "engine", "engine_version", "target", "draft",
+            "draft_digest", "settings", "metrics", "verdict")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id         TEXT PRIMARY KEY,
+    kind           TEXT NOT NULL,
+    host           TEXT NOT NULL,
+    time           TEXT NOT NULL,
+    git_rev        TEXT,
+    engine         TEXT,
+    engine_version TEXT,
+    target         TEXT,
+    draft          TEXT,
+    draft_digest   TEXT,
+    settings       TEXT NOT NULL DEFAULT '{}',
+    metrics        TEXT NOT NULL DEFAULT '{}',
+    verdict        TEXT,
+    recorded_at    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_kind_time ON runs(kind, time);
+CREATE INDEX IF NOT EXISTS runs_draft_digest ON runs(draft_digest);
+"""
+
+
+def now_iso() -> str:
+    """UTC time in the one format the table holds (fixed width, so text order is time order)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def to_iso(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.astimezone()          # naive means local time
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What one run was and what it found. ``settings`` and ``metrics`` are JSON objects."""
+
+    run_id: str
+    kind: str                      # test-drafter | serve | bench | compare | ...
+    host: str
+    time: str = field(default_factory=now_iso)
+    git_rev: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    draft_digest: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    verdict: str | None = None
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become null (not measured), paths become text, tuples lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def _check(rec: RunRecord) -> None:
+    if not isinstance(rec.run_id, str) or not rec.run_id.strip() or "\n" in rec.run_id:
+        raise HistoryError(f"run id {rec.run_id!r} cannot be recorded: it must be one line of text.")
+    if not isinstance(rec.kind, str) or not _KIND.match(rec.kind):
+        raise HistoryError(f"run kind {rec.kind!r} cannot be recorded: use lower-case letters, digits and '-'.")
+    if not isinstance(rec.host, str) or not rec.host:
+        raise HistoryError(f"run {rec.run_id}: the host name is empty.")
+    try:
+        parse_time(rec.time)
+    except HistoryError as exc:
+        raise HistoryError(f"run {rec.run_id}: {exc}") from None
+    for name in ("settings", "metrics"):
+        if not isinstance(getattr(rec, name), Mapping):
+            raise HistoryError(f"run {rec.run_id}: {name} must be a mapping, not "
+                               f"{type(getattr(rec, name)).__name__}.")
+
+
+def _row(row: sqlite3.Row) -> RunRecord:
+    data = {key: row[key] for key in _COLUMNS}
+    for key in ("settings", "metrics"):
+        try:
+            data[key] = json.loads(data[key] or "{}")
+        except ValueError:
+            data[key] = {"unreadable": data[key]}
+    return RunRecord(**data)
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO date or date-time (naive = local time) as an aware datetime."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        raise HistoryError(f"{text!r} is not a date or time; write 2026-11-30 or 2026-11-30T14:05.") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def parse_since(text: str, now: datetime | None = None) -> str:
+    """``--since``: a date (local midnight), a date-time, or an age like 90m, 12h, 7d, 2w."""
+    text = text.strip()
+    age = re.fullmatch(r"(\d+)\s*([mhdw])", text)
+    if age:
+        unit = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[age.group(2)]
+        return to_iso((now or datetime.now(timezone.utc)) - timedelta(**{unit: int(age.group(1))}))
+    try:
+        return to_iso(parse_time(text))
+    except HistoryError:
+        raise HistoryError(f"--since {text!r} is neither a date (2026-11-30), a date-time (2026-11-30T14:05) "
+                           "nor an age (90m, 12h, 7d, 2w).") from None
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo an open transaction; SQLite may already have rolled back after a failed COMMIT (a full
+    disk), and that must not hide the original error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+class History:
+    """The history database at ``path`` (created on first write, parents included)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @contextmanager
+    def _connect(self, write: bool) -> Iterator[sqlite3.Connection]:
+        if not write and not self.path.exists():
+            raise FileNotFoundError(self.path)
+        try:
+            if write:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise self._error(exc) from None
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute("PRAGMA synchronous = FULL")
+            if write:
+                self._migrate(conn)
+            else:
+                self._check_version(conn)
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        finally:
+            conn.close()
+
+    def _check_version(self, conn: sqlite3.Connection) -> int:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"{self.path} was written by a newer draftops (history schema {version}, this one "
+                               f"reads {SCHEMA_VERSION}); update draftops, or point it at another project.")
+        return version
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if self._check_version(conn) == SCHEMA_VERSION:
+            return
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self._check_version(conn) < SCHEMA_VERSION:       # another writer may have won the race
+                for statement in filter(str.strip, _SCHEMA.split(";")):   # executescript would COMMIT early
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    def _error(self, exc: BaseException) -> HistoryError:
+        text = str(exc)
+        if "not a database" in text or "malformed" in text:
+            return HistoryError(f"{self.path} is not a readable SQLite database ({text}). Move it aside "
+                                f"(mv {self.path} {self.path}.bad); the next run starts a new history.")
+        if "readonly" in text or "unable to open" in text or isinstance(exc, OSError):
+            return HistoryError(f"cannot open the run history {self.path} for writing ({text}); make it and "
+                                "its folder writable, or run from a project checkout you own.")
+        if "disk is full" in text or "disk I/O" in text:
+            return HistoryError(f"the run history {self.path} could not be written ({text}); nothing was "
+                                "changed. Free disk space and record again.")
+        return HistoryError(f"run history {self.path}: {text}")
+
+    def record(self, rec: RunRecord) -> None:
+        """Insert the run, or update it in place when its id is already there."""
+        _check(rec)
+        values = [getattr(rec, c) for c in _COLUMNS]
+        values[_COLUMNS.index("time")] = to_iso(parse_time(rec.time))
+        for name in ("settings", "metrics"):
+            values[_COLUMNS.index(name)] = json.dumps(json_safe(getattr(rec, name)), sort_keys=True, allow_nan=False)
+        placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 1))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "recorded_at"))
+        with self._connect(write=True) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}, recorded_at) VALUES ({placeholders}) "
+                             f"ON CONFLICT(run_id) DO UPDATE SET {updates}", [*values, now_iso()])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    def query(self, *, kind: str | None = None, draft: str | None = None, since: str | None = None,
+              host: str | None = None, engine: str | None = None, target: str | None = None,
+              limit: int | None = None) -> list[RunRecord]:
+        """Runs matching every given filter, newest first.
+
+        ``draft`` matches the draft path, its last path component(s), or the config digest
+        (a prefix of it is enough); ``since`` is an ISO time as ``parse_since`` returns it.
+        """
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("kind", kind), ("host", host), ("engine", engine), ("target", target)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if draft is not None and not draft.strip():
+            raise HistoryError("--draft is empty: give a draft path, its last path part or a digest prefix.")
+        if draft is not None:
+            digest = draft if draft.startswith("sha256:") else "sha256:" + draft
+            where.append("(draft = ? OR draft LIKE ? ESCAPE '\\' OR draft_digest LIKE ? ESCAPE '\\')")
+            args += [draft, "%/" + _like(draft.rstrip("/")), _like(digest) + "%"]
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY time DESC, run_id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        try:
+            with self._connect(write=False) as conn:
+                if self._check_version(conn) == 0:
+                    return []
+                return [_row(r) for r in conn.execute(sql, args)]
+        except FileNotFoundError:
+            return []
+
+    def latest(self, **filters: Any) -> RunRecord | None:
+        """The newest run matching ``filters`` (the keywords of ``query``), or None."""
+        found = self.query(limit=1, **filters)
+        return found[0] if found else None
+
+    def get(self, run_id: str) -> RunRecord | None:
+        try:
+            with self._connect(write=False) as conn:
+                if self._check_version(conn) == 0:
+                    return None
+                row = conn.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).fetchone()
+                return _row(row) if row else None
+        except FileNotFoundError:
+            return None
+
+
+def for_project(project_root: Path) -> History:
+    """The history of the project checkout at ``project_root`` (``runs/history.sqlite``)."""
+    return History(Path(project_root) / "runs" / DB_NAME)
+
+
+def project_revision(project_root: Path) -> str | None:
+    """The checkout's git revision, ``-dirty`` when tracked files differ; None outside git."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(project_root), *args], capture_output=True, text=True,
+                                  timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+    rev = git("rev-parse", "--short=12", "HEAD")
+    if not rev:
+        return None
+    return rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")

@@ -1,0 +1,93 @@
+"""What each kind of run puts in the history (``draftops.history``): pure conversions from a run's
+own output (a drafter report, a bench result) to a ``RunRecord``, so every task records the same
+fields the same way and ``bench compare`` can find a prediction by draft digest and step count.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from draftops.history import RunRecord, now_iso
+from remote.bench.numbers import finite
+
+if TYPE_CHECKING:                 # the bench models load pydantic; test-drafter's hook does not need them
+    from draftops.bench.compare import Comparison
+    from draftops.bench.result import BenchResult
+
+
+def _get(doc: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: dict[str, Any] | None,
+                        args: dict[str, Any], *, git_rev: str | None, config_digest: str | None) -> RunRecord:
+    """A test-drafter run: its settings, predicted accept lengths and fix, and the verdict
+    (MATCH / MISMATCH / UNKNOWN, or the job state when there is no report)."""
+    accept = _get(report, "predicted_accept_length") or {}
+    verdict = _get(report, "verdict") or {}
+    steps = accept.get("steps") if isinstance(accept, dict) else None
+    metrics: dict[str, Any] = {
+        "steps": steps if isinstance(steps, int) else args.get("steps"),
+        "basis": accept.get("basis"),
+        "predicted_served": finite(accept.get("served")),
+        "predicted_best": finite(accept.get("best")),
+        "predicted_value": finite(accept.get("value")),
+        "configured_layer_ids": _get(report, "checkpoint", "configured_layer_ids"),
+        "fix_layer_ids": verdict.get("fix_layer_ids"),
+        "fix_layer_ids_vllm": verdict.get("fix_layer_ids_vllm"),
+        "needs_capture_patch": verdict.get("needs_capture_patch"),
+        "serving_convention": verdict.get("serving_convention"),
+        "format": _get(report, "checkpoint", "format"),
+        "exit_code": final.get("exit_code"),
+    }
+    state = final.get("state")
+    status = verdict.get("status") if isinstance(verdict, dict) else None
+    metrics["state"] = state
+    return RunRecord(
+        run_id=run_id, kind="test-drafter", host=host,
+        time=final.get("ended") or final.get("started") or now_iso(), git_rev=git_rev,
+        target=_get(report, "verifier", "path") or args.get("verifier"),
+        draft=_get(report, "checkpoint", "path") or args.get("ckpt"), draft_digest=config_digest,
+        settings={**{k: v for k, v in args.items() if v is not None},
+                  "data": _get(report, "data", "path") or args.get("data"),
+                  "device": _get(report, "run", "device") or args.get("device"),
+                  "torch": _get(report, "run", "torch")},
+        metrics=metrics,
+        verdict=(status or "no-report") if state == "succeeded" else "failed")
+
+
+def bench_record(result: BenchResult, git_rev: str | None) -> RunRecord:
+    """A bench run: engine, target, draft digest, settings and headline metrics; the verdict is its
+    status (succeeded / failed)."""
+    accept = result.accept_length.value if result.accept_length else None
+    return RunRecord(
+        run_id=result.run_id, kind="bench", host=result.host.name, time=result.time, git_rev=git_rev,
+        engine=result.engine.name, engine_version=result.engine.version, target=result.target,
+        draft=result.draft.path if result.draft else None,
+        draft_digest=result.draft.digest if result.draft else None,
+        settings={"mode": result.mode, **result.settings.model_dump(),
+                  "speculative": result.speculative.model_dump() if result.speculative else None},
+        metrics={"output_throughput": result.metrics.output_throughput.median,
+                 "ttft_median_ms": result.metrics.ttft_median_ms.median,
+                 "tpot_median_ms": result.metrics.tpot_median_ms.median, "accept_length": accept,
+                 "steps": result.steps},
+        verdict=result.status)
+
+
+def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunRecord:
+    """A bench comparison: which two runs, the speedup, the findings; the verdict is the headline
+    finding's code (wiring-suspect, config-wrong, draft-limit, spec-slower, ...)."""
+    b = cmp.b
+    return RunRecord(
+        run_id=run_id, kind="compare", host=b.host.name, git_rev=git_rev, engine=b.engine.name,
+        engine_version=b.engine.version, target=b.target, draft=b.draft.path if b.draft else None,
+        draft_digest=b.draft.digest if b.draft else None,
+        settings={"a": cmp.a.run_id, "b": b.run_id, "tolerance": cmp.tolerance},
+        metrics={"speedup": cmp.speedup,
+                 "accept_length_a": cmp.a.accept_length.value if cmp.a.accept_length else None,
+                 "accept_length_b": b.accept_length.value if b.accept_length else None,
+                 "findings": [f.code for f in cmp.findings]},
+        verdict=cmp.headline.code if cmp.headline else "nothing")

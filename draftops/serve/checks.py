@@ -1,0 +1,257 @@
+"""The pre-start checks of `invoke serve`: catch, before a GPU hour is spent, what the engine would
+silently change or get wrong. Each refusal is one paragraph: what is wrong, what the engine would do,
+and what to change. Facts about the files come from the host (``remote/serve`` inspect)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftops.serve.request import Plan
+from draftops.serve.verdicts import Verdict
+from remote.eagle import convention
+
+OVERRIDE_WARNING = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                    "speculative_eagle_topk == 1")
+
+
+@dataclass
+class Findings:
+    """Refusals stop the start (unless overridden); warnings and notes are shown."""
+
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def refuse_unless(self, overridden: bool, flag: str, text: str, fix: str) -> None:
+        """A refusal the user may override with ``flag``: then it is shown as a warning."""
+        if overridden:
+            self.warnings.append(f"{text} Serving anyway ({flag}).")
+        else:
+            self.refusals.append(f"{text} {fix}")
+
+
+def _flags(*pairs: tuple[str, int | None]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in pairs if value is not None)
+
+
+def flag_checks(plan: Plan, found: Findings) -> None:
+    """Speculative flags and extra arguments: no host needed."""
+    req, launch, engine = plan.request, plan.launch, plan.engine
+    given = {"--steps": req.steps, "--topk": req.topk, "--draft-tokens": req.draft_tokens}
+    for name, value in given.items():
+        if value is not None and value < 1:
+            found.refusals.append(f"{name} {value} is not a positive count; speculative steps, topk and "
+                                  "draft tokens are all at least 1.")
+            return
+    if launch.draft is None and any(v is not None for v in given.values()):
+        found.refusals.append(
+            f"--baseline serves the target with no draft, so {_flags(*given.items())} would be ignored. "
+            "Drop them; start the speculative run with the same profile so both use the same max "
+            "running requests.")
+        return
+    owned = [a for a in launch.extra_args if a.split("=", 1)[0] in engine.owned_flags]
+    if owned:
+        flag = owned[0].split("=", 1)[0]
+        found.refusals.append(
+            f"Serve profile {plan.profile.name!r} of host {plan.profile.host!r} passes {flag} in "
+            f"`extra_args`, but `invoke serve` sets that flag itself (from {engine.owned_flags[flag]}); "
+            "with two values the engine silently keeps the last one. Remove it from extra_args and use "
+            f"{engine.owned_flags[flag]} instead.")
+    if launch.draft is None:
+        return
+    if engine.name == convention.SGLANG:
+        _sglang_flags(plan, found)
+    else:
+        _vllm_flags(plan, found)
+
+
+def _sglang_flags(plan: Plan, found: Findings) -> None:
+    steps, topk, tokens = plan.launch.steps, plan.launch.topk, plan.launch.draft_tokens
+    given = {"--steps": steps, "--topk": topk, "--draft-tokens": tokens}
+    missing = [k for k, v in given.items() if v is None]
+    if missing and len(missing) < 3:
+        how = ("an AssertionError, because --steps is missing" if steps is None
+               else "a TypeError (`None > 1`), because --topk is missing" if topk is None
+               else "draft tokens left to auto-choice while steps and topk are fixed")
+        found.refusals.append(
+            f"SGLang needs all three speculative flags or none: you gave {_flags(*given.items())} but not "
+            f"{', '.join(missing)}. SGLang would fail at start-up with {how}. Give all three (for "
+            "example --steps 3 --topk 1 --draft-tokens 4), or none to let SGLang choose (5, 4, 8 for "
+            "Llama targets; 3, 1, 4 for the others).")
+        return
+    if steps is None or topk is None or tokens is None:
+        found.notes.append("speculative steps/topk/draft tokens: SGLang's automatic choice (read back "
+                           "below once the server is up)")
+        return
+    if topk == 1 and tokens != steps + 1:
+        what = (f"With --topk 1 SGLang drafts a chain, and it silently replaces --draft-tokens {tokens} by "
+                f"--steps + 1 = {steps + 1}: the server would verify {steps + 1} draft tokens per step, not "
+                f"{tokens}. Its only trace is one log line: `{OVERRIDE_WARNING}`.")
+        found.refuse_unless(plan.request.allow_override, "--allow-override", what,
+                            f"Ask for --draft-tokens {steps + 1}, or a --topk above 1 for a tree that can use "
+                            f"{tokens} tokens, or pass --allow-override to accept SGLang's adjustment.")
+    if topk > 1:
+        room = topk + (steps - 1) * topk ** 2
+        if tokens - 1 > room:
+            found.refusals.append(
+                f"With --topk {topk} and --steps {steps} the draft tree holds at most topk + (steps-1)·topk² "
+                f"= {room} candidates, so --draft-tokens {tokens} ({tokens - 1} besides the root) cannot be "
+                "filled. SGLang does not check this when parsing arguments; it fails at run time or "
+                f"during CUDA-graph capture (torch.topk: selected index k out of range). Use --draft-tokens "
+                f"{room + 1} or fewer, or more --steps or a larger --topk.")
+
+
+def _vllm_flags(plan: Plan, found: Findings) -> None:
+    steps, topk, tokens = plan.launch.steps, plan.launch.topk, plan.launch.draft_tokens
+    assert steps is not None
+    if (topk not in (None, 1)) or (tokens is not None and tokens != steps + 1):
+        found.refusals.append(
+            f"vLLM serves an EAGLE-3 draft as a chain: num_speculative_tokens = --steps = {steps} draft "
+            f"tokens, verified {steps + 1} at a time; it has no topk tree. "
+            f"{_flags(('--topk', topk), ('--draft-tokens', tokens))} "
+            f"cannot be honoured. Drop --topk and --draft-tokens (or give --topk 1 --draft-tokens "
+            f"{steps + 1}) and set the chain length with --steps.")
+    else:
+        found.notes.append(f"vLLM speculative config: method eagle3, num_speculative_tokens = --steps = {steps}")
+
+
+def fact_checks(plan: Plan, facts: dict[str, Any], verdict: Verdict | None, found: Findings) -> None:
+    """Checks on what the host holds: the engine, the target, the draft's config and the patch."""
+    host, engine, launch = plan.profile.host, plan.engine, plan.launch
+    info = facts.get("engine") or {}
+    if not info.get("importable"):
+        install = ("`invoke env.setup --engine vllm --host " + host + "`" if engine.name == "vllm"
+                   else "SGLang into the host's ml-env (`invoke env.setup`, with sglang in its requirements)")
+        found.refusals.append(
+            f"Host {host!r}: the python {launch.python} (serve profile {plan.profile.name!r}) cannot import "
+            f"{engine.name}, so the server would die at once. Install it with {install}, or point `python:` "
+            "in the serve profile (or `engine_python:` in the host entry) at the interpreter that has it.")
+    if facts.get("target_error"):
+        found.refusals.append(
+            f"Host {host!r}: the target {launch.target} cannot be served: {facts['target_error']} Set "
+            "`target:` in the serve profile, or pass --target, to the model folder on the host.")
+    draft = facts.get("draft")
+    if launch.draft is None or draft is None:
+        return
+    target = facts.get("target") or {}
+    if draft.get("error"):
+        found.refusals.append(f"Host {host!r}: {draft['error']}. Pass --draft the draft checkpoint folder "
+                              "(the one that holds config.json and the safetensors).")
+        return
+    _algorithm(plan, draft, found)
+    reading = draft.get("reading")
+    if reading is None:
+        return
+    _layer_ids(plan, draft, reading, target, found)
+    _capture_patch(plan, reading, facts.get("sglang"), found)
+    _verdict(plan, draft, verdict, found)
+    _context(plan, draft, target, found)
+
+
+def _algorithm(plan: Plan, draft: dict[str, Any], found: Findings) -> None:
+    algorithm = draft.get("algorithm")
+    if algorithm == "eagle3":
+        return
+    declared = (f"speculators_model_type {draft['speculators_model_type']!r}" if draft.get("speculators_model_type")
+                else f"architectures {draft.get('architectures')}")
+    flag = "--speculative-algorithm EAGLE3" if plan.engine.name == "sglang" else '"method": "eagle3"'
+    found.refusals.append(
+        f"The draft {plan.launch.draft} is not an EAGLE-3 draft: its config declares {declared}. `invoke "
+        f"serve` starts {plan.engine.label} with {flag}, which needs an EAGLE-3 head (architectures "
+        "LlamaForCausalLMEagle3, or speculators_model_type eagle3); an EAGLE-1/2 head under EAGLE3, or an "
+        "EAGLE-3 head under EAGLE, loads without an error and accepts almost nothing (accept length "
+        "1.0, SGLang PR #21272). Point --draft at an EAGLE-3 checkpoint.")
+
+
+def _layer_ids(plan: Plan, draft: dict[str, Any], reading: dict[str, Any], target: dict[str, Any],
+               found: Findings) -> None:
+    name = plan.engine.label
+    layers = target.get("num_hidden_layers")
+    for field_name, value in (reading.get("malformed") or {}).items():
+        found.refusals.append(
+            f"The draft config {draft['config']} holds {value!r} in `{field_name}`, which {name} reads as "
+            "the aux layer ids; that is not a non-empty list of integers. Write the ids with `invoke "
+            f"draft-config --ckpt {plan.launch.draft} --layer-ids ...` (SGLang convention, e.g. -1,2,30).")
+    explanation = draft.get("explain") or ""
+    bad = reading.get("out_of_range") or []
+    if bad and layers:
+        low, high = convention.usable_ids(plan.engine.name, layers)
+        found.refusals.append(
+            f"The draft's layer ids do not fit the target: {explanation} The target "
+            f"({target.get('path')}) has {layers} layers, so {name} can only capture ids {low}..{high}; "
+            f"{bad} {'is' if len(bad) == 1 else 'are'} outside. The server would fail to start or feed the "
+            f"draft the wrong states. Fix the ids with `invoke draft-config --ckpt {plan.launch.draft} "
+            "--layer-ids ...`, or check that the target is the model the draft was trained for.")
+        return
+    crossed = draft.get("native_engine") != plan.engine.name
+    if reading.get("fallback") or crossed or reading.get("ignored"):
+        where = (f"This is a {draft.get('format')} config, written for "
+                 f"{convention.ENGINE_NAME[draft.get('native_engine') or 'sglang']}, served by {name}. "
+                 if crossed else "")
+        found.warnings.append(where + explanation)
+    else:
+        found.notes.append(explanation)
+
+
+def _capture_patch(plan: Plan, reading: dict[str, Any], sglang: dict[str, Any] | None,
+                   found: Findings) -> None:
+    if plan.engine.name != convention.SGLANG:
+        return
+    host = plan.profile.host
+    if sglang and sglang.get("graph"):
+        found.warnings.extend(sglang["graph"])
+    if not reading.get("needs_embedding"):
+        return
+    if sglang is None or sglang.get("error"):
+        found.refusals.append(
+            f"The draft's ids include -1 (the embedding output), which stock SGLang does not capture, and "
+            f"the capture patch's status on host {host!r} could not be read: "
+            f"{(sglang or {}).get('error') or 'SGLang was not found'}. Check with `invoke patch-sglang "
+            f"--host {host}`.")
+    elif sglang.get("embedding"):
+        version = (sglang.get("summary") or {}).get("version")
+        found.refusals.append(
+            f"The draft's ids include -1 (the embedding output), which SGLang {version} on host {host!r} "
+            f"does not capture: {'; '.join(sglang['embedding'])}. Without the patch SGLang crashes on the "
+            f"first capture or feeds the draft another layer. Run `invoke patch-sglang.apply --host {host}` "
+            "(it keeps the originals; `patch-sglang.revert` restores them), then serve again.")
+    else:
+        found.notes.append(f"capture patch: SGLang {(sglang.get('summary') or {}).get('version')} captures "
+                           "the embedding (id -1)")
+
+
+def _verdict(plan: Plan, draft: dict[str, Any], verdict: Verdict | None, found: Findings) -> None:
+    if verdict is None:
+        found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
+        return
+    current = (draft.get("ids_by_engine") or {}).get(convention.VLLM)
+    head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
+    if verdict.stale(current):
+        found.notes.append(f"{head}, for ids {verdict.configured_ids}; the config now holds {current}, "
+                           "so it no longer applies: re-run `invoke test-drafter` to check the new ids")
+        return
+    if verdict.serving_convention and verdict.serving_convention != plan.engine.name:
+        head += (f" (judged as {convention.ENGINE_NAME.get(verdict.serving_convention, '?')} reads the ids; "
+                 f"you serve with {plan.engine.label})")
+    if verdict.status != "MISMATCH":
+        found.notes.append(head)
+        return
+    text = (f"The latest `invoke test-drafter` verdict for this draft (run {verdict.run_id}) is MISMATCH: "
+            f"{verdict.message}")
+    found.refuse_unless(plan.request.force, "--force", text,
+                        "Serving it would spend GPU time at a low accept length. Apply the fix with `invoke "
+                        f"draft-config --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and test "
+                        "again, or pass --force to serve it as it is.")
+
+
+def _context(plan: Plan, draft: dict[str, Any], target: dict[str, Any], found: Findings) -> None:
+    draft_max = draft.get("max_position_embeddings")
+    context = plan.launch.context_length or target.get("max_position_embeddings")
+    source = ("the profile's context_length" if plan.launch.context_length
+              else "the target's max_position_embeddings")
+    if draft_max and context and draft_max < context:
+        found.warnings.append(
+            f"The draft's max_position_embeddings is {draft_max}, below the {context}-token context the "
+            f"server accepts ({source}): on prompts longer than {draft_max} tokens the draft runs past the "
+            "positions it was trained on and acceptance collapses (SGLang #6783). Benchmark with shorter "
+            "prompts, set `context_length` in the profile, or use a draft trained on longer contexts.")

@@ -1,0 +1,279 @@
+"""A server's life on a host: make room on its port, start it as a detached job, wait until it
+answers, read back what it really runs with, and list, stop and tail it.
+
+The server is an ordinary draftops job (``<root>/runs/<id>/``, its own session, so it survives the
+SSH link that started it); ``<root>/state/servers/<port>.json`` records which run serves which
+port and what was asked. Liveness always comes from the run, so a crashed server reads as dead.
+"""
+from __future__ import annotations
+
+import calendar
+import secrets
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftops import jobs
+from draftops.errors import JobError, ServeError, ServeRefused
+from draftops.host import Host
+from draftops.serve import hosttool
+from draftops.serve.checks import OVERRIDE_WARNING
+from draftops.serve.request import Plan
+
+ALIVE = ("running", "starting")
+TAIL_LINES = 50
+POLL_S = 1.0
+#: how long a port claim without a run counts as "being started" (then it is a leftover)
+CLAIM_S = 120.0
+#: a 1-token completion on a cold CPU server can take a while
+PROBE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Server:
+    """A registered server joined with the state of the run that owns its processes."""
+
+    port: int
+    run_id: str
+    engine: str
+    profile: str
+    target: str
+    draft: str | None
+    listen: str
+    state: str
+    pid: int | None
+    started: str | None
+    uptime_s: float | None
+    asked: dict[str, Any] = field(default_factory=dict)
+    effective: dict[str, Any] | None = None
+    entry: dict[str, Any] = field(default_factory=dict)   # the registry entry as written
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ALIVE
+
+
+def _epoch(stamp: str | None) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def servers(host: Host) -> list[Server]:
+    """Every server registered on ``host``, alive or dead, by port."""
+    entries, now = hosttool.servers(host)
+    if not entries:
+        return []
+    runs = {row["id"]: row for row in jobs.list_runs(host)}
+    out = []
+    for entry in entries:
+        claimed = _epoch(entry.get("created"))
+        if entry.get("run_id") is None and claimed is not None and now - claimed < CLAIM_S:
+            run: dict[str, Any] = {"state": "starting"}       # claimed by an `invoke serve` right now
+        else:
+            run = runs.get(entry.get("run_id"), {"state": "dead"})
+        started = run.get("started")
+        begun = _epoch(started)
+        alive = run.get("state") in ALIVE
+        out.append(Server(
+            port=int(entry["port"]), run_id=str(entry.get("run_id")), engine=str(entry.get("engine")),
+            profile=str(entry.get("profile")), target=str(entry.get("target")), draft=entry.get("draft"),
+            listen=str(entry.get("listen") or "127.0.0.1"), state=str(run.get("state")),
+            pid=run.get("pid"), started=started,
+            uptime_s=(now - begun) if begun is not None and alive else None,
+            asked=entry.get("asked") or {}, effective=entry.get("effective"), entry=entry))
+    return out
+
+
+def find(host: Host, port: int | None) -> Server:
+    """The server on ``port``, or the only one on the host."""
+    rows = servers(host)
+    if port is not None:
+        for row in rows:
+            if row.port == port:
+                return row
+        known = ", ".join(str(r.port) for r in rows) or "none"
+        raise ServeError(f"Host {host.name!r} has no draftops server on port {port} (servers on ports: "
+                         f"{known}); `invoke serve.status` lists them.")
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        raise ServeError(f"Host {host.name!r} has no draftops servers; start one with `invoke serve`.")
+    raise ServeError(f"Host {host.name!r} has servers on ports {', '.join(str(r.port) for r in rows)}; "
+                     "pick one with --port.")
+
+
+def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
+    """TERM the server's process group, KILL it after ``grace``; forget the registry entry."""
+    if not server.entry.get("run_id") and server.alive:
+        raise ServeError(f"Port {server.port} on host {host.name!r} is being claimed by an `invoke serve` call "
+                         "that has not started its server yet; stop it once `invoke serve.status` lists it.")
+    final: dict[str, Any] = {"state": server.state}
+    if server.alive:
+        try:
+            final = jobs.kill(host, server.run_id, grace)
+        except JobError:
+            final = {"state": "dead"}
+    reaped: dict[str, Any] = {}
+    if server.pid:
+        reaped = hosttool.reap(host, int(server.pid), server.run_id, grace=min(grace, 5.0))
+    hosttool.unregister(host, server.port, token=server.entry.get("token"))
+    return {**final, "reaped": reaped}
+
+
+def make_room(host: Host, plan: Plan) -> list[str]:
+    """Refuse a port in use; with --replace, stop the draftops server holding it first."""
+    port, notes = plan.launch.port, []
+    mine = next((s for s in servers(host) if s.port == port), None)
+    if mine is not None and mine.alive and not mine.entry.get("run_id"):
+        raise ServeRefused(
+            f"Port {port} on host {host.name!r} was claimed {mine.entry.get('created')} by another `invoke "
+            "serve` call that is starting its server right now; wait for it (`invoke serve.status`), or "
+            "choose another port (--port).")
+    if mine is not None and mine.alive:
+        what = f"the {mine.engine} server of run {mine.run_id} (draft {mine.draft or 'none, baseline'})"
+        if not plan.request.replace:
+            raise ServeRefused(
+                f"Port {port} on host {host.name!r} is in use by {what}. Stop it first with `invoke "
+                f"serve.stop --port {port}`, pass --replace to stop it and start the new server, or "
+                "choose another port (--port, or `port:` in the serve profile).")
+        stop(host, mine)
+        notes.append(f"stopped {what} on port {port} (--replace)")
+    elif mine is not None:
+        hosttool.unregister(host, port, token=mine.entry.get("token"))   # a dead server: nothing to stop
+        notes.append(f"forgot the dead server of run {mine.run_id} on port {port}")
+    status = hosttool.port(host, port, plan.launch.listen, wait_free=15.0 if notes else 0.0)
+    if status.get("in_use"):
+        raise ServeRefused(
+            f"Port {port} on host {host.name!r} is in use by a process draftops did not start "
+            f"({status.get('detail')}); --replace only stops servers started by `invoke serve`. Choose "
+            "another port (--port, or `port:` in the serve profile), or stop that process.")
+    return notes
+
+
+def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
+    """Start the server as a detached job and register it; returns at once."""
+    engine, launch_ = plan.engine, plan.launch
+    argv = engine.command(launch_)
+    command = "exec " + " ".join([jobs.shell_path(argv[0])] + [shlex.quote(a) for a in argv[1:]])
+    token = secrets.token_hex(8)
+    asked = engine.asked(launch_)
+    entry: dict[str, Any] = {"token": token, "run_id": None, "engine": engine.name, "profile": plan.profile.name,
+             "python": launch_.python, "target": launch_.target, "draft": launch_.draft,
+             "listen": launch_.listen, "asked": asked, "effective": None,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not hosttool.register(host, launch_.port, entry, exclusive=True):
+        raise ServeRefused(
+            f"Port {launch_.port} on host {host.name!r} was claimed by another `invoke serve` call a moment "
+            "ago; two servers cannot share it. Check `invoke serve.status`, or choose another port (--port).")
+    try:
+        job = jobs.start(host, f"serve-{engine.name}-{launch_.port}", command,
+                         env={**env, **engine.environment(launch_)}, cwd="state")
+    except BaseException:
+        hosttool.unregister(host, launch_.port, token=token)
+        raise
+    entry["run_id"] = job.id
+    if not hosttool.register(host, launch_.port, entry, token=token):
+        jobs.kill(host, job.id, 5.0)
+        raise ServeError(f"The claim on port {launch_.port} of host {host.name!r} was removed while the server "
+                         f"was starting (by `invoke serve.stop`?); run {job.id} was stopped again.")
+    row = jobs.status(host, job.id)
+    return Server(launch_.port, job.id, engine.name, plan.profile.name, launch_.target, launch_.draft,
+                  launch_.listen, row.get("state", "starting"), row.get("pid"), row.get("started"), 0.0,
+                  asked, None, entry)
+
+
+def log_tail(host: Host, run_id: str, lines: int = TAIL_LINES) -> str:
+    path = jobs.shell_path(f"{host.runs_dir}/{run_id}/log")
+    return host.transport.run(f"tail -n {int(lines)} {path}", check=False).text
+
+
+def log_size(host: Host, run_id: str) -> int:
+    path = jobs.shell_path(f"{host.runs_dir}/{run_id}/log")
+    text = host.transport.run(f"wc -c < {path}", check=False).text.strip()
+    return int(text) if text.isdigit() else 0
+
+
+def abandon(host: Host, server: Server, why: str) -> ServeError:
+    """Stop every process of a server that did not come up; the error carries its log tail."""
+    tail = log_tail(host, server.run_id)
+    row = jobs.status(host, server.run_id)
+    server.state, server.pid = row.get("state", "dead"), row.get("pid") or server.pid
+    stop(host, server)
+    return ServeError(
+        f"The {server.engine} server on host {host.name!r} port {server.port} {why}; all its processes "
+        f"are stopped. Its full log stays in {host.runs_dir}/{server.run_id}/log (`invoke logs "
+        f"{server.run_id}`). Last {TAIL_LINES} log lines:\n{tail.rstrip()}")
+
+
+Progress = Callable[[float, str, "int | None"], None]
+
+
+def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> None:
+    """Poll the engine's readiness probes on the host until all answer 200, the run dies, or the
+    profile's ``ready_timeout`` passes (then everything is stopped and the log tail raised)."""
+    timeout = plan.profile.settings.ready_timeout
+    started = time.monotonic()
+    probes = plan.engine.readiness(plan.launch)
+    step = 0
+    while True:
+        elapsed = time.monotonic() - started
+        row = jobs.status(host, server.run_id)
+        if row.get("state") not in ALIVE:
+            code = row.get("exit_code")
+            how = f"exit code {code}" if code is not None else f"its run is {row.get('state')}"
+            raise abandon(host, server, f"exited during start-up after {elapsed:.0f} s ({how})")
+        if elapsed > timeout:
+            raise abandon(host, server, f"was not ready after {timeout:.0f} s (ready_timeout of serve "
+                          f"profile {plan.profile.name!r})")
+        probe = probes[step]
+        status, _ = hosttool.http(host, server.port, probe.path, probe.body, server.listen,
+                                  timeout=PROBE_TIMEOUT_S if probe.body is not None else 10.0)
+        progress(elapsed, probe.what, status)
+        if status == 200:
+            step += 1
+            if step == len(probes):
+                return
+            continue
+        time.sleep(POLL_S)
+
+
+@dataclass
+class Readback:
+    """Asked-for vs effective settings once the server is up."""
+
+    rows: list[tuple[str, Any, Any, bool]]     # label, asked, effective, differs
+    notes: list[str]
+    effective: dict[str, Any]
+
+
+def _same(asked: Any, effective: Any) -> bool:
+    if isinstance(asked, str) and isinstance(effective, str):
+        return asked.rstrip("/") == effective.rstrip("/")
+    if isinstance(asked, (int, float)) and isinstance(effective, (int, float)):
+        return abs(float(asked) - float(effective)) < 1e-9
+    return bool(asked == effective)
+
+
+def read_back(host: Host, plan: Plan, server: Server) -> Readback:
+    """Ask the server what it runs with, record it in the registry, and compare with the request."""
+    head = host.transport.run(f"head -c 500000 {jobs.shell_path(f'{host.runs_dir}/{server.run_id}/log')}",
+                              check=False).text
+
+    def fetch(path: str, body: Any) -> tuple[int | None, str]:
+        return hosttool.http(host, server.port, path, body, server.listen)
+
+    effective = plan.engine.effective(fetch, head)
+    rows, notes = [], []
+    for key, label in plan.engine.settings:
+        asked, got = server.asked.get(key), effective.get(key)
+        differs = asked not in (None, "auto") and got is not None and not _same(asked, got)
+        rows.append((label, asked, got, differs))
+    if OVERRIDE_WARNING in head:
+        notes.append(f"{plan.engine.label} logged: {OVERRIDE_WARNING}")
+    server.effective = effective
+    hosttool.register(host, server.port, {**server.entry, "effective": effective}, token=server.entry["token"])
+    return Readback(rows, notes, effective)

@@ -1,0 +1,49 @@
+"""The latest `invoke test-drafter` verdict for a draft, from the reports pulled into ``runs/`` here."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One report's verdict about the draft at ``path``."""
+
+    run_id: str
+    status: str
+    message: str
+    configured_ids: list[int] | None
+    serving_convention: str | None
+    fix: list[int] | None
+
+    def stale(self, current_ids: list[int] | None) -> bool:
+        """True when the config's ids changed since the report (e.g. after `draft-config`)."""
+        return self.configured_ids != current_ids
+
+
+def _norm(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def latest(runs_dir: Path, draft: str) -> Verdict | None:
+    """The newest report whose checkpoint is ``draft`` (run ids sort by start time)."""
+    if not runs_dir.is_dir():
+        return None
+    for run in sorted(runs_dir.iterdir(), reverse=True):
+        path = run / "report.json"
+        if not path.is_file():
+            continue
+        try:
+            doc: dict[str, Any] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        ckpt = (doc.get("checkpoint") or {}).get("path")
+        verdict = doc.get("verdict") or {}
+        if not isinstance(ckpt, str) or _norm(ckpt) != _norm(draft) or "status" not in verdict:
+            continue
+        return Verdict(run.name, str(verdict["status"]), str(verdict.get("message") or ""),
+                       (doc.get("checkpoint") or {}).get("configured_layer_ids"),
+                       verdict.get("serving_convention"), verdict.get("fix_layer_ids"))
+    return None

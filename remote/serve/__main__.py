@@ -1,0 +1,74 @@
+"""``python -m remote.serve COMMAND ...``: one JSON object on stdout; exit 2 on bad usage."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import net, procs, registry
+from .configs import inspect
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m remote.serve")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ins = sub.add_parser("inspect", help="read the target's and draft's configs as the engine will")
+    ins.add_argument("--engine", choices=("sglang", "vllm"), required=True)
+    ins.add_argument("--target", type=Path, required=True)
+    ins.add_argument("--draft", type=Path)
+    ins.add_argument("--sglang-status", action="store_true", help="ask the capture patcher's status")
+    port = sub.add_parser("port", help="is the port in use?")
+    port.add_argument("port", type=int)
+    port.add_argument("--host", default="127.0.0.1")
+    port.add_argument("--wait-free", type=float, default=0.0, help="wait up to S seconds for it to free")
+    http = sub.add_parser("http", help="one HTTP request to a local server")
+    http.add_argument("port", type=int)
+    http.add_argument("path")
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--json", dest="body", help="POST this JSON body")
+    http.add_argument("--timeout", type=float, default=10.0)
+    reap = sub.add_parser("reap", help="stop what is left of a run's process group")
+    reap.add_argument("pgid", type=int)
+    reap.add_argument("run_id")
+    reap.add_argument("--grace", type=float, default=10.0)
+    servers = sub.add_parser("servers", help="the server registry under STATE/servers")
+    servers.add_argument("--state", type=Path, required=True)
+    servers.add_argument("action", choices=("list", "put", "remove"))
+    servers.add_argument("port", type=int, nargs="?")
+    servers.add_argument("--run", help="remove only if the entry belongs to this run")
+    servers.add_argument("--token", help="update or remove only the entry claimed with this token")
+    servers.add_argument("--exclusive", action="store_true", help="put: claim the port only if it is free")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "inspect":
+        out = inspect(args.engine, args.target, args.draft, args.sglang_status)
+    elif args.command == "port":
+        out = (net.wait_free(args.port, args.wait_free, args.host) if args.wait_free
+               else net.port_status(args.port, args.host))
+    elif args.command == "http":
+        body = json.loads(args.body) if args.body else None
+        out = net.request(args.port, args.path, host=args.host, body=body, timeout=args.timeout)
+    elif args.command == "reap":
+        out = procs.reap(args.pgid, args.run_id, args.grace)
+    else:
+        if args.action != "list" and args.port is None:
+            parser.error(f"servers {args.action} needs a PORT")
+        if args.action == "list":
+            out = {"servers": registry.entries(args.state), "now": time.time()}
+        elif args.action == "put":
+            out = registry.put(args.state, args.port, json.loads(sys.stdin.read()), token=args.token,
+                               exclusive=args.exclusive)
+        else:
+            out = registry.remove(args.state, args.port, args.run, args.token)
+    sys.stdout.write(json.dumps(out, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Port and HTTP probes, run on the host because the servers listen on its loopback address."""
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+MAX_BODY = 1 << 20
+
+
+def port_status(port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+    """Is something listening on ``port`` (connect), or holding it (bind on all addresses)?"""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return {"port": port, "in_use": True, "detail": f"a process is listening on {host}:{port}"}
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            return {"port": port, "in_use": True, "detail": f"cannot bind port {port}: {reason}"}
+    return {"port": port, "in_use": False, "detail": "free"}
+
+
+def wait_free(port: int, seconds: float, host: str = "127.0.0.1") -> dict[str, Any]:
+    """Poll until ``port`` is free or ``seconds`` pass (a stopped server may linger briefly)."""
+    deadline = time.monotonic() + seconds
+    status = port_status(port, host)
+    while status["in_use"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = port_status(port, host)
+    return status
+
+
+def request(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None,
+            timeout: float = 10.0) -> dict[str, Any]:
+    """GET (or POST ``body`` as JSON) ``http://host:port/path``; HTTP errors are answers, not failures."""
+    url = f"http://{host}:{port}/{path.lstrip('/')}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json"} if data else {})
+    started = time.monotonic()
+    answer: dict[str, Any] = {"url": url, "status": None, "body": None, "error": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer.update(status=resp.status, body=resp.read(MAX_BODY).decode("utf-8", "replace"))
+    except urllib.error.HTTPError as exc:
+        answer.update(status=exc.code, body=exc.read(MAX_BODY).decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        answer["error"] = str(reason)
+    answer["seconds"] = round(time.monotonic() - started, 3)
+    return answer

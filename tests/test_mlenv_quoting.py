@@ -1,0 +1,104 @@
+"""R3: the ml-env commands quote every user value. Each hostile value is fed through the real `sh`
+(the local host runs commands exactly as an SSH host's login shell does: ``sh -c COMMAND``)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftops import mlenv
+from draftops.cli.env import env_rows
+from draftops.host import open_host
+
+HOSTILE = {
+    "single quote": "ml'env",
+    "command substitution": "ml$(touch {marker})env",
+    "backticks": "ml`touch {marker}`env",
+    "spaces": "ml  env ",
+    "newline": "ml\nenv",
+    "double quote and semicolon": 'ml";touch {marker};"env',
+    "glob and tilde inside": "ml*?[a]~env",
+    "dash first": "-rf",
+}
+
+
+def hostile(tmp_path: Path, key: str) -> tuple[str, Path]:
+    marker = tmp_path / "pwned"
+    return str(tmp_path / "venvs" / HOSTILE[key].format(marker=marker)), marker
+
+
+@pytest.mark.parametrize("key", list(HOSTILE))
+def test_words_survive_a_real_shell_unchanged(tmp_path, key):
+    value, marker = hostile(tmp_path, key)
+    argv = ["printf", "%s\\0", value, "creating venv " + value, HOSTILE[key]]
+    out = subprocess.run(["sh", "-c", mlenv._words(*argv)], capture_output=True, check=True, cwd=tmp_path).stdout
+    assert out.split(b"\0")[:-1] == [a.encode() for a in argv[2:]]
+    assert not marker.exists()
+
+
+def test_home_relative_words_keep_home_expandable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home dir"))
+    out = subprocess.run(["sh", "-c", mlenv._words("printf", "%s", "~/a b'c")], capture_output=True,
+                         check=True).stdout
+    assert out == f"{tmp_path}/home dir/a b'c".encode()
+
+
+def _local_project(tmp_path: Path, venv: str, base_python: str) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "reqs.txt").write_text("# comments only: nothing to install\n")
+    hosts = {"default": "here", "hosts": {"here": {
+        "transport": "local", "root": str(tmp_path / "root"),
+        "env": {"venv": venv, "base_python": base_python, "requirements": str(tmp_path / "reqs.txt")}}}}
+    (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    return project
+
+
+@pytest.mark.parametrize("key", list(HOSTILE))
+def test_plan_and_setup_script_run_verbatim_on_hostile_venv_paths(tmp_path, no_inventory_env, key):
+    """The probe and the setup script run through sh with the venv already present (the venv-creating
+    branch itself runs over SSH in test_env_ssh, once, with every hostile character at once)."""
+    venv, marker = hostile(tmp_path, key)
+    base = tmp_path / "base python's `dir`" / "py;thon"
+    base.parent.mkdir()
+    base.symlink_to(sys.executable)
+    project = _local_project(tmp_path, venv, str(base))
+    host = open_host(None, project)
+    (Path(venv) / "bin").mkdir(parents=True)
+    (Path(venv) / "bin" / "python").symlink_to(sys.executable)
+
+    plan = mlenv.plan(host)
+    assert not plan.up_to_date
+    mlenv.upload_requirements(host, plan)
+    assert (Path(venv) / mlenv.REQ_FILE).read_bytes() == plan.requirements
+    result = host.transport.run(mlenv.setup_command(host, plan))
+    assert result.text.strip().endswith("env ready"), result.text
+    assert (Path(venv) / mlenv.HASH_FILE).read_text() == plan.digest
+    assert mlenv.plan(host).up_to_date
+    assert not marker.exists() and not (tmp_path / "root" / "pwned").exists()
+
+
+# --- item 5: env.check shows each thing once --------------------------------------------------------
+
+def test_env_table_lists_torch_once_and_every_package():
+    report = {"python": "3.11.7", "executable": "/x/python",
+              "torch": {"available": True, "version": "2.13.0", "cuda_build": "12.8", "cuda_available": True,
+                        "devices": [{"index": 0, "name": "NVIDIA [b]B200[/b]", "memory_gib": 179.1,
+                                     "capability": "10.0"}]},
+              "nvidia_smi": [{"index": "0", "name": "B200"}, {"index": "1", "name": "B200"}],
+              "packages": {"torch": "2.13.0", "safetensors": "0.5", "numpy": None, "sglang": "0.5.5"}}
+    rows = env_rows(report)
+    assert list(rows) == ["python", "torch", "cuda:0", "nvidia-smi", "safetensors", "numpy", "sglang"]
+    assert rows["torch"].startswith("2.13.0 (CUDA build 12.8")
+    assert rows["cuda:0"] == r"NVIDIA \[b]B200\[/b], 179.1 GiB, sm 10.0"   # host text is not markup
+    assert rows["nvidia-smi"].count("\n") == 1 and "not installed" in rows["numpy"]
+
+
+def test_env_table_without_torch_still_lists_it_once():
+    rows = env_rows({"python": "3.12", "executable": "/p", "torch": {"available": False, "error": "No [x]"},
+                     "nvidia_smi": None, "packages": {"torch": None, "sglang": None}})
+    assert list(rows) == ["python", "torch", "nvidia-smi", "sglang"]
+    assert "not importable" in rows["torch"] and r"\[x]" in rows["torch"]

@@ -1,0 +1,211 @@
+"""`pull` of run folders holding odd entries (links out, `..` links, FIFOs, sockets, unreadable files)
+and pulls cut short: nothing crashes, nothing is followed out of the run folder, every left-out entry
+is named with a reason, and the local folder is either the whole new copy or left as it was."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from draftops import hostagent, jobs
+from draftops.errors import DraftopsError, JobError
+from draftops.host import open_host
+from tests.test_jobs_ssh import wait_state
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture(params=["box", "local"])
+def project(request, make_project, sshd, tmp_path, no_inventory_env):
+    from tests.conftest import ssh_entry
+    return make_project({"box": ssh_entry(sshd, tmp_path)}, default=request.param)
+
+
+def finished_job(project, script: str = "echo done") -> tuple[object, jobs.Job]:
+    host = open_host(None, project)
+    job = jobs.start(host, "odd", script)
+    wait_state(project, job.id, {"succeeded"})
+    return host, job
+
+
+def fill_with_odd_entries(run_dir: Path, outside: Path) -> None:
+    (run_dir / "sub" / "deeper").mkdir(parents=True)
+    (run_dir / "sub" / "deeper" / "file.txt").write_text("deep")
+    (run_dir / "report.json").write_text('{"ok": true}')
+    (run_dir / "empty-dir").mkdir()
+    (outside / "secret.txt").write_text("outside the run folder")
+    os.symlink("sub/deeper/file.txt", run_dir / "latest")                 # stays inside: kept
+    os.symlink("sub", run_dir / "sub-link")                              # folder link inside: kept
+    os.symlink(str(outside / "secret.txt"), run_dir / "abs-link")         # absolute: left out
+    os.symlink(str(outside), run_dir / "abs-dir-link")
+    os.symlink("../../../../../../../../etc/passwd", run_dir / "dotdot-link")
+    os.symlink("sub/../../x", run_dir / "sneaky-link")
+    os.symlink("missing-target", run_dir / "dangling")                   # inside, dangling: kept
+    os.mkfifo(run_dir / "fifo")
+    os.mknod(run_dir / "sock", stat.S_IFSOCK | 0o600)                   # what a bound unix socket leaves
+
+
+def test_pull_of_a_run_folder_with_links_fifos_and_sockets(project, tmp_path):
+    host, job = finished_job(project)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    fill_with_odd_entries(Path(job.run_dir), outside)
+    pulled = jobs.pull_run(host, job.id)
+    dest = pulled.path
+    assert dest == project / "runs" / job.id
+    assert (dest / "sub" / "deeper" / "file.txt").read_text() == "deep"
+    assert (dest / "latest").is_symlink() and (dest / "latest").read_text() == "deep"
+    assert (dest / "sub-link").is_symlink() and (dest / "sub-link" / "deeper" / "file.txt").is_file()
+    assert (dest / "dangling").is_symlink() and (dest / "empty-dir").is_dir()
+    assert (dest / "log").read_text() == "done\n"
+    skipped = {note["path"]: note["reason"] for note in pulled.skipped}
+    assert set(skipped) == {"abs-link", "abs-dir-link", "dotdot-link", "sneaky-link", "fifo", "sock"}
+    assert "absolute" in skipped["abs-link"] and "FIFO" in skipped["fifo"] and "socket" in skipped["sock"]
+    assert "'..'" in skipped["dotdot-link"]
+    for name in skipped:
+        assert not os.path.lexists(dest / name)
+    assert not (dest / hostagent.PULL_NOTES).exists()
+    assert sorted(p.name for p in (project / "runs").iterdir()) == [job.id]     # no temp folder left
+    assert (outside / "secret.txt").read_text() == "outside the run folder"
+
+
+def test_pull_replaces_an_earlier_copy_whole(project):
+    host, job = finished_job(project)
+    first = jobs.pull(host, job.id)
+    (first / "stale-local-file").write_text("from an earlier pull")
+    (Path(job.run_dir) / "new-on-host").write_text("new")
+    second = jobs.pull(host, job.id)
+    assert second == first and (second / "new-on-host").read_text() == "new"
+    assert not (second / "stale-local-file").exists()
+    assert sorted(p.name for p in (project / "runs").iterdir()) == [job.id]
+
+
+def test_a_pull_cut_short_leaves_the_earlier_copy_and_no_partial_folder(project):
+    host, job = finished_job(project)
+    big = Path(job.run_dir) / "big.bin"
+    big.write_bytes(os.urandom(4 << 20))
+    earlier = jobs.pull(host, job.id)
+    (earlier / "marker").write_text("the earlier copy")
+    real_stream = host.transport.stream
+
+    def dropped(command, on_output):                   # the link drops after 256 KiB of the tar
+        sent = {"n": 0}
+
+        def part(chunk: bytes) -> None:
+            if sent["n"] < 256 << 10:
+                on_output(chunk[:(256 << 10) - sent["n"]])
+            sent["n"] += len(chunk)
+
+        real_stream(command, part)
+        return -1
+
+    host.transport.stream = dropped
+    with pytest.raises(JobError, match="left as it was"):
+        jobs.pull_run(host, job.id)
+    host.transport.stream = real_stream
+    assert (earlier / "marker").read_text() == "the earlier copy"
+    assert sorted(p.name for p in (project / "runs").iterdir()) == [job.id]
+    fresh = jobs.pull_run(host, job.id, dest_root=project / "other")
+    assert (fresh.path / "big.bin").read_bytes() == big.read_bytes()
+
+
+def test_a_corrupt_stream_is_an_error_and_leaves_nothing(project):
+    host, job = finished_job(project)
+    real_stream = host.transport.stream
+
+    def corrupt(command, on_output):
+        def flip(chunk: bytes) -> None:
+            on_output(chunk.replace(b"\x00", b"\x01"))
+        return real_stream(command, flip)
+
+    host.transport.stream = corrupt
+    with pytest.raises(JobError, match="failed"):
+        jobs.pull_run(host, job.id)
+    host.transport.stream = real_stream
+    assert not (project / "runs").exists() or list((project / "runs").iterdir()) == []
+
+
+def test_pull_refuses_a_run_folder_that_is_a_symlink_and_bad_ids(project, tmp_path):
+    host = open_host(None, project)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "private").write_text("not a run")
+    Path(host.runs_dir).mkdir(parents=True, exist_ok=True)
+    os.symlink(elsewhere, Path(host.runs_dir) / "linked-run")
+    with pytest.raises(DraftopsError, match="without following links"):
+        jobs.pull_run(host, "linked-run")
+    assert not (project / "runs" / "linked-run").exists()
+    for bad in ("../hostroot", "a/b", ".hidden"):
+        with pytest.raises(JobError, match="not a run id"):
+            jobs.pull_run(host, bad)
+
+
+def test_a_local_tar_with_members_leading_out_is_not_unpacked_there(tmp_path):
+    """Defence in depth: the local side checks what it unpacks even if a host sends bad members."""
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        def add(name: str, kind: bytes, link: str = "", data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, link, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+        add("ok.txt", tarfile.REGTYPE, data=b"ok")
+        add("../escape.txt", tarfile.REGTYPE, data=b"x")
+        add("/abs.txt", tarfile.REGTYPE, data=b"x")
+        add("a", tarfile.SYMTYPE, link="b/../..")
+        add("hard", tarfile.LNKTYPE, link="ok.txt")
+        add("dev", tarfile.CHRTYPE)
+        add("fifo", tarfile.FIFOTYPE)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    skipped = jobs._extract(archive, tree)
+    assert sorted(p.name for p in tree.iterdir()) == ["ok.txt"]
+    assert {n["path"] for n in skipped} == {"../escape.txt", "/abs.txt", "a", "hard", "dev", "fifo"}
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_unreadable_entries_are_left_out_with_a_note(tmp_path):
+    """The agent packs as an ordinary user (uid 65534): a 0600 file and a 0700 folder of root's are
+    named in the notes, the rest travels."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.getuid() != 0:
+        pytest.skip("needs root and setpriv to make files another user cannot read")
+    base = Path(tempfile.mkdtemp(prefix="draftops-pack-"))
+    try:
+        base.chmod(0o755)
+        run_dir = base / "runs" / "r1"
+        (run_dir / "closed").mkdir(parents=True)
+        (run_dir / "open.txt").write_text("readable")
+        (run_dir / "secret.txt").write_text("root only")
+        (run_dir / "closed" / "inside.txt").write_text("x")
+        for path in (base / "runs", run_dir):
+            path.chmod(0o755)
+        (run_dir / "open.txt").chmod(0o644)
+        (run_dir / "secret.txt").chmod(0o600)
+        (run_dir / "closed").chmod(0o700)
+        agent = base / "agent.py"
+        shutil.copy(hostagent.__file__, agent)
+        agent.chmod(0o644)
+        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                               str(agent), str(base), "pack", "runs/r1"],
+                              capture_output=True, env={"DRAFTOPS_FRAME": "n0nce", "PATH": os.environ["PATH"]},
+                              check=False)
+        assert proc.returncode == 0, proc.stderr.decode()
+        from draftops.host import Unframer
+        body = bytearray()
+        unframer = Unframer("n0nce", body.extend, lambda header: None)
+        unframer.feed(proc.stdout)
+        with tarfile.open(fileobj=io.BytesIO(bytes(body)), mode="r:gz") as tar:
+            names = tar.getnames()
+            notes = tar.extractfile(hostagent.PULL_NOTES).read().decode()
+        assert "open.txt" in names and "secret.txt" not in names and "closed/inside.txt" not in names
+        assert "secret.txt" in notes and "Permission denied" in notes and "closed" in notes
+    finally:
+        shutil.rmtree(base)

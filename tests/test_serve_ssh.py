@@ -1,0 +1,256 @@
+"""`invoke serve` end to end with the SGLang test double (tests/doubles/sglang), as a user types it, over
+a real sshd and on a local host: start, readiness, read-back, status, logs, stop, crashes, ports."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from draftops.serve import engines
+from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.sshd import free_port
+from tests.test_env_ssh import invoke
+
+pytestmark = pytest.mark.ssh
+DOUBLES = REPO / "tests" / "doubles"
+FAST = {"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "0.3", "DRAFTOPS_SGLANG_DOUBLE_WARMUP_S": "0.5"}
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes of a server run (every job process inherits DRAFTOPS_RUN_ID)."""
+    marker = f"DRAFTOPS_RUN_ID={run_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def write_model(folder: Path, config: dict[str, Any]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def target_config(layers: int = 32, arch: str = "LlamaForCausalLM") -> dict[str, Any]:
+    return {"architectures": [arch], "num_hidden_layers": layers, "hidden_size": 64, "vocab_size": 64,
+            "max_position_embeddings": 4096}
+
+
+def draft_config(ids: list[int]) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "hidden_size": 64,
+            "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
+
+
+def profile(tmp: Path, **extra: Any) -> dict[str, Any]:
+    """A serve profile whose engine is the SGLang double, put on the path by this test only."""
+    entry = {"engine": "sglang", "python": sys.executable, "port": free_port(), "max_running_requests": 8,
+             "extra_args": ["--decode-log-interval", 1],
+             "target": write_model(tmp / "target", target_config()),
+             "env": {"PYTHONPATH": str(DOUBLES), **FAST}}
+    return {**entry, **extra}
+
+
+@pytest.fixture
+def project(make_project, sshd, tmp_path, no_inventory_env):
+    def make(where: str, /, **profiles: dict[str, Any]) -> Path:
+        serve = profiles or {"default": profile(tmp_path)}
+        hosts = {"box": ssh_entry(sshd, tmp_path, serve=serve),
+                 "loc": {"transport": "local", "root": str(tmp_path / "locroot"), "serve": serve}}
+        root = make_project(hosts, default=where)
+        (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+        copy_remote_package(root)
+        return root
+    return make
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    return " ".join((result.stdout + result.stderr).split())     # rich wraps lines
+
+
+def registry(project: Path) -> dict[str, Any]:
+    hosts = yaml.safe_load((project / "hosts.yaml").read_text())["hosts"]
+    return hosts
+
+
+def run_id_of(output: str) -> str:
+    return output.split("started run ", 1)[1].split()[0]
+
+
+def generate(port: int) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", method="POST",
+                                 data=json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 8}}).encode())
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.parametrize("where", ["box", "loc"])
+def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_path, where):
+    root = project(where)
+    port = registry(root)[where]["serve"]["default"]["port"]
+    draft = write_model(tmp_path / "my draft's \"dir\"", draft_config([1, 15, 28]))    # quotes, a space
+    out = ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    assert "ready: SGLang" in out and "asked for vs effective" in out
+    assert "the server runs with other values" not in out
+    run_id = run_id_of(out)
+    # the invoke call is over and its SSH connection closed: the server still serves
+    assert generate(port)["meta_info"]["completion_tokens"] == 8
+    status = ok(invoke(root, "serve.status"))
+    row = next(line for line in status.splitlines() if f"│ {port} " in line)
+    assert "sglang" in row and "alive" in row and run_id[:12] in status
+    assert "num_draft_tokens=4" in status
+    logs = ok(invoke(root, "serve.logs", "--lines", "400"))
+    assert "The server is fired up and ready to roll!" in logs and "server_args=ServerArgs(" in logs
+    decoded = [engines.get("sglang").parse_log_line(line) for line in logs.splitlines()]
+    assert any(d and 1.0 <= d["accept_len"] <= 4.0 for d in decoded)       # steps 3: 1 .. steps+1
+    assert run_processes(run_id)
+    stopped = ok(invoke(root, "serve.stop"))
+    assert f"port {port}" in stopped and "no process left" in stopped
+    assert run_processes(run_id) == []
+    assert "no draftops servers" in ok(invoke(root, "serve.status"))
+
+
+def test_topk1_override_is_refused_and_when_allowed_the_difference_is_shown(project, tmp_path):
+    root = project("loc")
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    args = ("serve", "--draft", draft, "--steps", "1", "--topk", "1", "--draft-tokens", "16")
+    text = refused(invoke(root, *args))
+    assert "silently replaces --draft-tokens 16 by --steps + 1 = 2" in text and "started run" not in text
+    out = ok(invoke(root, *args, "--allow-override"))
+    flat = " ".join(out.split())
+    assert "the server runs with other values than asked for: num draft tokens" in flat
+    row = next(line for line in out.splitlines() if "num draft tokens" in line)
+    assert row.split("│")[2].strip() == "16" and row.split("│")[3].strip() == "2"
+    assert "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1" in flat
+    ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(project, tmp_path):
+    root = project("box", default=profile(tmp_path, target=write_model(
+        tmp_path / "odd", target_config(arch="FooForCausalLM"))))
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    result = invoke(root, "serve", "--draft", draft)
+    text = refused(result)
+    assert "exited during start-up" in text and "Last 50 log lines" in text
+    assert "Model architectures ['FooForCausalLM'] are not supported" in text
+    run_id = run_id_of(result.stdout)
+    assert run_processes(run_id) == []          # including the double's orphaned detokenizer
+    assert "no draftops servers" in ok(invoke(root, "serve.status"))
+
+
+def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):
+    slow = profile(tmp_path, ready_timeout=2)
+    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "60"}
+    root = project("loc", default=slow)
+    result = invoke(root, "serve", "--baseline")
+    text = refused(result)
+    assert "was not ready after 2 s" in text and "Load weight begin" in text
+    assert run_processes(run_id_of(result.stdout)) == []
+
+
+def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_path):
+    root = project("loc")
+    first = run_id_of(ok(invoke(root, "serve", "--baseline")))
+    text = refused(invoke(root, "serve", "--baseline"))
+    assert f"is in use by the sglang server of run {first}" in text and "--replace" in text
+    out = ok(invoke(root, "serve", "--baseline", "--replace"))
+    second = run_id_of(out)
+    assert second != first and f"stopped the sglang server of run {first}" in " ".join(out.split())
+    assert run_processes(first) == [] and run_processes(second)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        text = refused(invoke(root, "serve", "--baseline", "--port", str(busy.getsockname()[1])))
+    assert "in use by a process draftops did not start" in text
+    ok(invoke(root, "serve.stop", "--all"))
+    assert run_processes(second) == []
+
+
+def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):
+    root = project("box", default=profile(tmp_path), ghost=profile(tmp_path, python="/no/such/env/bin/python"))
+    text = refused(invoke(root, "serve", "--baseline", "--profile", "ghost"))
+    assert "The python /no/such/env/bin/python does not exist on host 'box'" in text
+    wrong = write_model(tmp_path / "wrong", draft_config([1, 15, 31]))
+    text = refused(invoke(root, "serve", "--draft", wrong, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    assert "can only capture ids -1..30; [31] is outside" in text and "started run" not in text
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    report = {"checkpoint": {"path": draft, "configured_layer_ids": [1, 15, 28]},
+              "verdict": {"status": "MISMATCH", "message": "Trained on [-1, 1, 15].", "serving_convention": "sglang"}}
+    (root / "runs" / "20261130-000000-test-drafter-abcd").mkdir(parents=True)
+    (root / "runs" / "20261130-000000-test-drafter-abcd" / "report.json").write_text(json.dumps(report))
+    text = refused(invoke(root, "serve", "--draft", draft))
+    assert "is MISMATCH: Trained on [-1, 1, 15]." in text and "--force" in text
+    out = " ".join(ok(invoke(root, "serve", "--draft", draft, "--force")).split())
+    assert "Serving anyway (--force)" in out and "ready: SGLang" in out
+    ok(invoke(root, "serve.stop"))
+
+
+def test_embedding_ids_need_the_capture_patch_then_serve_with_the_ids_exported(project, tmp_path):
+    from tests.sglang_wheels import extract
+    venv = tmp_path / "sgl-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    extract("0.5.13", site)                       # real SGLang sources: what the patcher reads
+    for name in ("__init__.py", "launch_server.py"):   # plus the double's server entry point
+        (site / "sglang" / name).write_text((DOUBLES / "sglang" / name).read_text())
+    python = str(venv / "bin" / "python")
+    serve = profile(tmp_path, python=python, target=write_model(tmp_path / "t6", target_config(layers=6)),
+                    env=FAST)
+    root = project("box", default=serve)
+    hosts = yaml.safe_load((root / "hosts.yaml").read_text())
+    hosts["hosts"]["box"]["python"] = python          # the patcher runs with the host's ml-env python
+    (root / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    draft = write_model(tmp_path / "draft", draft_config([-1, 1, 3]))
+    text = refused(invoke(root, "serve", "--draft", draft))
+    assert "include -1 (the embedding output), which SGLang 0.5.13" in text
+    assert "invoke patch-sglang.apply --host box" in text
+    ok(invoke(root, "patch-sglang.apply"))
+    out = ok(invoke(root, "serve", "--draft", draft))
+    assert "captures the embedding (id -1)" in " ".join(out.split())
+    pids = run_processes(run_id_of(out))
+    environs = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in pids]
+    assert any(b"DRAFTOPS_EAGLE3_LAYER_IDS=-1,1,3" in env for env in environs)
+    ok(invoke(root, "serve.stop"))
+    deadline = time.monotonic() + 5
+    while run_processes(run_id_of(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run_processes(run_id_of(out)) == []
+
+
+def test_two_serve_calls_racing_for_one_port_start_one_server(project, tmp_path):
+    root = project("loc")
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    calls = [subprocess.Popen([sys.executable, "-m", "invoke", "serve", "--baseline"], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(c.wait(timeout=240), *c.communicate()) for c in calls]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 1], results
+    loser = next(" ".join((out + err).split()) for code, out, err in results if code == 1)
+    assert "claimed" in loser or "is in use by the sglang server" in loser, loser
+    status = ok(invoke(root, "serve.status"))
+    assert status.count("alive") == 1
+    ok(invoke(root, "serve.stop", "--all"))

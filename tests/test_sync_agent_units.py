@@ -1,0 +1,104 @@
+"""The host agent's sync steps in-process, for races no end-to-end sync can time: a symlink that
+appears under <root>/code after the plan was checked is refused, never followed."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from draftops import hostagent
+from draftops.hostagent import OWNER_MARK, SYNC_META, SyncRefused
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    """A host root with a draftops-made code folder, and the agent's cwd there (as on a host)."""
+    (tmp_path / "root" / "state").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "root")
+    hostagent._create_code("code")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "victim.txt").write_text("precious")
+    return tmp_path / "root"
+
+
+def plan(files: dict[str, bytes], delete: list[str] = ()) -> hostagent._Plan:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        meta = json.dumps({"delete": list(delete)}).encode()
+        info = tarfile.TarInfo(SYNC_META)
+        info.size = len(meta)
+        tar.addfile(info, io.BytesIO(meta))
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return hostagent._Plan(tarfile.open(fileobj=buf, mode="r:"))
+
+
+def test_code_is_created_with_its_ownership_marker(root):
+    assert (root / "code" / OWNER_MARK).is_file()
+    fd = hostagent._open_code("code")
+    try:
+        assert hostagent._scan(fd, {})[0] == {}, "the marker is not part of the mirrored tree"
+    finally:
+        os.close(fd)
+
+
+def test_symlink_that_appears_after_the_check_is_not_written_through(root):
+    """Checked against a tree where d/ is a real folder; by the time of writing, d is a symlink."""
+    outside = root.parent / "outside"
+    (root / "code" / "d").mkdir()
+    fd = hostagent._open_code("code")
+    try:
+        checked = plan({"d/x.py": b"x = 1\n", "e/y.py": b"y = 1\n"})
+        checked.check_against(hostagent._scan(fd, {})[0])
+        (root / "code" / "d").rmdir()
+        os.symlink(outside, root / "code" / "d")             # the race
+        with pytest.raises(SyncRefused, match="not a real folder"):
+            hostagent._write(fd, checked)
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    assert not list((root / "code").rglob("*draftops-tmp*")), "the temp files of a failed apply are removed"
+    assert not (root / "code" / "e").exists(), "folders made for a failed apply are removed"
+
+
+def test_delete_never_goes_through_a_symlinked_folder(root):
+    outside = root.parent / "outside"
+    os.symlink(outside, root / "code" / "d")
+    fd = hostagent._open_code("code")
+    try:
+        with pytest.raises(SyncRefused, match="not a real folder"):
+            hostagent._delete(fd, ["d/victim.txt"])
+        os.symlink(outside / "victim.txt", root / "code" / "link")
+        assert hostagent._delete(fd, ["link"]) == 1           # the link goes, its target stays
+    finally:
+        os.close(fd)
+    assert (outside / "victim.txt").read_text() == "precious"
+    assert not os.path.lexists(root / "code" / "link")
+
+
+def test_deep_tree_scans_without_recursion_limits(root):
+    deep = root / "code"
+    for _ in range(400):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "leaf.py").write_text("leaf\n")
+    fd = hostagent._open_code("code")
+    try:
+        manifest = hostagent._scan(fd, {})[0]
+    finally:
+        os.close(fd)
+    assert list(manifest) == ["d/" * 400 + "leaf.py"]
+
+
+def test_unmarked_folder_with_a_marker_that_is_not_a_file_is_refused(root):
+    (root / "code" / OWNER_MARK).unlink()
+    (root / "code" / OWNER_MARK).mkdir()
+    with pytest.raises(SyncRefused, match="did not put there"):
+        hostagent._open_code("code")

@@ -135,3 +135,15 @@ def test_the_cli_turns_the_id_count_error_into_its_clear_error_exit(tmp_path: Pa
     err = capsys.readouterr().err
     assert code == 3 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert "eagle_aux_hidden_state_layer_ids" in err and not (tmp_path / "out" / "report.json").exists()
+
+
+@pytest.mark.parametrize("convention,shown", [("vllm", "fix [0, 2, 3] (vLLM ids)"),
+                                              ("sglang", "fix [-1, 1, 2] (SGLang ids)")])
+def test_the_history_headline_shows_the_fix_in_the_config_files_convention(convention: str, shown: str) -> None:
+    from draftops.cli.history import headline
+    from draftops.history import RunRecord
+
+    rec = RunRecord(run_id="r", kind="test-drafter", host="local",
+                    metrics={"predicted_served": 1.5, "predicted_best": 2.5, "steps": 3, "serving_convention":
+                             convention, "fix_layer_ids": [-1, 1, 2], "fix_layer_ids_vllm": [0, 2, 3]})
+    assert headline(rec).endswith(shown)

@@ -210,8 +210,8 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
                        "fix" + (" (the ids include -1: SGLang needs the embedding-capture patch)." if patch
                                 else "."), patch=patch)
     cmp_ = ev.comparison
-    same_txt = ("" if cmp_ is None else f"layouts count as the same when the best raises the predicted accept "
-                f"length by less than {tolerance:.1%} ({cmp_.margin:.3f} tokens per verify here)")
+    same_txt = ("" if cmp_ is None else f"layouts count as the same when the best gains less than "
+                f"{tolerance:.1%} of the served accept length ({cmp_.margin:.3f} tokens per verify here)")
     if ev.served is not None and cmp_ is not None:
         served_txt = describe(ev.served.slots, slot_ids, final_slot)
         stats = _stats(cmp_)

@@ -30,7 +30,9 @@ def slot_table(report: dict[str, Any]) -> Table:
 
 def layout_table(report: dict[str, Any]) -> Table:
     basis = report.get("metrics", {}).get("basis", "data")
-    table = Table(title=f"aux layouts tried (step-0 accuracy, {basis} targets)", title_justify="left")
+    scanned = (report.get("data") or {}).get("layout_scan_samples")
+    table = Table(title=f"aux layouts tried (step-0 accuracy on the first {scanned} samples, {basis} targets; "
+                        "this scan only picks the best layout)", title_justify="left")
     for col in ("layer ids (SGLang)", "slots", "step-0 acc", ""):
         table.add_column(col)
     served = report.get("verdict", {}).get("served_slots")
@@ -45,8 +47,9 @@ def layout_table(report: dict[str, Any]) -> Table:
 def metrics_table(report: dict[str, Any]) -> Table:
     metrics = report.get("metrics", {})
     steps = metrics.get("steps", 0)
-    table = Table(title="per-step accuracy, full / cond (full: steps 0..k all right; cond: step k given "
-                        "the earlier ones)", title_justify="left")
+    samples = (report.get("data") or {}).get("samples")
+    table = Table(title=f"per-step accuracy on all {samples} samples, full / cond (full: steps 0..k all right; "
+                        "cond: step k given the earlier ones)", title_justify="left")
     table.add_column("layout (SGLang ids)")
     table.add_column("targets")
     for k in range(steps):
@@ -71,14 +74,17 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
     verdict = report.get("verdict", {})
     status = verdict.get("status", "?")
     colour = {"MATCH": "green", "MISMATCH": "red"}.get(status, "yellow")
-    lines = [f"[bold {colour}]{status}[/]", escape(verdict.get("message", ""))]
-    if verdict.get("fix_layer_ids") is not None:
-        lines.append(f"fix: eagle_aux_hidden_state_layer_ids = [bold]{verdict['fix_layer_ids']}[/] (SGLang ids)"
-                     + ("; needs the SGLang capture patch (invoke patch-sglang.apply)"
-                        if verdict.get("needs_capture_patch") else ""))
+    lines = [f"[bold {colour}]{escape(str(status))}[/]", escape(verdict.get("message", ""))]
+    fix_line = _fix_line(report)
+    if fix_line:
+        lines.append(fix_line)
+    comparison = verdict.get("comparison")
+    if comparison:
+        lines.append(_comparison_line(comparison))
     accept = report.get("predicted_accept_length") or {}
     if accept:
-        lines.append(f"predicted accept length at K={accept.get('steps')}: served "
+        samples = (report.get("data") or {}).get("samples")
+        lines.append(f"predicted accept length at K={accept.get('steps')} (all {samples} samples): served "
                      f"{_fmt(accept.get('served'))}, best layout {_fmt(accept.get('best'))}")
     expected = verdict.get("expected_acc")
     if expected:
@@ -86,6 +92,47 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
         lines.append(f"training-reported step-0 acc {_pct(expected.get('expected'))} vs served "
                      f"{_pct(expected.get('served'))}: {flag}")
     return Panel("\n".join(lines), title="verdict", border_style=colour)
+
+
+def _fix_line(report: dict[str, Any]) -> str | None:
+    """The ids to write, in the convention of the file being fixed first (bold), the other after."""
+    verdict = report.get("verdict", {})
+    sglang, vllm = verdict.get("fix_layer_ids"), verdict.get("fix_layer_ids_vllm")
+    if sglang is None:
+        return None
+    speculators = verdict.get("serving_convention") == "vllm" or (
+        (report.get("checkpoint") or {}).get("format") == "speculators")
+    patch = ("; needs the SGLang capture patch (invoke patch-sglang.apply)"
+             if verdict.get("needs_capture_patch") else "")
+    if speculators:
+        return (f"fix: eagle_aux_hidden_state_layer_ids = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
+                f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"
+                + patch)
+    return (f"fix: eagle_config.eagle_aux_hidden_state_layer_ids = [bold]{escape(str(sglang))}[/] (SGLang ids, "
+            f"as this flat config stores them: -1 = embedding); vLLM reads the same layout as "
+            f"{escape(str(vllm))}" + patch)
+
+
+def _comparison_line(c: dict[str, Any]) -> str:
+    alpha = c.get("alpha", 0.05)
+    lo, hi = (c.get("gain_ci") or [None, None])[:2]
+    return (f"paired over {c.get('samples')} samples (alpha {alpha}): accept-length gain of the best layout "
+            f"{_signed(c.get('gain'))} ({1 - alpha:.0%} CI {_signed(lo)} to {_signed(hi)}), better on "
+            f"{c.get('samples_better')} samples, worse on {c.get('samples_worse')}, sign test p = "
+            f"{_p(c.get('sign_test_p'))}; the same when the gain is under {_fmt3(c.get('margin'))} "
+            f"({_pct(c.get('tolerance'))} of the served accept length): {escape(str(c.get('outcome')))}")
+
+
+def _signed(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.3f}"
+
+
+def _fmt3(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def _p(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2g}"
 
 
 def _fmt(x: float | None) -> str:

@@ -4,25 +4,37 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib.metadata
 import io
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from benchmarks import speculators_peer
 from remote.drafter import EvalOptions, evaluate
 from remote.drafter.demo import DemoPaths, DemoSpec, ensure_demo
 
 SPEC = DemoSpec()
+# docs/drafter.md: in fp32, |logits padded into a batch - logits alone| <= PAD_BOUND * (1 + max |logit|)
+PAD_BOUND = 2e-6
 
 
 @functools.lru_cache(maxsize=1)
 def demo() -> DemoPaths:
-    """Build the demo once per process (about 15 s on 2 cores) into a temp folder."""
-    root = Path(tempfile.mkdtemp(prefix="draftops-demo-"))
-    atexit.register(shutil.rmtree, root, True)
+    """Build the demo once per process into a temp folder (or reuse a complete one at
+    ``$DRAFTOPS_TEST_DEMO_DIR``: ensure_demo rebuilds it when its parameters changed)."""
+    keep = os.environ.get("DRAFTOPS_TEST_DEMO_DIR")
+    if keep:
+        root = Path(keep)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="draftops-demo-")) / "demo"
+        atexit.register(shutil.rmtree, root.parent, True)
     with contextlib.redirect_stdout(io.StringIO()):
-        return ensure_demo(root / "demo")
+        return ensure_demo(root)
 
 
 def run_eval(out: Path, **kw: Any) -> dict[str, Any]:
@@ -37,3 +49,15 @@ def run_eval(out: Path, **kw: Any) -> dict[str, Any]:
 
 def layout_acc(report: dict[str, Any], layer_ids: list[int]) -> float:
     return next(r["acc"] for r in report["layouts"] if r["layer_ids"] == layer_ids)
+
+
+def load_speculators() -> tuple[Any, Any]:
+    """(Eagle3DraftModel, Eagle3SpeculatorConfig) of speculators 0.9.0, or skip (fail in CI, where
+    these tests are the check that the evaluator computes what training computed)."""
+    if not speculators_peer.available():
+        if os.environ.get("CI"):
+            pytest.fail("speculators==0.9.0 and transformers are not installed (see docs/drafter.md)")
+        pytest.skip("speculators==0.9.0 not installed")
+    classes = speculators_peer.import_eagle3()
+    assert importlib.metadata.version("speculators") == "0.9.0"
+    return classes

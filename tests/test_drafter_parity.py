@@ -1,41 +1,29 @@
-"""fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``.
-
-speculators imports openai/datasets/hs_connectors at module level for its data pipeline; none of
-that is used by the model, so those three are stubbed when not installed
-(``benchmarks/speculators_peer.py``, shared with the benchmark's peer).
-In CI (``CI`` set) a missing speculators is a failure, not a skip: this is the check that the
-evaluator computes what training computed.
-"""
+"""fp32 parity of the draft forward with speculators 0.9.0's own ``Eagle3DraftModel``
+(imported through benchmarks/speculators_peer.py, shared with the benchmark's peer; in CI a missing
+speculators is a failure, not a skip: this is the check that the evaluator computes what training
+computed)."""
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from benchmarks import speculators_peer
 from remote.drafter import load_checkpoint
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
-from tests.drafter_support import demo
+from tests.drafter_support import PAD_BOUND, demo, load_speculators
 
-TOL = 1e-5
+# Same bound as padded vs unpadded batches (docs/drafter.md): the reference runs each sample alone,
+# ours runs them padded into one batch, so only the fp32 summation order differs.
+BOUND = PAD_BOUND
 
 
 @pytest.fixture(scope="module")
 def speculators():
-    if not speculators_peer.available():
-        if os.environ.get("CI"):
-            pytest.fail("speculators==0.9.0 and transformers are not installed (see docs/drafter.md)")
-        pytest.skip("speculators==0.9.0 not installed")
-    Eagle3DraftModel, Eagle3SpeculatorConfig = speculators_peer.import_eagle3()  # noqa: N806
-
-    assert importlib.metadata.version("speculators") == "0.9.0"
-    return Eagle3DraftModel, Eagle3SpeculatorConfig
+    return load_speculators()
 
 
 def _reference(speculators, ckpt: Path, weights: dict[str, torch.Tensor]):
@@ -62,7 +50,8 @@ def _speculators_logits(model, aux: torch.Tensor, ids: torch.Tensor, steps: int)
 
 def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: list[torch.Tensor],
              steps: int) -> float:
-    """Max |diff| over every step, comparing per sample with ours run on the padded batch."""
+    """Max |diff| / (1 + max |logit|) over every step, comparing per sample with ours run on the
+    padded batch."""
     from safetensors.torch import load_file
 
     weights = load_file(str(ckpt / "model.safetensors"))
@@ -79,7 +68,8 @@ def _compare(speculators, ckpt: Path, aux_rows: list[torch.Tensor], ids_rows: li
         ref = _speculators_logits(reference, a, i, steps)
         assert len(ref) == steps
         for k in range(steps):
-            worst = max(worst, float((ref[k] - mine[k][b, : i.shape[0]]).abs().max()))
+            diff = float((ref[k] - mine[k][b, : i.shape[0]]).abs().max())
+            worst = max(worst, diff / (1 + float(ref[k].abs().max())))
     return worst
 
 
@@ -89,8 +79,8 @@ def test_demo_draft_matches_speculators_on_demo_data(speculators) -> None:
     aux = [batch.aux([0, 1, 2])[b] for b in range(3)]
     ids = [batch.input_ids[b] for b in range(3)]
     worst = _compare(speculators, demo().draft, aux, ids, steps=4)
-    print(f"max |logit diff| = {worst:.3g}")
-    assert worst <= TOL
+    print(f"max |logit diff| = {worst:.3g} x (1 + max |logit|)")
+    assert worst <= BOUND
 
 
 @pytest.mark.parametrize("variant", [
@@ -139,5 +129,5 @@ def test_random_drafts_match_speculators(speculators, tmp_path: Path, variant: d
     aux = [torch.randn(n, 3 * h, generator=gen) * 3 for n in lengths]
     ids = [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
     worst = _compare(speculators, tmp_path, aux, ids, steps=3)
-    print(f"max |logit diff| = {worst:.3g}")
-    assert worst <= TOL
+    print(f"max |logit diff| = {worst:.3g} x (1 + max |logit|)")
+    assert worst <= BOUND

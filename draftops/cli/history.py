@@ -39,8 +39,10 @@ def headline(rec: history.RunRecord) -> str:
     if rec.kind == "test-drafter":
         parts = [(f"predicted accept {_num(m.get('predicted_served'), '.2f') or '—'}"
                  f" (best {_num(m.get('predicted_best'), '.2f') or '—'}) at K={m.get('steps')}")]
-        if m.get("fix_layer_ids") is not None:
-            parts.append(f"fix {m['fix_layer_ids']}")
+        if m.get("fix_layer_ids") is not None:  # in the convention of the config being fixed
+            vllm = m.get("serving_convention") == "vllm" and m.get("fix_layer_ids_vllm") is not None
+            parts.append(f"fix {m['fix_layer_ids_vllm']} (vLLM ids)" if vllm
+                         else f"fix {m['fix_layer_ids']} (SGLang ids)")
         return ", ".join(parts)
     if rec.kind == "bench":
         tok = _num(m.get("output_throughput"), ".1f")

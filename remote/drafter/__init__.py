@@ -19,6 +19,9 @@ from .errors import (
     DrafterError,
     EmptyDataError,
     MissingTensorError,
+    NonFiniteError,
+    OptionError,
+    ResourceError,
     ShapeMismatchError,
     UnsupportedError,
 )
@@ -29,6 +32,7 @@ from .verifier import Verifier
 
 __all__ = [
     "SCHEMA", "CheckpointInfo", "ConfigError", "CorruptFileError", "DataError", "DraftArch", "DrafterError",
-    "DumpSet", "Eagle3Draft", "EmptyDataError", "EvalOptions", "MissingTensorError", "Sample",
-    "ShapeMismatchError", "SlotInfo", "UnsupportedError", "Verifier", "evaluate", "load_checkpoint",
+    "DumpSet", "Eagle3Draft", "EmptyDataError", "EvalOptions", "MissingTensorError", "NonFiniteError",
+    "OptionError", "ResourceError", "Sample", "ShapeMismatchError", "SlotInfo", "UnsupportedError", "Verifier",
+    "evaluate", "load_checkpoint",
 ]

@@ -130,23 +130,41 @@ def _read_ahead(load: Callable[[int], Sample], order: Sequence[int], readers: in
 
 
 def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:
-    """Run ``items`` (disk reads + collate) in a thread, ``depth`` batches ahead."""
+    """Run ``items`` (disk reads + collate) in a thread, ``depth`` batches ahead.  When the consumer
+    stops early (an error, or closing this generator) the thread is stopped and joined, so no loader
+    is left inside torch when the program exits (which aborts the process: exit 134)."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def work() -> None:
         try:
             for item in items:
-                q.put(item)
-        except BaseException as exc:  # re-raised in the consumer
-            q.put(exc)
-        q.put(done)
+                if not put(item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the consumer)
+            put(exc)
+        put(done)
 
-    threading.Thread(target=work, daemon=True).start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:

@@ -1,14 +1,14 @@
 """Load an EAGLE-3 draft checkpoint in either config format, inferring structure from the weights.
 
-Formats (reference §1): *speculators* (``speculators_model_type`` + nested
-``transformer_layer_config``, layers named ``layers.*``) and *flat* (``LlamaForCausalLMEagle3``:
-the top level is the Llama config, layer 0 named ``midlayer.*``, ids under ``eagle_config``).
+Formats: *speculators* (``speculators_model_type`` + nested ``transformer_layer_config``, layers
+named ``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config,
+layer 0 named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both.
 The config is trusted only for what the weights cannot show (heads, eps, rope, the norm flags);
 widths, the number of aux slots, head_dim, norms present and vocab sizes come from the tensors.
 """
 from __future__ import annotations
 
-import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,19 +16,16 @@ from typing import Any
 
 import torch
 
+from . import config, rope
 from .errors import (
     ConfigError,
+    CorruptFileError,
     MissingTensorError,
     ShapeMismatchError,
-    UnsupportedError,
 )
 from .model import DraftArch, Eagle3Draft
-from .rope import RopeSpec
 from .tensorstore import TensorStore
 from .verifier import Verifier
-
-SPECULATORS, FLAT = "speculators", "flat"
-_LLAMA_DEFAULTS = {"num_attention_heads": 32, "rms_norm_eps": 1e-6}  # transformers LlamaConfig
 
 
 @dataclass
@@ -57,12 +54,13 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
                     dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, CheckpointInfo]:
     """Read config + weights of the draft at ``path``; returns the runnable draft and its info."""
     path = Path(path)
-    cfg, cfg_path = read_config(path, config_file)
-    fmt = detect_format(cfg, cfg_path)
+    cfg = config.read(path, config_file)
     store = TensorStore.open(path)
     names = {canonical_name(n): n for n in store.names()}
     warnings: list[str] = []
-    arch = infer_arch(cfg, fmt, store, names, verifier, warnings, cfg_path)
+    arch = infer_arch(cfg, store, names, verifier, warnings)
+    config.check_layer_ids(cfg, arch.num_aux, store.shape(names["fc.weight"]),
+                           str(store.info(names["fc.weight"]).path))
     weights = {canon: store.get(orig) for canon, orig in names.items()
                if canon != "embed_tokens.weight" and not canon.startswith("verifier_")}
     embed_source = "checkpoint"
@@ -76,62 +74,13 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
     if embed_source == "verifier":
         origins["embed_tokens.weight"] = f"verifier {verifier.path if verifier else ''}".strip()
     check_shapes(arch, weights, origins, str(path))
-    ids, key = configured_layer_ids(cfg, fmt)
-    if ids is not None and len(ids) != arch.num_aux:
-        warnings.append(f"config lists {len(ids)} aux layer ids but fc.weight takes {arch.num_aux} slots; "
-                        "the weights win")
+    _check_rope(arch, cfg)
     if arch.norm_before_residual:
         warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
                         "(its residual is always the un-normed hidden), so SGLang serves a different model")
-    info = CheckpointInfo(fmt, str(path), str(cfg_path), [str(f) for f in store.files], ids, key,
-                          embed_source, arch, warnings)
+    info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
+                          cfg.layer_ids_key, embed_source, arch, warnings)
     return Eagle3Draft(arch, weights, device, dtype), info
-
-
-def read_config(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
-    """The JSON config: ``config_file`` when given, else ``path/config.json``."""
-    cfg_path = Path(config_file) if config_file else (path / "config.json" if path.is_dir()
-                                                      else path.parent / "config.json")
-    if not cfg_path.is_file():
-        raise ConfigError("The draft config file does not exist", path=cfg_path,
-                          fix="pass --config FILE (e.g. the config_speculators.json backup)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"The draft config is not valid JSON ({exc})", path=cfg_path,
-                          fix="repair it or pass --config with a good copy") from exc
-    if not isinstance(cfg, dict):
-        raise ConfigError("The draft config is not a JSON object", path=cfg_path,
-                          fix="pass --config with the draft's config.json")
-    return cfg, cfg_path
-
-
-def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
-    """speculators when ``speculators_model_type``/``transformer_layer_config`` is there, else flat."""
-    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
-        return SPECULATORS
-    if "hidden_size" in cfg or any("Eagle3" in a for a in cfg.get("architectures") or []):
-        return FLAT
-    raise ConfigError(
-        "The config is neither speculators nor flat LlamaForCausalLMEagle3 format", path=cfg_path,
-        expected="'speculators_model_type' or 'hidden_size' at top level", found=sorted(cfg)[:8],
-        fix="pass --config with the draft's own config.json",
-    )
-
-
-def layer_config(cfg: dict[str, Any], fmt: str) -> dict[str, Any]:
-    return dict(cfg.get("transformer_layer_config") or {}) if fmt == SPECULATORS else cfg
-
-
-def configured_layer_ids(cfg: dict[str, Any], fmt: str) -> tuple[list[int] | None, str | None]:
-    """Aux ids as written, and the key they came from (vLLM's lookup order)."""
-    if cfg.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]], "eagle_aux_hidden_state_layer_ids"
-    eagle = cfg.get("eagle_config") or {}
-    if eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
-        return ([int(i) for i in eagle["eagle_aux_hidden_state_layer_ids"]],
-                "eagle_config.eagle_aux_hidden_state_layer_ids")
-    return None, None
 
 
 def canonical_name(name: str) -> str:
@@ -141,11 +90,9 @@ def canonical_name(name: str) -> str:
     return re.sub(r"^midlayers\.(\d+)\.", r"layers.\1.", name)
 
 
-def infer_arch(cfg: dict[str, Any], fmt: str, store: TensorStore, names: dict[str, str],
-               verifier: Verifier | None, warnings: list[str], cfg_path: Path) -> DraftArch:
-    """Structure from the weights, with the config filling in what weights cannot show."""
-    tlc = layer_config(cfg, fmt)
-
+def infer_arch(cfg: config.DraftConfig, store: TensorStore, names: dict[str, str],
+               verifier: Verifier | None, warnings: list[str]) -> DraftArch:
+    """Structure from the weights, with the (validated) config filling in what weights cannot show."""
     def shape(canon: str) -> tuple[int, ...]:
         if canon not in names:
             raise MissingTensorError("A draft tensor is missing", path=", ".join(map(str, store.files)),
@@ -153,72 +100,101 @@ def infer_arch(cfg: dict[str, Any], fmt: str, store: TensorStore, names: dict[st
                                      fix="use the complete checkpoint folder written by the trainer")
         return store.shape(names[canon])
 
-    hidden, fc_in = shape("fc.weight")
-    cfg_hidden = tlc.get("hidden_size")
-    if cfg_hidden is not None and int(cfg_hidden) != hidden:
-        raise ShapeMismatchError(
-            "The config's hidden_size disagrees with fc.weight", path=cfg_path, tensor="fc.weight",
-            expected=f"[{cfg_hidden}, A*{cfg_hidden}]", found=[hidden, fc_in],
-            fix="pass --config with the config that belongs to these weights",
-        )
-    aux_hidden = int(cfg.get("target_hidden_size") or tlc.get("target_hidden_size") or hidden)
-    if fc_in % aux_hidden:
-        raise ShapeMismatchError(
-            "fc.weight's input width is not a whole number of aux slots × hidden size",
-            path=store.info(names["fc.weight"]).path, tensor="fc.weight",
-            expected=f"[{hidden}, A*{aux_hidden}] for an integer A", found=[hidden, fc_in],
-            fix="set target_hidden_size in the config to the target's hidden size, or use the "
-                "fc.weight this draft was trained with",
-        )
-    q_rows = shape("layers.0.self_attn.q_proj.weight")[0]
-    heads = tlc.get("num_attention_heads")
-    if heads is None and tlc.get("head_dim"):
-        heads = q_rows // int(tlc["head_dim"])
-    if heads is None:
-        heads = _LLAMA_DEFAULTS["num_attention_heads"]
-        warnings.append(f"config has no num_attention_heads; using the transformers default {heads}")
-    heads = int(heads)
-    if q_rows % heads:
-        raise ShapeMismatchError(
-            "q_proj rows are not a multiple of num_attention_heads",
-            path=cfg_path, tensor="layers.0.self_attn.q_proj.weight",
-            expected=f"rows divisible by {heads}", found=[q_rows],
-            fix="fix num_attention_heads in the config")
-    head_dim = q_rows // heads
-    if tlc.get("head_dim") and int(tlc["head_dim"]) != head_dim:
-        warnings.append(f"config head_dim={tlc['head_dim']} but q_proj implies {head_dim}; using {head_dim}")
-    kv_rows = shape("layers.0.self_attn.k_proj.weight")[0]
+    hidden, fc_in, aux_hidden = _fc_dims(cfg, shape("fc.weight"), store.info(names["fc.weight"]).path)
+    heads, head_dim, kv_heads = _heads(cfg, shape("layers.0.self_attn.q_proj.weight")[0],
+                                       shape("layers.0.self_attn.k_proj.weight")[0], warnings)
     num_layers = 1 + max(int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n)))
-    if tlc.get("hidden_act", "silu") != "silu":
-        raise UnsupportedError("Only SiLU-gated MLP drafts are implemented", path=cfg_path,
-                               tensor="hidden_act", expected="silu", found=tlc.get("hidden_act"),
-                               fix="extend remote/drafter/layers.py:mlp")
-    vocab = _target_vocab(names, store, tlc, verifier)
-    layer_types = tlc.get("layer_types") or []
-    window = tlc.get("sliding_window")
-    windows = tuple(int(window) if window and i < len(layer_types) and layer_types[i] == "sliding_attention"
-                    else None for i in range(num_layers))
+    windows = tuple(cfg.sliding_window if cfg.sliding_window and i < len(cfg.layer_types)
+                    and cfg.layer_types[i] == "sliding_attention" else None for i in range(num_layers))
     nbf = "input_norm.weight" in names
-    if cfg.get("norm_before_fc") and not nbf:
+    if cfg.norm_before_fc and not nbf:
         raise MissingTensorError("norm_before_fc is set but the checkpoint has no input_norm.weight",
                                  path=", ".join(map(str, store.files)), tensor="input_norm.weight",
                                  expected=f"[{fc_in}]", found="absent",
                                  fix="use the checkpoint the trainer wrote, or set norm_before_fc=false")
     return DraftArch(
-        hidden_size=hidden, num_heads=heads, num_kv_heads=kv_rows // head_dim, head_dim=head_dim,
+        hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         intermediate_size=shape("layers.0.mlp.gate_proj.weight")[0], num_layers=num_layers,
         num_aux=fc_in // aux_hidden, aux_hidden_size=aux_hidden,
-        draft_vocab_size=shape("lm_head.weight")[0], vocab_size=vocab,
-        rms_norm_eps=float(tlc.get("rms_norm_eps", _LLAMA_DEFAULTS["rms_norm_eps"])),
-        rope=RopeSpec.from_config(tlc),
-        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-        norm_output=bool(cfg.get("norm_output", False)),
+        draft_vocab_size=shape("lm_head.weight")[0], vocab_size=_target_vocab(names, store, cfg, verifier),
+        rms_norm_eps=cfg.rms_norm_eps, rope=cfg.rope,
+        norm_before_residual=cfg.norm_before_residual, norm_output=cfg.norm_output,
         norm_before_fc=nbf, fc_norm="fc_norm.0.weight" in names,
         qk_norm="layers.0.self_attn.q_norm.weight" in names, sliding_windows=windows,
     )
 
 
-def _target_vocab(names: dict[str, str], store: TensorStore, tlc: dict[str, Any],
+def _fc_dims(cfg: config.DraftConfig, fc_shape: tuple[int, ...], fc_file: Path) -> tuple[int, int, int]:
+    """(hidden, fc input width, aux hidden size) from fc.weight, checked against the config."""
+    if len(fc_shape) != 2:
+        raise ShapeMismatchError("fc.weight is not a matrix", path=fc_file,
+                                 tensor="fc.weight", expected="[H, A*H]", found=list(fc_shape),
+                                 fix="use the fc.weight this draft was trained with")
+    hidden, fc_in = fc_shape
+    if cfg.hidden_size is not None and cfg.hidden_size != hidden:
+        raise ShapeMismatchError(
+            "The config's hidden_size disagrees with fc.weight", path=cfg.path,
+            field=cfg.layer_field("hidden_size"), tensor="fc.weight",
+            expected=f"[{cfg.hidden_size}, A*{cfg.hidden_size}]", found=[hidden, fc_in],
+            fix="pass --config with the config that belongs to these weights",
+        )
+    aux_hidden = cfg.target_hidden_size or hidden
+    if fc_in % aux_hidden:
+        raise ShapeMismatchError(
+            "fc.weight's input width is not a whole number of aux slots × hidden size",
+            path=fc_file, tensor="fc.weight",
+            expected=f"[{hidden}, A*{aux_hidden}] for an integer A", found=[hidden, fc_in],
+            fix="set target_hidden_size in the config to the target's hidden size, or use the "
+                "fc.weight this draft was trained with",
+        )
+    return hidden, fc_in, aux_hidden
+
+
+def _heads(cfg: config.DraftConfig, q_rows: int, kv_rows: int, warnings: list[str]) -> tuple[int, int, int]:
+    """(query heads, head_dim, key/value heads): head_dim from q_proj rows / heads, never 2H/heads."""
+    heads = cfg.num_attention_heads
+    if heads is None and cfg.head_dim:
+        heads = max(1, q_rows // cfg.head_dim)
+    if heads is None:
+        heads = config.DEFAULT_HEADS
+        warnings.append(f"config has no num_attention_heads; using the transformers default {heads}")
+    heads_field = cfg.layer_field("num_attention_heads")
+    if q_rows % heads:
+        raise ShapeMismatchError(
+            "q_proj rows are not a multiple of num_attention_heads",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.q_proj.weight",
+            expected=f"rows divisible by {heads}", found=[q_rows],
+            fix="fix num_attention_heads in the config")
+    head_dim = q_rows // heads
+    if head_dim % 2:
+        raise ShapeMismatchError(
+            "head_dim (q_proj rows / num_attention_heads) is odd, so rotary embeddings cannot split it",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.q_proj.weight",
+            expected="an even head_dim", found=f"{q_rows} rows / {heads} heads = {head_dim}",
+            fix="fix num_attention_heads in the config")
+    if cfg.head_dim and cfg.head_dim != head_dim:
+        warnings.append(f"config head_dim={cfg.head_dim} but q_proj implies {head_dim}; using {head_dim}")
+    if kv_rows % head_dim or heads % max(1, kv_rows // head_dim):
+        raise ShapeMismatchError(
+            "k_proj rows do not make a whole number of key/value heads that divides the query heads",
+            path=cfg.path, field=heads_field, tensor="layers.0.self_attn.k_proj.weight",
+            expected=f"a multiple of head_dim {head_dim} that divides {heads} heads", found=[kv_rows],
+            fix="fix num_attention_heads in the config")
+    return heads, head_dim, kv_rows // head_dim
+
+
+def _check_rope(arch: DraftArch, cfg: config.DraftConfig) -> None:
+    """The rope table must be finite for this head_dim (e.g. an extreme rope_theta overflows)."""
+    freq, scale = rope.inv_freq(arch.rope, arch.head_dim)
+    if not bool(torch.isfinite(freq).all()) or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError("The rope parameters give non-finite rotary frequencies", path=cfg.path,
+                          field="rope_theta / rope_parameters", expected="finite frequencies",
+                          found=arch.rope.to_dict(),
+                          fix="set the rope values the draft was trained with (e.g. rope_theta 10000 or "
+                              "the target's)")
+
+
+def _target_vocab(names: dict[str, str], store: TensorStore, cfg: config.DraftConfig,
                   verifier: Verifier | None) -> int:
     if "embed_tokens.weight" in names:
         return store.shape(names["embed_tokens.weight"])[0]
@@ -226,7 +202,7 @@ def _target_vocab(names: dict[str, str], store: TensorStore, tlc: dict[str, Any]
         return store.shape(names["t2d"])[0]
     if verifier is not None and verifier.embed_name:
         return verifier.store.shape(verifier.embed_name)[0]
-    return int(tlc.get("vocab_size", 32000))
+    return cfg.vocab_size or 32000
 
 
 def _verifier(verifier: Verifier | None, path: Path) -> Verifier:
@@ -250,7 +226,14 @@ def _vocab_maps(arch: DraftArch, weights: dict[str, torch.Tensor], names: dict[s
                 fix="copy d2t/t2d from the training output into the checkpoint",
             )
         return {"d2t": torch.zeros(arch.draft_vocab_size, dtype=torch.long)}
-    d2t = weights["d2t"].to(torch.long)
+    raw = weights["d2t"]
+    if raw.is_floating_point() or raw.dtype == torch.bool or tuple(raw.shape) != (arch.draft_vocab_size,):
+        raise CorruptFileError("d2t is not an integer vector with one offset per draft token",
+                               path=store.info(names["d2t"]).path, tensor="d2t",
+                               expected=f"[{arch.draft_vocab_size}] int64",
+                               found=f"{list(raw.shape)} {str(raw.dtype).replace('torch.', '')}",
+                               fix="use the d2t written with this checkpoint by the trainer")
+    d2t = raw.to(torch.long)
     targets = d2t + torch.arange(d2t.shape[0])
     out = {"d2t": d2t}
     if "t2d" in weights:
@@ -313,6 +296,11 @@ def check_shapes(arch: DraftArch, weights: dict[str, torch.Tensor], origins: dic
                                      expected=list(want), found="absent",
                                      fix="use the complete checkpoint folder written by the trainer")
         got = tuple(weights[name].shape)
+        if name not in ("d2t", "t2d") and not weights[name].is_floating_point():
+            raise CorruptFileError("A weight tensor is not floating point", path=origins.get(name, folder),
+                                   tensor=name, expected="float32 / bfloat16 / float16",
+                                   found=str(weights[name].dtype).replace("torch.", ""),
+                                   fix="use the checkpoint files the trainer wrote")
         if got != want:
             raise ShapeMismatchError(
                 "A tensor has the wrong shape for the structure the other tensors imply",

@@ -1,8 +1,9 @@
 """``python -m remote.drafter {eval,demo}``: argument parsing and the human-readable summary.
 
 Exit codes: 0 done (whatever the verdict: a MISMATCH is a finding, read it from report.json),
-2 bad usage (argparse), 3 a DrafterError (its one-paragraph message on stderr and as an ``error``
-event).
+2 bad usage (argparse: an unknown flag or a value of the wrong type), 3 a DrafterError, including
+out-of-range options and running out of memory (its one-paragraph message on stderr and as an
+``error`` event on stdout).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from .. import events
 from .demo import MARKER, ensure_demo
-from .errors import DrafterError
+from .errors import DrafterError, ResourceError
 from .evaluate import EvalOptions, evaluate
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"
@@ -40,8 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
     ev.add_argument("--layout-samples", type=int, default=64, help="samples for the layout scan (64)")
-    ev.add_argument("--layout-tolerance", type=float, default=0.03,
-                    help="MATCH when the served layout is within this of the best step-0 acc (0.03)")
+    ev.add_argument("--layout-tolerance", type=float, default=0.01,
+                    help="the best layout counts as the same as the served one when it raises the "
+                         "predicted accept length by less than this fraction (0.01 = 1%%)")
+    ev.add_argument("--alpha", type=float, default=0.05,
+                    help="significance level of the paired served-vs-best comparison (0.05)")
+    ev.add_argument("--min-skill", type=float, default=0.1,
+                    help="UNKNOWN when no layout closes this share of the gap between always guessing "
+                         "the most frequent target and perfect (0.1)")
     ev.add_argument("--acc-tolerance", type=float, default=0.05,
                     help="flag --expected-acc gaps larger than this (0.05)")
     ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (8192 CPU, 16384 GPU)")
@@ -70,19 +77,22 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
     return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,
                        limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
-                       acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len)
+                       acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
+                       alpha=args.alpha, min_skill=args.min_skill)
 
 
 def summary(report: dict[str, Any]) -> list[str]:
     """A few plain lines for the job log (the full story is in report.json)."""
     v = report["verdict"]
     lines = [f"verdict: {v['status']}", v["message"]]
+    scanned = report["data"].get("layout_scan_samples")
+    lines.append(f"layout scan (step-0 acc on the first {scanned} samples; it only picks the best layout):")
     for row in sorted(report["layouts"], key=lambda r: -(r["acc"] or 0.0)):
         tags = f"  <- {', '.join(row['tags'])}" if row["tags"] else ""
         lines.append(f"  layout {row['layer_ids'] or row['slots']}: step-0 acc {_num(row['acc'])}{tags}")
     pal = report["predicted_accept_length"]
-    lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets): "
-                 f"served {_num(pal['served'])}, best {_num(pal['best'])}")
+    lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets, all "
+                 f"{report['data']['samples']} samples): served {_num(pal['served'])}, best {_num(pal['best'])}")
     if v.get("expected_acc") and v["expected_acc"]["flagged"]:
         e = v["expected_acc"]
         lines.append(f"expected acc {e['expected']:.3f} vs measured {_num(e['served'])}: gap flagged")
@@ -97,11 +107,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "demo":
-            paths = ensure_demo(args.out or default_demo_dir(), force=args.force)
-            print(f"demo ready in {paths.root}")
-            return 0
-        report = evaluate(options_from_args(args, parser))
+        try:
+            if args.command == "demo":
+                paths = ensure_demo(args.out or default_demo_dir(), force=args.force)
+                print(f"demo ready in {paths.root}")
+                return 0
+            report = evaluate(options_from_args(args, parser))
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
+                raise
+            raise ResourceError(f"The evaluation ran out of memory ({type(exc).__name__})",
+                                fix="lower --batch-tokens (padded tokens per forward), --steps or --max-len, "
+                                    "or use a machine with more memory") from exc
     except DrafterError as exc:
         events.emit("error", **exc.to_dict())
         print(f"error: {exc}", file=sys.stderr)
@@ -109,3 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in summary(report):
         print(line)
     return 0
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "not enough memory" in text

@@ -11,7 +11,6 @@ target's final pre-norm state (the source of verifier targets) is resolved in ``
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .config import Fields, is_integral, json_object
 from .errors import (
     ConfigError,
     CorruptFileError,
@@ -67,22 +67,23 @@ class SlotInfo:
 
     @classmethod
     def parse(cls, file: Path) -> SlotInfo:
-        try:
-            cfg: dict[str, Any] = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"data_config.json is not valid JSON ({exc})", path=file,
-                              fix="repair the file or remove it (slot layer ids are then unknown)") from exc
-        conv = str(cfg.get("layer_id_convention", "sglang")).lower()
+        cfg = json_object(file, "data_config.json", "repair the file ({\"layer_ids\": [...], \"final_slot\": "
+                          "...}) or remove it (slot layer ids are then unknown)")
+        fields = Fields(cfg, file, "")
+        conv = (fields.text("layer_id_convention") or "sglang").lower()
         if conv not in CONVENTIONS:
             raise ConfigError("Unknown layer_id_convention in data_config.json", path=file,
-                              expected=" or ".join(CONVENTIONS), found=conv,
+                              field="layer_id_convention", expected=" or ".join(CONVENTIONS), found=conv,
                               fix="use 'sglang' (output of layer id, -1 = embedding) or 'vllm'")
         ids = cfg.get("layer_ids")
+        if ids is not None and (not isinstance(ids, list) or not ids
+                                or not all(is_integral(i) and int(i) >= -1 for i in ids)):
+            raise fields.bad("layer_ids", "a non-empty list of integer layer ids >= -1, one per slot", ids)
         shift = -1 if conv == "vllm" else 0
         layer_ids = tuple(int(i) + shift for i in ids) if ids is not None else None
-        return cls(layer_ids=layer_ids, final_slot=cfg.get("final_slot"),
-                   final_slot_given="final_slot" in cfg,
-                   num_hidden_layers=cfg.get("num_hidden_layers"), path=str(file), convention=conv)
+        final = fields.integer("final_slot", minimum=0)
+        return cls(layer_ids=layer_ids, final_slot=final, final_slot_given="final_slot" in cfg,
+                   num_hidden_layers=fields.integer("num_hidden_layers"), path=str(file), convention=conv)
 
 
 class DumpSet:
@@ -153,8 +154,8 @@ def load_safetensors(file: Path) -> Sample:
                 expected="token_ids [T] and hidden_states [T, S, H]", found=store.names(),
                 fix="regenerate the dump with speculators' hidden-state generator (or the demo)",
             )
-    mask = store.get("loss_mask") if store.has("loss_mask") else None
-    return _checked(store.get(ids_name), store.get("hidden_states"), mask, file)
+    mask = store.get("loss_mask", finite=False) if store.has("loss_mask") else None
+    return _checked(store.get(ids_name), store.get("hidden_states", finite=False), mask, file)
 
 
 def load_pt(file: Path) -> Sample:
@@ -172,10 +173,14 @@ def load_pt(file: Path) -> Sample:
             raise MissingTensorError(
                 "A .pt dump lacks an entry", path=file, tensor=name,
                 expected="input_ids [T], hidden_states list of S x [T, H], loss_mask [T]",
-                found=sorted(raw), fix="regenerate the dump (legacy speculators format)",
+                found=sorted(map(str, raw)), fix="regenerate the dump (legacy speculators format)",
             )
     hs = raw["hidden_states"]
     if isinstance(hs, (list, tuple)):
+        if not hs or not all(isinstance(t, torch.Tensor) for t in hs):
+            raise DataError("The .pt dump's hidden_states is not a list of tensors", path=file,
+                            tensor="hidden_states", expected="S tensors [T, H]",
+                            found=[type(t).__name__ for t in hs][:8], fix="regenerate the dump")
         shapes = {tuple(t.shape) for t in hs}
         if len(shapes) != 1:
             raise ShapeMismatchError("The hidden_states list entries differ in shape", path=file,
@@ -185,8 +190,21 @@ def load_pt(file: Path) -> Sample:
     return _checked(raw["input_ids"], hs, raw.get("loss_mask"), file)
 
 
-def _checked(ids: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None, file: Path) -> Sample:
-    ids = ids.reshape(-1).to(torch.long) if ids.dim() == 2 and ids.shape[0] == 1 else ids
+def _checked(ids: Any, hidden: Any, mask: Any, file: Path) -> Sample:
+    """Types, dtypes and shapes of one sample (values are checked by ``check_sample``)."""
+    for name, value in (("token ids", ids), ("hidden_states", hidden), ("loss_mask", mask)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise DataError(f"The dump's {name} is not a tensor", path=file, tensor=name,
+                            expected="a torch tensor", found=type(value).__name__, fix="regenerate the dump")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise DataError("Token ids must be integers", path=file, tensor="token_ids",
+                        expected="an integer dtype (int64)", found=str(ids.dtype).replace("torch.", ""),
+                        fix="regenerate the dump; token ids are never stored as floats")
+    if not hidden.is_floating_point():
+        raise DataError("Hidden states must be floating point", path=file, tensor="hidden_states",
+                        expected="float32 / bfloat16 / float16", found=str(hidden.dtype).replace("torch.", ""),
+                        fix="regenerate the dump from the target model's hidden states")
+    ids = ids.reshape(-1) if ids.dim() == 2 and ids.shape[0] == 1 else ids
     if hidden.dim() != 3 or ids.dim() != 1 or hidden.shape[0] != ids.shape[0]:
         raise ShapeMismatchError(
             "token ids and hidden states disagree", path=file, tensor="hidden_states",
@@ -200,5 +218,32 @@ def _checked(ids: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None,
             raise ShapeMismatchError("loss_mask length differs from the tokens", path=file,
                                      tensor="loss_mask", expected=[ids.shape[0]], found=list(mask.shape),
                                      fix="regenerate the dump")
+        if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+            raise DataError("loss_mask holds values other than 0 and 1", path=file, tensor="loss_mask",
+                            expected="0/1 or true/false per token",
+                            found=sorted({float(v) for v in mask.unique()[:6].tolist()}),
+                            fix="regenerate the dump; the mask marks the tokens that are scored")
         mask = mask.to(torch.bool)
     return Sample(ids.to(torch.long), hidden, mask, file)
+
+
+def check_sample(sample: Sample, vocab_size: int) -> str | None:
+    """Values of a loaded sample: token ids outside the target vocab are an error (the dump belongs
+    to another model); NaN/inf hidden states return the reason the sample cannot be scored."""
+    ids = sample.token_ids
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        raise DataError(
+            "Token ids lie outside the draft's target vocabulary", path=sample.path, tensor="token_ids",
+            expected=f"ids in [0, {vocab_size})",
+            found=f"{bad.numel()} ids out of range, e.g. {int(bad[0])} (min {int(ids.min())}, max {int(ids.max())})",
+            fix="use dumps made with the target model (and tokenizer) the draft was trained for",
+        )
+    finite = torch.isfinite(sample.hidden)
+    if bool(finite.all()):
+        return None
+    bad = ~finite
+    token, slot, _ = (int(x) for x in bad.nonzero()[0])
+    nan = int(torch.isnan(sample.hidden).sum())
+    return (f"hidden_states holds {nan} NaN and {int(bad.sum()) - nan} inf of {sample.hidden.numel()} values "
+            f"(first at token {token}, slot {slot})")

@@ -1,8 +1,10 @@
 """Errors raised by the drafter, each with a one-paragraph message a person can act on.
 
-The GPU host cannot import ``draftops``, so the hierarchy lives here; the local side maps the
-exit code and the ``error`` event back to its own types.  Every message names the file and the
-tensor involved, what was expected and what was found, and how to fix it.
+The GPU host cannot import ``draftops``, so the hierarchy lives here.  ``python -m remote.drafter``
+turns any of them into exit code 3, the message on stderr and one ``error`` event on stdout
+(``to_dict``: kind, message, path, field, tensor, expected, found, fix) for a program that follows
+the job's log.  Every message names the file and the field or tensor involved, what was expected
+and what was found, and how to fix it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class DrafterError(Exception):
         problem: str,
         *,
         path: str | Path | None = None,
+        field: str | None = None,
         tensor: str | None = None,
         expected: Any = None,
         found: Any = None,
@@ -27,6 +30,7 @@ class DrafterError(Exception):
     ) -> None:
         self.problem = problem
         self.path = str(path) if path is not None else None
+        self.field = field
         self.tensor = tensor
         self.expected = expected
         self.found = found
@@ -37,13 +41,15 @@ class DrafterError(Exception):
         parts = [self.problem.rstrip(".") + "."]
         if self.path:
             parts.append(f"File: {self.path}.")
+        if self.field:
+            parts.append(f"Field: {self.field}.")
         if self.tensor:
             parts.append(f"Tensor: {self.tensor}.")
         if self.expected is not None or self.found is not None:
             parts.append(f"Expected {_fmt(self.expected)}, found {_fmt(self.found)}.")
         if self.fix:
             parts.append("Fix: " + self.fix.rstrip(".") + ".")
-        return " ".join(parts)
+        return " ".join(parts).replace("\r", " ").replace("\n", " ")  # one paragraph, always
 
     def to_dict(self) -> dict[str, Any]:
         """Machine-readable form for the ``error`` event."""
@@ -51,6 +57,7 @@ class DrafterError(Exception):
             "kind": self.kind,
             "message": str(self),
             "path": self.path,
+            "field": self.field,
             "tensor": self.tensor,
             "expected": _fmt(self.expected) if self.expected is not None else None,
             "found": _fmt(self.found) if self.found is not None else None,
@@ -58,16 +65,36 @@ class DrafterError(Exception):
         }
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, limit: int = 200) -> str:
     if isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
+        text = "[" + ", ".join(str(v) for v in value) + "]"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ConfigError(DrafterError):
-    """config.json is missing, unreadable, or contradicts the weights."""
+    """config.json is missing, unreadable, holds a bad value, or contradicts the weights."""
 
     kind = "config"
+
+
+class OptionError(DrafterError):
+    """A command-line option (or EvalOptions field) is out of its range."""
+
+    kind = "option"
+
+
+class ResourceError(DrafterError):
+    """The machine ran out of memory for this evaluation."""
+
+    kind = "resource"
+
+
+class NonFiniteError(DrafterError):
+    """A weight tensor holds NaN or inf (a dump with such values is skipped, not an error)."""
+
+    kind = "non_finite"
 
 
 class CorruptFileError(DrafterError):

@@ -1,30 +1,42 @@
 """``eval``: load a draft and a dump, diagnose the aux layout, measure TTT accuracy, write the report.
 
 Two passes over the data: a layout scan (step 0 only, every ascending choice of A slots out of S,
-on the first ``layout_samples`` samples, plus per-slot norms), then the full K-step metrics for the
-layout SGLang would feed (``served``) and, when it differs, the best-scoring layout (``best``).
+on the first ``layout_samples`` samples, plus per-slot norms) that picks the best-scoring layout,
+then the full K-step metrics on every evaluated sample for the layout the serving engine would feed
+(``served``) and, when it differs, that best layout (``best``).  The verdict compares the two on
+those same samples (stats.py) and never uses the scan's numbers.
 """
 from __future__ import annotations
 
 import itertools
+import math
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
 from .. import events
-from . import layouts, report
+from . import layouts, report, stats
 from .batching import Batch, background, iter_batches, to_device
+from .chance import ChanceLevel
 from .checkpoint import CheckpointInfo, load_checkpoint
-from .data import DumpSet
-from .errors import ConfigError, DataError, ShapeMismatchError, UnsupportedError
-from .layouts import Verdict
+from .data import DumpSet, Sample, check_sample
+from .errors import (
+    ConfigError,
+    DataError,
+    OptionError,
+    ShapeMismatchError,
+    UnsupportedError,
+)
+from .layouts import Evidence, Interpretation, Measured
 from .model import Eagle3Draft
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
 from .verifier import Verifier
+
+MAX_STEPS = 32
 
 
 @dataclass
@@ -41,10 +53,46 @@ class EvalOptions:
     device: str = "auto"
     out: Path = Path(".")
     layout_samples: int = 64
-    layout_tolerance: float = 0.03
+    layout_tolerance: float = 0.01  # a gain below this fraction of the served accept length is no gain
     acc_tolerance: float = 0.05
     batch_tokens: int | None = None
     max_len: int | None = None
+    alpha: float = 0.05  # significance level of the paired layout comparison
+    min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
+
+    def validate(self) -> None:
+        """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
+        _option("--steps", self.steps, f"an integer from 1 to {MAX_STEPS} (the num_steps you serve with; "
+                "memory grows with K)", lambda v: _int(v) and 1 <= v <= MAX_STEPS)
+        _option("--limit", self.limit, "an integer >= 0, or omit it for every sample",
+                lambda v: v is None or (_int(v) and v >= 0))
+        _option("--layout-samples", self.layout_samples, "an integer >= 1", lambda v: _int(v) and v >= 1)
+        _option("--batch-tokens", self.batch_tokens, "an integer >= 1, or omit it",
+                lambda v: v is None or (_int(v) and v >= 1))
+        _option("--max-len", self.max_len, "an integer >= 2 (a token and its next token), or omit it",
+                lambda v: v is None or (_int(v) and v >= 2))
+        _option("--expected-acc", self.expected_acc, "a number in (0, 1], or a percentage in (1, 100]",
+                lambda v: v is None or (_num(v) and 0 < v <= 100))
+        _option("--acc-tolerance", self.acc_tolerance, "a number in [0, 1]", lambda v: _num(v) and 0 <= v <= 1)
+        _option("--layout-tolerance", self.layout_tolerance, "a fraction of the accept length in [0, 1]",
+                lambda v: _num(v) and 0 <= v <= 1)
+        _option("--alpha", self.alpha, "a number in (0, 0.5]", lambda v: _num(v) and 0 < v <= 0.5)
+        _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
+        _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
+
+
+def _int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v: object) -> TypeGuard[float]:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _option(flag: str, value: object, expected: str, ok: Callable[[object], bool]) -> None:
+    if not ok(value):
+        raise OptionError(f"The option {flag} is out of range", field=flag, expected=expected, found=value,
+                          fix=f"pass {flag} as {expected}")
 
 
 def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
@@ -75,10 +123,23 @@ class EvalContext:
     num_layers: int | None
     device: torch.device
     budget: int
+    skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+
+    def load(self, index: int) -> Sample:
+        """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
+        by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
+        sample = self.dumps.load(index)
+        problem = check_sample(sample, self.draft.arch.vocab_size)
+        if problem is None:
+            return sample
+        self.skipped[str(sample.path)] = problem
+        mask = None if sample.loss_mask is None else sample.loss_mask[:1]
+        return Sample(sample.token_ids[:1], torch.zeros_like(sample.hidden[:1]), mask, sample.path)
 
 
 def evaluate(opts: EvalOptions) -> dict[str, Any]:
     """Run the whole evaluation and write ``report.json`` into ``opts.out``; returns the report."""
+    opts.validate()
     started = time.time()
     device, dtype = resolve_device(opts.device)
     _log(f"loading {opts.ckpt} and {opts.data} on {device} ({dtype})")
@@ -92,15 +153,15 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     # The engine that reads this format decides what the server feeds: SGLang reads the flat format's
     # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
     served = next(i for i in interps if i.convention == layouts.serving_convention(ctx.info.format))
-    verdict = layouts.decide({s: v.step0(basis) or 0.0 for s, v in scan.items()}, served, slot_ids,
-                             ctx.final_slot, basis, opts.layout_tolerance, ctx.info.format)
+    roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
-    roles = _roles(verdict)
-    full, tokens = _metrics(ctx, count, roles, opts)
+    full, tokens, chance = _metrics(ctx, count, roles, opts)
+    evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
+    verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance)
     doc = report.build(opts, ctx, report.Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
-        seconds=time.time() - started))
+        seconds=time.time() - started, skipped=dict(ctx.skipped)))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
@@ -185,7 +246,7 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
 def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Iterator[Batch]:
     lengths = ctx.dumps.lengths(count)
     order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
-    host = background(iter_batches(ctx.dumps.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
+    host = background(iter_batches(ctx.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
                                    shape=(ctx.slot_count, ctx.hidden_size)))
     return to_device(host, ctx.device)
 
@@ -217,25 +278,76 @@ def _scan(ctx: EvalContext, count: int, opts: EvalOptions
     return [float(x) for x in norm_sum / max(rows, 1)], scan, basis
 
 
-def _roles(verdict: Verdict) -> dict[str, tuple[int, ...]]:
+def _roles(scan: dict[tuple[int, ...], LayoutScore], basis: str, served: Interpretation,
+           num_aux: int) -> dict[str, tuple[int, ...]]:
+    """The layouts the metrics pass measures: what the engine feeds, and the scan's best."""
+    accs = {s: (v.step0(basis) if v.step0(basis) is not None else -1.0) for s, v in scan.items()}
+    best = max(accs, key=lambda s: (accs[s], [-x for x in s]))
     roles: dict[str, tuple[int, ...]] = {}
-    if verdict.served_slots is not None:
-        roles["served"] = tuple(verdict.served_slots)
-    if tuple(verdict.best_slots) != roles.get("served"):
-        roles["best"] = tuple(verdict.best_slots)
+    if served.slots is not None and len(served.slots) == num_aux:
+        roles["served"] = tuple(served.slots)
+    if best != roles.get("served"):
+        roles["best"] = best
     return roles
 
 
 def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions
-             ) -> tuple[dict[str, LayoutScore], int]:
+             ) -> tuple[dict[str, LayoutScore], int, ChanceLevel]:
     scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
+    draft = ctx.draft
+    emit_ids = draft.draft_to_target(torch.arange(draft.arch.draft_vocab_size, device=draft.device)).cpu()
+    if ctx.head is not None:  # verifier targets are draft-vocab ids, all of them emittable
+        chance = ChanceLevel(draft.arch.draft_vocab_size, torch.ones(draft.arch.draft_vocab_size, dtype=torch.bool))
+    else:
+        emit = torch.zeros(draft.arch.vocab_size, dtype=torch.bool)
+        emit[emit_ids] = True
+        chance = ChanceLevel(draft.arch.vocab_size, emit)
     tokens = done = 0
     with torch.inference_mode():
         for batch in _batches(ctx, count, opts.max_len):
             vt = _verifier_targets(ctx, batch)
+            if vt is not None:
+                chance.update(batch.input_ids, vt, batch.scored)
+            else:
+                chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
             for score in scores.values():
                 score_batch(ctx.draft, batch, score, opts.steps, vt)
             tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
             done += batch.lengths.shape[0]
             events.progress(done, count, "metrics samples")
-    return scores, tokens
+    return scores, tokens, chance
+
+
+def _evidence(ctx: EvalContext, opts: EvalOptions, full: dict[str, LayoutScore], chance: ChanceLevel,
+              basis: str, scan: dict[tuple[int, ...], LayoutScore], scan_n: int, count: int) -> Evidence:
+    """The full-set measurements the verdict is decided on."""
+    def measured(score: LayoutScore) -> Measured:
+        counts = score.counts(basis)
+        assert counts is not None
+        return Measured(score.slots, counts.full_acc()[0], counts.accept_length(opts.steps))
+
+    served = full.get("served")
+    best = full.get("best", served)
+    assert best is not None
+    comparison = None
+    if served is not None and "best" in full:
+        served_counts, best_counts = served.counts(basis), full["best"].counts(basis)
+        assert served_counts is not None and best_counts is not None
+        comparison = stats.compare(served_counts.per_sample(), best_counts.per_sample(), opts.alpha,
+                                   opts.layout_tolerance)
+    nonfinite = [f"{path}: {why}" for path, why in ctx.skipped.items()]
+    for name, group in (("the layout scan", scan.values()), ("the metrics pass", full.values())):
+        bad = [(sc.slots, sc.nonfinite) for sc in group if sc.nonfinite]
+        if bad:
+            nonfinite.append(f"the draft's logits were NaN or inf on {sum(n for _, n in bad)} rows in {name} "
+                             f"(layouts {[list(s) for s, _ in bad][:4]})")
+    first = best.counts(basis)
+    constant, token = chance.constant()
+    if token is not None and ctx.head is not None:  # a draft-vocab id: report the target id
+        token = int(ctx.draft.draft_to_target(torch.tensor([token], device=ctx.draft.device))[0])
+    return Evidence(basis=basis, steps=opts.steps, samples=count,
+                    scored_rows=first.full_total[0] if first is not None else 0, scan_layouts=len(scan),
+                    scan_samples=scan_n, best=measured(best),
+                    served=measured(served) if served is not None else None, comparison=comparison,
+                    chance_constant=constant, chance_token=token, chance_current=chance.current_token(),
+                    min_skill=opts.min_skill, nonfinite=nonfinite)

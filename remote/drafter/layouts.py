@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .stats import INCONCLUSIVE, SAME, Comparison
+
 STATUS_MATCH, STATUS_MISMATCH, STATUS_UNKNOWN = "MATCH", "MISMATCH", "UNKNOWN"
 
 
@@ -82,6 +84,36 @@ def describe(slots: Sequence[int], slot_ids: Sequence[int] | None, final_slot: i
     return "[" + ", ".join(slot_role(s, slot_ids, final_slot) for s in slots) + "]"
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One layout measured on every evaluated sample, on the verdict's basis."""
+
+    slots: tuple[int, ...]
+    step0: float | None
+    accept_length: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the verdict is decided on.  Every accuracy in it comes from the metrics pass over all
+    evaluated samples; the layout scan (a subset) only chose which layout is ``best``."""
+
+    basis: str
+    steps: int
+    samples: int  # samples evaluated by the metrics pass
+    scored_rows: int  # step-0 rows scored on the basis (0: nothing was scored)
+    scan_layouts: int
+    scan_samples: int
+    best: Measured
+    served: Measured | None  # None: the served layout is not in the dump
+    comparison: Comparison | None  # best vs served; None when they are one layout or served is None
+    chance_constant: float | None  # step-0 accuracy of always guessing the most frequent target
+    chance_token: int | None  # that target (target vocab id)
+    chance_current: float | None  # ... of guessing from the current token alone (cross-fitted)
+    min_skill: float
+    nonfinite: list[str]  # why some values were not finite (skipped files, NaN logits)
+
+
 @dataclass
 class Verdict:
     status: str
@@ -93,54 +125,146 @@ class Verdict:
     best_slots: list[int]
     served_slots: list[int] | None
     tolerance: float
+    reason: str | None = None  # why UNKNOWN: non_finite, nothing_scored, near_chance, no_layer_ids, inconclusive
+    comparison: dict[str, Any] | None = None
+    chance: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def decide(scan: dict[tuple[int, ...], float], served: Interpretation, slot_ids: Sequence[int] | None,
-           final_slot: int | None, basis: str, tolerance: float, fmt: str) -> Verdict:
-    """MATCH when the layout the serving engine would feed scores within ``tolerance`` of the best."""
-    best = max(scan, key=lambda s: (scan[s], [-x for x in s]))
-    best_acc = scan[best]
+def chance_summary(ev: Evidence) -> dict[str, Any] | None:
+    """The chance level (the better hidden-state-blind guess, chance.py) and whether every layout
+    stays near it: closes less than ``min_skill`` of the gap from it to perfect."""
+    guesses = [g for g in (ev.chance_constant, ev.chance_current) if g is not None]
+    if not guesses:
+        return None
+    level = max(guesses)
+    top = max([m.step0 for m in (ev.best, ev.served) if m is not None and m.step0 is not None], default=None)
+    threshold = level + ev.min_skill * (1.0 - level)
+    return {"basis": ev.basis, "level": level, "constant_guess_acc": ev.chance_constant,
+            "constant_guess_token": ev.chance_token, "current_token_acc": ev.chance_current,
+            "min_skill": ev.min_skill, "threshold": threshold, "best_step0": top,
+            "near_chance": top is not None and top <= threshold}
+
+
+def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None, final_slot: int | None,
+           fmt: str, tolerance: float) -> Verdict:
+    """MATCH, MISMATCH or UNKNOWN (with ``reason``) from the measured evidence; see docs/drafter.md."""
+    best = ev.best.slots
     fix = [slot_ids[s] for s in best] if slot_ids is not None else None
     fix_vllm = [i + 1 for i in fix] if fix is not None else None
-    where = ("eagle_config.eagle_aux_hidden_state_layer_ids" if fmt == "flat"
-             else "eagle_aux_hidden_state_layer_ids")
-    best_txt = f"{describe(best, slot_ids, final_slot)} (step-0 acc {best_acc:.3f}, {basis} targets)"
-    engine = ENGINE[served.convention]
-    write = fix_vllm if served.convention == "vllm" else fix
-    served_slots = tuple(served.slots) if served.slots is not None else None
+    served_slots = list(ev.served.slots) if ev.served is not None else None
+    chance = chance_summary(ev)
+    comparison = ev.comparison.to_dict() if ev.comparison is not None else None
+
+    def verdict(status: str, message: str, reason: str | None = None, with_fix: bool = False,
+                patch: bool = False) -> Verdict:
+        return Verdict(status, fix if with_fix else None, fix_vllm if with_fix else None, patch, message,
+                       ev.basis, list(best), served_slots, tolerance, reason, comparison, chance)
+
+    where = f"on all {ev.samples} evaluated samples ({ev.basis} targets)"
+    if ev.nonfinite:
+        return verdict(STATUS_UNKNOWN, "Some values are not finite, so no verdict is given: "
+                       + "; ".join(ev.nonfinite[:3]) + (f" (and {len(ev.nonfinite) - 3} more)"
+                                                        if len(ev.nonfinite) > 3 else "")
+                       + ". NaN or inf in the dumps means the capture went wrong, and every score built on "
+                       "them is meaningless; regenerate those dump files (or remove them) and rerun.",
+                       "non_finite")
+    if ev.scored_rows == 0:
+        return verdict(STATUS_UNKNOWN, f"Nothing was scored: the {ev.samples} evaluated samples hold no "
+                       "position with a next token and loss_mask 1 (--limit 0, samples shorter than 2 "
+                       "tokens, or an all-zero loss_mask), so there is no evidence for any layout. Evaluate "
+                       "samples that have scored tokens.", "nothing_scored")
+    if chance is not None and chance["near_chance"]:
+        current = chance["current_token_acc"]
+        return verdict(STATUS_UNKNOWN,
+                       f"Every layout scores near chance, so the layouts cannot be told apart: the best, "
+                       f"{describe(best, slot_ids, final_slot)}, reaches step-0 accuracy {chance['best_step0']:.3f} "
+                       f"{where}, against {chance['constant_guess_acc']:.3f} for always guessing the most "
+                       f"frequent target (token {chance['constant_guess_token']})"
+                       + (f" and {current:.3f} for guessing from the current token alone" if current is not None
+                          else "")
+                       + f", guesses that ignore the hidden states; near chance means closing less than "
+                       f"{ev.min_skill:.0%} of the gap from the better of them to perfect (at most "
+                       f"{chance['threshold']:.3f}). The draft looks barely trained, or it was trained for "
+                       "another target: check its training loss and --expected-acc, and that --data and "
+                       "--verifier belong to its target.", "near_chance")
+    best_txt = describe(best, slot_ids, final_slot)
     if fix is None:
-        return Verdict(STATUS_UNKNOWN, None, None, False,
-                       f"The dump has no data_config.json with per-slot layer ids, so the configured "
-                       f"ids cannot be checked. The draft scores best on slots {list(best)} "
-                       f"{best_txt}; write data_config.json with the layer id of each slot and rerun.",
-                       basis, list(best), None, tolerance)
-    if served_slots is not None and scan.get(served_slots, -1.0) >= best_acc - tolerance:
+        return verdict(STATUS_UNKNOWN,
+                       f"The dump has no data_config.json with per-slot layer ids, so the configured ids "
+                       f"cannot be checked. Of the {ev.scan_layouts} layouts scanned, the draft scores best on "
+                       f"slots {list(best)} {best_txt}: step-0 accuracy {_acc(ev.best)}, predicted accept "
+                       f"length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Write data_config.json "
+                       "with the layer id of each slot and rerun.", "no_layer_ids")
+    engine = ENGINE[served.convention]
+    key = ("eagle_config.eagle_aux_hidden_state_layer_ids" if fmt == "flat"
+           else "eagle_aux_hidden_state_layer_ids")
+    if ev.served is not None and ev.served.slots == best:
         patch = -1 in (served.captured_ids or [])
-        return Verdict(STATUS_MATCH, None, None, patch,
-                       f"The layout {engine} feeds for the configured ids {served.configured_ids}, "
-                       f"{describe(served_slots, slot_ids, final_slot)}, is the one the draft was trained "
-                       f"on: step-0 acc {scan[served_slots]:.3f} vs best {best_acc:.3f}. Nothing to fix"
-                       + (" (the ids include -1: SGLang needs the embedding-capture patch)."
-                          if patch else "."),
-                       basis, list(best), list(served_slots), tolerance)
-    patch = -1 in fix
-    if served_slots is not None:
-        now = (f"its config ids {served.configured_ids} make {engine} feed "
-               f"{describe(served_slots, slot_ids, final_slot)} (step-0 acc {scan[served_slots]:.3f})")
+        return verdict(STATUS_MATCH,
+                       f"The layout {engine} feeds for the configured ids {served.configured_ids}, {best_txt}, "
+                       f"is the best of the {ev.scan_layouts} layouts scanned: step-0 accuracy {_acc(ev.best)}, "
+                       f"predicted accept length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Nothing to "
+                       "fix" + (" (the ids include -1: SGLang needs the embedding-capture patch)." if patch
+                                else "."), patch=patch)
+    cmp_ = ev.comparison
+    same_txt = ("" if cmp_ is None else f"layouts count as the same when the best gains less than "
+                f"{tolerance:.1%} of the served accept length ({cmp_.margin:.3f} tokens per verify here)")
+    if ev.served is not None and cmp_ is not None:
+        served_txt = describe(ev.served.slots, slot_ids, final_slot)
+        stats = _stats(cmp_)
+        if cmp_.outcome == SAME:
+            patch = -1 in (served.captured_ids or [])
+            return verdict(STATUS_MATCH,
+                           f"The layout {engine} feeds for the configured ids {served.configured_ids}, "
+                           f"{served_txt}, scores the same as the scan's best, {best_txt}, {where}: predicted "
+                           f"accept length {ev.served.accept_length:.2f} vs {ev.best.accept_length:.2f} at "
+                           f"K={ev.steps} ({stats}); {same_txt}. Nothing to fix"
+                           + (" (the ids include -1: SGLang needs the embedding-capture patch)." if patch
+                              else "."), patch=patch)
+        if cmp_.outcome == INCONCLUSIVE:
+            return verdict(STATUS_UNKNOWN,
+                           f"The best layout, {best_txt}, scores above the one {engine} feeds for the configured "
+                           f"ids {served.configured_ids}, {served_txt}, {where}: predicted accept length "
+                           f"{ev.best.accept_length:.2f} vs {ev.served.accept_length:.2f} at K={ev.steps} "
+                           f"({stats}), but with {cmp_.samples} samples that is not significant at "
+                           f"alpha {cmp_.alpha:g}. Evaluate more samples (--limit, or a larger dump) before "
+                           "changing the ids.", "inconclusive")
+        now = (f"its config ids {served.configured_ids} make {engine} feed {served_txt}. {where[0].upper()}"
+               f"{where[1:]}, the trained layout predicts an accept length of {ev.best.accept_length:.2f} at "
+               f"K={ev.steps} against {ev.served.accept_length:.2f} as served ({stats}; step-0 accuracy "
+               f"{_acc(ev.best)} vs {_acc(ev.served)}); {same_txt}")
     elif served.captured_ids is None:
         now = ("its config has no aux layer ids, so the engines capture their default (after layers "
                "[2, n/2, n-3]) and the target's layer count n is unknown here")
-    else:
+    elif served.missing:
         now = (f"its config ids {served.configured_ids} make {engine} capture the outputs of layers "
                f"{served.captured_ids}, which are not in this dump (missing {served.missing})")
-    msg = (f"The draft was trained on {best_txt}, but {now}. Put \"{where}\": {write} in the draft "
-           f"config.json" + (" (speculators' own convention: 0 is the embedding)" if write is fix_vllm else ""))
+    else:
+        now = (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
+               f"{served.captured_ids}, while the draft's fc takes {len(best)}")
+    write = fix_vllm if serving_convention(fmt) == "vllm" else fix  # the file's own convention first
+    trained = (f"{best_txt}" if cmp_ is not None and ev.served is not None else
+               f"{best_txt} (step-0 accuracy {_acc(ev.best)}, predicted accept length "
+               f"{ev.best.accept_length:.2f} at K={ev.steps} {where})")
+    patch = -1 in fix
+    msg = (f"The draft was trained on {trained}, but {now}. Put \"{key}\": {write} in the draft config.json"
+           + (" (speculators' own convention, as vLLM reads it: 0 is the embedding)" if write is fix_vllm else ""))
     msg += (" and apply the SGLang embedding-capture patch: unpatched SGLang cannot capture the "
             "embedding output (-1)." if patch else "; no SGLang patch is needed.")
     msg += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if write is fix_vllm
             else f" vLLM reads the same layout as {fix_vllm}.")
-    return Verdict(STATUS_MISMATCH, fix, fix_vllm, patch, msg, basis, list(best),
-                   list(served_slots) if served_slots else None, tolerance)
+    return verdict(STATUS_MISMATCH, msg, with_fix=True, patch=patch)
+
+
+def _acc(m: Measured) -> str:
+    return "n/a" if m.step0 is None else f"{m.step0:.3f}"
+
+
+def _stats(c: Comparison) -> str:
+    """The paired test in a few words: gain, CI, per-sample wins/losses, sign-test p."""
+    return (f"gain {c.gain:+.3f} tokens per verify, {1 - c.alpha:.0%} CI {c.gain_ci[0]:+.3f} to "
+            f"{c.gain_ci[1]:+.3f}; better on {c.samples_better} of {c.samples} samples, worse on "
+            f"{c.samples_worse}; sign test p = {c.sign_test_p:.2g}")

@@ -1,10 +1,12 @@
-"""Teacher-forced TTT accuracies with speculators' semantics (reference §3f), accumulated as counts.
+"""Teacher-forced TTT accuracies with the semantics of speculators' ``compute_metrics``, as counts.
 
-For start row t and step k the draft's prediction is compared with the target of row t+k;
-``full_acc_k`` counts rows whose steps 0..k were all right (over rows whose t+k is scored),
-``cond_acc_k`` divides the same count by the rows still right after step k-1.  Counts are summed
-over batches and divided at the end (a token-weighted micro average, like speculators >= 0.4).
-Shifts never cross samples: each sample is its own padded row.
+For start row t and step k the draft's prediction is compared with the target of row t+k (a row
+is scored when the loss mask at t+k is set); ``full_acc_k`` counts rows whose steps 0..k were all
+right (over rows whose t+k is scored), ``cond_acc_k`` divides the same count by the rows still
+right after step k-1.  Counts are summed over batches and divided at the end (a token-weighted
+micro average, like speculators >= 0.4).  Shifts never cross samples: each sample is its own
+padded row.  The same counts are also kept per sample, for the paired layout comparison
+(stats.py), whose unit is the sample.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .stats import PerSample
 
 
 @dataclass
@@ -24,6 +28,7 @@ class StepCounts:
     cond_total: list[int] = field(default_factory=list)
     top5_correct: int = 0
     top5_total: int = 0
+    _samples: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("full_correct", "full_total", "cond_total"):
@@ -33,8 +38,10 @@ class StepCounts:
     def update(self, preds: list[torch.Tensor], target: torch.Tensor, scored: torch.Tensor) -> None:
         """``preds``: per step [B, N] ids in the same id space as ``target`` [B, N];
         ``scored`` [B, N] bool marks rows whose target counts (loss mask and existence)."""
-        n = target.shape[1]
+        b, n = target.shape
         prev = scored.clone()
+        correct = torch.zeros(b, self.steps, dtype=torch.long, device=target.device)
+        total = torch.zeros_like(correct)
         for k, pred in enumerate(preds):
             if k >= n:
                 break
@@ -42,8 +49,20 @@ class StepCounts:
             self.cond_total[k] += int(prev[:, : n - k].sum())
             prev[:, : n - k] = right
             mask = scored[:, k:]
-            self.full_correct[k] += int((right & mask).sum())
-            self.full_total[k] += int(mask.sum())
+            correct[:, k] = (right & mask).sum(1)
+            total[:, k] = mask.sum(1)
+        correct, total = correct.cpu(), total.cpu()
+        self._samples.append((correct, total))
+        for k in range(self.steps):
+            self.full_correct[k] += int(correct[:, k].sum())
+            self.full_total[k] += int(total[:, k].sum())
+
+    def per_sample(self) -> PerSample:
+        """Counts of every sample seen so far, in the order they were scored."""
+        if not self._samples:
+            empty = torch.zeros(0, self.steps, dtype=torch.long)
+            return PerSample(empty, empty.clone())
+        return PerSample(torch.cat([c for c, _ in self._samples]), torch.cat([t for _, t in self._samples]))
 
     def update_top5(self, hits: torch.Tensor, scored: torch.Tensor) -> None:
         self.top5_correct += int((hits & scored).sum())

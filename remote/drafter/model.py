@@ -1,6 +1,6 @@
 """The EAGLE-3 draft forward with the test-time-training (TTT) unroll, batched.
 
-Equals speculators 0.9.0 ``Eagle3DraftModel.forward`` (reference §3): fc over the concatenated aux
+Equals speculators 0.9.0 ``Eagle3DraftModel.forward`` (docs/drafter.md): fc over the concatenated aux
 features, a first layer that attends over ``cat([input_layernorm(embed), hidden_norm(h)])``,
 optional further Llama layers, ``lm_head(norm(h))`` over the draft vocab, and K teacher-forced steps
 that feed back the last hidden state with positions advanced by one per step.

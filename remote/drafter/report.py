@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ class Results:
     full: dict[str, LayoutScore]
     dtype: str
     seconds: float
+    skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
 
 
 def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
@@ -78,10 +79,12 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "layer_id_convention_in_file": ctx.dumps.slots.convention, "data_config": ctx.dumps.slots.path,
             "num_hidden_layers": ctx.num_layers, "final_slot": ctx.final_slot,
             "final_slot_source": ctx.final_source,
+            "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,
-                "batch_tokens": ctx.budget, "max_len": opts.max_len},
+                "batch_tokens": ctx.budget, "max_len": opts.max_len, "alpha": opts.alpha,
+                "layout_tolerance": opts.layout_tolerance, "min_skill": opts.min_skill},
         "warnings": list(ctx.info.warnings),
     }
 

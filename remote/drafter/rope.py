@@ -14,6 +14,8 @@ import torch
 
 from .errors import UnsupportedError
 
+SUPPORTED_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
 
 @dataclass(frozen=True)
 class RopeSpec:
@@ -23,24 +25,43 @@ class RopeSpec:
     theta: float = 10000.0
     params: dict[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def source(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], str]:
+        """Where the rope parameters live: the key (``rope_parameters`` (tf 5) or ``rope_scaling``
+        (tf 4), None when neither), the parameter dict, and its dotted path for messages."""
+        for key in ("rope_parameters", "rope_scaling"):
+            params = cfg.get(key)
+            if params:
+                if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+                    # per-layer-type dict: speculators picks this one
+                    return key, params["sliding_attention"], f"{key}.sliding_attention."
+                return key, params, f"{key}."
+        return None, {}, ""
+
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> RopeSpec:
-        """Read ``rope_parameters`` (tf 5) or ``rope_theta`` + ``rope_scaling`` (tf 4)."""
-        params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        if "sliding_attention" in params:  # per-layer-type dict: speculators picks this one
-            params = dict(params["sliding_attention"])
+        """Read ``rope_parameters`` (tf 5) or ``rope_theta`` + ``rope_scaling`` (tf 4); the values are
+        validated by ``config.parse`` before a draft is built from them."""
+        params = dict(cls.source(cfg)[1])
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         params.pop("type", None)
-        theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        params = {k: v for k, v in params.items() if v is not None}  # null = absent, as in transformers
+        theta = params.pop("rope_theta", None)
+        theta = float(theta if theta is not None else _given(cfg, "rope_theta", 10000.0))
+        max_pos = _given(cfg, "max_position_embeddings", 2048)
         if rope_type in ("llama3", "yarn", "longrope"):
             params.setdefault("original_max_position_embeddings",
-                              cfg.get("original_max_position_embeddings",
-                                      cfg.get("max_position_embeddings", 2048)))
-        params.setdefault("max_position_embeddings", cfg.get("max_position_embeddings", 2048))
+                              _given(cfg, "original_max_position_embeddings", max_pos))
+        params.setdefault("max_position_embeddings", max_pos)
         return cls(rope_type, theta, params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rope_type": self.rope_type, "rope_theta": self.theta, **self.params}
+
+
+def _given(cfg: dict[str, Any], key: str, default: Any) -> Any:
+    value = cfg.get(key)
+    return default if value is None else value
 
 
 def inv_freq(spec: RopeSpec, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -61,7 +82,7 @@ def inv_freq(spec: RopeSpec, head_dim: int) -> tuple[torch.Tensor, float]:
         return _yarn(base, dim, p)
     raise UnsupportedError(
         f"Rope type {spec.rope_type!r} is not implemented",
-        expected="default, linear, dynamic, llama3 or yarn", found=spec.rope_type,
+        expected=" / ".join(SUPPORTED_TYPES), found=spec.rope_type,
         fix="add it to remote/drafter/rope.py (copy transformers' init function)",
     )
 

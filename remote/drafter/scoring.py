@@ -34,14 +34,19 @@ class VerifierHead:
 
 @dataclass
 class LayoutScore:
-    """Counts for one layout; ``verifier`` is None without a verifier."""
+    """Counts for one layout; ``verifier`` is None without a verifier.  ``nonfinite``: valid rows
+    whose logits held NaN/inf at some step they were computed (their argmax means nothing)."""
 
     slots: tuple[int, ...]
     data: StepCounts
     verifier: StepCounts | None
+    nonfinite: int = 0
+
+    def counts(self, basis: str) -> StepCounts | None:
+        return self.verifier if basis == "verifier" else self.data
 
     def step0(self, basis: str) -> float | None:
-        counts = self.verifier if basis == "verifier" else self.data
+        counts = self.counts(basis)
         return counts.full_acc()[0] if counts is not None else None
 
 
@@ -57,8 +62,11 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     right against at least one kind of target (a row that already failed both can add nothing to
     ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
     at every step (same counts; for timing the worst case, a draft that is always right).
-    Returns the number of rows computed at each step."""
+    Returns the number of rows computed at each step.  Rows whose logits hold NaN/inf at any
+    computed step are counted in ``score.nonfinite`` (valid positions only, each row once)."""
     bsz, n = batch.input_ids.shape
+    valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
+    bad = torch.zeros(bsz * n, dtype=torch.bool, device=batch.input_ids.device)
     has_next = batch.scored & (batch.next_ids >= 0)
     chains = {"data": (batch.next_ids, has_next.clone())}
     if score.verifier is not None and verifier_targets is not None:
@@ -77,6 +85,7 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         logits = unroll.step(rows if prune else None)
         keep = slice(None) if prune else rows  # every row was run: keep the ones counted
         draft_ids = logits.argmax(-1)[keep]
+        bad[rows] |= ~torch.isfinite(logits.sum(-1))[keep]  # NaN or inf anywhere in the row
         computed.append(int(logits.shape[0]))
         in_target = draft.draft_to_target(draft_ids)
         top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
@@ -91,6 +100,7 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
                 hit = torch.zeros(bsz * n, dtype=torch.bool, device=rows.device)
                 hit[rows] = (best == target.reshape(-1)[rows, None]).any(-1)
                 hits[kind] = hit.view(bsz, n)
+    score.nonfinite += int((bad.view(bsz, n) & valid.to(bad.device)).sum())
     filler = torch.full((bsz, n), -2, dtype=torch.long, device=has_next.device)
     for per_step in preds.values():  # steps no row reached: nothing to count
         per_step += [filler] * (steps - len(per_step))

@@ -14,7 +14,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .errors import ConfigError, CorruptFileError, MissingTensorError
+from .errors import (
+    ConfigError,
+    CorruptFileError,
+    MissingTensorError,
+    NonFiniteError,
+    ShapeMismatchError,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -135,20 +141,27 @@ class TensorStore:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.info(name).shape
 
-    def get(self, name: str) -> torch.Tensor:
-        """Load one tensor (only its bytes are read)."""
+    def get(self, name: str, finite: bool = True) -> torch.Tensor:
+        """Load one tensor (only its bytes are read); a float tensor must hold only finite values
+        unless ``finite`` is False (the caller then decides what a NaN means)."""
         info = self.info(name)
         try:
             with safe_open(str(info.path), framework="pt") as f:
-                return f.get_tensor(name)
+                tensor = f.get_tensor(name)
         except Exception as exc:  # safetensors raises its own Rust-side error types
             raise CorruptFileError(f"Reading the tensor failed ({exc})", path=info.path, tensor=name,
                                    fix="re-copy or re-generate the file") from exc
+        return require_finite(tensor, info.path, name) if finite else tensor
 
     def get_rows(self, name: str, rows: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
         """Load only ``rows`` (ascending indices) of a 2-D tensor, ``chunk`` rows at a time."""
         info = self.info(name)
         rows = rows.to(torch.long).cpu()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= info.shape[0]):
+            raise ShapeMismatchError(
+                "The draft's vocabulary maps to rows the verifier tensor does not have", path=info.path, tensor=name,
+                expected=f"row ids in [0, {info.shape[0]})", found=f"[{int(rows.min())}, {int(rows.max())}]",
+                fix="pass the verifier whose vocabulary the draft's d2t maps into")
         parts: list[torch.Tensor] = []
         try:
             with safe_open(str(info.path), framework="pt") as f:
@@ -161,7 +174,19 @@ class TensorStore:
         except Exception as exc:
             raise CorruptFileError(f"Reading rows of the tensor failed ({exc})", path=info.path,
                                    tensor=name, fix="re-copy or re-generate the file") from exc
-        return torch.cat(parts, 0)
+        return require_finite(torch.cat(parts, 0), info.path, name)
+
+
+def require_finite(tensor: torch.Tensor, path: Path | str, name: str) -> torch.Tensor:
+    """``tensor`` itself when it holds no NaN/inf (always for integer/bool tensors)."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return tensor
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    raise NonFiniteError(
+        "A weight tensor holds NaN or inf values, so every score computed with it would be meaningless",
+        path=path, tensor=name, expected="finite values", found=f"{nan} NaN and {inf} inf of {tensor.numel()}",
+        fix="the training diverged or the file is damaged: use another checkpoint (e.g. an earlier "
+            "one) or re-copy the file")
 
 
 def _files_from_index(index: Path) -> list[Path]:

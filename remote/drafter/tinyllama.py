@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from . import layers, rope
-from .errors import ConfigError, CorruptFileError, MissingTensorError
+from .errors import ConfigError, MissingTensorError
 from .layers import AttnShape, KVCache, Weights
 from .tensorstore import TensorStore
 
@@ -267,16 +267,13 @@ def load(folder: str | Path) -> tuple[TinyConfig, Weights]:
         raise ConfigError(f"The target config.json is not valid JSON ({exc})", path=file,
                           fix="repair the file or regenerate the demo") from exc
     cfg = TinyConfig.from_hf(raw, file)
-    store = TensorStore.open(folder)
+    store = TensorStore.open(folder)  # get() refuses NaN/inf with a NonFiniteError naming file and tensor
     weights = {n: store.get(n).to(torch.float32) for n in store.names()}
     for name in _expected_names(cfg):
         if name not in weights:
             raise MissingTensorError("The target checkpoint lacks a tensor of its config's architecture",
                                      path=folder, tensor=name, expected="present", found="absent",
                                      fix="pass a complete Llama folder (or regenerate the demo)")
-        if not bool(torch.isfinite(weights[name]).all()):
-            raise CorruptFileError("The target tensor holds NaN or infinite values", path=folder, tensor=name,
-                                   fix="regenerate or re-download the checkpoint")
     return cfg, weights
 
 

@@ -12,6 +12,16 @@ from .layers import Weights
 from .model import DraftArch, Eagle3Draft
 
 
+def select_vocab(ids: torch.Tensor, vocab: int, draft_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft vocabulary as speculators picks it: the ``draft_vocab`` most frequent token ids,
+    ascending (so d2t = keep - arange).  Returns (keep, target id -> draft id or -100)."""
+    counts = torch.bincount(ids.flatten(), minlength=vocab)
+    keep = torch.sort(torch.argsort(counts, descending=True, stable=True)[:draft_vocab]).values
+    to_draft = torch.full((vocab,), -100, dtype=torch.long)
+    to_draft[keep] = torch.arange(draft_vocab)
+    return keep, to_draft
+
+
 def init_draft(arch: DraftArch, embed: torch.Tensor, lm_head_rows: torch.Tensor, d2t: torch.Tensor,
                gen: torch.Generator, aux_std: torch.Tensor | None = None) -> Weights:
     """Fresh draft weights: embedding copied (frozen), lm_head from the target's draft-vocab rows.
@@ -54,7 +64,9 @@ def fit(arch: DraftArch, w: Weights, aux: torch.Tensor, input_ids: torch.Tensor,
     Step k of row t is trained on label t+k.  Returns the loss curve."""
     params = {n: t.requires_grad_(True) for n, t in w.items() if n not in frozen}
     opt = torch.optim.Adam(params.values(), lr=lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=iters, pct_start=0.1)
+    # warm-up of 10% (at least 2 steps: OneCycleLR divides by the warm-up length minus one)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(iters, 3),
+                                                pct_start=max(0.1, 2 / max(iters, 3)))
     draft = Eagle3Draft(arch, w)  # same device and dtype: it holds the very tensors being trained
     losses = []
     for _ in range(iters):

@@ -6,13 +6,13 @@ found by suffix so wrapped models (``language_model.model.*``) work too; MTP lay
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import ConfigError, MissingTensorError
+from .config import Fields, json_object
+from .errors import MissingTensorError, ShapeMismatchError
 from .tensorstore import TensorStore
 
 
@@ -23,7 +23,8 @@ class Verifier:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.store = TensorStore.open(self.path)
-        self.config = _read_config(self.path)
+        self.config, fields = _read_config(self.path)
+        self._layers = fields.integer("num_hidden_layers") if fields else None
         names = [n for n in self.store.names() if ".layers." not in n and not n.startswith("layers.")]
         self.embed_name = _pick(names, "embed_tokens.weight")
         self.norm_name = _pick([n for n in names if n.endswith("model.norm.weight") or n == "norm.weight"],
@@ -34,12 +35,17 @@ class Verifier:
 
     @property
     def num_hidden_layers(self) -> int | None:
-        value = self.config.get("num_hidden_layers")
-        return int(value) if value is not None else None
+        return self._layers
 
     @property
     def hidden_size(self) -> int:
-        return self.store.shape(self._require(self.embed_name, "model.embed_tokens.weight"))[1]
+        name = self._require(self.embed_name, "model.embed_tokens.weight")
+        shape = self.store.shape(name)
+        if len(shape) != 2:
+            raise ShapeMismatchError("The verifier's embedding is not a matrix", path=self.path, tensor=name,
+                                     expected="[V, H]", found=list(shape),
+                                     fix="pass --verifier the target model folder in HF layout")
+        return shape[1]
 
     def embed_tokens(self) -> torch.Tensor:
         return self.store.get(self._require(self.embed_name, "model.embed_tokens.weight"))
@@ -71,13 +77,13 @@ def _pick(names: list[str], suffix: str) -> str | None:
     return min(hits, key=len) if hits else None
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> tuple[dict[str, Any], Fields | None]:
+    """The target's text config (``text_config`` of a multimodal one), with checked reads of it."""
     file = path / "config.json" if path.is_dir() else path.parent / "config.json"
     if not file.is_file():
-        return {}
-    try:
-        cfg = json.loads(file.read_text())
-    except ValueError as exc:
-        raise ConfigError(f"The verifier config.json is not valid JSON ({exc})", path=file,
-                          fix="repair or remove the file") from exc
-    return cfg.get("text_config") or cfg
+        return {}, None
+    cfg = json_object(file, "The verifier config.json", "repair or remove the file")
+    text = cfg.get("text_config")
+    if isinstance(text, dict):
+        return text, Fields(text, file, "text_config.")
+    return cfg, Fields(cfg, file, "")

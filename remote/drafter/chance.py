@@ -1,0 +1,86 @@
+"""The chance level a draft must beat before its layouts can be told apart.
+
+A draft always sees the current token x_t through its embedding; the aux hidden states are what
+the layout diagnosis is about.  So "chance" is the step-0 accuracy of the best guesses that ignore
+the hidden states, measured on the same scored rows and targets as the draft:
+
+* constant: always the most frequent target the draft can emit (at least 1/draft_vocab, and what
+  a draft that learned only the output prior scores);
+* current token: for each x_t, the target most often seen after it.  Fitted on one half of the
+  samples and scored on the other (and the other way round), so a large vocabulary with few
+  samples per token does not make it look better than it is (in-sample it would memorise).
+
+The larger of the two is the chance level.  A draft whose best layout barely beats it is not using
+the hidden states enough for the layouts to differ (barely trained, or trained for another target).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ChanceLevel:
+    """Counts of (current token, target) pairs on the step-0 scored rows, in two folds of samples."""
+
+    vocab: int  # size of the target id space (target vocab for data targets, draft vocab for verifier)
+    emit: torch.Tensor  # [vocab] bool: targets the draft can produce
+    _pairs: list[list[torch.Tensor]] = field(default_factory=lambda: [[], []], repr=False)
+    _samples: int = 0
+
+    def update(self, current: torch.Tensor, target: torch.Tensor, scored: torch.Tensor) -> None:
+        """``current``/``target`` [B, N] ids, ``scored`` [B, N] bool; sample i of the run is in fold i % 2."""
+        b = current.shape[0]
+        fold = (self._samples + torch.arange(b, device=current.device)) % 2
+        for f in (0, 1):
+            sel = scored & (fold[:, None] == f)
+            keys = current[sel].to(torch.long) * self.vocab + target[sel].to(torch.long)
+            self._pairs[f].append(keys.cpu())
+        self._samples += b
+
+    def constant(self) -> tuple[float | None, int | None]:
+        """(accuracy of always guessing the most frequent emittable target, that target)."""
+        counts = torch.bincount(torch.cat([torch.cat(p) if p else torch.zeros(0, dtype=torch.long)
+                                           for p in self._pairs]) % self.vocab, minlength=self.vocab)
+        total = int(counts.sum())
+        if not total:
+            return None, None
+        masked = torch.where(self.emit, counts, torch.full_like(counts, -1))
+        best = int(masked.argmax())
+        return int(counts[best]) / total, best
+
+    def current_token(self) -> float | None:
+        """Cross-fitted accuracy of guessing the target from the current token alone."""
+        folds = [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in self._pairs]
+        total = sum(int(f.numel()) for f in folds)
+        if not total:
+            return None
+        right = 0
+        for f in (0, 1):
+            guess, fallback = self._guesses(folds[1 - f])
+            cur, tgt = folds[f] // self.vocab, folds[f] % self.vocab
+            right += int((self._lookup(guess, fallback, cur) == tgt).sum())
+        return right / total
+
+    def _guesses(self, keys: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        """Per current token (sorted), its most frequent emittable target; and the overall one."""
+        keys = keys[self.emit[keys % self.vocab]]
+        if not keys.numel():
+            return (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)), -1
+        pairs, counts = torch.unique(keys, return_counts=True)  # ascending: by token, then target
+        order = torch.argsort(-counts, stable=True)
+        order = order[torch.argsort(pairs[order] // self.vocab, stable=True)]  # token asc, count desc
+        cur = pairs[order] // self.vocab
+        first = torch.ones_like(cur, dtype=torch.bool)
+        first[1:] = cur[1:] != cur[:-1]
+        overall = torch.bincount(keys % self.vocab, minlength=self.vocab)
+        return (cur[first], (pairs[order] % self.vocab)[first]), int(overall.argmax())
+
+    @staticmethod
+    def _lookup(guess: tuple[torch.Tensor, torch.Tensor], fallback: int, cur: torch.Tensor) -> torch.Tensor:
+        tokens, targets = guess
+        if not tokens.numel():
+            return torch.full_like(cur, fallback)
+        pos = torch.searchsorted(tokens, cur).clamp(max=tokens.numel() - 1)
+        return torch.where(tokens[pos] == cur, targets[pos], torch.full_like(cur, fallback))

@@ -1,0 +1,279 @@
+"""The draft's config.json, read and validated in one place.
+
+The weights decide the structure (checkpoint.py); the config supplies what they cannot show
+(heads, eps, rope, the norm flags, the aux layer ids).  Every such value is checked here for type
+and range, so a bad one ends as one ConfigError naming the file, the field and the fix, instead of
+a traceback or a silent NaN deep in the forward pass.
+
+Formats: *speculators* (decoder config nested under ``transformer_layer_config``; aux ids at top
+level in vLLM's after-k-layers convention) and *flat* ``LlamaForCausalLMEagle3`` (the top level is
+the Llama config; ids in ``eagle_config`` or at top level, in SGLang's output-of-layer convention).
+Absent values get transformers' LlamaConfig defaults, as speculators does.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, UnsupportedError
+from .rope import SUPPORTED_TYPES, RopeSpec
+
+SPECULATORS, FLAT = "speculators", "flat"
+DEFAULT_HEADS = 32  # transformers LlamaConfig
+DEFAULT_EPS = 1e-6
+LAYER_TYPES = ("full_attention", "sliding_attention")
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """The validated values the loader takes from the config (None: absent, the weights decide)."""
+
+    path: Path
+    format: str
+    layer_ids: list[int] | None
+    layer_ids_key: str | None
+    hidden_size: int | None
+    target_hidden_size: int | None
+    num_attention_heads: int | None
+    head_dim: int | None
+    hidden_act: str
+    rms_norm_eps: float
+    rope: RopeSpec
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    vocab_size: int | None
+    norm_before_fc: bool
+    norm_before_residual: bool
+    norm_output: bool
+
+    def layer_field(self, key: str) -> str:
+        """The dotted name of a decoder-layer field in this config's format (for error messages)."""
+        return ("transformer_layer_config." if self.format == SPECULATORS else "") + key
+
+
+def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
+    """Read and validate ``config_file``, else ``path/config.json``."""
+    raw, cfg_path = read_json(path, config_file)
+    return parse(raw, cfg_path)
+
+
+def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
+    """The JSON object of the draft config and where it came from."""
+    cfg_path = Path(config_file) if config_file else (path / "config.json" if path.is_dir()
+                                                      else path.parent / "config.json")
+    if not cfg_path.is_file():
+        raise ConfigError("The draft config file does not exist", path=cfg_path,
+                          fix="pass --config FILE (e.g. the config_speculators.json backup)")
+    return json_object(cfg_path, "The draft config", "repair it or pass --config with a good copy"), cfg_path
+
+
+def json_object(file: Path, what: str, fix: str) -> dict[str, Any]:
+    """The JSON object in ``file``; anything else (unreadable, not JSON, a list) is a ConfigError."""
+    try:
+        cfg = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{what} is not valid JSON ({exc})", path=file, fix=fix) from exc
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{what} is not a JSON object", path=file, found=type(cfg).__name__, fix=fix)
+    return cfg
+
+
+def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
+    """speculators when ``speculators_model_type``/``transformer_layer_config`` is there, else flat."""
+    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
+        return SPECULATORS
+    archs = cfg.get("architectures")
+    if "hidden_size" in cfg or (isinstance(archs, list) and any("Eagle3" in str(a) for a in archs)):
+        return FLAT
+    raise ConfigError(
+        "The config is neither speculators nor flat LlamaForCausalLMEagle3 format", path=cfg_path,
+        expected="'speculators_model_type' or 'hidden_size' at top level", found=sorted(cfg)[:8],
+        fix="pass --config with the draft's own config.json",
+    )
+
+
+def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
+    """Validate every field the drafter reads; the first bad one raises ConfigError."""
+    fmt = detect_format(cfg, cfg_path)
+    top = Fields(cfg, cfg_path, "")
+    if fmt == SPECULATORS:
+        tlc = top.mapping("transformer_layer_config")
+        layer = Fields(tlc, cfg_path, "transformer_layer_config.")
+    else:
+        layer = top
+    ids, key = _layer_ids(top)
+    act = layer.text("hidden_act") or "silu"
+    if act != "silu":
+        raise UnsupportedError("Only SiLU-gated MLP drafts are implemented", path=cfg_path,
+                               field=layer.name("hidden_act"), expected="silu", found=repr(act),
+                               fix="extend remote/drafter/layers.py:mlp")
+    types = layer.get("layer_types")
+    if types is not None and (not isinstance(types, list) or any(t not in LAYER_TYPES for t in types)):
+        raise layer.bad("layer_types", f"a list of {' / '.join(LAYER_TYPES)}", types)
+    target_hidden = top.integer("target_hidden_size")
+    return DraftConfig(
+        path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key,
+        hidden_size=layer.integer("hidden_size"),
+        target_hidden_size=target_hidden if target_hidden is not None else layer.integer("target_hidden_size"),
+        num_attention_heads=layer.integer("num_attention_heads"), head_dim=layer.integer("head_dim"),
+        hidden_act=act, rms_norm_eps=layer.number("rms_norm_eps", DEFAULT_EPS, above=0.0, below=1.0),
+        rope=_rope(layer), layer_types=tuple(types or ()),
+        sliding_window=layer.integer("sliding_window"), vocab_size=layer.integer("vocab_size"),
+        norm_before_fc=top.flag("norm_before_fc"), norm_before_residual=top.flag("norm_before_residual"),
+        norm_output=top.flag("norm_output"),
+    )
+
+
+def check_layer_ids(config: DraftConfig, num_aux: int, fc_shape: tuple[int, ...], fc_file: str) -> None:
+    """The config must name exactly one aux layer per fc input slot."""
+    if config.layer_ids is not None and len(config.layer_ids) != num_aux:
+        raise ConfigError(
+            f"The config lists {len(config.layer_ids)} aux layer ids but the draft's fc.weight "
+            f"{list(fc_shape)} (in {fc_file}) takes {num_aux} slots of hidden states",
+            path=config.path, field=config.layer_ids_key, expected=f"{num_aux} ids",
+            found=config.layer_ids,
+            fix=f"list exactly {num_aux} distinct ids, the layers the draft was trained on (a drafter "
+                "report's layout scan shows which), or pass --config with the draft's own config",
+        )
+
+
+class Fields:
+    """Typed, range-checked reads from one JSON object; errors name ``prefix + key``."""
+
+    def __init__(self, obj: dict[str, Any], path: Path, prefix: str) -> None:
+        self.obj, self.path, self.prefix = obj, path, prefix
+
+    def name(self, key: str) -> str:
+        return self.prefix + key
+
+    def get(self, key: str) -> Any:
+        return self.obj.get(key)
+
+    def bad(self, key: str, expected: str, found: Any, problem: str | None = None) -> ConfigError:
+        return ConfigError(
+            problem or f"The config value {self.name(key)} is invalid", path=self.path, field=self.name(key),
+            expected=expected, found=_show(found),
+            fix=f"set {self.name(key)} to {expected}, the value the draft was trained with (or pass --config "
+                "with the draft's own config)",
+        )
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        value = self.obj.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.bad(key, "a JSON object", value)
+        return value
+
+    def integer(self, key: str, minimum: int = 1) -> int | None:
+        value = self.obj.get(key)
+        if value is None:
+            return None
+        if not is_integral(value) or int(value) < minimum:
+            raise self.bad(key, f"an integer >= {minimum}", value)
+        return int(value)
+
+    def number(self, key: str, default: float, above: float | None = None,
+               below: float | None = None) -> float:
+        """A finite number in the open interval (above, below); ``default`` when absent."""
+        value = self.obj.get(key)
+        if value is None:
+            return default
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (above is not None and value <= above) or (below is not None and value >= below):
+            bounds = " and ".join(b for b in (f"> {above}" if above is not None else "",
+                                              f"< {below}" if below is not None else "") if b)
+            raise self.bad(key, f"a finite number {bounds}".strip(), value)
+        return float(value)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.obj.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.bad(key, "true or false", value)
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.obj.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.bad(key, "a string", value)
+        return value
+
+
+def is_integral(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value) and value == int(value)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (str, list, dict)) else str(value)
+
+
+def _layer_ids(top: Fields) -> tuple[list[int] | None, str | None]:
+    """Aux ids as written, and the key they came from (vLLM's lookup order)."""
+    eagle = Fields(top.mapping("eagle_config"), top.path, "eagle_config.")
+    for fields in (top, eagle):
+        raw = fields.get(IDS_KEY)
+        if raw is None:
+            continue
+        if not isinstance(raw, list) or not raw or not all(is_integral(i) for i in raw):
+            raise fields.bad(IDS_KEY, "a non-empty list of integer layer ids (or null)", raw)
+        ids = [int(i) for i in raw]
+        if len(set(ids)) != len(ids):
+            raise fields.bad(IDS_KEY, "distinct layer ids", raw,
+                             problem=f"The config lists a layer twice in {fields.name(IDS_KEY)}")
+        return ids, fields.name(IDS_KEY)
+    return None, None
+
+
+def _rope(layer: Fields) -> RopeSpec:
+    """Check the rope fields transformers would read, then normalise them with RopeSpec."""
+    key, params, dotted = RopeSpec.source(layer.obj)
+    if key is not None and not isinstance(params, dict):
+        raise layer.bad(key, "a JSON object (or null)", params)
+    sub = Fields(params, layer.path, layer.prefix + dotted)
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    type_key = "rope_type" if "rope_type" in params else "type"
+    if rope_type not in SUPPORTED_TYPES:
+        raise UnsupportedError(f"Rope type {rope_type!r} is not implemented", path=layer.path,
+                               field=sub.name(type_key), expected=" / ".join(SUPPORTED_TYPES),
+                               found=_show(rope_type),
+                               fix="add it to remote/drafter/rope.py (copy transformers' init function)")
+    sub.number("rope_theta", 10000.0, above=0.0)
+    layer.number("rope_theta", 10000.0, above=0.0)
+    layer.integer("max_position_embeddings")
+    layer.integer("original_max_position_embeddings")
+    sub.integer("original_max_position_embeddings")
+    required = {"linear": ("factor",), "dynamic": ("factor",),
+                "llama3": ("factor", "low_freq_factor", "high_freq_factor")}.get(rope_type, ())
+    for name in required:
+        if params.get(name) is None:
+            raise ConfigError(f"{rope_type} rope needs {name}, which the config does not give",
+                              path=layer.path, field=sub.name(name), expected="a finite number > 0",
+                              found="absent",
+                              fix=f"add {sub.name(name)} (the value the draft was trained with; for a "
+                                  "Llama-3.1 draft: factor 8.0, low_freq_factor 1.0, high_freq_factor 4.0)")
+    for name in ("factor", "low_freq_factor", "high_freq_factor", "attention_factor"):
+        sub.number(name, 1.0, above=0.0)
+    for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        sub.number(name, 1.0)
+    if rope_type == "llama3" and float(params["high_freq_factor"]) <= float(params["low_freq_factor"]):
+        raise sub.bad("high_freq_factor", f"a number > low_freq_factor ({params['low_freq_factor']})",
+                      params["high_freq_factor"])
+    if params.get("truncate") is not None:
+        sub.flag("truncate")
+    partial = sub.number("partial_rotary_factor", 1.0, above=0.0)
+    if partial != 1.0:
+        raise UnsupportedError("Partial rotary embeddings are not implemented for EAGLE-3 Llama drafts",
+                               path=layer.path, field=sub.name("partial_rotary_factor"), expected="1.0",
+                               found=partial, fix="remove partial_rotary_factor (speculators drops it for "
+                                                  "Llama drafts)")
+    return RopeSpec.from_config(layer.obj)

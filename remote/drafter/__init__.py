@@ -25,8 +25,9 @@ from .errors import (
     ShapeMismatchError,
     UnsupportedError,
 )
-from .evaluate import EvalOptions, evaluate
+from .evaluate import evaluate
 from .model import DraftArch, Eagle3Draft
+from .options import EvalOptions
 from .report import SCHEMA
 from .verifier import Verifier
 

@@ -18,7 +18,8 @@ from typing import Any
 from .. import events
 from .demo import MARKER, ensure_demo
 from .errors import DrafterError, ResourceError
-from .evaluate import EvalOptions, evaluate
+from .evaluate import evaluate
+from .options import EvalOptions
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"
 EXIT_DRAFTER_ERROR = 3

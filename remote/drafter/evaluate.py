@@ -9,12 +9,10 @@ those same samples (stats.py) and never uses the scan's numbers.
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 
@@ -22,77 +20,20 @@ from .. import events
 from . import layouts, report, stats
 from .batching import Batch, background, iter_batches, to_device
 from .chance import ChanceLevel
-from .checkpoint import CheckpointInfo, load_checkpoint
-from .data import DumpSet, Sample, check_sample
+from .checkpoint import load_checkpoint
+from .context import EvalContext
+from .data import DumpSet
 from .errors import (
     ConfigError,
     DataError,
-    OptionError,
     ShapeMismatchError,
     UnsupportedError,
 )
 from .layouts import Evidence, Interpretation, Measured
 from .model import Eagle3Draft
+from .options import EvalOptions
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
 from .verifier import Verifier
-
-MAX_STEPS = 32
-
-
-@dataclass
-class EvalOptions:
-    """Inputs of one evaluation (the CLI flags of ``eval``)."""
-
-    ckpt: Path
-    data: Path
-    verifier: Path | None = None
-    config: Path | None = None
-    steps: int = 3
-    limit: int | None = None
-    expected_acc: float | None = None
-    device: str = "auto"
-    out: Path = Path(".")
-    layout_samples: int = 64
-    layout_tolerance: float = 0.01  # a gain below this fraction of the served accept length is no gain
-    acc_tolerance: float = 0.05
-    batch_tokens: int | None = None
-    max_len: int | None = None
-    alpha: float = 0.05  # significance level of the paired layout comparison
-    min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
-
-    def validate(self) -> None:
-        """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
-        _option("--steps", self.steps, f"an integer from 1 to {MAX_STEPS} (the num_steps you serve with; "
-                "memory grows with K)", lambda v: _int(v) and 1 <= v <= MAX_STEPS)
-        _option("--limit", self.limit, "an integer >= 0, or omit it for every sample",
-                lambda v: v is None or (_int(v) and v >= 0))
-        _option("--layout-samples", self.layout_samples, "an integer >= 1", lambda v: _int(v) and v >= 1)
-        _option("--batch-tokens", self.batch_tokens, "an integer >= 1, or omit it",
-                lambda v: v is None or (_int(v) and v >= 1))
-        _option("--max-len", self.max_len, "an integer >= 2 (a token and its next token), or omit it",
-                lambda v: v is None or (_int(v) and v >= 2))
-        _option("--expected-acc", self.expected_acc, "a number in (0, 1], or a percentage in (1, 100]",
-                lambda v: v is None or (_num(v) and 0 < v <= 100))
-        _option("--acc-tolerance", self.acc_tolerance, "a number in [0, 1]", lambda v: _num(v) and 0 <= v <= 1)
-        _option("--layout-tolerance", self.layout_tolerance, "a fraction of the accept length in [0, 1]",
-                lambda v: _num(v) and 0 <= v <= 1)
-        _option("--alpha", self.alpha, "a number in (0, 0.5]", lambda v: _num(v) and 0 < v <= 0.5)
-        _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
-        _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
-
-
-def _int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _num(v: object) -> TypeGuard[float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _option(flag: str, value: object, expected: str, ok: Callable[[object], bool]) -> None:
-    if not ok(value):
-        raise OptionError(f"The option {flag} is out of range", field=flag, expected=expected, found=value,
-                          fix=f"pass {flag} as {expected}")
 
 
 def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
@@ -105,36 +46,6 @@ def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
                                fix="use --device auto or cpu, or a CUDA build of torch")
     device = torch.device(name)
     return device, (torch.bfloat16 if device.type == "cuda" else torch.float32)
-
-
-@dataclass
-class EvalContext:
-    """Everything loaded before scoring starts (read by report.build)."""
-
-    draft: Eagle3Draft
-    info: CheckpointInfo
-    dumps: DumpSet
-    verifier: Verifier | None
-    head: VerifierHead | None
-    slot_count: int
-    hidden_size: int
-    final_slot: int | None
-    final_source: str | None
-    num_layers: int | None
-    device: torch.device
-    budget: int
-    skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
-
-    def load(self, index: int) -> Sample:
-        """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
-        by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
-        sample = self.dumps.load(index)
-        problem = check_sample(sample, self.draft.arch.vocab_size)
-        if problem is None:
-            return sample
-        self.skipped[str(sample.path)] = problem
-        mask = None if sample.loss_mask is None else sample.loss_mask[:1]
-        return Sample(sample.token_ids[:1], torch.zeros_like(sample.hidden[:1]), mask, sample.path)
 
 
 def evaluate(opts: EvalOptions) -> dict[str, Any]:

@@ -69,10 +69,10 @@ class StepCounts:
         self.top5_total += int(scored.sum())
 
     def full_acc(self) -> list[float | None]:
-        return [_ratio(c, t) for c, t in zip(self.full_correct, self.full_total)]
+        return [_ratio(c, t) for c, t in zip(self.full_correct, self.full_total, strict=True)]
 
     def cond_acc(self) -> list[float | None]:
-        return [_ratio(c, t) for c, t in zip(self.full_correct, self.cond_total)]
+        return [_ratio(c, t) for c, t in zip(self.full_correct, self.cond_total, strict=True)]
 
     def accept_length(self, steps: int) -> float:
         """1 + sum_{k<steps} full_acc_k: expected tokens per verify under greedy decoding."""

@@ -9,16 +9,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import layouts
+from .context import EvalContext
 from .layouts import Interpretation, Verdict
+from .options import EvalOptions
 from .scoring import LayoutScore
-
-if TYPE_CHECKING:
-    from .evaluate import EvalContext, EvalOptions
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"

@@ -1,0 +1,43 @@
+"""What an evaluation has loaded before scoring starts: the draft, the dumps, the verifier head and
+the facts about them that the report states (``report.build`` reads it; ``evaluate`` fills it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .checkpoint import CheckpointInfo
+from .data import DumpSet, Sample, check_sample
+from .model import Eagle3Draft
+from .scoring import VerifierHead
+from .verifier import Verifier
+
+
+@dataclass
+class EvalContext:
+    """Everything loaded before scoring starts (read by report.build)."""
+
+    draft: Eagle3Draft
+    info: CheckpointInfo
+    dumps: DumpSet
+    verifier: Verifier | None
+    head: VerifierHead | None
+    slot_count: int
+    hidden_size: int
+    final_slot: int | None
+    final_source: str | None
+    num_layers: int | None
+    device: torch.device
+    budget: int
+    skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+
+    def load(self, index: int) -> Sample:
+        """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
+        by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
+        sample = self.dumps.load(index)
+        problem = check_sample(sample, self.draft.arch.vocab_size)
+        if problem is None:
+            return sample
+        self.skipped[str(sample.path)] = problem
+        mask = None if sample.loss_mask is None else sample.loss_mask[:1]
+        return Sample(sample.token_ids[:1], torch.zeros_like(sample.hidden[:1]), mask, sample.path)

@@ -14,7 +14,6 @@ import os
 import posixpath
 import stat
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from draftops.hostagent import (
     SYNC_META,
 )
 from draftops.hostagent import digest as tree_digest
+from remote.fileio import atomic_write_bytes
 
 DEFAULT_PATHS = ("remote",)
 ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/", "/" + OWNER_MARK)
@@ -198,14 +198,7 @@ def _read_json(path: Path) -> dict:
 def _write_json(path: Path, data: object) -> None:
     """Atomic and safe when several syncs run at once: each writer has its own temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, json.dumps(data).encode())
 
 
 def _tar_writer(buf: io.BytesIO, compress: bool) -> tarfile.TarFile:

@@ -2,18 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from draftops.bench import render
 from draftops.bench.compare import Comparison
 from draftops.history import json_safe
+from remote.fileio import atomic_write_bytes
 
 
 def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode())
 
 
 def write(cmp: Comparison, out_dir: Path) -> dict[str, Path]:

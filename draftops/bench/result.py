@@ -10,7 +10,6 @@ schema version; renaming or removing one bumps it (docs/bench.md has the full ta
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from draftops.bench.stats import Stat, summarize
 from draftops.errors import BenchError
 from remote.bench.client_output import ClientRecord
 from remote.bench.crosscheck import TOLERANCE, cross_check
+from remote.fileio import atomic_write_bytes
 
 SCHEMA = "draftops.bench-result/1"
 RESULT_NAME = "bench-result.json"
@@ -200,7 +200,5 @@ def write(result: BenchResult, run_dir: Path) -> Path:
     """Write ``bench-result.json`` atomically into ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RESULT_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(result.to_json() + "\n")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (result.to_json() + "\n").encode())
     return path

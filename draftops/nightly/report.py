@@ -83,7 +83,8 @@ def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
     out += ["", "## Counts", "", counts_line(night), ""]
     for h in night.hosts:
         out += [f"## {h.outcome.host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        out += ["| " + " | ".join(r) + " |" for r in table_rows(h.verdicts)] or ["| (no metrics) |"]
+        rows = table_rows(h.verdicts) or [["(no metrics this night)"] + [""] * (len(COLUMNS) - 1)]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
         out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
     out += ["## Raw files", ""]
     out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]

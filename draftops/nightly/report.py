@@ -96,7 +96,7 @@ def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 .REGRESSION{background:#f8b4b4}.SUSPICIOUS{background:#fde68a}.IMPROVED{background:#bbf7d0}
-.failed{color:#b91c1c}img{max-width:100%;display:block;margin:.5em 0}"""
+#header td{text-align:left}.failed{color:#b91c1c}img{max-width:100%;display:block;margin:.5em 0}"""
 
 
 def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
@@ -105,7 +105,8 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
              f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    parts += [f"<li class='{'failed' if 'fail' in ln or 'FAIL' in ln else ''}'>{e(ln.strip())}</li>"
+    bad = ("failed [", "FAILURE", "CRASHED", ": REGRESSION")
+    parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]
     for h in night.hosts:

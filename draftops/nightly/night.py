@@ -2,13 +2,12 @@
 nights, record the night in the history, write the report. The report is written whatever failed."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from draftops import history
-from draftops.errors import PlaybookError
+from draftops.errors import HistoryError, PlaybookError
 from draftops.nightly import detect, results
 from draftops.nightly.playbook import Playbook
 from draftops.nightly.runner import HostOutcome, run_hosts
@@ -34,6 +33,7 @@ class Night:
     started: str
     revision: str | None
     hosts: list[HostNightReport]
+    notes: list[str] = field(default_factory=list)     # what went wrong outside the steps
 
     @property
     def failed(self) -> bool:
@@ -45,19 +45,28 @@ class Night:
 
 
 def night_folder(runs: Path, now: datetime | None = None) -> tuple[str, Path]:
-    """``runs/nightly-<date>``; a second night on the same date gets ``-HHMMSS`` (never overwritten)."""
+    """``runs/nightly-<date>``; another night on the same date gets ``-HHMMSS`` (then ``-2``, ``-3`` ...),
+    so a night never overwrites another, also when two start in the same second."""
     now = now or datetime.now(timezone.utc)
-    name = f"nightly-{now:%Y-%m-%d}"
-    if (runs / name).exists():
-        name += f"-{now:%H%M%S}"
-    while (runs / name).exists():
-        time.sleep(1)
-        name = f"nightly-{datetime.now(timezone.utc):%Y-%m-%d-%H%M%S}"
-    (runs / name).mkdir(parents=True)
-    return name, runs / name
+    runs.mkdir(parents=True, exist_ok=True)
+    names = [f"nightly-{now:%Y-%m-%d}", f"nightly-{now:%Y-%m-%d-%H%M%S}"]
+    names += [f"{names[1]}-{n}" for n in range(2, 1000)]
+    for name in names:
+        try:
+            (runs / name).mkdir()
+        except FileExistsError:
+            continue
+        return name, runs / name
+    raise PlaybookError(f"{runs} already holds a thousand nightly folders for {now:%Y-%m-%d %H:%M:%S}; "
+                        "move old ones away.")
 
 
-def pick_hosts(book: Playbook, only: str | None, source: str) -> list[str]:
+def pick_hosts(book: Playbook, only: str | None, source: str, inventory: list[str]) -> list[str]:
+    """The hosts to run: all of the playbook's, or the --hosts subset; each must be in hosts.yaml."""
+    missing = [h for h in book.hosts if h not in inventory]
+    if missing:
+        raise PlaybookError(f"{source}: `hosts:` names {', '.join(missing)}, not in the inventory (known hosts: "
+                            f"{', '.join(inventory)}); add them to hosts.yaml or change the playbook.")
     if not only:
         return list(book.hosts)
     wanted = [h.strip() for h in only.split(",") if h.strip()]
@@ -95,16 +104,21 @@ def record(hist: history.History, night: str, book: Playbook, path: Path, outcom
 
 
 def run_night(book: Playbook, path: Path, project_root: Path, hosts: list[str]) -> Night:
-    """Run, judge, record; the caller writes the report (also when this raises part-way)."""
+    """Run, judge, record; the caller writes the report."""
     night_id, folder = night_folder(project_root / "runs")
     started = history.now_iso()
     outcomes = run_hosts(book, hosts, project_root, folder)
     hist = history.for_project(project_root)
     revision = history.project_revision(project_root)
-    reports = []
+    night = Night(night_id, folder, book, path, started, revision, [])
     for outcome in outcomes:
-        verdicts = judge_host(hist, book, outcome)
-        record(hist, night_id, book, path, outcome, verdicts, revision)
-        trend = results.baseline_nights(hist, outcome.host, book.setup, 60)
-        reports.append(HostNightReport(outcome, verdicts, trend))
-    return Night(night_id, folder, book, path, started, revision, reports)
+        try:
+            verdicts = judge_host(hist, book, outcome)
+            record(hist, night_id, book, path, outcome, verdicts, revision)
+            trend = results.baseline_nights(hist, outcome.host, book.setup, 60)
+        except HistoryError as exc:          # the report is still written, saying why it is partial
+            outcome.error = outcome.error or f"not recorded in the history: {exc}"
+            night.notes.append(f"{outcome.host}: {exc}")
+            verdicts, trend = [], []
+        night.hosts.append(HostNightReport(outcome, verdicts, trend))
+    return night

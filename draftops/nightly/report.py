@@ -49,11 +49,11 @@ def health(night: Night) -> list[str]:
         n_ok = sum(1 for s in o.steps if s.status == "ok")
         n_failed = sum(1 for s in o.steps if s.status == FAILED)
         n_skipped = sum(1 for s in o.steps if s.status == SKIPPED)
-        state = ("CRASHED" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
+        state = ("ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
                  "STEP FAILURE" if o.failed else "REGRESSION" if h.regressed else "healthy")
         lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped")
         if o.error:
-            lines.append(f"  {o.host}: the host's run raised {o.error}")
+            lines.append(f"  {o.host}: {o.error}")
         for s in o.steps:
             if s.status == FAILED:
                 kind = "infrastructure" if s.failure == INFRA else "step"
@@ -105,7 +105,7 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
              f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    bad = ("failed [", "FAILURE", "CRASHED", ": REGRESSION")
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION")
     parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]

@@ -20,6 +20,7 @@ from fabric import ThreadingGroup
 from fabric.exceptions import GroupException
 
 from draftops import history
+from draftops.errors import HistoryError
 from draftops.nightly import results
 from draftops.nightly.playbook import Playbook, Step
 
@@ -96,8 +97,11 @@ class HostNight:
             outcome.steps.append(result)
             done[step.name] = result.status
             env_json = results.env_json_in(text, self.project_root) or env_json
-        hist = history.for_project(self.project_root)
-        runs = results.night_runs(hist, self.host, outcome.started)
+        try:
+            runs = results.night_runs(history.for_project(self.project_root), self.host, outcome.started)
+        except HistoryError as exc:           # the steps' results stay; only the metrics are missing
+            outcome.error = f"the night's runs could not be read from the history: {exc}"
+            runs = []
         outcome.run_ids = [r.run_id for r in runs]
         outcome.metrics = results.metrics_of(runs, self.project_root)
         outcome.facts = results.describe(runs, env_json)
@@ -148,5 +152,5 @@ def run_hosts(book: Playbook, hosts: list[str], project_root: Path, folder: Path
         if isinstance(value, HostOutcome):
             outcomes.append(value)
         else:
-            outcomes.append(HostOutcome(night.host, error=f"{type(value).__name__}: {value}"))
+            outcomes.append(HostOutcome(night.host, error=f"the host's run raised {type(value).__name__}: {value}"))
     return outcomes

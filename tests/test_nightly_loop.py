@@ -12,8 +12,8 @@ import yaml
 from draftops import history
 from tests.conftest import REPO, copy_remote_package
 from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, profile, write_model
 from tests.test_nightly_playbook import task_names
+from tests.test_serve_ssh import draft_config, profile, write_model
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif("bench.run" not in task_names(), reason="needs `invoke bench` (the bench runner, "

@@ -56,5 +56,7 @@ def test_regression_exits_2_and_the_report_says_so(regressed_night):
     images = re.findall(r"src='data:image/png;base64,([^']+)'", page)
     assert images and all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert "src='http" not in page and "<script" not in page               # self-contained
+    (drafter_run,) = [p.name for p in (root / "runs").glob("*-test-drafter-*")]
+    assert f"<a href='../{drafter_run}/'>" in page and f"[../{drafter_run}/]" in md
     row = history.for_project(root).latest(kind="nightly")
     assert row is not None and row.verdict == "regression"

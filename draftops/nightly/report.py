@@ -76,6 +76,11 @@ def _raw_files(night: Night) -> list[Path]:
     return sorted(p for p in night.folder.rglob("*") if p.is_file() and p.suffix in (".log", ".json"))
 
 
+def _run_ids(night: Night) -> list[str]:
+    """The runs the steps recorded (their folders sit next to the night's, under runs/)."""
+    return sorted({r for h in night.hosts for r in h.outcome.run_ids})
+
+
 def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
     out = [f"# Nightly {night.night_id}", ""]
     out += [f"- **{k}**: {v}" for k, v in header(night)]
@@ -88,8 +93,7 @@ def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
         out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
     out += ["## Raw files", ""]
     out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]
-    runs = sorted({r for h in night.hosts for r in h.outcome.run_ids})
-    out += [f"- run `{r}`: [../{r}/](../{r}/)" for r in runs]
+    out += [f"- run `{r}`: [../{r}/](../{r}/)" for r in _run_ids(night)]
     return "\n".join(out) + "\n"
 
 
@@ -122,6 +126,7 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
     parts.append("<h2>Raw files</h2><ul>")
     parts += [f"<li><a href='{e(str(p.relative_to(night.folder)))}'>{e(str(p.relative_to(night.folder)))}</a></li>"
               for p in _raw_files(night)]
+    parts += [f"<li>run <a href='../{e(r)}/'>{e(r)}</a></li>" for r in _run_ids(night)]
     parts.append("</ul></body></html>\n")
     return "".join(parts)
 

@@ -44,9 +44,12 @@ def step0_accuracy(report: Mapping[str, Any]) -> float | None:
 
 
 def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
-    """The night's flat metrics (a later run of the same kind and mode replaces an earlier one)."""
+    """The night's flat metrics (a later run of the same kind and mode replaces an earlier one; failed
+    runs are left out)."""
     out: dict[str, Any] = {}
     for run in runs:
+        if run.verdict == "failed":          # a failed run's partial figures are no measurement (SGLang CI)
+            continue
         m = run.metrics
         if run.kind == "test-drafter":
             out["accept_length.predicted"] = m.get("predicted_served")

@@ -14,7 +14,7 @@ steps:
     task: sync
   - name: drafter
     task: test-drafter
-    args: {steps: 3, ckpt: "/m/it's a draft"}
+    args: {steps: 3, ckpt: "{root}/m/it's a {host} draft {x}", verbose: false, force: true}
     needs: [sync]
   - name: stop
     task: serve.stop
@@ -47,7 +47,8 @@ def test_argv_is_what_a_user_types(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)
     book = playbook.load(path)
-    assert book.steps[1].argv("box") == ["test-drafter", "--host", "box", "--steps", "3", "--ckpt", "/m/it's a draft"]
+    assert book.steps[1].argv("box", "/r") == ["test-drafter", "--host", "box", "--steps", "3", "--ckpt",
+                                               "/r/m/it's a box draft {x}", "--force"]
     assert book.setup == "p" and book.name == "p"
 
 

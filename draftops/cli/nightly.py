@@ -38,7 +38,7 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     inventory = load_inventory(default_inventory_path(root), root)
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
     console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
-    night = nights.run_night(book, path, root, chosen)
+    night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
     written = report.write(night)
     for line in report.health(night):
         console.print(safe(line))

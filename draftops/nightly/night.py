@@ -103,7 +103,7 @@ def record(hist: history.History, night: str, book: Playbook, path: Path, outcom
         metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts)))
 
 
-def run_night(book: Playbook, path: Path, project_root: Path, hosts: list[str]) -> Night:
+def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, str]) -> Night:
     """Run, judge, record; the caller writes the report."""
     night_id, folder = night_folder(project_root / "runs")
     started = history.now_iso()

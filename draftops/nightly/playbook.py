@@ -85,14 +85,18 @@ class Step(BaseModel):
                 raise ValueError(f"argument {key!r} holds a newline or NUL byte; give one line of text")
         return value
 
-    def argv(self, host: str) -> list[str]:
+    def argv(self, host: str, root: str = "") -> list[str]:
         """The command-line words after ``invoke``: task, ``--host``, then each argument as a flag.
-        ``true`` is a bare flag; ``false`` leaves the flag out (the task's default)."""
+        ``true`` is a bare flag; ``false`` leaves the flag out (the task's default). In text values,
+        ``{host}`` becomes the host's name and ``{root}`` its ``root:`` from hosts.yaml (nothing else
+        is expanded; the words go to the task as an argv list, never through a shell)."""
         words = [self.task, "--host", host]
         for key, arg in self.args.items():
             flag = "--" + key.replace("_", "-")
             if arg is True:
                 words.append(flag)
+            elif isinstance(arg, str):
+                words += [flag, arg.replace("{host}", host).replace("{root}", root)]
             elif arg is not False:
                 words += [flag, str(arg)]
         return words

@@ -10,6 +10,7 @@ in one host's run comes back as that host's value in the ``GroupException``, the
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -72,8 +73,9 @@ def _last_line(text: str) -> str:
 class HostNight:
     """One host's night; ``run`` is what the ThreadingGroup calls in this host's thread."""
 
-    def __init__(self, host: str, book: Playbook, project_root: Path, folder: Path):
+    def __init__(self, host: str, book: Playbook, project_root: Path, folder: Path, root: str = ""):
         self.host = host
+        self.root = root                 # the host's `root:` in hosts.yaml, for `{root}` in step args
         self.book = book
         self.project_root = project_root
         self.folder = folder / host
@@ -109,7 +111,8 @@ class HostNight:
 
     def _step(self, index: int, step: Step) -> tuple[StepResult, str]:
         log = self.folder / f"{index:02d}-{step.name}.log"
-        argv = [sys.executable, "-m", "invoke", *step.argv(self.host)]
+        words = step.argv(self.host, self.root)
+        argv = [sys.executable, "-m", "invoke", *words]
         env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
         env.pop("DRAFTOPS_HOST", None)
         began = time.monotonic()
@@ -122,7 +125,7 @@ class HostNight:
             code = None
             text = _text(exc.stdout) + _text(exc.stderr) + f"\nerror: timed out after {step.timeout:g} s\n"
         seconds = time.monotonic() - began
-        log.write_text(f"$ invoke {' '.join(step.argv(self.host))}\n{text}\n[exit {code}]\n", encoding="utf-8")
+        log.write_text(f"$ invoke {shlex.join(words)}\n{text}\n[exit {code}]\n", encoding="utf-8")
         result = StepResult(step.name, step.task, OK if code == 0 else FAILED, step.cleanup, exit_code=code,
                             seconds=seconds, log=log)
         if result.status == FAILED:
@@ -138,9 +141,10 @@ def _text(raw: str | bytes | None) -> str:
     return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
 
 
-def run_hosts(book: Playbook, hosts: list[str], project_root: Path, folder: Path) -> list[HostOutcome]:
-    """Every host's night, in parallel; a host whose run raised gets an outcome holding the error."""
-    nights = [HostNight(h, book, project_root, folder) for h in hosts]
+def run_hosts(book: Playbook, hosts: dict[str, str], project_root: Path, folder: Path) -> list[HostOutcome]:
+    """Every host's night (``hosts``: name -> root), in parallel; a host whose run raised gets an
+    outcome holding the error."""
+    nights = [HostNight(h, book, project_root, folder, root) for h, root in hosts.items()]
     group = ThreadingGroup.from_connections(nights)
     try:
         found = dict(group.run())

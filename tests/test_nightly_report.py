@@ -29,7 +29,7 @@ def regressed_night(make_project, tmp_path, no_inventory_env):
     (root / "playbooks").mkdir()
     (root / "playbooks" / "p.yaml").write_text(yaml.safe_dump({
         "setup": "demo", "hosts": ["loc"], "thresholds": {"drafter.*": 2},
-        "steps": [{"name": "drafter", "task": "test-drafter", "args": {"steps": 3}}]}))
+        "steps": [{"name": "drafter", "task": "test-drafter", "args": {"steps": 3, "limit": 16}}]}))
     hist = history.for_project(root)
     start = datetime.now(timezone.utc) - timedelta(days=8)
     for n, acc in enumerate([0.9, 0.91, 0.9, 0.89, 0.9, 0.9, 0.9, 0.05]):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, core, drafter, env, serve, sglang
+from draftops.cli import bench, core, drafter, env, nightly, serve, sglang
 from draftops.cli.common import adopt_callwide_host
 
 adopt_callwide_host(sys.argv)
@@ -21,4 +21,7 @@ ns.add_task(sglang.draft_config)
 ns.add_collection(Collection.from_module(env, name="env"))
 ns.add_collection(Collection.from_module(bench, name="bench"))
 ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))
-ns.configure({"draftops": {"project_root": str(Path(__file__).resolve().parent)}})
+ns.add_collection(Collection("nightly", nightly.run, nightly.schedule, nightly.unschedule))
+# task_names: what a playbook step may name (checked before a night starts)
+ns.configure({"draftops": {"project_root": str(Path(__file__).resolve().parent),
+                           "task_names": sorted({*ns.task_names, *(a for al in ns.task_names.values() for a in al)})}})

@@ -12,8 +12,10 @@
     ├── JobError            a run id is unknown or a job cannot be started/stopped
     ├── HistoryError        runs/history.sqlite cannot be read or written
     ├── BenchError          a benchmark result is unreadable, or two runs cannot be compared
-    └── ServeError          a server could not be started, probed or stopped
-        └── ServeRefused      a pre-start check failed (one paragraph per reason)
+    ├── ServeError          a server could not be started, probed or stopped
+    │   └── ServeRefused      a pre-start check failed (one paragraph per reason)
+    ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
+    └── ScheduleError       the nightly crontab block cannot be read or written
 """
 from __future__ import annotations
 
@@ -82,3 +84,11 @@ class ServeRefused(ServeError):
     def __init__(self, *reasons: str):
         super().__init__("\n\n".join(reasons))
         self.reasons = list(reasons)
+
+
+class PlaybookError(DraftopsError):
+    """A playbook cannot be used as it is (the message names file, line and field)."""
+
+
+class ScheduleError(DraftopsError):
+    """The user's crontab could not be read or changed."""

@@ -62,6 +62,12 @@ def line_of(node: yaml.Node | None, loc: list[Any] | tuple[Any, ...]) -> int:
     """1-based line of the deepest key found along ``loc`` (best effort: 1 when nothing matches)."""
     line = 1
     for key in loc:
+        if isinstance(node, yaml.SequenceNode):        # a list item, addressed by its index
+            if not isinstance(key, int) or not 0 <= key < len(node.value):
+                break
+            node = node.value[key]
+            line = node.start_mark.line + 1
+            continue
         if not isinstance(node, yaml.MappingNode):
             break
         line = node.start_mark.line + 1

@@ -2,7 +2,8 @@
 # One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
 # project venv in .venv holding exactly what pyproject.toml declares. Idempotent; safe to run every time.
 #   scripts/setup.sh          # what `invoke ...` needs
-#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, ruff, mypy, speculators)
+#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, cron, headless
+#                             # Chromium, ruff, mypy, speculators)
 #
 # The venv never sees the system's site-packages: a package that works here only because the
 # machine happens to have it installed (numpy did) must fail here, not on the next machine.
@@ -31,6 +32,11 @@ if [ "$want_tests" = 1 ]; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v rsync >/dev/null 2>&1 || need+=(rsync)
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+  command -v crontab >/dev/null 2>&1 || need+=(cron)          # nightly.schedule's tests use the real crontab
+  command -v flock >/dev/null 2>&1 || need+=(util-linux)
+  # the nightly report's screenshot test renders report.html in headless Chromium
+  command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
+    || need+=(chromium-headless-shell)
 fi
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

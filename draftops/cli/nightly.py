@@ -1,0 +1,83 @@
+"""`invoke nightly`: run a playbook on its hosts, judge every metric against the earlier nights, write
+runs/nightly-<date>/report.{md,html}; and `nightly.schedule` / `nightly.unschedule` for cron."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+
+from draftops.cli.common import friendly, project_root
+from draftops.console import console, safe
+from draftops.inventory import default_inventory_path, load_inventory
+
+DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
+EXIT_FAILED, EXIT_REGRESSION = 1, 2
+
+
+def _playbook_path(root: Path, playbook: str) -> Path:
+    path = Path(playbook).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+@task(default=True, help={"playbook": f"playbook file (default {DEFAULT_PLAYBOOK})",
+                          "hosts": "comma-separated subset of the playbook's hosts (default: all of them)"})
+@friendly
+def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) -> None:
+    """Run a playbook on its hosts in parallel, compare with earlier nights, write the report.
+    Exit 1 when a step failed, 2 when a metric regressed, 0 otherwise."""
+    from draftops.nightly import night as nights
+    from draftops.nightly import playbook as books
+    from draftops.nightly import report
+    root = project_root(c)
+    path = _playbook_path(root, playbook)
+    book = books.load(path)
+    known = getattr(c.config.draftops, "task_names", None)
+    if known:
+        book.check_tasks(known, str(path))
+    inventory = load_inventory(default_inventory_path(root), root)
+    chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
+    console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
+    night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
+    written = report.write(night)
+    for line in report.health(night):
+        console.print(safe(line))
+    console.print(report.counts_line(night))
+    console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}")
+    if night.failed:
+        raise Exit("nightly: a step failed (see the health summary above)", code=EXIT_FAILED)
+    if night.regressed:
+        raise Exit("nightly: a metric regressed on two nights in a row (see the report)", code=EXIT_REGRESSION)
+
+
+@task(help={"at": "time of day, HH:MM (24 h, the machine's local time)",
+            "playbook": f"playbook file (default {DEFAULT_PLAYBOOK})",
+            "show": "print this project's crontab block and change nothing",
+            "user": "whose crontab (needs root; default: yours)"})
+@friendly
+def schedule(c: Context, at: str | None = None, playbook: str = DEFAULT_PLAYBOOK, show: bool = False,
+             user: str | None = None) -> None:
+    """Run the nightly every day at --at from cron (one marker-delimited block; running it again
+    replaces the block; a lock keeps two nights from overlapping; output in runs/nightly.log)."""
+    from draftops.nightly import playbook as books
+    from draftops.nightly import schedule as cron
+    root = project_root(c)
+    tab = cron.Crontab(user)
+    if show:
+        found = cron.show(tab, root)
+        console.print(safe("\n".join(found)) if found else "no nightly is scheduled for this project")
+        return
+    if not at:
+        raise Exit("error: give --at HH:MM (or --show to see the current schedule).", code=1)
+    books.load(_playbook_path(root, playbook))       # refuse to schedule a playbook that cannot run
+    lines = cron.schedule(tab, root, at, playbook)
+    console.print("scheduled:\n" + safe("\n".join(lines)))
+
+
+@task(help={"user": "whose crontab (needs root; default: yours)"})
+@friendly
+def unschedule(c: Context, user: str | None = None) -> None:
+    """Remove this project's nightly block from the crontab (other lines are kept)."""
+    from draftops.nightly import schedule as cron
+    removed = cron.unschedule(cron.Crontab(user), project_root(c))
+    console.print("removed the nightly schedule" if removed else "no nightly was scheduled for this project")

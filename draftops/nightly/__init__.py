@@ -1,0 +1,1 @@
+"""Nightly regression runs: playbooks, parallel hosts, detection across nights, report, schedule."""

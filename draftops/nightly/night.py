@@ -1,0 +1,124 @@
+"""One nightly run end to end: run the playbook on its hosts, judge each host against its earlier
+nights, record the night in the history, write the report. The report is written whatever failed."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from draftops import history
+from draftops.errors import HistoryError, PlaybookError
+from draftops.nightly import detect, results
+from draftops.nightly.playbook import Playbook
+from draftops.nightly.runner import HostOutcome, run_hosts
+
+
+@dataclass
+class HostNightReport:
+    outcome: HostOutcome
+    verdicts: list[detect.MetricVerdict]
+    trend: list[history.RunRecord] = field(default_factory=list)    # this setup's nights, oldest first
+
+    @property
+    def regressed(self) -> bool:
+        return any(v.verdict == detect.REGRESSION for v in self.verdicts)
+
+
+@dataclass
+class Night:
+    night_id: str
+    folder: Path
+    playbook: Playbook
+    playbook_path: Path
+    started: str
+    revision: str | None
+    hosts: list[HostNightReport]
+    notes: list[str] = field(default_factory=list)     # what went wrong outside the steps
+
+    @property
+    def failed(self) -> bool:
+        return any(h.outcome.failed for h in self.hosts)
+
+    @property
+    def regressed(self) -> bool:
+        return any(h.regressed for h in self.hosts)
+
+
+def night_folder(runs: Path, now: datetime | None = None) -> tuple[str, Path]:
+    """``runs/nightly-<date>``; another night on the same date gets ``-HHMMSS`` (then ``-2``, ``-3`` ...),
+    so a night never overwrites another, also when two start in the same second."""
+    now = now or datetime.now(timezone.utc)
+    runs.mkdir(parents=True, exist_ok=True)
+    names = [f"nightly-{now:%Y-%m-%d}", f"nightly-{now:%Y-%m-%d-%H%M%S}"]
+    names += [f"{names[1]}-{n}" for n in range(2, 1000)]
+    for name in names:
+        try:
+            (runs / name).mkdir()
+        except FileExistsError:
+            continue
+        return name, runs / name
+    raise PlaybookError(f"{runs} already holds a thousand nightly folders for {now:%Y-%m-%d %H:%M:%S}; "
+                        "move old ones away.")
+
+
+def pick_hosts(book: Playbook, only: str | None, source: str, inventory: list[str]) -> list[str]:
+    """The hosts to run: all of the playbook's, or the --hosts subset; each must be in hosts.yaml."""
+    missing = [h for h in book.hosts if h not in inventory]
+    if missing:
+        raise PlaybookError(f"{source}: `hosts:` names {', '.join(missing)}, not in the inventory (known hosts: "
+                            f"{', '.join(inventory)}); add them to hosts.yaml or change the playbook.")
+    if not only:
+        return list(book.hosts)
+    wanted = [h.strip() for h in only.split(",") if h.strip()]
+    unknown = [h for h in wanted if h not in book.hosts]
+    if unknown or not wanted:
+        raise PlaybookError(f"--hosts {only!r}: {', '.join(unknown) or 'no host'} not in the playbook {source} "
+                            f"(its hosts: {', '.join(book.hosts)}); name hosts from its `hosts:` list.")
+    return wanted
+
+
+def judge_host(hist: history.History, book: Playbook, outcome: HostOutcome) -> list[detect.MetricVerdict]:
+    earlier = results.baseline_nights(hist, outcome.host, book.setup, book.baseline_window + 1)
+    return detect.judge_all([*(r.metrics for r in earlier), outcome.metrics], threshold=book.threshold,
+                            lower_better=book.lower_better, window=book.baseline_window, min_nights=book.min_nights)
+
+
+def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict]) -> str:
+    if outcome.error or outcome.infra_failed:
+        return "infrastructure"
+    if outcome.failed:
+        return "failed"
+    if any(v.verdict == detect.REGRESSION for v in verdicts):
+        return "regression"
+    return "ok"
+
+
+def record(hist: history.History, night: str, book: Playbook, path: Path, outcome: HostOutcome,
+           verdicts: list[detect.MetricVerdict], revision: str | None) -> None:
+    hist.record(history.RunRecord(
+        run_id=f"{night}-{outcome.host}", kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
+        or history.now_iso(), git_rev=revision, draft=outcome.facts.get("draft"),
+        settings={"setup": book.setup, "playbook": str(path), "runs": outcome.run_ids,
+                  "steps": {s.name: s.status for s in outcome.steps}},
+        metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts)))
+
+
+def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, str]) -> Night:
+    """Run, judge, record; the caller writes the report."""
+    night_id, folder = night_folder(project_root / "runs")
+    started = history.now_iso()
+    outcomes = run_hosts(book, hosts, project_root, folder)
+    hist = history.for_project(project_root)
+    revision = history.project_revision(project_root)
+    night = Night(night_id, folder, book, path, started, revision, [])
+    for outcome in outcomes:
+        try:
+            verdicts = judge_host(hist, book, outcome)
+            record(hist, night_id, book, path, outcome, verdicts, revision)
+            trend = results.baseline_nights(hist, outcome.host, book.setup, 60)
+        except HistoryError as exc:          # the report is still written, saying why it is partial
+            outcome.error = outcome.error or f"not recorded in the history: {exc}"
+            night.notes.append(f"{outcome.host}: {exc}")
+            verdicts, trend = [], []
+        night.hosts.append(HostNightReport(outcome, verdicts, trend))
+    return night

@@ -1,0 +1,146 @@
+"""The morning report: ``report.md`` and a self-contained ``report.html`` (plots embedded as data URIs,
+so the one file can be mailed or opened anywhere), plus the PNG trend plots beside them.
+
+Layout (orchestration.md §4.5): header, health summary (infrastructure failures apart from step
+failures), counts line, a table per host of every metric sorted by severity, links to the raw files.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import os
+from pathlib import Path
+
+from draftops.nightly import detect
+from draftops.nightly.night import Night
+from draftops.nightly.plots import draw_trends
+from draftops.nightly.runner import FAILED, INFRA, SKIPPED
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x:+.1f}%" if pct else f"{x:.4g}"
+
+
+def header(night: Night) -> list[tuple[str, str]]:
+    facts: dict[str, set[str]] = {}
+    for h in night.hosts:
+        for key, val in h.outcome.facts.items():
+            facts.setdefault(key, set()).add(f"{val} ({h.outcome.host})" if len(night.hosts) > 1 else val)
+    rows = [("date", night.started[:19].replace("T", " ") + " UTC"), ("revision", night.revision or "unknown"),
+            ("playbook", f"{night.playbook.name} ({night.playbook_path})"), ("setup", night.playbook.setup),
+            ("hosts", ", ".join(h.outcome.host for h in night.hosts))]
+    for key in ("gpu", "driver", "engine", "torch", "draft"):
+        rows.append((key, "; ".join(sorted(facts.get(key, set()))) or "not reported by this night's steps"))
+    return rows
+
+
+def counts_line(night: Night) -> str:
+    total = detect.counts([v for h in night.hosts for v in h.verdicts])
+    return " · ".join(f"{n} {name.lower()}" for name, n in total.items())
+
+
+def health(night: Night) -> list[str]:
+    """One line per host, then one per failed or skipped step."""
+    lines = []
+    for h in night.hosts:
+        o = h.outcome
+        n_ok = sum(1 for s in o.steps if s.status == "ok")
+        n_failed = sum(1 for s in o.steps if s.status == FAILED)
+        n_skipped = sum(1 for s in o.steps if s.status == SKIPPED)
+        state = ("ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
+                 "STEP FAILURE" if o.failed else "REGRESSION" if h.regressed else "healthy")
+        lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped")
+        if o.error:
+            lines.append(f"  {o.host}: {o.error}")
+        for s in o.steps:
+            if s.status == FAILED:
+                kind = "infrastructure" if s.failure == INFRA else "step"
+                lines.append(f"  {o.host} / {s.name} ({s.task}) failed [{kind}]: {s.reason}")
+            elif s.status == SKIPPED:
+                lines.append(f"  {o.host} / {s.name} ({s.task}) skipped: {s.reason}")
+    return lines
+
+
+COLUMNS = ("metric", "baseline (median)", "current", "change", "noise", "limit", "verdict")
+
+
+def table_rows(verdicts: list[detect.MetricVerdict]) -> list[list[str]]:
+    return [[v.metric + (" ↓" if v.lower_is_better else " ↑"), _fmt(v.baseline), _fmt(v.current),
+             _fmt(v.change_pct, True), _fmt(v.noise_pct, True).lstrip("+"), _fmt(v.limit_pct, True).lstrip("+"),
+             v.verdict] for v in verdicts]
+
+
+def _raw_files(night: Night) -> list[Path]:
+    return sorted(p for p in night.folder.rglob("*") if p.is_file() and p.suffix in (".log", ".json"))
+
+
+def _run_ids(night: Night) -> list[str]:
+    """The runs the steps recorded (their folders sit next to the night's, under runs/)."""
+    return sorted({r for h in night.hosts for r in h.outcome.run_ids})
+
+
+def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
+    out = [f"# Nightly {night.night_id}", ""]
+    out += [f"- **{k}**: {v}" for k, v in header(night)]
+    out += ["", "## Health", ""] + [f"- {ln.strip()}" for ln in health(night)]
+    out += ["", "## Counts", "", counts_line(night), ""]
+    for h in night.hosts:
+        out += [f"## {h.outcome.host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        rows = table_rows(h.verdicts) or [["(no metrics this night)"] + [""] * (len(COLUMNS) - 1)]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
+    out += ["## Raw files", ""]
+    out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]
+    out += [f"- run `{r}`: [../{r}/](../{r}/)" for r in _run_ids(night)]
+    return "\n".join(out) + "\n"
+
+
+_CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+.REGRESSION{background:#f8b4b4}.SUSPICIOUS{background:#fde68a}.IMPROVED{background:#bbf7d0}
+#header td{text-align:left}.failed{color:#b91c1c}img{max-width:100%;display:block;margin:.5em 0}"""
+
+
+def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Nightly {e(night.night_id)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
+    parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
+    parts += ["</table><h2>Health</h2><ul id='health'>"]
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION")
+    parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
+              for ln in health(night)]
+    parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]
+    for h in night.hosts:
+        parts += [f"<h2>{e(h.outcome.host)}</h2><table class='metrics'><tr>"]
+        parts += [f"<th>{e(c)}</th>" for c in COLUMNS] + ["</tr>"]
+        for row in table_rows(h.verdicts):
+            parts.append(f"<tr class='{e(row[-1].replace(' ', '_'))}'>" + "".join(f"<td>{e(c)}</td>" for c in row)
+                         + "</tr>")
+        parts.append("</table>")
+        for p in plots.get(h.outcome.host, []):
+            data = base64.b64encode(p.read_bytes()).decode()
+            parts.append(f"<img alt='{e(p.stem)}' src='data:image/png;base64,{data}'>")
+    parts.append("<h2>Raw files</h2><ul>")
+    parts += [f"<li><a href='{e(str(p.relative_to(night.folder)))}'>{e(str(p.relative_to(night.folder)))}</a></li>"
+              for p in _raw_files(night)]
+    parts += [f"<li>run <a href='../{e(r)}/'>{e(r)}</a></li>" for r in _run_ids(night)]
+    parts.append("</ul></body></html>\n")
+    return "".join(parts)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write(night: Night) -> dict[str, Path]:
+    """Draw the plots and write report.md and report.html into the night's folder."""
+    plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
+    md, page = night.folder / "report.md", night.folder / "report.html"
+    _atomic_write(md, markdown(night, plots))
+    _atomic_write(page, html_page(night, plots))
+    return {"markdown": md, "html": page}

@@ -1,0 +1,104 @@
+"""What one night measured on one host, read back from the runs its steps recorded.
+
+The steps are ordinary draftops tasks; each records its run in ``runs/history.sqlite`` (test-drafter,
+bench, compare). The night's metrics are those rows, flattened into one mapping with stable names
+(``speculative.tok_s``, ``speedup``, ``accept_length.measured``, ``drafter.step0_acc`` ...), and
+stored as one ``nightly`` row per host so later nights find their baseline with one query.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from draftops import history
+from draftops.history import History, RunRecord
+
+NIGHTLY_KIND = "nightly"
+_ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
+
+
+def baseline_nights(hist: History, host: str, setup: str, limit: int) -> list[RunRecord]:
+    """The last ``limit`` nightly rows of ``host`` with this setup, oldest first."""
+    rows = [r for r in hist.query(kind=NIGHTLY_KIND, host=host) if r.settings.get("setup") == setup]
+    return list(reversed(rows[:limit]))
+
+
+def night_runs(hist: History, host: str, since: str, exclude: Iterable[str] = ()) -> list[RunRecord]:
+    """Runs ``host`` recorded since ``since`` (oldest first), nightly rows and ``exclude`` left out."""
+    skip = set(exclude)
+    return [r for r in reversed(hist.query(host=host, since=since))
+            if r.kind != NIGHTLY_KIND and r.run_id not in skip]
+
+
+def step0_accuracy(report: Mapping[str, Any]) -> float | None:
+    """Step-0 full accuracy of the served layout (verifier targets when given, else data tokens)."""
+    served = (report.get("metrics") or {}).get("served") or {}
+    for basis in ("verifier", "data"):
+        acc = (served.get(basis) or {}).get("full_acc")
+        if isinstance(acc, list) and acc and isinstance(acc[0], (int, float)):
+            return float(acc[0])
+    return None
+
+
+def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
+    """The night's flat metrics (a later run of the same kind and mode replaces an earlier one; failed
+    runs are left out)."""
+    out: dict[str, Any] = {}
+    for run in runs:
+        if run.verdict == "failed":          # a failed run's partial figures are no measurement (SGLang CI)
+            continue
+        m = run.metrics
+        if run.kind == "test-drafter":
+            out["accept_length.predicted"] = m.get("predicted_served")
+            report = project_root / "runs" / run.run_id / "report.json"
+            try:
+                out["drafter.step0_acc"] = step0_accuracy(json.loads(report.read_text()))
+            except (OSError, ValueError, AttributeError):
+                out["drafter.step0_acc"] = None
+        elif run.kind == "bench":
+            mode = str(run.settings.get("mode") or "bench")
+            out[f"{mode}.tok_s"] = m.get("output_throughput")
+            out[f"{mode}.ttft_ms"] = m.get("ttft_median_ms")
+            out[f"{mode}.tpot_ms"] = m.get("tpot_median_ms")
+            if mode != "baseline":
+                out["accept_length.measured"] = m.get("accept_length")
+        elif run.kind == "compare":
+            out["speedup"] = m.get("speedup")
+    return {k: v for k, v in history.json_safe(out).items() if v is not None}
+
+
+def describe(runs: Iterable[RunRecord], env_json: Path | None) -> dict[str, str]:
+    """Header facts for the report: GPU, driver, engine version, draft (what the runs say)."""
+    facts: dict[str, str] = {}
+    for run in runs:
+        if run.engine:
+            facts["engine"] = f"{run.engine} {run.engine_version or ''}".strip()
+        if run.draft:
+            facts["draft"] = run.draft + (f" ({run.draft_digest[:19]})" if run.draft_digest else "")
+    if env_json is not None:
+        try:
+            env = json.loads(env_json.read_text())
+        except (OSError, ValueError):
+            env = {}
+        smi = env.get("nvidia_smi") if isinstance(env, dict) else None
+        if isinstance(smi, list) and smi:
+            facts["gpu"] = ", ".join(sorted({str(g.get("name")) for g in smi if isinstance(g, dict)}))
+            facts["driver"] = ", ".join(sorted({str(g.get("driver_version")) for g in smi if isinstance(g, dict)}))
+        elif isinstance(env, dict) and env:
+            facts.setdefault("gpu", "none (nvidia-smi not found)")
+        torch = env.get("torch") if isinstance(env, dict) else None
+        if isinstance(torch, dict) and torch.get("version"):
+            facts["torch"] = str(torch["version"])
+    return facts
+
+
+def env_json_in(log_text: str, project_root: Path) -> Path | None:
+    """The env.json an env.check step wrote (its task prints `JSON: <path>`)."""
+    found = _ENV_JSON.findall(log_text)
+    if not found:
+        return None
+    path = Path(found[-1])
+    return path if path.is_absolute() else project_root / path

@@ -1,0 +1,88 @@
+"""Playbook schema: the shipped playbooks load and name real tasks; bad input names file, line, field."""
+from __future__ import annotations
+
+import pytest
+
+from draftops.errors import PlaybookError
+from draftops.nightly import playbook
+from tests.conftest import REPO
+
+GOOD = """\
+hosts: [box]
+steps:
+  - name: sync
+    task: sync
+  - name: drafter
+    task: test-drafter
+    args: {steps: 3, ckpt: "{root}/m/it's a {host} draft {x}", verbose: false, force: true}
+    needs: [sync]
+  - name: stop
+    task: serve.stop
+    cleanup: true
+"""
+
+
+def task_names() -> set[str]:
+    """The tasks of the repo's real tasks.py collection (what `invoke --list` shows)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("draftops_tasks_for_test", REPO / "tasks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return set(module.ns.configuration()["draftops"]["task_names"])
+
+
+@pytest.mark.parametrize("name", ["smoke", "nightly"])
+def test_shipped_playbooks_load_and_name_real_tasks(name):
+    book = playbook.load(REPO / "playbooks" / f"{name}.yaml")
+    assert book.name == name and book.hosts and book.steps
+    assert any(s.cleanup and s.task == "serve.stop" for s in book.steps)
+    # `bench` (the runner) lands on another branch; every other task must exist today
+    book.check_tasks(task_names() | {"bench"}, name)
+    assert book.threshold("speculative.tok_s") != book.threshold("drafter.step0_acc")
+    assert book.lower_better("speculative.ttft_ms") and not book.lower_better("speculative.tok_s")
+
+
+def test_argv_is_what_a_user_types(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    book = playbook.load(path)
+    assert book.steps[1].argv("box", "/r") == ["test-drafter", "--host", "box", "--steps", "3", "--ckpt",
+                                               "/r/m/it's a box draft {x}", "--force"]
+    assert book.setup == "p" and book.name == "p"
+
+
+@pytest.mark.parametrize("text, line, words", [
+    (GOOD.replace("    needs: [sync]", "    needs: [stop]"), 8, ["step 2 ('drafter')", "'stop'", "earlier"]),
+    (GOOD.replace("task: serve.stop", "task: serve.stpo"), None, ["serve.stpo", "serve.stop"]),
+    (GOOD.replace("    cleanup: true", "    clean_up: true"), 11, ["step 3 ('stop')", "clean_up", "cleanup"]),
+    (GOOD.replace("hosts: [box]", "hosts: [box, 'bad host']"), 1, ["field `hosts", "bad host"]),
+    (GOOD + "thresholds: {'*tok_s': -5}\n", 12, ["field `thresholds", "above 0"]),
+    (GOOD + "thresholds: {'*tok_s': .nan}\n", 12, ["thresholds"]),
+    (GOOD + "baseline_window: 1\n", 12, ["baseline_window"]),
+    (GOOD.replace("  - name: sync\n    task: sync\n", "  - name: sync\n"), 3, ["step 1 ('sync')", "`task`",
+                                                                              "required"]),
+    (GOOD.replace("{steps: 3,", "{host: other, steps: 3,"), 7, ["`host` is set by the runner"]),
+    (GOOD.replace("    cleanup: true", "    cleanup: true\n    needs: [sync]"), 12, ["clean-up", "remove its `needs`"]),
+    (GOOD + "hosts: [x]\n", 12, ["appears twice"]),
+    ("hosts: [box\n", None, ["not valid YAML"]),
+    ("- just a list\n", 1, ["a mapping"]),
+    (GOOD.replace("task: sync", "task: nightly"), 4, ["recurse"]),
+])
+def test_bad_playbooks_name_file_line_and_fix(tmp_path, text, line, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(PlaybookError) as info:
+        book = playbook.load(path)
+        book.check_tasks(task_names(), str(path))
+    message = str(info.value)
+    assert str(path) in message
+    if line is not None:
+        assert f"{path}:{line}:" in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_missing_playbook_says_which_exist(tmp_path):
+    with pytest.raises(PlaybookError, match="smoke.yaml"):
+        playbook.load(tmp_path / "nope.yaml")

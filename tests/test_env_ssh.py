@@ -14,12 +14,13 @@ from tests.conftest import REPO, copy_remote_package, ssh_entry
 pytestmark = pytest.mark.ssh
 
 
-def invoke(project: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def invoke(project: Path, *args: str, env: dict[str, str] | None = None,
+           timeout: float = 240) -> subprocess.CompletedProcess:
     """Run `invoke ARGS` in ``project`` as a user would (its tasks.py is the repo's)."""
     full_env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}
     full_env.pop("DRAFTOPS_HOST", None)
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=full_env,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def hostile_venv(tmp_path: Path) -> Path:

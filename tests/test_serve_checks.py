@@ -106,7 +106,7 @@ def test_request_needs_a_draft_or_baseline_and_a_target():
     with pytest.raises(ServeRefused, match="has no `target:`"):
         resolve(Request(baseline=True), profiles.resolve(spec), "/demo")
     plan = resolve(Request(draft="demo"), profiles.resolve(spec), "/r/state/demo")
-    assert (plan.launch.target, plan.launch.draft) == ("/r/state/demo/target", "/r/state/demo/draft_fixed")
+    assert (plan.launch.target, plan.launch.draft) == ("/r/state/demo/target", "/r/state/demo/draft")
     with pytest.raises(ServeRefused, match="demo draft was trained for the demo target only"):
         resolve(Request(draft="demo", target="/other"), profiles.resolve(spec), "/demo")
     assert "max running requests 48, set explicitly" in plan.notes[0]

@@ -5,11 +5,13 @@ import json
 
 from invoke import Context, task
 from invoke.exceptions import Exit
+from rich.markup import escape
 
 from draftops import jobs, report
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
 from draftops.cli.history import record_test_drafter
 from draftops.console import console
+from draftops.serve.request import demo_dir
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
@@ -41,11 +43,12 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
     run_id, final, local = run_job(target, "test-drafter", command, log="window", task="test-drafter",
-                                   args=given, env={"DRAFTOPS_DEMO_DIR": f"{target.root}/state/demo"})
+                                   args=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
     path = local / "report.json" if local else None
     if final.get("state") == "succeeded" and path and path.is_file():
         doc = json.loads(path.read_text())
         report.show(doc, console)
-        console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt CKPT --from-report {run_id}`)[/]")
+        console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt {escape(ckpt or 'demo')} "
+                      f"--from-report {run_id}`)[/]")
     record_test_drafter(target, run_id, final, local, given)
     require_success(run_id, final, local)

@@ -30,10 +30,11 @@ from draftops.console import console, follow_live, state_text
 from draftops.errors import ConnectError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
-from draftops.serve.request import DEMO, Request, resolve
+from draftops.serve.request import DEMO, Request, demo_dir, resolve
 
 _HELP = {
-    "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and draft)",
+    "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and its draft "
+             "as configured: the seed's wrong ids until `invoke draft-config --ckpt demo` fixes them)",
     "baseline": "serve the profile's target with no draft (for comparison runs)",
     "profile": "serve profile of the host (hosts.yaml `serve:`; default: the only one, or `default`)",
     "target": "target model folder on the host (default: the profile's `target`; `demo` for the demo's)",
@@ -74,7 +75,7 @@ def _show(found: checks.Findings) -> None:
 
 def _ensure_demo(box: Host) -> None:
     """Generate the demo on the host once (the same cache `invoke test-drafter` uses)."""
-    command = jobs.python_module_command(box, "remote.drafter", ["demo", "--out", f"{box.state_dir}/demo"])
+    command = jobs.python_module_command(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)])
     run_id, final, _ = run_job(box, "demo", command, pull=False, quiet=True)
     require_success(run_id, final, None)
 
@@ -138,7 +139,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
                       topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
                       port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
     plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
-                   f"{box.state_dir}/demo")
+                   demo_dir(box.state_dir))
     found = checks.Findings(notes=list(plan.notes))
     checks.flag_checks(plan, found)
     if found.refusals:

@@ -27,6 +27,7 @@ from draftops.cli.common import (
 )
 from draftops.console import console
 from draftops.errors import JobError
+from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
 
 STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
                "modified": "red bold"}
@@ -107,7 +108,8 @@ def _ids_from_report(c: Context, target: Any, run_id: str) -> tuple[list[str], P
         return ["--layer-ids", ",".join(str(i) for i in fix.ids)], local
 
 
-@task(help={"ckpt": "draft checkpoint folder on the host", "layer_ids": "new ids, SGLang convention: -1,2,30",
+@task(help={"ckpt": "draft checkpoint folder on the host (`demo`: the generated demo's draft)",
+            "layer_ids": "new ids, SGLang convention: -1,2,30",
             "from_report": "take the fix from this test-drafter run id", "target": "target model folder "
             "on the host (checks the id range)", "dry_run": "validate only", "host": HOST_HELP})
 @friendly
@@ -118,6 +120,8 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         raise Exit("error: give exactly one of --layer-ids (e.g. -1,2,30) or --from-report RUN_ID.", code=1)
     box = connect(c, host)
     ensure_code(box)
+    if ckpt == DEMO:    # the demo draft `invoke serve --draft demo` serves, checked against its target
+        ckpt, target = f"{demo_dir(box.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(box.state_dir)}/{DEMO_TARGET}"
     target = host_path(box, target)
     args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR, "--sglang-status"]
     if layer_ids:

@@ -8,11 +8,18 @@ from draftops.serve import engines
 from draftops.serve.profiles import Profile
 
 DEMO = "demo"
-#: inside the host's demo folder (<root>/state/demo): the target, and the draft whose ids are right
-DEMO_TARGET, DEMO_DRAFT = "target", "draft_fixed"
+#: inside the host's demo folder (<root>/state/demo): the target, and the demo draft as it is
+#: configured: the seed's wrong layer ids until `invoke draft-config --ckpt demo --from-report RUN`
+#: rewrites them, so serving it measures what the drafter report predicts for the ids it holds
+DEMO_TARGET, DEMO_DRAFT = "target", "draft"
 #: SGLang's own value for speculative runs; set for baseline runs too so both are comparable
 DEFAULT_MAX_RUNNING = 48
 VLLM_DEFAULT_STEPS = 3
+
+
+def demo_dir(state_dir: str) -> str:
+    """Where the host keeps its generated demo (the cache `invoke test-drafter` also uses)."""
+    return f"{state_dir}/{DEMO}"
 
 
 @dataclass(frozen=True)

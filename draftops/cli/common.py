@@ -122,6 +122,16 @@ def adopt_callwide_host(argv: list[str]) -> None:
         os.environ["DRAFTOPS_HOST"] = named.pop()
 
 
+def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | None:
+    """Invoke passes options whose default is None as strings; counts and ports must be integers."""
+    if value is None:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise error(f"{flag} {value!r} is not a whole number.") from None
+
+
 def host_path(target: Host, path: str | None) -> str | None:
     """A path the user typed for the host; on the local host, relative means relative to the project
     (jobs run in <root>/code, where a relative path would silently point elsewhere)."""

@@ -24,6 +24,7 @@ from draftops.cli.common import (
     project_root,
     require_success,
     run_job,
+    whole_number,
 )
 from draftops.console import console, follow_live, state_text
 from draftops.errors import ConnectError, RemoteError, ServeError, ServeRefused
@@ -62,13 +63,7 @@ def _absolute(box: Host, path: str | None) -> str | None:
 
 
 def _whole(flag: str, value: Any) -> int | None:
-    """Invoke passes options whose default is None as strings; counts and ports must be integers."""
-    if value is None:
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ServeRefused(f"{flag} {value!r} is not a whole number.") from None
+    return whole_number(flag, value, ServeRefused)
 
 
 def _show(found: checks.Findings) -> None:

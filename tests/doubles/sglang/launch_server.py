@@ -26,6 +26,8 @@ from sglang import __version__
 logger = logging.getLogger("sglang.srt.server_args")
 LOAD_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_LOAD_S", "1.0"))
 WARMUP_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_WARMUP_S", "1.0"))
+#: die (as a scheduler crash does) on this many-th /generate request; 0 = never
+DIE_AFTER = int(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER", "0"))
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
              "KimiK25ForConditionalGeneration", "GptOssForCausalLM", "Glm4MoeForCausalLM")
@@ -298,6 +300,11 @@ class Handler(BaseHTTPRequestHandler):
                                                       "object": "model", "owned_by": "sglang"}]})
 
     def _generate(self, body: dict[str, Any]) -> None:
+        self.state["generated"] = self.state.get("generated", 0) + 1
+        if DIE_AFTER and self.state["generated"] >= DIE_AFTER:
+            scheduler_log("Scheduler hit an exception: RuntimeError: CUDA error: an illegal memory access "
+                          "was encountered")
+            os._exit(1)
         params = body.get("sampling_params") or {}
         prompt = body.get("text") if "text" in body else json.dumps(body.get("input_ids"))
         max_new = int(params.get("max_new_tokens", 128))

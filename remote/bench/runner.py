@@ -1,0 +1,318 @@
+"""Execute a bench plan on the host: ``python -m remote.bench.runner --plan-json JSON``.
+
+Runs as a draftops job (its run folder is ``$DRAFTOPS_RUN_DIR``; the plan's paths say ``@RUN_DIR@``
+for it). Stdlib only: it starts the engine's own client with the engine's python, so it does not
+need the engine itself. For every step (warm-up, then the measured repeats) it makes the plan's
+HTTP calls before and after, keeps the server log lines written while the client ran (by byte
+offset), and checks that the server is still alive; the first failure stops the run, and what was
+written so far stays in the folder with ``runner.json`` saying what failed. Host facts (GPU,
+driver, CPU, the engine's version, the draft's config digest and layer ids) go to ``host.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import events
+from . import digest
+
+RUN_DIR_TOKEN = "@RUN_DIR@"
+RUNNER_FILE = "runner.json"
+HOST_FILE = "host.json"
+CLIENT_PATH_VAR = "DRAFTOPS_CLIENT_PYTHONPATH"
+#: a client run longer than this is stopped (a hung server must not hold the job forever)
+CLIENT_TIMEOUT_S = 3600.0
+
+
+def substitute(value: Any, run_dir: str) -> Any:
+    """Replace the run-folder token in every string of a JSON value."""
+    if isinstance(value, str):
+        return value.replace(RUN_DIR_TOKEN, run_dir)
+    if isinstance(value, list):
+        return [substitute(v, run_dir) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, run_dir) for k, v in value.items()}
+    return value
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Atomic: a reader (or a pull after a crash) sees the old file or the new one, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether the server's process still runs (a zombie counts as dead)."""
+    if not pid:
+        return True                 # nothing to check against: the client's own errors will tell
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def http(base_url: str, method: str, path: str, timeout: float = 30.0) -> tuple[int | None, bytes, str | None]:
+    """(status, body, error) of one request; an HTTP error status is an answer, not a failure."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(base_url.rstrip("/") + path, method=method,
+                                     data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read(), None
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), None
+    except (urllib.error.URLError, OSError) as exc:
+        return None, b"", str(getattr(exc, "reason", exc))
+
+
+def file_size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
+
+
+def copy_slice(src: str | None, start: int, dest: Path) -> int:
+    """Copy the bytes of ``src`` written since ``start`` to ``dest``; returns how many."""
+    if not src:
+        dest.write_bytes(b"")
+        return 0
+    try:
+        with open(src, "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+    except OSError:
+        data = b""
+    dest.write_bytes(data)
+    return len(data)
+
+
+def child_env(with_code: bool) -> dict[str, str]:
+    """The environment of a child process: the serve profile's PYTHONPATH (passed as
+    ``DRAFTOPS_CLIENT_PYTHONPATH``, since the job's own PYTHONPATH is the synced code), plus the code
+    folder for draftops' own modules (not for the engine's client, which must not see them)."""
+    env = dict(os.environ)
+    extra = env.pop(CLIENT_PATH_VAR, "")
+    parts = ([os.getcwd()] if with_code else []) + ([extra] if extra else [])
+    env.pop("PYTHONPATH", None)
+    if parts:
+        env["PYTHONPATH"] = ":".join(parts)
+    return env
+
+
+def _run_cmd(text: str, timeout: float = 30.0) -> str | None:
+    try:
+        done = subprocess.run(shlex.split(text), capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def host_facts(engine: str, python: str, target: str, draft: str | None) -> dict[str, Any]:
+    """GPU, driver, CUDA and CPU of the host; the engine's version and the draft as the engine reads it."""
+    facts: dict[str, Any] = {"gpu": None, "driver": None, "cuda": None, "cpu": None}
+    if shutil.which("nvidia-smi"):
+        out = _run_cmd("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
+        if out:
+            names = [line.split(",")[0].strip() for line in out.splitlines()]
+            facts["gpu"] = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else "; ".join(names)
+            facts["driver"] = out.splitlines()[0].split(",")[-1].strip()
+        smi = _run_cmd("nvidia-smi") or ""
+        if "CUDA Version:" in smi:
+            facts["cuda"] = smi.split("CUDA Version:")[1].split()[0]
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                facts["cpu"] = f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+                break
+    except OSError:
+        pass
+    code = ("import json, sys; from remote.serve.configs import inspect; from pathlib import Path; "
+            "d = sys.argv[3]; print(json.dumps(inspect(sys.argv[1], Path(sys.argv[2]), Path(d) if d else None, "
+            "sys.argv[1] == 'sglang')))")
+    try:
+        done = subprocess.run([python, "-c", code, engine, target, draft or ""], capture_output=True, text=True,
+                              timeout=120, check=False, env=child_env(with_code=True))
+        lines = done.stdout.strip().splitlines()
+        inspected = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+        if inspected is None:
+            facts["inspect_error"] = done.stderr.strip()[-1000:]
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        inspected, facts["inspect_error"] = None, str(exc)
+    facts["inspect"] = inspected
+    if draft:
+        try:
+            facts["draft_digest"] = digest.file_digest(draft)
+        except OSError as exc:
+            facts["draft_digest_error"] = str(exc)
+    return facts
+
+
+class Runner:
+    """One bench run in the job's folder."""
+
+    def __init__(self, plan: dict[str, Any], run_dir: Path):
+        self.plan, self.run_dir = plan, run_dir
+        self.server = plan["server"]
+        self.doc: dict[str, Any] = {"status": "running", "failure": None, "steps": [],
+                                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def save(self) -> None:
+        write_json(self.run_dir / RUNNER_FILE, self.doc)
+
+    def fail(self, why: str) -> None:
+        self.doc.update(status="failed", failure=why)
+        print(f"bench: FAILED: {why}", flush=True)
+
+    def server_alive(self) -> bool:
+        return pid_alive(self.server.get("pid"))
+
+    def server_gone(self) -> bool:
+        """Dead, or no longer answering at all (its job's wrapper can outlive the server briefly)."""
+        for attempt in range(3):
+            if not self.server_alive():
+                return True
+            if http(self.server["base_url"], "GET", "/v1/models", timeout=10.0)[0] is not None:
+                return False
+            time.sleep(1.0 + attempt)
+        return True
+
+    def call(self, call: dict[str, Any]) -> dict[str, Any]:
+        status, body, error = http(self.server["base_url"], call["method"], call["path"])
+        if call.get("save_as"):
+            (self.run_dir / call["save_as"]).write_bytes(body)
+        ok = status is not None and (200 <= status < 300 or (call.get("optional") and status in (400, 404, 405)))
+        return {"method": call["method"], "path": call["path"], "status": status, "error": error,
+                "saved": call.get("save_as"), "ok": bool(ok)}
+
+    def snapshot(self, name: str, path: str) -> None:
+        """A server snapshot kept in the folder (server info / version) for the record."""
+        status, body, error = http(self.server["base_url"], "GET", path)
+        if status == 200:
+            (self.run_dir / name).write_bytes(body)
+        self.doc.setdefault("snapshots", []).append({"path": path, "status": status, "error": error,
+                                                     "file": name if status == 200 else None})
+
+    def run_command(self, argv: list[str], log_name: str, with_code: bool = False
+                    ) -> tuple[int | None, float, str]:
+        started = time.monotonic()
+        log_path = self.run_dir / log_name
+        with open(log_path, "ab") as log:
+            log.write(("$ " + shlex.join(argv) + "\n").encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=child_env(with_code))
+            except OSError as exc:
+                return None, 0.0, f"could not start {argv[0]}: {exc}"
+            while True:
+                try:
+                    code = proc.wait(timeout=2.0)
+                    return code, time.monotonic() - started, ""
+                except subprocess.TimeoutExpired:
+                    if not self.server_alive():
+                        time.sleep(5.0)          # the client notices the dead server and ends on its own
+                        if proc.poll() is None:
+                            proc.kill()
+                        return proc.wait(), time.monotonic() - started, "server died"
+                    if time.monotonic() - started > CLIENT_TIMEOUT_S:
+                        proc.kill()
+                        return proc.wait(), time.monotonic() - started, "timed out"
+
+    def step(self, step: dict[str, Any], number: int, total: int) -> bool:
+        name = "warmup" if step["kind"] == "warmup" else f"rep{step['index']}"
+        label = "warm-up" if step["kind"] == "warmup" else f"repeat {step['index']}/{self.plan['repeats']}"
+        events.progress(number, total, f"bench: {label}")
+        record: dict[str, Any] = {"name": name, "kind": step["kind"], "index": step["index"],
+                                  "output": step["output"], "client_log": f"client-{name}.log"}
+        self.doc["steps"].append(record)
+        if not self.server_alive():
+            self.fail(f"the server (pid {self.server.get('pid')}) is not running before the {label}")
+            return False
+        record["before"] = [self.call(c) for c in step.get("before", [])]
+        offset = file_size(self.server.get("log"))
+        print(f"bench: {label}: {shlex.join(step['argv'])}", flush=True)
+        code, seconds, why = self.run_command(step["argv"], record["client_log"])
+        record.update(exit_code=code, seconds=round(seconds, 3))
+        if step.get("log_slice"):
+            record["log_bytes"] = copy_slice(self.server.get("log"), offset, self.run_dir / step["log_slice"])
+            record["log_slice"] = step["log_slice"]
+        alive = not self.server_gone()
+        if alive:
+            record["after"] = [self.call(c) for c in step.get("after", [])]
+            alive = not any(c["status"] is None for c in record["after"]) or not self.server_gone()
+        record["server_alive_after"] = alive
+        self.save()
+        if not alive or why == "server died":
+            self.fail(f"the server died during the {label} (client exit {code}); the files written up to "
+                      "then are kept")
+            return False
+        if why or code != 0:
+            self.fail(f"the client {why or f'exited {code}'} in the {label}; its output is in "
+                      f"{record['client_log']}")
+            return False
+        missing = [c["path"] for c in record.get("after", []) + record.get("before", []) if not c["ok"]]
+        if missing:
+            record["failed_calls"] = missing
+        print(f"bench: {label} done in {seconds:.1f} s", flush=True)
+        return True
+
+    def run(self) -> int:
+        plan = self.plan
+        facts = host_facts(plan["engine"], plan["python"], plan["target"], plan.get("draft"))
+        write_json(self.run_dir / HOST_FILE, facts)
+        for name, path in plan.get("snapshots", {}).items():
+            self.snapshot(name, path)
+        total = len(plan["prepare"]) + len(plan["steps"])
+        self.save()
+        for number, argv in enumerate(plan["prepare"]):
+            events.progress(number, total, "bench: preparing the prompts")
+            code, _, why = self.run_command(argv, "prepare.log", with_code=True)
+            if code != 0:
+                self.fail(f"preparing the prompts failed ({why or f'exit {code}'}); see prepare.log")
+                break
+        else:
+            for number, step in enumerate(plan["steps"], start=len(plan["prepare"])):
+                if not self.step(step, number, total):
+                    break
+            else:
+                events.progress(total, total, "bench: done")
+                self.doc["status"] = "succeeded"
+        self.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.save()
+        events.result(RUNNER_FILE, status=self.doc["status"],
+                      headline=self.doc["failure"] or f"{plan['repeats']} repeat(s) done")
+        return 0 if self.doc["status"] == "succeeded" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m remote.bench.runner")
+    parser.add_argument("--plan-json", required=True, help="the plan (draftops.bench.runner.job_plan)")
+    args = parser.parse_args(argv)
+    run_dir = os.environ.get("DRAFTOPS_RUN_DIR") or os.getcwd()
+    plan = substitute(json.loads(args.plan_json), run_dir)
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "plan.json", plan)
+    return Runner(plan, folder).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""`invoke bench` end to end against a server `invoke serve` started: the SGLang test double
+(tests/doubles/sglang: its launch_server and its bench_serving client write the real formats), over a
+real sshd and on a local host. A server that dies half-way brings home what was written and fails."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftops.history import History
+from tests.test_env_ssh import invoke
+from tests.test_serve_ssh import draft_config, ok, profile, project, refused, write_model  # noqa: F401
+
+pytestmark = pytest.mark.ssh
+
+
+def prompts_file(tmp: Path, n: int = 5) -> str:
+    path = tmp / "prompt's file.jsonl"             # a quote in the path
+    path.write_text("".join(json.dumps({"prompt": f"w{5 + i:02d} w17 w33 \"q\" $(x)"}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def bench_folder(root: Path, output: str) -> Path:
+    run_id = output.split("result: ", 1)[1].split()[0]
+    return Path(run_id).parent if run_id.endswith("bench-result.json") else root / "runs" / run_id
+
+
+@pytest.mark.parametrize("where", ["box", "loc"])
+def test_bench_brings_everything_home_and_records_it(project, tmp_path, where):  # noqa: F811
+    root = project(where)
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    out = ok(invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "24",
+                    "--dataset", prompts_file(tmp_path), "--name", "double"))
+    folder = bench_folder(root, out)
+    names = {p.name for p in folder.iterdir()}
+    assert {"bench-result.json", "plan.json", "runner.json", "host.json", "client-warmup.jsonl",
+            "client-rep1.jsonl", "client-rep3.jsonl", "server-info-rep2.json", "server-log-rep1.txt",
+            "server-info.json", "prompts.sharegpt.json"} <= names, names
+    res = json.loads((folder / "bench-result.json").read_text())
+    assert res["status"] == "succeeded" and res["engine"] == {"name": "sglang", "version": "0.5.10"}
+    assert res["settings"]["dataset_kind"] == "text" and res["settings"]["temperature"] == 0.0
+    assert res["speculative"]["num_steps"] == 3 and res["speculative"]["num_draft_tokens"] == 4
+    assert res["draft"]["layer_ids"] == [1, 15, 28] and res["draft"]["digest"].startswith("sha256:")
+    accept = res["accept_length"]
+    # the client's value is the server's since its flush; the decode log is counted independently
+    assert accept["server_source"] == "decode log" and accept["cross_check"]["agree"] is True
+    assert 1.0 < accept["value"] <= 4.0 and len(accept["client"]["values"]) == 3
+    assert res["metrics"]["output_throughput"]["median"] > 0 and res["metrics"]["completed"] == 15
+    log = (folder / "server-log-rep2.txt").read_text()
+    assert "Decode batch, #running-req:" in log and "accept len:" in log
+    argv = json.loads((folder / "plan.json").read_text())["steps"][1]["argv"]
+    assert "--flush-cache" in argv and "--seed" in argv and str(folder.name) not in argv[0]
+    row = History(root / "runs" / "history.sqlite").get(folder.name)
+    assert row is not None and row.kind == "bench" and row.verdict == "succeeded"
+    assert row.metrics["accept_length"] == pytest.approx(accept["value"])
+    listed = ok(invoke(root, "runs", "--local", "--kind", "bench"))
+    assert folder.name[:15] in listed
+    ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_a_server_dying_half_way_brings_home_what_was_written(project, tmp_path):  # noqa: F811
+    dying = profile(tmp_path)
+    # warm-up: 1 + 4 requests, repeat 1: 1 + 5; the server dies on the 14th /generate, in repeat 2
+    dying["env"] = {**dying["env"], "DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"}
+    root = project("loc", default=dying)
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    result = invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "16",
+                    "--dataset", prompts_file(tmp_path))
+    text = refused(result)
+    assert "failed" in text and "the server died during the repeat 2/3" in text
+    folder = bench_folder(root, result.stdout)
+    res = json.loads((folder / "bench-result.json").read_text())
+    assert res["status"] == "failed" and "server died" in res["failure"]
+    assert [r["index"] for r in res["repeats"] if r["record"]] == [1]        # repeat 1 still counts
+    assert res["metrics"]["output_throughput"]["values"][0] > 0
+    assert "Scheduler hit an exception" in (folder / "server-log-rep2.txt").read_text()
+    row = History(root / "runs" / "history.sqlite").get(folder.name)
+    assert row is not None and row.verdict == "failed"
+    assert "start it again with `invoke serve`, then bench" in refused(invoke(root, "bench", "--prompts", "4"))
+    ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_bench_refusals(project, tmp_path):  # noqa: F811
+    root = project("loc")
+    assert "has no draftops servers; start one with `invoke serve`" in refused(invoke(root, "bench"))
+    ok(invoke(root, "serve", "--baseline"))
+    text = refused(invoke(root, "bench", "--prompts", "0", "--repeats", "x"))
+    assert "--repeats 'x' is not a whole number" in text
+    text = refused(invoke(root, "bench", "--prompts", "0"))
+    assert "--prompts 0 must be a whole number ≥ 1" in text
+    ok(invoke(root, "serve.stop", "--all"))

@@ -59,6 +59,17 @@ def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: d
         verdict=(status or "no-report") if state == "succeeded" else "failed")
 
 
+def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | None, target: str,
+                 draft: str | None, draft_digest: str | None, asked: dict[str, Any],
+                 effective: dict[str, Any], state: str, ready_s: float | None, git_rev: str | None) -> RunRecord:
+    """A serve run: what was asked for, what the engine runs with, and whether it came up
+    (``ready`` / ``failed``); a baseline server has no draft."""
+    metrics: dict[str, Any] = {"ready_s": finite(ready_s), "effective": effective}
+    return RunRecord(run_id=run_id, kind="serve", host=host, git_rev=git_rev, engine=engine,
+                     engine_version=engine_version, target=target, draft=draft, draft_digest=draft_digest,
+                     settings={k: v for k, v in asked.items() if v is not None}, metrics=metrics, verdict=state)
+
+
 def bench_record(result: BenchResult, git_rev: str | None) -> RunRecord:
     """A bench run: engine, target, draft digest, settings and headline metrics; the verdict is its
     status (succeeded / failed)."""

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from draftops import history
 from draftops.serve import engines
+from remote.bench.digest import config_digest
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.sshd import free_port
 from tests.test_env_ssh import invoke
@@ -131,6 +133,11 @@ def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_pa
     assert f"port {port}" in stopped and "no process left" in stopped
     assert run_processes(run_id) == []
     assert "no draftops servers" in ok(invoke(root, "serve.status"))
+    served = history.for_project(root).query(kind="serve")
+    assert [(r.run_id, r.verdict, r.engine, r.draft) for r in served] == [(run_id, "ready", "sglang", draft)]
+    assert served[0].settings["steps"] == 3 and served[0].metrics["effective"]
+    assert served[0].draft_digest == config_digest(json.dumps(draft_config([1, 15, 28])))
+    assert run_id[:12] in ok(invoke(root, "runs", "--local", "--kind", "serve"))
 
 
 def test_topk1_override_is_refused_and_when_allowed_the_difference_is_shown(project, tmp_path):
@@ -159,6 +166,7 @@ def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(
     run_id = run_id_of(result.stdout)
     assert run_processes(run_id) == []          # including the double's orphaned detokenizer
     assert "no draftops servers" in ok(invoke(root, "serve.status"))
+    assert [(r.run_id, r.verdict) for r in history.for_project(root).query(kind="serve")] == [(run_id, "failed")]
 
 
 def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):

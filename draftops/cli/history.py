@@ -48,6 +48,12 @@ def headline(rec: history.RunRecord) -> str:
         tok = _num(m.get("output_throughput"), ".1f")
         acc = _num(m.get("accept_length"), ".2f")
         return ", ".join(p for p in (f"{tok} tok/s" if tok else None, f"accept {acc}" if acc else None) if p)
+    if rec.kind == "serve":
+        ready = _num(m.get("ready_s"), ".0f")
+        eff = m.get("effective")
+        eff = eff if isinstance(eff, dict) else {}
+        spec = ", ".join(f"{k}={v}" for k, v in sorted(eff.items()) if isinstance(v, (int, float, str)))[:60]
+        return (f"ready in {ready} s" if ready else str(rec.verdict)) + (f"; {spec}" if spec else "")
     if rec.kind == "compare":
         speed = _num(m.get("speedup"), ".2f")
         return f"{rec.settings.get('a')} vs {rec.settings.get('b')}" + (f", ×{speed}" if speed else "")
@@ -103,10 +109,26 @@ def _host_config_digest(target: Host, report: dict[str, Any] | None) -> str | No
     if isinstance(checkpoint.get("config_digest"), str):
         return checkpoint["config_digest"]
     path = checkpoint.get("config_path")
-    if not isinstance(path, str) or not path:
-        return None
+    return host_config_digest(target, path) if isinstance(path, str) and path else None
+
+
+def host_config_digest(target: Host, path: str) -> str | None:
+    """The config digest (remote.bench.digest) of a config file on the host, None when unreadable."""
     result = target.transport.run(f"cat {jobs.shell_path(path)}", check=False)
     return config_digest(result.stdout) if result.ok else None
+
+
+def record_serve(target: Host, rec_args: dict[str, Any]) -> None:
+    """Record a serve run (ready or failed) in the local history; never fails the task."""
+    try:
+        draft = rec_args.get("draft")
+        digest = host_config_digest(target, f"{draft}/config.json") if draft else None
+        rec = records.serve_record(host=target.name, draft_digest=digest,
+                                   git_rev=history.project_revision(target.project_root), **rec_args)
+        history.for_project(target.project_root).record(rec)
+    except (DraftopsError, OSError) as exc:
+        console.print(f"[yellow]warning: serve run {escape(str(rec_args.get('run_id')))} was not recorded in "
+                      f"the local history: {escape(str(exc))}[/]")
 
 
 def record_test_drafter(target: Host, run_id: str, final: dict[str, Any], local: Path | None,

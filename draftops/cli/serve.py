@@ -26,8 +26,9 @@ from draftops.cli.common import (
     run_job,
     whole_number,
 )
+from draftops.cli.history import record_serve
 from draftops.console import console, follow_live, state_text
-from draftops.errors import ConnectError, RemoteError, ServeError, ServeRefused
+from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
@@ -167,6 +168,12 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     update = _ProgressLine(plan.engine.label, f"{box.name}:{server.port}")
     later = (f"Check it with `invoke serve.status --host {box.name}`; stop it with `invoke serve.stop --port "
              f"{server.port} --host {box.name}`.")
+    started = time.monotonic()
+    record = {"run_id": server.run_id, "engine": plan.engine.name, "engine_version": engine_info.get("version"),
+              "target": launch.target, "draft": launch.draft,
+              "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps, "topk": launch.topk,
+                        "draft_tokens": launch.draft_tokens, "max_running_requests": launch.max_running_requests,
+                        "tp": launch.tp, "baseline": baseline}}
     try:
         lifecycle.wait_ready(box, plan, server, update)
     except KeyboardInterrupt:
@@ -176,9 +183,14 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     except (ConnectError, RemoteError) as exc:
         raise ServeError(f"Lost the host while waiting for the server to come up ({exc}). The server runs "
                          f"detached (run {server.run_id}) and may still be starting. {later}") from None
+    except DraftopsError:
+        record_serve(box, {**record, "effective": {}, "state": "failed", "ready_s": None})
+        raise
     finally:
         update.done()
+    ready_s = time.monotonic() - started
     readback = lifecycle.read_back(box, plan, server)
+    record_serve(box, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
     console.print(f"[green]ready[/]: {plan.engine.label} on {box.name} 127.0.0.1:{server.port} "
                   f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
     _show_readback(readback, plan.engine.label)

@@ -13,15 +13,15 @@ import json
 import os
 import posixpath
 import stat
+import sys
 import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import paramiko
-import pathspec
-
+from draftops import timing
 from draftops.errors import RemoteError, SyncError
 from draftops.host import Host
 from draftops.hostagent import (
@@ -35,6 +35,11 @@ from draftops.hostagent import (
     SYNC_META,
 )
 from draftops.hostagent import digest as tree_digest
+
+if TYPE_CHECKING:
+    import pathspec
+
+    from draftops.inventory import HostSpec
 
 DEFAULT_PATHS = ("remote",)
 ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/", "/" + OWNER_MARK)
@@ -68,14 +73,17 @@ class _Ignore:
     """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions."""
 
     def __init__(self, project_root: Path):
+        import pathspec  # here, not at the top: only a sync needs it
+
+        self.gitignore = pathspec.GitIgnoreSpec
         self.root = project_root
         self.specs: dict[Path, pathspec.PathSpec | None] = {}
-        self.fixed = pathspec.GitIgnoreSpec.from_lines(ALWAYS_EXCLUDED)
+        self.fixed = self.gitignore.from_lines(ALWAYS_EXCLUDED)
 
     def _spec(self, folder: Path) -> pathspec.PathSpec | None:
         if folder not in self.specs:
             path = folder / ".gitignore"
-            self.specs[folder] = (pathspec.GitIgnoreSpec.from_lines(path.read_text().splitlines())
+            self.specs[folder] = (self.gitignore.from_lines(path.read_text().splitlines())
                                   if path.is_file() else None)
         return self.specs[folder]
 
@@ -268,6 +276,8 @@ def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) 
 
 def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
     """One sync command on the host; its refusals (with the host's reason and fix) become SyncErrors."""
+    paramiko = sys.modules.get("paramiko")   # loaded by an SSH connection; the local host never needs it
+    link_errors = (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
     try:
         return host.agent(*args, input=payload)
     except RemoteError as exc:
@@ -276,7 +286,7 @@ def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
                     if exc.exit_code == BUSY else "")
             raise SyncError(f"{exc}.{hint}") from None
         failure: object = exc
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+    except link_errors as exc:
         failure = exc or type(exc).__name__
     raise SyncError(f"Sync to host {host.name!r} failed: {failure}. The files on the host were left "
                     "as they were (or fully updated, if the failure came after the transfer); "
@@ -294,8 +304,19 @@ def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[
     return answer, len(payload), sum(sizes.values())
 
 
+def scan(project_root: Path, spec: HostSpec, paths: list[str] | None = None) -> dict[str, Entry]:
+    """The local side of a sync of ``spec``: what should be on the host (hashes cached by stat).
+
+    Needs no connection, so `invoke sync` runs it while the SSH handshake is under way."""
+    started = time.monotonic()
+    wanted = list(paths or [*DEFAULT_PATHS, *spec.sync_paths])
+    local = local_manifest(project_root, wanted, project_root / ".draftops" / "cache" / "sync-manifest.json")
+    timing.took("scan", time.monotonic() - started)
+    return local
+
+
 def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
-         force: bool = False) -> SyncReport:
+         force: bool = False, local: dict[str, Entry] | None = None) -> SyncReport:
     """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done.
 
     When we remember the host's tree from our last sync, the changes go out at once together with
@@ -303,11 +324,12 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
     tree differs from what we remember, and we compare against the manifest it sends back; every
     apply names the tree it was computed against, so a concurrent change is never overwritten
     blindly. A live run working in ``<root>/code`` makes the host refuse changes unless ``force``.
+    ``local`` is ``scan(host.project_root, host.spec, paths)`` when the caller has made it already.
     """
     started = time.monotonic()
     project_root = host.project_root
-    wanted = list(paths or [*DEFAULT_PATHS, *host.spec.sync_paths])
-    local = local_manifest(project_root, wanted, project_root / ".draftops" / "cache" / "sync-manifest.json")
+    if local is None:
+        local = scan(project_root, host.spec, paths)
     memory_file = _memory_file(host)
     known = _load_memory(memory_file)
     answer: dict = {"status": "stale"}

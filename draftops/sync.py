@@ -70,40 +70,49 @@ class SyncReport:
 
 
 class _Ignore:
-    """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions."""
+    """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions.
+
+    Paths are plain strings under the project root and each folder's chain of .gitignore files is
+    worked out once: a no-op sync of thousands of files spent most of its scan in pathlib before."""
 
     def __init__(self, project_root: Path):
         import pathspec  # here, not at the top: only a sync needs it
 
         self.gitignore = pathspec.GitIgnoreSpec
-        self.root = project_root
-        self.specs: dict[Path, pathspec.PathSpec | None] = {}
+        self.root = str(project_root)
+        self.root_cut = len(os.path.join(self.root, ""))        # strips "<root>/" off a path
+        self.specs: dict[str, pathspec.PathSpec | None] = {}
+        self.chains: dict[str, list[tuple[int, pathspec.PathSpec]]] = {}
         self.fixed = self.gitignore.from_lines(ALWAYS_EXCLUDED)
 
-    def _spec(self, folder: Path) -> pathspec.PathSpec | None:
+    def _spec(self, folder: str) -> pathspec.PathSpec | None:
         if folder not in self.specs:
-            path = folder / ".gitignore"
+            path = Path(folder, ".gitignore")
             self.specs[folder] = (self.gitignore.from_lines(path.read_text().splitlines())
                                   if path.is_file() else None)
         return self.specs[folder]
 
-    def ignored(self, path: Path, is_dir: bool) -> bool:
-        rel = path.relative_to(self.root).as_posix() + ("/" if is_dir else "")
-        if self.fixed.match_file(rel):
-            return True
-        folder = path.parent
-        while True:
+    def _chain(self, folder: str) -> list[tuple[int, pathspec.PathSpec]]:
+        """The .gitignore specs that apply in ``folder`` (its own and those of every folder up to the
+        root), each with the length of its folder's prefix to cut off a path."""
+        chain = self.chains.get(folder)
+        if chain is None:
             spec = self._spec(folder)
-            if spec is not None:
-                sub = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
-                if spec.match_file(sub):
-                    return True
-            if folder == self.root or self.root not in folder.parents:
-                return False
-            folder = folder.parent
+            chain = [(len(os.path.join(folder, "")), spec)] if spec is not None else []
+            if folder != self.root and folder.startswith(os.path.join(self.root, "")):
+                chain = chain + self._chain(os.path.dirname(folder))
+            self.chains[folder] = chain
+        return chain
+
+    def ignored(self, path: str, is_dir: bool) -> bool:
+        """Whether ``path`` (absolute, under the root, as os.walk joins it) is left out."""
+        tail = "/" if is_dir else ""
+        if self.fixed.match_file(path[self.root_cut:] + tail):
+            return True
+        return any(spec.match_file(path[cut:] + tail) for cut, spec in self._chain(os.path.dirname(path)))
 
 
-def _hash_file(path: Path) -> str:
+def _hash_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -136,7 +145,7 @@ def sync_roots(project_root: Path, paths: list[str]) -> list[str]:
             if not any(other != top and (other == "." or top.startswith(other + "/")) for other in unique)]
 
 
-def _local_entry(path: Path, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
+def _local_entry(path: str, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return ("l", os.readlink(path), 0)
@@ -172,18 +181,17 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
             single = not start.is_dir() or start.is_symlink()
             walker = [(str(start.parent), [], [start.name])] if single else os.walk(start, onerror=_raise)
             for dirpath, dirnames, filenames in walker:
-                folder = Path(dirpath)
                 for name in list(dirnames):
-                    child = folder / name
-                    if child.is_symlink():
+                    child = os.path.join(dirpath, name)
+                    if os.path.islink(child):
                         dirnames.remove(name)
                         filenames.append(name)
                     elif ignore.ignored(child, True):
                         dirnames.remove(name)
                 for name in filenames:
-                    child = folder / name
+                    child = os.path.join(dirpath, name)
                     if not ignore.ignored(child, False):
-                        rel = child.relative_to(project_root).as_posix()
+                        rel = child[ignore.root_cut:]
                         manifest[rel] = _local_entry(child, rel, cache, new_cache)
     except OSError as exc:
         raise SyncError(f"Cannot read {exc.filename or project_root}: {exc.strerror or exc}. The sync "

@@ -1,6 +1,8 @@
 """Tasks for code sync and remote jobs: sync, runs, logs, kill, pull."""
 from __future__ import annotations
 
+import time
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 
@@ -42,7 +44,10 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
         # an unreadable file, still surface after a connection error, as before).
         local = pool.submit(scan, root, inventory.get(host))
         target = connect(c, host, inventory)
-        report = sync_code(target, dry_run=dry_run, force=force, local=local.result())
+        waited = time.monotonic()
+        manifest = local.result()
+        timing.took("scan wait", time.monotonic() - waited)
+        report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
     target.synced = target.synced or not dry_run
     show_sync(report, verbose)
     timing.at("task-end")

@@ -47,8 +47,9 @@ def make_tree(root: Path, files: int, total_mb: int, seed: int = 0) -> None:
         path.write_bytes(rng.randbytes(big_bytes))
 
 
-STAGES = ("interpreter + invoke", "imports", "inventory", "handshake", "scan wait", "host shell start-up",
-          "agent", "transfer", "apply", "reply", "rest of the task", "close", "exit")
+STAGES = ("interpreter + invoke", "imports", "inventory", "ssh library import", "handshake", "rich import",
+          "scan wait", "host shell start-up", "agent", "transfer", "apply", "reply", "rest of the task", "close",
+          "exit")
 TIMING_PREFIX = "@@draftops-timing "
 PARALLEL = ("scan",)   # runs on a thread during the handshake: shown, not added to the total
 
@@ -211,7 +212,9 @@ def print_split() -> None:
     print("interpreter + invoke: process start until draftops is first imported (invoke's own import and "
           "task loading); imports: until the task body starts; host shell start-up: exec request sent until "
           "the agent's first line runs on the host; agent: its start-up until it reads the payload; reply: "
-          "its end until the answer is back here; rest of the task: local work between those (cache files, "
+          "its end until the answer is back here; inventory, ssh library import, rich import: loading pydantic "
+          "and hosts.yaml, paramiko and fabric, rich, each when first needed; rest of the task: local work between "
+          "those (cache files, "
           "diff, tar, printing); close: closing the SSH connection at exit; exit: after the task until the "
           "process is gone (close not included); scan: the local scan, on a thread while the handshake runs "
           "(not in the total); scan wait: how long the task then still waited for it.")

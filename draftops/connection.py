@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from draftops import timing
 from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RemoteError
 
 if TYPE_CHECKING:   # paramiko and fabric are imported when a connection opens: `invoke --list` needs neither
@@ -353,4 +354,12 @@ def connect(spec: HostSpec, inventory: Inventory | None = None) -> Transport:
     """Open the right transport for ``spec``."""
     if spec.transport == "local":
         return LocalTransport(spec)
-    return SSHTransport(spec, inventory)
+    started = time.monotonic()
+    import fabric  # noqa: F401  (imported here, when a connection opens, and timed on its own)
+    import paramiko  # noqa: F401
+
+    timing.took("ssh library import", time.monotonic() - started)
+    started = time.monotonic()
+    transport = SSHTransport(spec, inventory)
+    timing.took("handshake", time.monotonic() - started)
+    return transport

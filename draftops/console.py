@@ -5,11 +5,12 @@ The library modules never print; they return data, and these functions show it.
 from __future__ import annotations
 
 import shlex
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from draftops import jobs
+from draftops import jobs, timing
 from draftops.terminal import clean
 
 if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never needs it
@@ -33,9 +34,11 @@ class _Deferred:
 
     def real(self) -> Console:
         if self._console is None:
+            started = time.monotonic()
             from rich.console import Console
 
             self._console = Console(**self._options)
+            timing.took("rich import", time.monotonic() - started)
         return self._console
 
     def __getattr__(self, name: str) -> Any:

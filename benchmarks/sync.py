@@ -1,7 +1,9 @@
 """Benchmark: `invoke sync` against `rsync -a --delete`, over the same real sshd on 127.0.0.1.
 
 Tree: about 2,000 files / 50 MB (mostly small source-like files plus a few larger binaries).
-Cases: first sync, no-op, one file changed. Prints seconds and bytes sent for each.
+Cases: first sync, no-op, one file changed. Prints seconds and bytes sent for each, the ratio
+draftops/rsync measured side by side in the same run, where `invoke sync`'s time goes stage by stage
+(from its DRAFTOPS_TIMING=1 stamps on stderr, see draftops/timing.py), and `invoke --list`'s wall time.
 Both tools pay for their own SSH connection in each case: draftops as a user runs it
 (`invoke sync`, a new process), rsync with its usual ssh transport.
 
@@ -21,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+REPO = HERE   # the checkout whose draftops is measured (--repo: e.g. an export of main, for "before")
 
 from tests.sshd import keygen, start_sshd  # noqa: E402  (benchmarks reuse the test sshd)
 
@@ -44,11 +47,46 @@ def make_tree(root: Path, files: int, total_mb: int, seed: int = 0) -> None:
         path.write_bytes(rng.randbytes(big_bytes))
 
 
-def run_invoke_sync(project: Path, env: dict[str, str]) -> tuple[float, int]:
+STAGES = ("interpreter + invoke", "imports", "inventory", "ssh library import", "handshake", "rich import",
+          "scan wait", "host shell start-up", "agent", "transfer", "apply", "reply", "rest of the task", "close",
+          "exit")
+TIMING_PREFIX = "@@draftops-timing "
+PARALLEL = ("scan",)   # runs on a thread during the handshake: shown, not added to the total
+
+
+def stage_split(stderr: str, spawned: float, ended: float) -> dict[str, float]:
+    """Seconds per stage of one `invoke sync` process, from its timing lines (see draftops/timing.py)."""
+    moments: dict[str, float] = {}
+    split = dict.fromkeys(STAGES, 0.0)
+    for line in stderr.splitlines():
+        if not line.startswith(TIMING_PREFIX):
+            continue
+        kind, rest = line[len(TIMING_PREFIX):].split(" ", 1)
+        name, value = rest.rsplit(" ", 1)
+        if kind == "at":
+            moments.setdefault(name, float(value))
+        else:
+            split[name] = split.get(name, 0.0) + float(value)
+    if "draftops-import" not in moments or "task-start" not in moments:
+        return {}       # a checkout from before DRAFTOPS_TIMING (--repo): totals only
+    split["interpreter + invoke"] = moments["draftops-import"] - spawned
+    split["imports"] = moments["task-start"] - moments["draftops-import"]
+    split["exit"] = ended - moments.get("task-end", ended) - split["close"]
+    split["rest of the task"] = (ended - spawned) - sum(v for k, v in split.items() if k not in PARALLEL)
+    return split
+
+
+SPLITS: dict[str, list[dict[str, float]]] = {}
+
+
+def run_invoke_sync(project: Path, env: dict[str, str], case: str = "") -> tuple[float, int]:
+    spawned = time.time()
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "invoke", "sync"], cwd=project, env=env, check=True,
-                         capture_output=True, text=True).stdout
+    proc = subprocess.run([sys.executable, "-m", "invoke", "sync"], cwd=project,
+                          env={**env, "DRAFTOPS_TIMING": "1"}, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    out = proc.stdout
+    SPLITS.setdefault(case, []).append(stage_split(proc.stderr, spawned, spawned + seconds))
     match = re.search(r"([\d.]+) (B|KiB|MiB|GiB) on the wire", out)
     scale = {"B": 1, "KiB": 1024, "MiB": 1 << 20, "GiB": 1 << 30}
     sent = int(float(match.group(1)) * scale[match.group(2)]) if match else 0
@@ -62,7 +100,8 @@ def run_rsync(src: Path, dest: str, port: int, key: Path) -> tuple[float, int]:
     out = subprocess.run(["rsync", "-a", "--delete", "--stats", "-e", ssh, f"{src}/", f"root@127.0.0.1:{dest}/"],
                          check=True, capture_output=True, text=True).stdout
     seconds = time.perf_counter() - started
-    sent = int(re.search(r"Total bytes sent: ([\d,]+)", out).group(1).replace(",", ""))
+    found = re.search(r"Total bytes sent: ([\d,]+)", out)
+    sent = int(found.group(1).replace(",", "")) if found else 0
     return seconds, sent
 
 
@@ -70,8 +109,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--mb", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per no-op/one-change case (median shown)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case (median shown)")
+    parser.add_argument("--repo", type=Path, default=HERE, help="measure the draftops of this checkout")
     args = parser.parse_args()
+    global REPO
+    REPO = args.repo.resolve()
+    sys.path.insert(0, str(REPO))     # the in-process (open session) rows import its draftops too
     if not shutil.which("rsync"):
         sys.exit("rsync is not installed (apt-get install rsync)")
     work = Path(tempfile.mkdtemp(prefix="draftops-bench-"))
@@ -92,17 +135,24 @@ def main() -> None:
         nfiles = sum(1 for p in (project / "remote").rglob("*") if p.is_file())
         print(f"tree: {nfiles} files, {total / 2**20:.1f} MiB; sshd on 127.0.0.1:{server.port}")
         results: dict[str, dict[str, tuple[float, int]]] = {}
-        results["first sync"] = {"draftops": run_invoke_sync(project, env),
-                                 "rsync": run_rsync(project / "remote", rsync_dest, server.port, key)}
-        noop_d = [run_invoke_sync(project, env) for _ in range(args.repeat)]
-        noop_r = [run_rsync(project / "remote", rsync_dest, server.port, key) for _ in range(args.repeat)]
+        first_d, first_r = [], []
+        for _ in range(args.repeat):
+            for stale in (work / "hostroot", project / ".draftops", Path(rsync_dest)):
+                shutil.rmtree(stale, ignore_errors=True)
+            first_d.append(run_invoke_sync(project, env, "first sync"))
+            first_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
+        results["first sync"] = {"draftops": median(first_d), "rsync": median(first_r)}
+        noop_d, noop_r = [], []
+        for _ in range(args.repeat):       # interleaved, so a burst of load hits both tools alike
+            noop_d.append(run_invoke_sync(project, env, "no-op"))
+            noop_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
         results["no-op"] = {"draftops": median(noop_d), "rsync": median(noop_r)}
         change_d, change_r, changed = [], [], 0
         target = project / "remote" / "pkg3" / "mod_3.py"
         for i in range(args.repeat):
             target.write_text(target.read_text() + f"\nX{i} = {i}\n")
             changed = target.stat().st_size
-            change_d.append(run_invoke_sync(project, env))
+            change_d.append(run_invoke_sync(project, env, "one file changed"))
             change_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
         results["one file changed"] = {"draftops": median(change_d), "rsync": median(change_r)}
         # The same two cases inside one invoke call (the connection already open, as in
@@ -121,17 +171,67 @@ def main() -> None:
             warm_change.append((report.seconds, report.bytes_sent))
         results["no-op (open session)"] = {"draftops": median(warm_noop), "rsync": median(noop_r)}
         results["one change (open session)"] = {"draftops": median(warm_change), "rsync": median(change_r)}
-        print(f"{'case':<27} {'draftops s':>11} {'rsync s':>9} {'draftops bytes':>15} {'rsync bytes':>12}")
+        print(f"{'case':<27} {'draftops s':>11} {'rsync s':>9} {'ratio':>6} {'goal':>5} "
+              f"{'draftops bytes':>15} {'rsync bytes':>12}")
         for case, row in results.items():
             (ds, db), (rs, rb) = row["draftops"], row["rsync"]
-            print(f"{case:<27} {ds:>11.3f} {rs:>9.3f} {db:>15,} {rb:>12,}")
+            goal = GOALS.get(case)
+            print(f"{case:<27} {ds:>11.3f} {rs:>9.3f} {ds / rs:>5.2f}x {f'{goal:.1f}x' if goal else '':>5} "
+                  f"{db:>15,} {rb:>12,}")
         print("draftops bytes = the sync payload (tar); rsync bytes = its 'Total bytes sent'. The first three "
               "rows time `invoke sync` as a new process (Python start-up and imports included).")
         print(f"one change: the changed file is {changed:,} bytes; draftops sent "
               f"{results['one file changed']['draftops'][1] / changed:.0%} of it")
+        print_split()
+        print_startup(project, env, args.repeat)
+        print(f"load average while measuring: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"on {os.cpu_count()} cores")
         server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+GOALS = {"first sync": 1.5, "no-op": 1.2, "one file changed": 1.2}   # issue 13, as whole processes
+
+
+def print_split() -> None:
+    """Median seconds per stage of each whole-process case (stages of the same run add up to about its
+    total; the medians of the stages need not add up to the median total)."""
+    cases = [case for case, splits in SPLITS.items() if all(splits)]
+    if not cases:
+        print("\n(no stage split: this checkout's `invoke sync` prints no DRAFTOPS_TIMING stamps)")
+        return
+    print("\nwhere `invoke sync` spends its time (median seconds per stage, DRAFTOPS_TIMING=1):")
+    print(f"{'stage':<22}" + "".join(f"{case:>18}" for case in cases))
+    for stage in (*STAGES, *PARALLEL):
+        print(f"{stage:<22}" + "".join(f"{statistics.median(s[stage] for s in SPLITS[c]):>18.3f}"
+                                        for c in cases))
+    print(f"{'total':<22}" + "".join(
+        f"{statistics.median(sum(v for k, v in s.items() if k not in PARALLEL) for s in SPLITS[c]):>18.3f}"
+        for c in cases))
+    print("interpreter + invoke: process start until draftops is first imported (invoke's own import and "
+          "task loading); imports: until the task body starts; host shell start-up: exec request sent until "
+          "the agent's first line runs on the host; agent: its start-up until it reads the payload; reply: "
+          "its end until the answer is back here; inventory, ssh library import, rich import: loading pydantic "
+          "and hosts.yaml, paramiko and fabric, rich, each when first needed; rest of the task: local work between "
+          "those (cache files, "
+          "diff, tar, printing); close: closing the SSH connection at exit; exit: after the task until the "
+          "process is gone (close not included); scan: the local scan, on a thread while the handshake runs "
+          "(not in the total); scan wait: how long the task then still waited for it.")
+
+
+def print_startup(project: Path, env: dict[str, str], repeat: int) -> None:
+    """Wall time of a bare interpreter and of `invoke --list` (no connection), median of runs."""
+    def wall(argv: list[str]) -> float:
+        times = []
+        for _ in range(max(repeat, 5)):
+            started = time.perf_counter()
+            subprocess.run(argv, cwd=project, env=env, check=True, capture_output=True)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    bare = wall([sys.executable, "-c", "pass"])
+    listing = wall([sys.executable, "-m", "invoke", "--list"])
+    print(f"\nstart-up: bare interpreter {bare:.3f} s; `invoke --list` {listing:.3f} s (goal < 0.3 s)")
 
 
 def median(samples: list[tuple[float, int]]) -> tuple[float, int]:

@@ -5,34 +5,59 @@ The library modules never print; they return data, and these functions show it.
 from __future__ import annotations
 
 import shlex
+import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.markup import escape
-from rich.padding import Padding
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-from rich.text import Text
-
-from draftops import jobs
-from draftops.host import Host
-from draftops.sync import SyncReport
+from draftops import jobs, timing
 from draftops.terminal import clean
+
+if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never needs it
+    from rich.console import Console, Group
+    from rich.progress import Progress
+
+    from draftops.host import Host
+    from draftops.sync import SyncReport
 
 LogMode = Literal["print", "window", "hide"]
 WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)   # notes that must not mix with piped output
+
+
+class _Deferred:
+    """A rich Console made on first use (importing rich costs more than listing the tasks does)."""
+
+    def __init__(self, **options: Any):
+        self._options = options
+        self._console: Console | None = None
+
+    def real(self) -> Console:
+        if self._console is None:
+            started = time.monotonic()
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+            timing.took("rich import", time.monotonic() - started)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+    def __enter__(self) -> Console:
+        return self.real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.real().__exit__(*exc)
+
+
+def _real(shown: Console) -> Console:
+    """The rich Console behind ``console`` (rich's own objects want the class itself)."""
+    return shown.real() if isinstance(shown, _Deferred) else shown
+
+
+console = cast("Console", _Deferred(highlight=False))
+err_console = cast("Console", _Deferred(stderr=True, highlight=False))   # notes that must not mix with piped output
 STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "cyan", "failed": "red",
                "killed": "yellow", "dead": "red bold"}
 
@@ -67,6 +92,13 @@ def show_sync(report: SyncReport, verbose: bool = False) -> None:
             console.print(f"  … and {hidden} more")
 
 
+def escape(text: str) -> str:
+    """rich's markup escape, importing rich only when something is shown."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 def safe(value: Any) -> str:
     """Host-supplied text ready for rich markup: terminal escapes stripped, brackets escaped."""
     return escape(clean("" if value is None else str(value)))
@@ -99,6 +131,10 @@ def headline(row: dict[str, Any]) -> str:
 
 def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
     """The runs as a table whose ids are always whole (a list, when the terminal is too narrow)."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
     rows = list(rows)
     id_width = max([len(str(row["id"])) for row in rows] + [2])
     if console.width < id_width + 64:           # room for the other columns, or a list
@@ -127,6 +163,9 @@ class _LiveView:
         self.progress, self.window = progress, window
 
     def __rich__(self) -> Group:
+        from rich.console import Group
+        from rich.text import Text
+
         parts: list[Any] = []
         if self.progress.tasks:
             parts.append(self.progress.get_renderable())
@@ -142,11 +181,14 @@ def follow_live(host: Host, run_id: str, offset: int = 0, quiet: bool = False, l
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their
     result themselves, so it is not shown twice), "hide" (or ``quiet``) shows none."""
+    from rich.live import Live
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     mode: LogMode = log or ("hide" if quiet else "print")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                        TimeElapsedColumn(), console=console, auto_refresh=False)
+                        TimeElapsedColumn(), console=_real(console), auto_refresh=False)
     window: deque[str] = deque(maxlen=WINDOW_LINES)
-    live = Live(_LiveView(progress, window if mode == "window" else None), console=console, transient=True,
+    live = Live(_LiveView(progress, window if mode == "window" else None), console=_real(console), transient=True,
                 refresh_per_second=8, redirect_stdout=False, redirect_stderr=False)
     bar: dict[str, Any] = {}
 

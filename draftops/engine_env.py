@@ -19,13 +19,15 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops import jobs
 from draftops.errors import DraftopsError
 from draftops.host import Host
-from draftops.inventory import HostSpec
 from draftops.jobs import shell_path
+
+if TYPE_CHECKING:
+    from draftops.inventory import HostSpec
 
 HASH_FILE = ".draftops-engine-hash"
 EXIT_BUSY = 75  # another install holds the lock (EX_TEMPFAIL)

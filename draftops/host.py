@@ -12,26 +12,24 @@ import json
 import secrets
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from draftops import hostagent
+from draftops import hostagent, timing
 from draftops.connection import Transport, connect
 from draftops.errors import RemoteError, RootError
-from draftops.inventory import (
-    HostSpec,
-    Inventory,
-    default_inventory_path,
-    load_inventory,
-)
 from draftops.terminal import clean
+
+if TYPE_CHECKING:   # the inventory (pydantic, yaml) is loaded when a host is opened, not at import
+    from draftops.inventory import HostSpec, Inventory
 
 AGENT_SOURCE = Path(hostagent.__file__).read_text()
 AGENT_NAME = f"agent-{hashlib.sha256(AGENT_SOURCE.encode()).hexdigest()[:12]}.py"
-_BOOT = ("import sys\nSRC = {src!r}\ng = {{'__name__': 'draftops_agent'}}\nexec(SRC, g)\n"
-         "g['boot'](SRC, sys.argv[1:])")
+_BOOT = ("import sys, time\nT0 = time.time()\nSRC = {src!r}\ng = {{'__name__': 'draftops_agent', '_T0': T0}}\n"
+         "exec(SRC, g)\ng['boot'](SRC, sys.argv[1:])")
 
 
 @dataclass
@@ -98,14 +96,14 @@ class Host:
         marks its reply with ``nonce`` (see the framing note in hostagent)."""
         root = self.root
         quoted = " ".join(shlex.quote(a) for a in (root, *args))
-        return (f"{hostagent.FRAME_ENV}={shlex.quote(nonce)} {self.agent_python} "
+        return (f"{_env_prefix(nonce)} {self.agent_python} "
                 f"{shlex.quote(root + '/state/' + AGENT_NAME)} {quoted}")
 
     def _command(self, args: tuple[str, ...], nonce: str) -> str:
         if self.info:
             return self.agent_command(*args, nonce=nonce)
         boot = _BOOT.format(src=AGENT_SOURCE)
-        return " ".join([f"{hostagent.FRAME_ENV}={nonce}", self.agent_python, "-c", shlex.quote(boot),
+        return " ".join([_env_prefix(nonce), self.agent_python, "-c", shlex.quote(boot),
                          shlex.quote(self.spec.root), AGENT_NAME, *(shlex.quote(a) for a in args)])
 
     def agent(self, *args: str, input: bytes | None = None) -> dict[str, Any]:
@@ -114,7 +112,10 @@ class Host:
         Whatever the host prints before the reply marker (a banner from a start-up file) is skipped;
         an answer without the marker is an error, never an empty reply."""
         nonce = secrets.token_hex(8)
-        result = self.transport.run(self._command(args, nonce), input=input, check=False)
+        command = self._command(args, nonce)
+        sent_at = time.time()
+        result = self.transport.run(command, input=input, check=False)
+        timing.host_stages(result.stderr, sent_at, time.time())
         replies, noise = split_replies(result.stdout, nonce)
         if not self.info and replies and "root" in replies[0]:
             self.info = replies.pop(0)
@@ -142,6 +143,12 @@ class Host:
                 self._raise(code, error_text(unframer.noise, nonce))
             raise self._unframed(args[0], code, unframer.noise)
         return code
+
+
+def _env_prefix(nonce: str) -> str:
+    """The agent's environment on its command line: the reply nonce (and the benchmark's timing flag)."""
+    timed = f"{timing.ENV}=1 " if timing.ENABLED else ""
+    return f"{timed}{hostagent.FRAME_ENV}={shlex.quote(nonce)}"
 
 
 def _marker(prefix: str, nonce: str) -> bytes:
@@ -239,13 +246,23 @@ class Unframer:
 _OPEN: dict[tuple[str, str], Host] = {}
 
 
+def project_inventory(root: Path) -> Inventory:
+    """The project's hosts.yaml (or the built-in ``local`` host), loaded and checked."""
+    started = time.monotonic()    # the stage includes importing the schemas (pydantic)
+    from draftops.inventory import default_inventory_path, load_inventory
+
+    inventory = load_inventory(default_inventory_path(root), root)
+    timing.took("inventory", time.monotonic() - started)
+    return inventory
+
+
 def open_host(name: str | None = None, project_root: Path | None = None,
               inventory: Inventory | None = None, prepare: bool = False) -> Host:
     """The connected host called ``name`` (default: $DRAFTOPS_HOST or the inventory default), cached.
 
     ``prepare=True`` checks root right away (otherwise the first agent command does it)."""
     root = (project_root or Path.cwd()).resolve()
-    inventory = inventory or load_inventory(default_inventory_path(root), root)
+    inventory = inventory or project_inventory(root)
     spec = inventory.get(name)
     key = (str(root), spec.name)
     if key not in _OPEN:
@@ -264,6 +281,8 @@ def open_host(name: str | None = None, project_root: Path | None = None,
 @atexit.register
 def close_all() -> None:
     """Close every open connection (end of the invoke call)."""
+    started = time.monotonic()
     for host in _OPEN.values():
         host.transport.close()
     _OPEN.clear()
+    timing.took("close", time.monotonic() - started)

@@ -70,6 +70,14 @@ def _atomic_write(path, data, mode=0o644):
         raise
 
 
+def _stamp(name, when=None):
+    """With ``DRAFTOPS_TIMING=1`` (set by the local side for benchmarks/sync.py), note on stderr when
+    ``name`` happened; see draftops/timing.py."""
+    if os.environ.get("DRAFTOPS_TIMING") == "1":
+        sys.stderr.write(f"@@draftops-timing at {name} {time.time() if when is None else when:.6f}\n")
+        sys.stderr.flush()
+
+
 def _now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -109,6 +117,7 @@ def boot(source, argv):
 
     Folding the root check and agent install into the first real command saves an SSH exec, which is
     most of the cost of a no-op sync."""
+    _stamp("agent-start", globals().get("_T0"))
     root = cmd_prepare(argv[0], argv[1], source)
     if len(argv) > 2:
         main([root] + list(argv[2:]))
@@ -356,6 +365,8 @@ def _locked(step):
 
 
 def cmd_manifest(code_dir, state_file):
+    _stamp("agent-ready")
+
     def scan():
         code_fd = _open_code(code_dir)
         try:
@@ -635,7 +646,9 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
     # Once the whole payload is here the apply must finish even if the SSH link drops.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _stamp("agent-ready")
     payload = sys.stdin.buffer.read()
+    _stamp("payload-read")
     if len(payload) != int(expected_len) or hashlib.sha256(payload).hexdigest() != expected_sha:
         _fail(f"sync payload incomplete ({len(payload)} of {expected_len} bytes){_NOTHING_CHANGED}", INCOMPLETE)
 
@@ -1241,7 +1254,9 @@ def main(argv):
         _AGENT_PATH = os.path.abspath(__file__)
     os.chdir(argv[0])
     COMMANDS[argv[1]](*argv[2:])
+    _stamp("agent-done")
 
 
 if __name__ == "__main__":
+    _stamp("agent-start")      # the installed copy: its imports are already counted as shell start-up
     main(sys.argv[1:])

@@ -13,14 +13,14 @@ import json
 import os
 import posixpath
 import stat
+import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import paramiko
-import pathspec
-
+from draftops import timing
 from draftops.errors import RemoteError, SyncError
 from draftops.host import Host
 from draftops.hostagent import (
@@ -35,6 +35,11 @@ from draftops.hostagent import (
 )
 from draftops.hostagent import digest as tree_digest
 from remote.fileio import atomic_write_bytes
+
+if TYPE_CHECKING:
+    import pathspec
+
+    from draftops.inventory import HostSpec
 
 DEFAULT_PATHS = ("remote",)
 ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/", "/" + OWNER_MARK)
@@ -65,37 +70,49 @@ class SyncReport:
 
 
 class _Ignore:
-    """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions."""
+    """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions.
+
+    Paths are plain strings under the project root and each folder's chain of .gitignore files is
+    worked out once: a no-op sync of thousands of files spent most of its scan in pathlib before."""
 
     def __init__(self, project_root: Path):
-        self.root = project_root
-        self.specs: dict[Path, pathspec.PathSpec | None] = {}
-        self.fixed = pathspec.GitIgnoreSpec.from_lines(ALWAYS_EXCLUDED)
+        import pathspec  # here, not at the top: only a sync needs it
 
-    def _spec(self, folder: Path) -> pathspec.PathSpec | None:
+        self.gitignore = pathspec.GitIgnoreSpec
+        self.root = str(project_root)
+        self.root_cut = len(os.path.join(self.root, ""))        # strips "<root>/" off a path
+        self.specs: dict[str, pathspec.PathSpec | None] = {}
+        self.chains: dict[str, list[tuple[int, pathspec.PathSpec]]] = {}
+        self.fixed = self.gitignore.from_lines(ALWAYS_EXCLUDED)
+
+    def _spec(self, folder: str) -> pathspec.PathSpec | None:
         if folder not in self.specs:
-            path = folder / ".gitignore"
-            self.specs[folder] = (pathspec.GitIgnoreSpec.from_lines(path.read_text().splitlines())
+            path = Path(folder, ".gitignore")
+            self.specs[folder] = (self.gitignore.from_lines(path.read_text().splitlines())
                                   if path.is_file() else None)
         return self.specs[folder]
 
-    def ignored(self, path: Path, is_dir: bool) -> bool:
-        rel = path.relative_to(self.root).as_posix() + ("/" if is_dir else "")
-        if self.fixed.match_file(rel):
-            return True
-        folder = path.parent
-        while True:
+    def _chain(self, folder: str) -> list[tuple[int, pathspec.PathSpec]]:
+        """The .gitignore specs that apply in ``folder`` (its own and those of every folder up to the
+        root), each with the length of its folder's prefix to cut off a path."""
+        chain = self.chains.get(folder)
+        if chain is None:
             spec = self._spec(folder)
-            if spec is not None:
-                sub = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
-                if spec.match_file(sub):
-                    return True
-            if folder == self.root or self.root not in folder.parents:
-                return False
-            folder = folder.parent
+            chain = [(len(os.path.join(folder, "")), spec)] if spec is not None else []
+            if folder != self.root and folder.startswith(os.path.join(self.root, "")):
+                chain = chain + self._chain(os.path.dirname(folder))
+            self.chains[folder] = chain
+        return chain
+
+    def ignored(self, path: str, is_dir: bool) -> bool:
+        """Whether ``path`` (absolute, under the root, as os.walk joins it) is left out."""
+        tail = "/" if is_dir else ""
+        if self.fixed.match_file(path[self.root_cut:] + tail):
+            return True
+        return any(spec.match_file(path[cut:] + tail) for cut, spec in self._chain(os.path.dirname(path)))
 
 
-def _hash_file(path: Path) -> str:
+def _hash_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -128,7 +145,7 @@ def sync_roots(project_root: Path, paths: list[str]) -> list[str]:
             if not any(other != top and (other == "." or top.startswith(other + "/")) for other in unique)]
 
 
-def _local_entry(path: Path, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
+def _local_entry(path: str, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return ("l", os.readlink(path), 0)
@@ -164,18 +181,17 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
             single = not start.is_dir() or start.is_symlink()
             walker = [(str(start.parent), [], [start.name])] if single else os.walk(start, onerror=_raise)
             for dirpath, dirnames, filenames in walker:
-                folder = Path(dirpath)
                 for name in list(dirnames):
-                    child = folder / name
-                    if child.is_symlink():
+                    child = os.path.join(dirpath, name)
+                    if os.path.islink(child):
                         dirnames.remove(name)
                         filenames.append(name)
                     elif ignore.ignored(child, True):
                         dirnames.remove(name)
                 for name in filenames:
-                    child = folder / name
+                    child = os.path.join(dirpath, name)
                     if not ignore.ignored(child, False):
-                        rel = child.relative_to(project_root).as_posix()
+                        rel = child[ignore.root_cut:]
                         manifest[rel] = _local_entry(child, rel, cache, new_cache)
     except OSError as exc:
         raise SyncError(f"Cannot read {exc.filename or project_root}: {exc.strerror or exc}. The sync "
@@ -261,6 +277,8 @@ def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) 
 
 def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
     """One sync command on the host; its refusals (with the host's reason and fix) become SyncErrors."""
+    paramiko = sys.modules.get("paramiko")   # loaded by an SSH connection; the local host never needs it
+    link_errors = (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
     try:
         return host.agent(*args, input=payload)
     except RemoteError as exc:
@@ -269,7 +287,7 @@ def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
                     if exc.exit_code == BUSY else "")
             raise SyncError(f"{exc}.{hint}") from None
         failure: object = exc
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+    except link_errors as exc:
         failure = exc or type(exc).__name__
     raise SyncError(f"Sync to host {host.name!r} failed: {failure}. The files on the host were left "
                     "as they were (or fully updated, if the failure came after the transfer); "
@@ -287,8 +305,19 @@ def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[
     return answer, len(payload), sum(sizes.values())
 
 
+def scan(project_root: Path, spec: HostSpec, paths: list[str] | None = None) -> dict[str, Entry]:
+    """The local side of a sync of ``spec``: what should be on the host (hashes cached by stat).
+
+    Needs no connection, so `invoke sync` runs it while the SSH handshake is under way."""
+    started = time.monotonic()
+    wanted = list(paths or [*DEFAULT_PATHS, *spec.sync_paths])
+    local = local_manifest(project_root, wanted, project_root / ".draftops" / "cache" / "sync-manifest.json")
+    timing.took("scan", time.monotonic() - started)
+    return local
+
+
 def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
-         force: bool = False) -> SyncReport:
+         force: bool = False, local: dict[str, Entry] | None = None) -> SyncReport:
     """Make ``<root>/code`` on ``host`` equal the local sync paths; return what was done.
 
     When we remember the host's tree from our last sync, the changes go out at once together with
@@ -296,11 +325,12 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
     tree differs from what we remember, and we compare against the manifest it sends back; every
     apply names the tree it was computed against, so a concurrent change is never overwritten
     blindly. A live run working in ``<root>/code`` makes the host refuse changes unless ``force``.
+    ``local`` is ``scan(host.project_root, host.spec, paths)`` when the caller has made it already.
     """
     started = time.monotonic()
     project_root = host.project_root
-    wanted = list(paths or [*DEFAULT_PATHS, *host.spec.sync_paths])
-    local = local_manifest(project_root, wanted, project_root / ".draftops" / "cache" / "sync-manifest.json")
+    if local is None:
+        local = scan(project_root, host.spec, paths)
     memory_file = _memory_file(host)
     known = _load_memory(memory_file)
     answer: dict = {"status": "stale"}

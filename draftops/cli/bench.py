@@ -11,7 +11,6 @@ from typing import Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.markup import escape
 
 from draftops import history, jobs, records
 from draftops.cli.common import (
@@ -24,7 +23,7 @@ from draftops.cli.common import (
     run_job,
     whole_number,
 )
-from draftops.console import console
+from draftops.console import console, escape
 from draftops.errors import BenchError, HistoryError
 from draftops.host import Host
 

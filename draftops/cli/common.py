@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke import Context
 from invoke.exceptions import Exit
@@ -16,6 +16,9 @@ from draftops.host import Host, open_host
 from draftops.sync import sync
 from draftops.terminal import clean
 from remote.events import EVENT_PREFIX
+
+if TYPE_CHECKING:
+    from draftops.inventory import Inventory
 
 F = TypeVar("F", bound=Callable[..., Any])
 HOST_HELP = "host from hosts.yaml (default: $DRAFTOPS_HOST, then the inventory's `default`)"
@@ -39,10 +42,10 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def connect(c: Context, host: str | None) -> Host:
+def connect(c: Context, host: str | None, inventory: Inventory | None = None) -> Host:
     """The host for this invoke call (one connection, shared by chained tasks)."""
     with console.status(f"connecting to {host or 'default host'}…"):
-        return open_host(host, project_root(c))
+        return open_host(host, project_root(c), inventory)
 
 
 def ensure_code(target: Host) -> None:

@@ -1,11 +1,13 @@
 """Tasks for code sync and remote jobs: sync, runs, logs, kill, pull."""
 from __future__ import annotations
 
+import time
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs
-from draftops.cli.common import HOST_HELP, connect, friendly, show_skipped
+from draftops import jobs, timing
+from draftops.cli.common import HOST_HELP, connect, friendly, project_root, show_skipped
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
     console,
@@ -17,6 +19,8 @@ from draftops.console import (
     show_sync,
     state_text,
 )
+from draftops.host import project_inventory
+from draftops.sync import scan
 from draftops.sync import sync as sync_code
 
 
@@ -30,10 +34,23 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
 
     A run still running in <root>/code makes the sync refuse to change its code (it would pick up
     new modules mid-run) unless --force is given."""
-    target = connect(c, host)
-    report = sync_code(target, dry_run=dry_run, force=force)
+    from concurrent.futures import ThreadPoolExecutor
+
+    timing.at("task-start")
+    root = project_root(c).resolve()
+    inventory = project_inventory(root)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The local scan needs no connection: it runs while the SSH handshake does (its errors, like
+        # an unreadable file, still surface after a connection error, as before).
+        local = pool.submit(scan, root, inventory.get(host))
+        target = connect(c, host, inventory)
+        waited = time.monotonic()
+        manifest = local.result()
+        timing.took("scan wait", time.monotonic() - waited)
+        report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
     target.synced = target.synced or not dry_run
     show_sync(report, verbose)
+    timing.at("task-end")
 
 
 @task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP})

@@ -5,12 +5,11 @@ import json
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.markup import escape
 
-from draftops import jobs, report
+from draftops import jobs
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
 from draftops.cli.history import record_test_drafter
-from draftops.console import console
+from draftops.console import console, escape
 from draftops.serve.request import demo_dir
 
 
@@ -46,6 +45,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                                    args=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
     path = local / "report.json" if local else None
     if final.get("state") == "succeeded" and path and path.is_file():
+        from draftops import report  # rich panels: imported when there is a report to show
+
         doc = json.loads(path.read_text())
         report.show(doc, console)
         console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt {escape(ckpt or 'demo')} "

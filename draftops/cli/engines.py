@@ -5,13 +5,15 @@ in draftops/engine_env.py.
 """
 from __future__ import annotations
 
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from draftops import engine_env, jobs
 from draftops.cli.common import require_success
-from draftops.console import console, follow_live
+from draftops.console import console, escape, follow_live
 from draftops.host import Host
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def setup_engine(target: Host, engine: str, venv: str | None) -> None:

@@ -5,13 +5,11 @@ import json
 from typing import Any
 
 from invoke import Context, task
-from rich.markup import escape
-from rich.table import Table
 
 from draftops import engine_env, jobs, mlenv
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
 from draftops.cli.engines import add_engine_rows, setup_engine
-from draftops.console import console, follow_live
+from draftops.console import console, escape, follow_live
 
 
 @task(help={"host": HOST_HELP,
@@ -46,6 +44,8 @@ def check(c: Context, host: str | None = None) -> None:
     require_success(run_id, final, local)
     assert local is not None
     report = json.loads((local / "env.json").read_text())
+    from rich.table import Table
+
     table = Table(title=escape(f"ml-env on {target.name} ({target.spec.interpreter})"), title_justify="left",
                   show_header=False)
     for label, value in env_rows(report).items():

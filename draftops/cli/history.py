@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from invoke import Context
-from rich.markup import escape
-from rich.table import Table
 
 from draftops import history, jobs, records
 from draftops.cli.common import project_root
-from draftops.console import console
+from draftops.console import console, escape
 from draftops.errors import DraftopsError, HistoryError
 from draftops.host import Host
 from remote.bench.digest import config_digest
@@ -70,6 +68,8 @@ def _short(path: str | None, width: int = 28) -> str:
 def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = None, draft: str | None = None,
                     since: str | None = None) -> None:
     """`invoke runs --local`: the history table, newest first."""
+    from rich.table import Table
+
     root = project_root(c)
     found = history.for_project(root).query(kind=kind, host=host, draft=draft,
                                             since=history.parse_since(since) if since else None)

@@ -9,7 +9,6 @@ from invoke.exceptions import Exit
 
 from draftops.cli.common import friendly, project_root
 from draftops.console import console, safe
-from draftops.inventory import default_inventory_path, load_inventory
 
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
 EXIT_FAILED, EXIT_REGRESSION = 1, 2
@@ -35,6 +34,7 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     known = getattr(c.config.draftops, "task_names", None)
     if known:
         book.check_tasks(known, str(path))
+    from draftops.inventory import default_inventory_path, load_inventory
     inventory = load_inventory(default_inventory_path(root), root)
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
     console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")

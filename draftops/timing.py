@@ -1,0 +1,51 @@
+"""Stage timestamps for benchmarks/sync.py, on stderr and only with ``DRAFTOPS_TIMING=1``.
+
+Each line is ``@@draftops-timing at NAME EPOCH`` (a moment) or ``@@draftops-timing took NAME SECONDS``
+(a stage's length); the benchmark sums them per stage. Normal output never changes. Stdlib only: it is
+imported by ``draftops/__init__.py`` and must cost nothing.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+ENV = "DRAFTOPS_TIMING"
+PREFIX = "@@draftops-timing "
+ENABLED = os.environ.get(ENV) == "1"
+
+
+def at(name: str, when: float | None = None) -> None:
+    """Record the moment ``name`` happened (now unless ``when`` is given)."""
+    if ENABLED:
+        sys.stderr.write(f"{PREFIX}at {name} {time.time() if when is None else when:.6f}\n")
+
+
+def took(name: str, seconds: float) -> None:
+    """Record that stage ``name`` took ``seconds`` (several records of one stage add up)."""
+    if ENABLED:
+        sys.stderr.write(f"{PREFIX}took {name} {max(0.0, seconds):.6f}\n")
+
+
+def host_stages(stderr: bytes, sent_at: float, answered_at: float) -> None:
+    """Turn the agent's moments (see hostagent._stamp) into stage lengths for one exec on the host.
+
+    The host's clock is compared with ours, which holds in the benchmark (sshd on 127.0.0.1)."""
+    if not ENABLED:
+        return
+    moments: dict[str, float] = {}
+    for line in stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(PREFIX + "at "):
+            _, name, value = line[len(PREFIX):].split()
+            moments.setdefault(name, float(value))
+    if "agent-start" not in moments:
+        took("exec (no host stamps)", answered_at - sent_at)
+        return
+    ready = moments.get("agent-ready", moments["agent-start"])
+    read = moments.get("payload-read", ready)
+    done = moments.get("agent-done", answered_at)
+    took("host shell start-up", moments["agent-start"] - sent_at)
+    took("agent", ready - moments["agent-start"])
+    took("transfer", read - ready)
+    took("apply", done - read)
+    took("reply", answered_at - done)

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,13 @@ from remote.drafter.demo import ensure_demo  # noqa: E402
 
 #: vLLM's log prefix, e.g. "(APIServer pid=123) INFO 11-30 15:07:31 [api_server.py:..] ..."
 VLLM_STAMP = re.compile(r"INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) .*Application startup complete")
+
+
+def free_port() -> int:
+    """A port nothing listens on now (another server on the default port must not be disturbed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def stamp(text: str | None) -> float | None:
@@ -91,21 +99,21 @@ def make_project(where: Path) -> Path:
     return where
 
 
-def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict[str, Any]]) -> None:
+def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict[str, Any]], port: int) -> None:
     runs, remote_runs = project / "runs", project / ".draftops" / "runs"
-    wall = invoke(project, "serve", "--draft", "demo", "--force", "--replace")
+    wall = invoke(project, "serve", "--draft", "demo", "--force", "--replace", "--port", str(port))
     server = newest(remote_runs, "*-serve-vllm-*")
     stages.append({"stage": "serve start", "wall": wall, "work": server_ready_seconds(server) or 0.0,
                    "what": "vLLM from process start to 'Application startup complete'"})
     wall = invoke(project, "bench", "--dataset", "demo", "--prompts", str(prompts), "--repeats", str(repeats),
-                  "--concurrency", "4", "--output-len", "32")
+                  "--concurrency", "4", "--output-len", "32", "--port", str(port))
     bench = newest(runs, "*-bench-vllm-*")
     client = sum(s.get("seconds") or 0.0 for s in json.loads((bench / "runner.json").read_text())["steps"])
     stages.append({"stage": "bench", "wall": wall, "work": client,
                    "what": "vLLM's own client (`vllm bench serve`): warm-up and repeats"})
 
 
-def loop(project: Path, prompts: int, repeats: int) -> list[dict[str, Any]]:
+def loop(project: Path, prompts: int, repeats: int, port: int) -> list[dict[str, Any]]:
     """The seed loop: find the mismatch, measure the wrong ids, fix them, measure again, compare."""
     stages: list[dict[str, Any]] = []
     wall = invoke(project, "sync")
@@ -115,10 +123,10 @@ def loop(project: Path, prompts: int, repeats: int) -> list[dict[str, Any]]:
     stages.append({"stage": "evaluate", "wall": wall, "work": job_seconds(run / "status.json") or 0.0,
                    "what": "the evaluator job on the host"})
     try:
-        serve_and_bench(project, prompts, repeats, stages)
+        serve_and_bench(project, prompts, repeats, stages, port)
         wall = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
         stages.append({"stage": "fix config", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
-        serve_and_bench(project, prompts, repeats, stages)
+        serve_and_bench(project, prompts, repeats, stages, port)
     finally:
         invoke(project, "serve.stop", "--all")
     wall = invoke(project, "bench.compare")
@@ -130,10 +138,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     args = parser.parse_args()
+    port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="draftops-loop-") as tmp:
         project = make_project(Path(tmp) / "project")
-        stages = loop(project, args.prompts, args.repeats)
+        stages = loop(project, args.prompts, args.repeats, port)
     total = sum(s["wall"] for s in stages)
     own = sum(s["wall"] - s["work"] for s in stages)
     print(f"{'stage':<12} {'wall s':>8} {'work s':>8} {'draftops s':>11} {'share':>7}  work is")

@@ -105,20 +105,25 @@ def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
     from draftops import jobs
     from draftops.host import close_all, open_host
     host = open_host(None, env_project)
-    job = jobs.start(host, "long", "echo tick; sleep 30", cwd=".")
+    # long enough that starting invoke on a loaded machine (seen: over 30 s) cannot outlast it
+    job = jobs.start(host, "long", "echo tick; sleep 600", cwd=".")
     close_all()
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "logs", job.id, "--follow"], cwd=env_project,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + 120      # a loaded machine can take seconds just to start invoke
-    while "tick" not in seen and time.monotonic() < deadline and proc.poll() is None:
-        seen += proc.stdout.readline()
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    out = seen + out
-    assert "tick" in out and "detached" in out and f"invoke logs {job.id} --follow" in out
-    host = open_host(None, env_project)
-    assert jobs.status(host, job.id)["state"] == "running"
-    jobs.kill(host, job.id, grace_s=2)
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        deadline = time.monotonic() + 120      # a loaded machine can take seconds just to start invoke
+        while "tick" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            seen += proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        out = seen + out
+        assert "tick" in out and "detached" in out and f"invoke logs {job.id} --follow" in out
+        host = open_host(None, env_project)
+        assert jobs.status(host, job.id)["state"] == "running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        jobs.kill(open_host(None, env_project), job.id, grace_s=2)

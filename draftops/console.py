@@ -4,7 +4,9 @@ The library modules never print; they return data, and these functions show it.
 """
 from __future__ import annotations
 
+import os
 import shlex
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -215,7 +217,11 @@ def follow_live(host: Host, run_id: str, offset: int = 0, quiet: bool = False, l
         console.print(f"\n[yellow]detached[/]: job {safe(run_id)} keeps running on {safe(host.name)}. Re-attach "
                       f"with `invoke logs {safe(run_id)} --follow --host {safe(host.name)}`; stop it with "
                       f"`invoke kill {safe(run_id)} --host {safe(host.name)}`.")
-        raise SystemExit(130) from None
+        # Leave at once: the job runs on without us, and closing the SSH link gracefully at exit can
+        # wait forever on a lock paramiko's reader held when the interrupt landed (seen under load).
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(130)
     console.print(f"job {safe(run_id)}: {state_text(final.get('state'))}"
                   + (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None else ""))
     return final

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,16 +34,10 @@ sys.path.insert(0, str(REPO))
 from draftops import history  # noqa: E402
 from draftops.serve.request import demo_dir  # noqa: E402
 from remote.drafter.demo import ensure_demo  # noqa: E402
+from tests.sshd import free_port  # noqa: E402  (benchmarks reuse the test helpers)
 
 #: vLLM's log prefix, e.g. "(APIServer pid=123) INFO 11-30 15:07:31 [api_server.py:..] ..."
 VLLM_STAMP = re.compile(r"INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) .*Application startup complete")
-
-
-def free_port() -> int:
-    """A port nothing listens on now (another server on the default port must not be disturbed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stamp(text: str | None) -> float | None:

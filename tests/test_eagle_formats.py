@@ -6,6 +6,7 @@ config" to draft-config (and had no format in serve inspect)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +34,11 @@ def _write(folder: Path, config: dict[str, Any]) -> Path:
     return folder
 
 
-def _evaluator_format(folder: Path) -> str | None:
+def _format_or_refusal(load: Callable[[Path], Any], refusal: type[Exception], folder: Path) -> str | None:
+    """The format ``load`` finds, or None when it refuses with the shared "not a draft" paragraph."""
     try:
-        return drafter_config.read(folder).format
-    except ConfigError as exc:
-        assert "not an EAGLE-3 draft config" in str(exc) and str(folder / "config.json") in str(exc)
-        return None
-
-
-def _draft_config_format(folder: Path) -> str | None:
-    try:
-        return config_file.load(folder).format
-    except ConfigFormatError as exc:
+        return load(folder).format
+    except refusal as exc:
         assert "not an EAGLE-3 draft config" in str(exc) and str(folder / "config.json") in str(exc)
         return None
 
@@ -69,7 +63,9 @@ def test_the_three_tools_detect_the_same_format(tmp_path: Path, name: str) -> No
     folder = _write(tmp_path / "draft", config)
     target = _write(tmp_path / "target", {"num_hidden_layers": 5, "hidden_size": 32})
     served = inspect("vllm", target, folder, sglang_status=False)["draft"]
-    assert (_evaluator_format(folder), _draft_config_format(folder), served["format"]) == (expected,) * 3
+    evaluator = _format_or_refusal(drafter_config.read, ConfigError, folder)
+    draft_config = _format_or_refusal(config_file.load, ConfigFormatError, folder)
+    assert (evaluator, draft_config, served["format"]) == (expected,) * 3
     assert formats.detect(config) == expected
 
 

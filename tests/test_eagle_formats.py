@@ -6,6 +6,8 @@ config" to draft-config (and had no format in serve inspect)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from remote.drafter.verifier import Verifier
 from remote.eagle import formats
 from remote.serve.configs import draft_facts, inspect
 from tests.drafter_lab import TRAINED, lab, save, trained_weights
+from tests.sglang_wheels import REPO
 from tests.test_draft_config import run_cli
 
 IDS = formats.IDS_KEY
@@ -106,3 +109,12 @@ def test_hidden_size_with_top_level_ids_agrees_in_evaluator_draft_config_and_ser
     assert info.configured_layer_ids == facts["ids_by_engine"]["sglang"] == dc["ids"] == TRAINED
     assert info.layer_ids_key == formats.NESTED_FIELD
     assert facts["ids_by_engine"]["vllm"] == [0, 2, 3], "the top-level ids still come first for vLLM"
+
+
+def test_the_rules_import_without_torch_so_the_local_side_can_use_them() -> None:
+    """remote/eagle is stdlib only: the laptop (draftops/report.py, serve checks) imports it."""
+    code = ("import sys, remote.eagle.formats, remote.eagle.convention, remote.eagle.weights, draftops.report; "
+            "heavy = sorted(m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules); "
+            "assert not heavy, heavy")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

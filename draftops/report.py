@@ -11,6 +11,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from remote.eagle.formats import IDS_KEY, NESTED_FIELD
+
 SUPPORTED_SCHEMA = "draftops.drafter-report/1"
 
 
@@ -105,10 +107,10 @@ def _fix_line(report: dict[str, Any]) -> str | None:
     patch = ("; needs the SGLang capture patch (invoke patch-sglang.apply)"
              if verdict.get("needs_capture_patch") else "")
     if speculators:
-        return (f"fix: eagle_aux_hidden_state_layer_ids = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
+        return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
                 f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"
                 + patch)
-    return (f"fix: eagle_config.eagle_aux_hidden_state_layer_ids = [bold]{escape(str(sglang))}[/] (SGLang ids, "
+    return (f"fix: {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
             f"as this flat config stores them: -1 = embedding); vLLM reads the same layout as "
             f"{escape(str(vllm))}" + patch)
 

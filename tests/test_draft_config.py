@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from remote.draft_config import rewrite, weights
+from remote.draft_config import rewrite
+from remote.eagle import weights
 from tests.sglang_wheels import REPO, extract, run_patcher
 
 HIDDEN = 16

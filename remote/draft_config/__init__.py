@@ -2,7 +2,7 @@
 
 Stdlib only (safetensors headers are read with json + struct). Ids are always given in SGLang's
 output-of-layer convention (-1 = embedding), the convention of a drafter report's
-``fix_layer_ids``; ``formats`` converts them for the speculators format.
+``fix_layer_ids``; the formats, their ids fields and the conversion are ``remote.eagle``'s.
 
 draft_config.json (``--out DIR``), schema ``draftops.draft-config/1``::
 

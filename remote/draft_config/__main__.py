@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import events
+from ..eagle.formats import IDS_KEY, SPECULATORS
 from ..fileio import write_json
-from . import formats, validate
+from . import config_file, validate
 from .capture import sglang_warnings
 from .errors import DraftConfigError
 from .report import read_fix
@@ -94,7 +95,7 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
         payload["source"]["status"] = fix.status
     else:
         requested, report_patch = validate.parse_ids(args.layer_ids), False
-    cfg = formats.load(args.ckpt)
+    cfg = config_file.load(args.ckpt)
     target = load_target(args.target) if args.target else None
     payload.update(config=str(cfg.path), format=cfg.format, field=cfg.field,
                    file_convention=cfg.convention, old_ids=cfg.file_ids(),
@@ -103,14 +104,14 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
     warnings = list(checked.warnings)
     written = cfg.to_file(checked.ids)
     needs_patch = validate.needs_capture_patch(checked.ids) or report_patch
-    if cfg.format == formats.SPECULATORS:
+    if cfg.format == SPECULATORS:
         warnings.append(f"speculators format: {cfg.field} is in the vLLM convention, so SGLang ids "
                         f"{checked.ids} are written as {written}; SGLang's target never reads this "
                         "field (it reads eagle_config only), so serve a flat-format copy with "
                         "SGLang")
     stray = cfg.stray_top_level_ids()
     if stray is not None:
-        warnings.append(f"top-level {formats.IDS_KEY}={stray} left as is: SGLang ignores it but "
+        warnings.append(f"top-level {IDS_KEY}={stray} left as is: SGLang ignores it but "
                         "vLLM prefers it over eagle_config")
     if args.sglang_status:
         payload["sglang"], sglang_notes = sglang_warnings(checked.ids, target)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import weights
+from ..eagle import convention, weights
+from ..eagle.formats import is_int
+from .config_file import DraftConfig
 from .errors import InvalidLayerIds
-from .formats import DraftConfig
 from .target import TargetInfo
 
 
@@ -41,16 +42,17 @@ def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checke
     """Validate ``ids``; raise InvalidLayerIds with every problem found, else return warnings."""
     problems: list[str] = []
     warnings: list[str] = []
-    if not ids or not all(isinstance(v, int) and not isinstance(v, bool) for v in ids):
+    if not ids or not all(is_int(v) for v in ids):
         raise InvalidLayerIds(f"Layer ids {ids!r} must be a non-empty list of integers.")
     repeated = sorted({v for v in ids if ids.count(v) > 1})
     if repeated:
         problems.append(f"id(s) {repeated} repeated (each aux state must be distinct)")
-    low = [v for v in ids if v < -1]
+    # the low end (the embedding) needs no layer count; the high end is checked only with a target
+    first, last = convention.usable_ids(convention.SGLANG, target.num_hidden_layers if target else 0)
+    low = [v for v in ids if v < first]
     if low:
-        problems.append(f"id(s) {low} below -1 (-1 is the embedding output)")
+        problems.append(f"id(s) {low} below {first} ({first} is the embedding output)")
     if target is not None:
-        last = target.num_hidden_layers - 2
         high = [v for v in ids if v > last]
         if high:
             problems.append(
@@ -98,5 +100,5 @@ def _fc_slots(cfg: DraftConfig, target: TargetInfo | None, warnings: list[str]) 
 
 
 def needs_capture_patch(ids: list[int]) -> bool:
-    """True when SGLang must capture the embedding (id -1)."""
-    return any(v < 0 for v in ids)
+    """True when SGLang must capture the embedding (id -1, boundary 0)."""
+    return 0 in convention.to_boundaries(convention.SGLANG, ids)

@@ -1,8 +1,8 @@
 """Load an EAGLE-3 draft checkpoint in either config format, inferring structure from the weights.
 
-Formats: *speculators* (``speculators_model_type`` + nested ``transformer_layer_config``, layers
-named ``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config,
-layer 0 named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both.
+Formats (``remote.eagle.formats``): *speculators* (nested ``transformer_layer_config``, layers named
+``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config, layer 0
+named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both.
 The config is trusted only for what the weights cannot show (heads, eps, rope, the norm flags);
 widths, the number of aux slots, head_dim, norms present and vocab sizes come from the tensors.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..eagle import convention
 from . import config, rope
 from .errors import (
     ConfigError,
@@ -75,12 +76,24 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
         origins["embed_tokens.weight"] = f"verifier {verifier.path if verifier else ''}".strip()
     check_shapes(arch, weights, origins, str(path))
     _check_rope(arch, cfg)
+    warnings += _unread_ids(cfg)
     if arch.norm_before_residual:
         warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
                         "(its residual is always the un-normed hidden), so SGLang serves a different model")
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
                           cfg.layer_ids_key, embed_source, arch, warnings)
     return Eagle3Draft(arch, weights, device, dtype), info
+
+
+def _unread_ids(cfg: config.DraftConfig) -> list[str]:
+    """Ids the format's own engine never uses (e.g. top-level ids in a flat config, which SGLang ignores)."""
+    engine = convention.serving_convention(cfg.format)
+    name = convention.ENGINE_NAME[engine]
+    reads = " then ".join(convention.READS[engine])
+    used = f"it uses {cfg.layer_ids} from {cfg.layer_ids_key}" if cfg.layer_ids_key else "it captures its default"
+    return [f"{field}={ids} is not used by {name}, which this {cfg.format} config is written for ({name} reads "
+            f"{reads}; {used}); another engine may read it, so fix the ids in one place with `invoke "
+            "draft-config`" for field, ids in cfg.unread_ids.items()]
 
 
 def canonical_name(name: str) -> str:

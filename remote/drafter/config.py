@@ -5,9 +5,11 @@ The weights decide the structure (checkpoint.py); the config supplies what they 
 and range, so a bad one ends as one ConfigError naming the file, the field and the fix, instead of
 a traceback or a silent NaN deep in the forward pass.
 
-Formats: *speculators* (decoder config nested under ``transformer_layer_config``; aux ids at top
-level in vLLM's after-k-layers convention) and *flat* ``LlamaForCausalLMEagle3`` (the top level is
-the Llama config; ids in ``eagle_config`` or at top level, in SGLang's output-of-layer convention).
+The formats, their detection, the ids fields and which engine reads which field are
+``remote.eagle``'s (one rule for the evaluator, draft-config and serve inspect). The configured ids
+are the ones the format's own engine reads (SGLang for flat: ``eagle_config`` only; vLLM for
+speculators: top level, then ``eagle_config``); ids in a field that engine ignores are checked all
+the same, since the other engine may read them, and reported as a warning.
 Absent values get transformers' LlamaConfig defaults, as speculators does.
 """
 from __future__ import annotations
@@ -18,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..eagle import convention, formats
+from ..eagle.formats import EAGLE_CONFIG, IDS_KEY, LAYER_CONFIG, SPECULATORS
 from .errors import ConfigError, UnsupportedError
 from .rope import SUPPORTED_TYPES, RopeSpec
 
-SPECULATORS, FLAT = "speculators", "flat"
 DEFAULT_HEADS = 32  # transformers LlamaConfig
 DEFAULT_EPS = 1e-6
 LAYER_TYPES = ("full_attention", "sliding_attention")
-IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class DraftConfig:
     format: str
     layer_ids: list[int] | None
     layer_ids_key: str | None
+    unread_ids: dict[str, list[int]]   # ids in fields the format's own engine does not read
     hidden_size: int | None
     target_hidden_size: int | None
     num_attention_heads: int | None
@@ -52,7 +55,7 @@ class DraftConfig:
 
     def layer_field(self, key: str) -> str:
         """The dotted name of a decoder-layer field in this config's format (for error messages)."""
-        return ("transformer_layer_config." if self.format == SPECULATORS else "") + key
+        return formats.layer_prefix(self.format) + key
 
 
 def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
@@ -83,17 +86,17 @@ def json_object(file: Path, what: str, fix: str) -> dict[str, Any]:
 
 
 def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
-    """speculators when ``speculators_model_type``/``transformer_layer_config`` is there, else flat."""
-    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
-        return SPECULATORS
-    archs = cfg.get("architectures")
-    if "hidden_size" in cfg or (isinstance(archs, list) and any("Eagle3" in str(a) for a in archs)):
-        return FLAT
-    raise ConfigError(
-        "The config is neither speculators nor flat LlamaForCausalLMEagle3 format", path=cfg_path,
-        expected="'speculators_model_type' or 'hidden_size' at top level", found=sorted(cfg)[:8],
-        fix="pass --config with the draft's own config.json",
-    )
+    """``remote.eagle.formats.detect``; a config in neither format is a ConfigError."""
+    fmt = formats.detect(cfg)
+    if fmt is None:
+        raise ConfigError(
+            f"The config is not an EAGLE-3 draft config: {formats.NOT_A_DRAFT}", path=cfg_path,
+            expected=f"'speculators_model_type', '{EAGLE_CONFIG}' or '{IDS_KEY}' at top level",
+            found=sorted(cfg)[:8],
+            fix="point --ckpt at the draft checkpoint, not the target, or pass --config with the draft's "
+                "own config.json",
+        )
+    return fmt
 
 
 def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
@@ -101,11 +104,11 @@ def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
     fmt = detect_format(cfg, cfg_path)
     top = Fields(cfg, cfg_path, "")
     if fmt == SPECULATORS:
-        tlc = top.mapping("transformer_layer_config")
-        layer = Fields(tlc, cfg_path, "transformer_layer_config.")
+        tlc = top.mapping(LAYER_CONFIG)
+        layer = Fields(tlc, cfg_path, formats.layer_prefix(fmt))
     else:
         layer = top
-    ids, key = _layer_ids(top)
+    ids, key, unread = _layer_ids(top, fmt)
     act = layer.text("hidden_act") or "silu"
     if act != "silu":
         raise UnsupportedError("Only SiLU-gated MLP drafts are implemented", path=cfg_path,
@@ -116,7 +119,7 @@ def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
         raise layer.bad("layer_types", f"a list of {' / '.join(LAYER_TYPES)}", types)
     target_hidden = top.integer("target_hidden_size")
     return DraftConfig(
-        path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key,
+        path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key, unread_ids=unread,
         hidden_size=layer.integer("hidden_size"),
         target_hidden_size=target_hidden if target_hidden is not None else layer.integer("target_hidden_size"),
         num_attention_heads=layer.integer("num_attention_heads"), head_dim=layer.integer("head_dim"),
@@ -217,9 +220,11 @@ def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, list, dict)) else str(value)
 
 
-def _layer_ids(top: Fields) -> tuple[list[int] | None, str | None]:
-    """Aux ids as written, and the key they came from (vLLM's lookup order)."""
-    eagle = Fields(top.mapping("eagle_config"), top.path, "eagle_config.")
+def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dict[str, list[int]]]:
+    """Aux ids as the format's own engine reads them, the field they came from, and the ids in fields
+    that engine does not read. Every ids field is validated: the other engine may read it."""
+    eagle = Fields(top.mapping(EAGLE_CONFIG), top.path, f"{EAGLE_CONFIG}.")
+    found: dict[str, list[int]] = {}
     for fields in (top, eagle):
         raw = fields.get(IDS_KEY)
         if raw is None:
@@ -230,8 +235,10 @@ def _layer_ids(top: Fields) -> tuple[list[int] | None, str | None]:
         if len(set(ids)) != len(ids):
             raise fields.bad(IDS_KEY, "distinct layer ids", raw,
                              problem=f"The config lists a layer twice in {fields.name(IDS_KEY)}")
-        return ids, fields.name(IDS_KEY)
-    return None, None
+        found[fields.name(IDS_KEY)] = ids
+    read = next((f for f in convention.READS[convention.serving_convention(fmt)] if f in found), None)
+    unread = {f: ids for f, ids in found.items() if f != read}
+    return (found[read] if read else None), read, unread
 
 
 def _rope(layer: Fields) -> RopeSpec:

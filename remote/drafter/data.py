@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..eagle import convention
 from .config import Fields, is_integral, json_object
 from .errors import (
     ConfigError,
@@ -29,7 +30,7 @@ from .errors import (
 )
 from .tensorstore import TensorStore, read_header
 
-CONVENTIONS = ("sglang", "vllm")
+CONVENTIONS = convention.ENGINES
 
 
 @dataclass
@@ -79,8 +80,8 @@ class SlotInfo:
         if ids is not None and (not isinstance(ids, list) or not ids
                                 or not all(is_integral(i) and int(i) >= -1 for i in ids)):
             raise fields.bad("layer_ids", "a non-empty list of integer layer ids >= -1, one per slot", ids)
-        shift = -1 if conv == "vllm" else 0
-        layer_ids = tuple(int(i) + shift for i in ids) if ids is not None else None
+        layer_ids = (tuple(convention.convert([int(i) for i in ids], conv, convention.SGLANG))
+                     if ids is not None else None)
         final = fields.integer("final_slot", minimum=0)
         return cls(layer_ids=layer_ids, final_slot=final, final_slot_given="final_slot" in cfg,
                    num_hidden_layers=fields.integer("num_hidden_layers"), path=str(file), convention=conv)

@@ -40,6 +40,8 @@ import torch
 from safetensors.torch import save_file
 
 from .. import events
+from ..eagle import convention
+from ..eagle.formats import EAGLE_CONFIG, FLAT, IDS_KEY, SPECULATORS
 from . import tinyllama, train, wordtokenizer
 from .layers import Weights
 from .model import DraftArch, Eagle3Draft
@@ -225,10 +227,10 @@ def _build(paths: DemoPaths, spec: DemoSpec) -> dict[str, Any]:
     weights, arch, val_acc, loss = _train_draft(spec, target, ids, slots, logits, gen)
     clock.lap("train")
     events.progress(3, 4, "demo: saving drafts")
-    save_draft(paths.draft, weights, arch, spec.buggy_ids, "speculators")
-    save_draft(paths.draft_flat, weights, arch, spec.buggy_ids, "flat")
+    save_draft(paths.draft, weights, arch, spec.buggy_ids, SPECULATORS)
+    save_draft(paths.draft_flat, weights, arch, spec.buggy_ids, FLAT)
     shutil.copy(paths.draft / "config.json", paths.draft_flat / "config_speculators.json")
-    save_draft(paths.draft_fixed, weights, arch, spec.trained_ids, "speculators")
+    save_draft(paths.draft_fixed, weights, arch, spec.trained_ids, SPECULATORS)
     clock.lap("write")
     events.progress(4, 4, "demo: done")
     return {"trained_layer_ids": spec.trained_ids, "configured_layer_ids": spec.buggy_ids,
@@ -327,7 +329,7 @@ def write_dumps(folder: Path, ids: torch.Tensor, slots: torch.Tensor, mask: torc
 def save_draft(folder: Path, w: Weights, arch: DraftArch, layer_ids: list[int], fmt: str) -> None:
     """Write config.json + model.safetensors in the speculators or the flat format."""
     folder.mkdir(parents=True, exist_ok=True)
-    if fmt == "flat":
+    if fmt == FLAT:
         tensors = {n.replace("layers.0.", "midlayer.", 1): t for n, t in w.items()
                    if n != "embed_tokens.weight"}
         config = flat_config(arch, layer_ids)
@@ -354,7 +356,7 @@ def speculators_config(arch: DraftArch, layer_ids: list[int]) -> dict[str, Any]:
     return {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "speculators_version": "0.9.0", "draft_vocab_size": arch.draft_vocab_size,
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layer_ids], "embed_requires_grad": False,
+        IDS_KEY: convention.sglang_to_file(SPECULATORS, layer_ids), "embed_requires_grad": False,
         "fc_norm": arch.fc_norm,
         "norm_before_fc": arch.norm_before_fc, "norm_before_residual": arch.norm_before_residual,
         "norm_output": arch.norm_output, "target_hidden_size": None,
@@ -372,4 +374,4 @@ def flat_config(arch: DraftArch, layer_ids: list[int]) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLMEagle3"], **_llama_block(arch),
             "rope_theta": arch.rope.theta, "rope_scaling": None, "draft_vocab_size": arch.draft_vocab_size,
             "torch_dtype": "float32",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True}}
+            EAGLE_CONFIG: {IDS_KEY: layer_ids, "use_aux_hidden_state": True}}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import events
+from ..eagle import convention
 from . import layouts, report, stats
 from .batching import Batch, background, iter_batches, to_device
 from .chance import ChanceLevel
@@ -63,7 +64,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers)
     # The engine that reads this format decides what the server feeds: SGLang reads the flat format's
     # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
-    served = next(i for i in interps if i.convention == layouts.serving_convention(ctx.info.format))
+    served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
     full, tokens, chance = _metrics(ctx, count, roles, opts)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..eagle import convention, formats
 from .stats import INCONCLUSIVE, SAME, Comparison
 
 STATUS_MATCH, STATUS_MISMATCH, STATUS_UNKNOWN = "MATCH", "MISMATCH", "UNKNOWN"
@@ -34,33 +35,27 @@ def engine_default(num_layers: int | None) -> list[int] | None:
     """SGLang id list both engines capture when the draft config has no ids."""
     if num_layers is None:
         return None
-    return [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
+    return convention.default_ids(convention.SGLANG, num_layers)
 
 
 def interpret(configured: list[int] | None, slot_ids: Sequence[int] | None,
               num_layers: int | None) -> list[Interpretation]:
     """The layouts ``configured`` implies under SGLang's and vLLM's conventions."""
     out = []
-    for convention, shift in (("sglang", 0), ("vllm", -1)):
+    for engine in convention.ENGINES:
         if configured is None:
             captured = engine_default(num_layers)
             note = ("no ids in the config: the engine captures its default "
                     + ("after layers [2, n/2, n-3]" if captured else "(unknown: num_hidden_layers unknown)"))
         else:
-            captured = sorted(i + shift for i in configured)
-            note = ("id = output of layer id, -1 = embedding (SGLang captures index id+1)" if shift == 0
-                    else "id = state after id layers, 0 = embedding")
+            captured = sorted(convention.convert(configured, engine, convention.SGLANG))
+            note = ("id = output of layer id, -1 = embedding (SGLang captures index id+1)"
+                    if engine == convention.SGLANG else "id = state after id layers, 0 = embedding")
         slots, missing = _locate(captured, slot_ids)
-        out.append(Interpretation(convention, configured, captured, slots, missing, note))
+        out.append(Interpretation(engine, configured, captured, slots, missing, note))
     return out
 
 
-def serving_convention(fmt: str) -> str:
-    """Convention of the ids stored in a config of format ``fmt`` ("flat" or "speculators")."""
-    return "vllm" if fmt == "speculators" else "sglang"
-
-
-ENGINE = {"sglang": "SGLang", "vllm": "vLLM"}
 
 
 def _locate(captured: list[int] | None, slot_ids: Sequence[int] | None) -> tuple[list[int] | None, list[int]]:
@@ -153,7 +148,7 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
     """MATCH, MISMATCH or UNKNOWN (with ``reason``) from the measured evidence; see docs/drafter.md."""
     best = ev.best.slots
     fix = [slot_ids[s] for s in best] if slot_ids is not None else None
-    fix_vllm = [i + 1 for i in fix] if fix is not None else None
+    fix_vllm = convention.convert(fix, convention.SGLANG, convention.VLLM) if fix is not None else None
     served_slots = list(ev.served.slots) if ev.served is not None else None
     chance = chance_summary(ev)
     comparison = ev.comparison.to_dict() if ev.comparison is not None else None
@@ -198,9 +193,8 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
                        f"slots {list(best)} {best_txt}: step-0 accuracy {_acc(ev.best)}, predicted accept "
                        f"length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Write data_config.json "
                        "with the layer id of each slot and rerun.", "no_layer_ids")
-    engine = ENGINE[served.convention]
-    key = ("eagle_config.eagle_aux_hidden_state_layer_ids" if fmt == "flat"
-           else "eagle_aux_hidden_state_layer_ids")
+    engine = convention.ENGINE_NAME[served.convention]
+    key = formats.ids_field(fmt)
     if ev.served is not None and ev.served.slots == best:
         patch = -1 in (served.captured_ids or [])
         return verdict(STATUS_MATCH,
@@ -245,7 +239,8 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
     else:
         now = (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
                f"{served.captured_ids}, while the draft's fc takes {len(best)}")
-    write = fix_vllm if serving_convention(fmt) == "vllm" else fix  # the file's own convention first
+    # the file's own convention first
+    write = fix_vllm if convention.serving_convention(fmt) == convention.VLLM else fix
     trained = (f"{best_txt}" if cmp_ is not None and ev.served is not None else
                f"{best_txt} (step-0 accuracy {_acc(ev.best)}, predicted accept length "
                f"{ev.best.accept_length:.2f} at K={ev.steps} {where})")

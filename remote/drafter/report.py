@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..eagle import convention
 from . import layouts
 from .context import EvalContext
 from .layouts import Interpretation, Verdict
@@ -52,7 +53,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "verdict": {**res.verdict.to_dict(), "message": message,
-                    "serving_convention": layouts.serving_convention(ctx.info.format),
+                    "serving_convention": convention.serving_convention(ctx.info.format),
                     "expected_acc": expected},
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}

@@ -6,14 +6,14 @@ tensor whose bytes are missing named), and loads a tensor, or a subset of its ro
 """
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from ..eagle import weights as headers
+from ..eagle.weights import INDEX_NAME, SINGLE_NAME, HeaderError
 from .errors import (
     ConfigError,
     CorruptFileError,
@@ -21,10 +21,6 @@ from .errors import (
     NonFiniteError,
     ShapeMismatchError,
 )
-
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,57 +34,18 @@ class TensorInfo:
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse and check a safetensors header; raise CorruptFileError naming what is wrong."""
+    """Parse and check a safetensors header (``remote.eagle.weights``); raise CorruptFileError naming
+    what is wrong."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CorruptFileError(
-                    "The safetensors file is shorter than its 8-byte header length",
-                    path=path, expected=">= 8 bytes", found=f"{size} bytes",
-                    fix="re-copy or re-generate the file; it was probably cut off during transfer",
-                )
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER or 8 + n > size:
-                raise CorruptFileError(
-                    "The safetensors header length is larger than the file",
-                    path=path, expected=f"header of {n} bytes within the file", found=f"{size} bytes",
-                    fix="re-copy or re-generate the file; it is truncated or not a safetensors file",
-                )
-            raw = f.read(n)
-        header = json.loads(raw)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(
-            f"The safetensors header cannot be parsed ({exc})", path=path,
-            fix="re-copy or re-generate the file; its header is damaged",
-        ) from exc
-    if not isinstance(header, dict):
-        raise CorruptFileError("The safetensors header is not a JSON object", path=path,
-                               fix="re-copy or re-generate the file")
-    infos: dict[str, TensorInfo] = {}
-    ends: dict[str, tuple[int, int]] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            start, end = meta["data_offsets"]
-            shape = tuple(int(d) for d in meta["shape"])
-            dtype = str(meta["dtype"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptFileError("A safetensors header entry is malformed", path=path, tensor=name,
-                                   fix="re-copy or re-generate the file") from exc
-        infos[name] = TensorInfo(name, path, shape, dtype)
-        ends[name] = (start, 8 + n + end)
-    full = max((e for _, e in ends.values()), default=8 + n)
-    if full > size:
-        cut = min((t for t in ends if ends[t][1] > size), key=lambda t: ends[t][0])
-        raise CorruptFileError(
-            "The file is truncated: the bytes of a tensor are past its end",
-            path=path, tensor=cut, expected=f"{full} bytes", found=f"{size} bytes",
-            fix="re-copy or re-generate the file (compare its size with the source)",
-        )
-    return infos
+        entries = headers.read_header(path)
+    except HeaderError as exc:
+        raise _corrupt(exc) from exc
+    return {name: TensorInfo(name, path, e.shape, e.dtype) for name, e in entries.items()}
+
+
+def _corrupt(exc: HeaderError) -> CorruptFileError:
+    return CorruptFileError(exc.problem, path=exc.path, tensor=exc.tensor, expected=exc.expected,
+                            found=exc.found, fix=exc.fix)
 
 
 class TensorStore:
@@ -191,10 +148,9 @@ def require_finite(tensor: torch.Tensor, path: Path | str, name: str) -> torch.T
 
 def _files_from_index(index: Path) -> list[Path]:
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CorruptFileError("The shard index cannot be read", path=index, tensor="weight_map",
-                               fix="re-copy the index or remove it to scan *.safetensors") from exc
+        weight_map = headers.index_map(index)
+    except HeaderError as exc:
+        raise _corrupt(exc) from exc
     files = sorted({index.parent / f for f in weight_map.values()})
     for file in files:
         if not file.is_file():

@@ -23,12 +23,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .formats import IDS_KEY, NESTED_FIELD, SPECULATORS, field_value, is_int
+
 SGLANG, VLLM = "sglang", "vllm"
 ENGINES = (SGLANG, VLLM)
 ENGINE_NAME = {SGLANG: "SGLang", VLLM: "vLLM"}
-FLAT, SPECULATORS = "flat", "speculators"
-IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-NESTED_FIELD = f"eagle_config.{IDS_KEY}"
 #: the fields each engine looks at, in the order it looks
 READS = {SGLANG: (NESTED_FIELD,), VLLM: (IDS_KEY, NESTED_FIELD)}
 #: boundary = id + OFFSET[engine]
@@ -42,6 +41,16 @@ CONVENTION_TEXT = {SGLANG: "output of layer id, -1 = the embedding (captures bou
 def serving_convention(fmt: str) -> str:
     """The engine whose convention a config of format ``fmt`` ("flat" or "speculators") is written in."""
     return VLLM if fmt == SPECULATORS else SGLANG
+
+
+def convert(ids: list[int], source: str, dest: str) -> list[int]:
+    """``ids`` written in engine ``source``'s convention, rewritten in ``dest``'s (same order)."""
+    return [i + OFFSET[source] - OFFSET[dest] for i in ids]
+
+
+def sglang_to_file(fmt: str, sglang_ids: list[int]) -> list[int]:
+    """SGLang-convention ids as a config of format ``fmt`` stores them (same order)."""
+    return convert(sglang_ids, SGLANG, serving_convention(fmt))
 
 
 def draft_algorithm(config: dict[str, Any]) -> str | None:
@@ -64,6 +73,11 @@ def draft_algorithm(config: dict[str, Any]) -> str | None:
 def default_boundaries(num_layers: int) -> list[int]:
     """What both engines capture when the draft config has no ids: after layers 2, n//2 and n-3."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+def default_ids(engine: str, num_layers: int) -> list[int]:
+    """The engines' default capture written as ``engine``'s ids (SGLang: [1, n//2-1, n-4])."""
+    return from_boundaries(engine, default_boundaries(num_layers))
 
 
 def to_boundaries(engine: str, ids: list[int]) -> list[int]:
@@ -104,17 +118,8 @@ class Reading:
         return {**asdict(self), "needs_embedding": self.needs_embedding}
 
 
-def _field_ids(config: dict[str, Any], field: str) -> Any:
-    holder: Any = config
-    parts = field.split(".")
-    for part in parts[:-1]:
-        holder = holder.get(part) if isinstance(holder, dict) else None
-    return holder.get(parts[-1]) if isinstance(holder, dict) else None
-
-
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, list) and bool(value) and all(is_int(v) for v in value)
 
 
 def read(engine: str, config: dict[str, Any], fmt: str, num_layers: int | None) -> Reading:
@@ -124,7 +129,7 @@ def read(engine: str, config: dict[str, Any], fmt: str, num_layers: int | None) 
     found_field, ids = None, None
     malformed: dict[str, Any] = {}
     for field in READS[engine]:
-        value = _field_ids(config, field)
+        value = field_value(config, field)
         if _int_list(value):
             found_field, ids = field, list(value)
             break
@@ -132,7 +137,7 @@ def read(engine: str, config: dict[str, Any], fmt: str, num_layers: int | None) 
             malformed[field] = value
     ignored = {}
     for field in (IDS_KEY, NESTED_FIELD):
-        value = _field_ids(config, field)
+        value = field_value(config, field)
         if field != found_field and _int_list(value):
             ignored[field] = list(value)
     if ids is None:

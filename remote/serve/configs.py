@@ -10,9 +10,8 @@ from typing import Any
 
 from ..draft_config.capture import capture_status
 from ..draft_config.errors import ConfigFormatError
-from ..draft_config.formats import detect
 from ..draft_config.target import TargetInfo, load_target
-from ..eagle import convention
+from ..eagle import convention, formats
 from ..sglang_patch.errors import PatchError
 from ..sglang_patch.locate import read_version
 
@@ -59,17 +58,16 @@ def draft_facts(engine: str, draft: Path, target: TargetInfo | None) -> dict[str
     if not isinstance(data, dict):
         facts["error"] = f"{path} holds {type(data).__name__}, not a JSON object"
         return facts
-    layer_cfg = data.get("transformer_layer_config")
+    layer_cfg = data.get(formats.LAYER_CONFIG)
     facts.update(architectures=data.get("architectures"),
                  speculators_model_type=data.get("speculators_model_type"),
                  algorithm=convention.draft_algorithm(data),
                  max_position_embeddings=_int(data.get("max_position_embeddings"))
                  or _int(layer_cfg.get("max_position_embeddings") if isinstance(layer_cfg, dict) else None),
                  weights=sorted(p.name for p in path.parent.glob("*.safetensors"))[:8])
-    try:
-        fmt = detect(data, path)
-    except ConfigFormatError:
-        facts["format"] = None
+    fmt = formats.detect(data)
+    facts["format"] = fmt
+    if fmt is None:
         return facts
     layers = target.num_hidden_layers if target else None
     reading = convention.read(engine, data, fmt, layers)
@@ -98,4 +96,4 @@ def inspect(engine: str, target: Path, draft: Path | None, sglang_status: bool) 
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if formats.is_int(value) else None

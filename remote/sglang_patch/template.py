@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import textwrap
 
+from ..eagle.formats import EAGLE_CONFIG, IDS_KEY, NESTED_FIELD
+
 PATCH_VERSION = 1
 MARKER = f"draftops sglang-patch v{PATCH_VERSION}"
 MARKER_RE = re.compile(rb"# draftops sglang-patch v(\d+)")
@@ -61,7 +63,7 @@ HELPER_BLOCK = f'''
 def {CONFIG_HELPER}(draft_path=None, use_env=True):
     """The draft's EAGLE-3 layer ids (output-of-layer convention), or None when unknown.
 
-    Read from <draft_path>/config.json (eagle_config.eagle_aux_hidden_state_layer_ids, the field
+    Read from <draft_path>/config.json ({NESTED_FIELD}, the field
     SGLang itself reads), then ${ENV_LAYER_IDS} when use_env. Without draft_path the running
     server's --speculative-draft-model-path is used when its server args are already loaded.
     """
@@ -80,8 +82,8 @@ def {CONFIG_HELPER}(draft_path=None, use_env=True):
     if draft_path:
         try:
             with open(os.path.join(str(draft_path), "config.json"), encoding="utf-8") as handle:
-                eagle_config = json.load(handle).get("eagle_config") or {{}}
-            ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+                eagle_config = json.load(handle).get("{EAGLE_CONFIG}") or {{}}
+            ids = eagle_config.get("{IDS_KEY}")
         except (OSError, ValueError, AttributeError):
             ids = None
     if not ids and use_env:

@@ -3,8 +3,6 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from invoke import Context
@@ -14,6 +12,7 @@ from draftops.cli.common import project_root
 from draftops.console import console, escape
 from draftops.errors import DraftopsError, HistoryError
 from draftops.host import Host
+from draftops.tools import ToolResult
 from remote.bench.digest import config_digest
 
 LOCAL_RUNS_HELP = {
@@ -92,17 +91,6 @@ def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = N
                       "; test-drafter, serve and bench record theirs here.[/]")
 
 
-def _read_report(local: Path | None) -> dict[str, Any] | None:
-    path = local / "report.json" if local else None
-    if not path or not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _host_config_digest(target: Host, report: dict[str, Any] | None) -> str | None:
     """The digest of the draft config the report evaluated (read on the host: it lives there)."""
     checkpoint = (report or {}).get("checkpoint") or {}
@@ -131,12 +119,12 @@ def record_serve(target: Host, rec_args: dict[str, Any]) -> None:
                       f"the local history: {escape(str(exc))}[/]")
 
 
-def record_test_drafter(target: Host, run_id: str, final: dict[str, Any], local: Path | None,
-                        args: dict[str, Any]) -> None:
+def record_test_drafter(target: Host, done: ToolResult, args: dict[str, Any]) -> None:
     """Record a finished test-drafter run in the local history (one call at the end of the task)."""
+    run_id = done.run_id
     try:
-        report = _read_report(local)
-        rec = records.test_drafter_record(run_id, target.name, final, report, args,
+        report = done.data if isinstance(done.data, dict) else None
+        rec = records.test_drafter_record(run_id, done.host, done.final, report, args,
                                           git_rev=history.project_revision(target.project_root),
                                           config_digest=_host_config_digest(target, report))
         history.for_project(target.project_root).record(rec)

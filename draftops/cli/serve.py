@@ -12,20 +12,19 @@ from typing import Any
 
 from invoke import Context, task
 
-from draftops import jobs
+from draftops import tools
 from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
     friendly,
     host_path,
+    live,
     project_root,
-    require_success,
-    run_job,
     whole_number,
 )
 from draftops.cli.history import record_serve
-from draftops.console import console, escape, follow_live, state_text
+from draftops.console import console, escape, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
@@ -74,9 +73,8 @@ def _show(found: checks.Findings) -> None:
 
 def _ensure_demo(box: Host) -> None:
     """Generate the demo on the host once (the same cache `invoke test-drafter` uses)."""
-    command = jobs.python_module_command(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)])
-    run_id, final, _ = run_job(box, "demo", command, pull=False, quiet=True)
-    require_success(run_id, final, None)
+    tools.run_tool(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)], name="demo", pull=False,
+             view=live("hide")).check()
 
 
 class _ProgressLine:
@@ -273,4 +271,4 @@ def logs(c: Context, port: int | None = None, follow: bool = False, lines: int =
     server = lifecycle.find(box, _whole("--port", port))
     console.print(lifecycle.log_tail(box, server.run_id, lines), markup=False, highlight=False, end="")
     if follow:
-        follow_live(box, server.run_id, offset=lifecycle.log_size(box, server.run_id))
+        tools.follow(box, server.run_id, live(), offset=lifecycle.log_size(box, server.run_id))

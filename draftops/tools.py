@@ -105,8 +105,8 @@ class ToolResult:
     result_file: Path | None = None
     data: Any = None                       # the result file's JSON, read once (None: no file)
     error: dict[str, Any] | None = None    # the tool's last `error` event
-    events_seen: int = 0
-    notes: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)   # what the pull left out
+    notes: list[str] = field(default_factory=list)                 # why the result was not read
 
     @property
     def state(self) -> str | None:
@@ -189,19 +189,18 @@ def run_job(host: Host, name: str, command: str, *, view: JobView | None = None,
     view = view or JobView()
     job = jobs.start(host, name, command, env=env, cwd=cwd, task=task, args=given)
     view.started(host.name, job.id)
-    seen: dict[str, Any] = {"count": 0}
+    seen: dict[str, dict[str, Any]] = {}
 
     def tap(event: dict[str, Any]) -> None:
-        seen["count"] += 1
         if event.get("event") in ("result", "error"):
             seen[str(event["event"])] = event
 
     final = follow(host, job.id, view, tap=tap)
-    result = ToolResult(host.name, job.id, final, error=seen.get("error"), events_seen=seen["count"])
+    result = ToolResult(host.name, job.id, final, error=seen.get("error"))
     if pull:
         pulled = jobs.pull_run(host, job.id)
         view.skipped(pulled.skipped)
-        result.folder = pulled.path
+        result.folder, result.skipped = pulled.path, pulled.skipped
         announced = (seen.get("result") or {}).get("path") or (final.get("outcome") or {}).get("path")
         _read_result(result, announced)
     return result

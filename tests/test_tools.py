@@ -125,6 +125,7 @@ def test_a_result_file_that_leads_out_of_the_run_folder_is_not_read(host):
     done = _run(host, "escape")
     assert done.ok and done.data is None and done.result_file is None
     assert done.notes and "result.json" in done.notes[0]
+    assert [note["path"] for note in done.skipped] == ["result.json"]     # the pull said why
 
 
 def test_the_live_view_renders_what_it_is_given():

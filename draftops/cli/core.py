@@ -6,7 +6,7 @@ import time
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs, timing
+from draftops import jobs, timing, tools
 from draftops.cli.common import HOST_HELP, connect, friendly, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
@@ -76,8 +76,7 @@ def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False,
         raise Exit(f"error: --lines must be 0 or more, not {lines}.", code=1)
     target = connect(c, host)
     if follow:
-        from draftops.tools import follow as follow_job
-        follow_job(target, run_id, live(), lines=None if all else lines)
+        tools.follow(target, run_id, live(), lines=None if all else lines)
         return
     out = console.file
 

@@ -59,9 +59,9 @@ def ensure_code(target: Host) -> None:
     target.synced = True
 
 
-def live(log: LogMode = "print", note: str = "") -> LiveJob:
+def live(log: LogMode = "print", note: str = "", announce: bool = True) -> LiveJob:
     """How a task shows the job it follows: the live tail on the task's console (see ``LiveJob``)."""
-    return LiveJob(console, log, note)
+    return LiveJob(console, log, note, announce)
 
 
 def adopt_callwide_host(argv: list[str]) -> None:

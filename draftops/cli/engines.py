@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from draftops import engine_env
-from draftops.console import LiveJob, console, escape
+from draftops.cli.common import live
+from draftops.console import console, escape
 from draftops.host import Host
 from draftops.tools import run_job
 
@@ -26,7 +27,7 @@ def setup_engine(target: Host, engine: str, venv: str | None) -> None:
     note = (f": installing {plan.recipe.dist} {plan.recipe.version} into {escape(plan.venv)} (minutes; it "
             "survives a dropped link)")
     run_job(target, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
-            view=LiveJob(console, note=note)).check()
+            view=live(note=note)).check()
     console.print(f"[green]env[/] {target.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
                   f"(hash {plan.digest[:12]})")
 

@@ -8,7 +8,7 @@ from invoke import Context, task
 from draftops import engine_env, jobs, mlenv
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
 from draftops.cli.engines import add_engine_rows, setup_engine
-from draftops.console import LiveJob, console, escape
+from draftops.console import console, escape
 from draftops.errors import JobError
 from draftops.tools import run_job, run_tool
 
@@ -33,7 +33,7 @@ def setup(c: Context, host: str | None = None, engine: str | None = None, venv: 
                       f"(requirements hash {env_plan.digest[:12]}); nothing to do")
         return
     script = mlenv.prepare_setup(target, env_plan)
-    run_job(target, "env-setup", script, cwd=".", view=LiveJob(console, announce=False)).check()
+    run_job(target, "env-setup", script, cwd=".", view=live(announce=False)).check()
     console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]})")
 
 
@@ -45,16 +45,12 @@ def check(c: Context, host: str | None = None) -> None:
     ensure_code(target)
     done = run_tool(target, "remote.envcheck", ["--out", jobs.RUN_DIR], name="env-check", view=live("hide")).check()
     if not isinstance(done.data, dict):
-        raise EnvCheckError(f"Run {done.run_id} on host {target.name!r} left no readable env.json "
+        raise JobError(f"Run {done.run_id} on host {target.name!r} left no readable env.json "
                             f"({'; '.join(done.notes) or 'no result announced'}); see {done.folder}/log.")
     table = env_table(done.data, f"ml-env on {target.name} ({target.spec.interpreter})")
     add_engine_rows(engine_env.probe(target), table)
     console.print(table)
     console.print(f"[dim]JSON: {escape(str(done.result_file))}[/]")
-
-
-class EnvCheckError(JobError):
-    """env.check's tool ended ok but its env.json is missing or unreadable."""
 
 
 def env_table(report: dict[str, Any], title: str) -> Table:

@@ -1,6 +1,8 @@
 """rich output for the task layer: live log tails with a progress bar, and the common tables.
 
-The library modules never print; they return data, and these functions show it.
+The library modules never print; they return data, and these functions show it on the Console
+they are given (the tasks pass ``console``; tests pass ``Console(file=StringIO())``). Nothing here
+starts or follows a job: ``draftops.tools`` does, and tells a :class:`LiveJob` what to show.
 """
 from __future__ import annotations
 
@@ -9,17 +11,18 @@ import shlex
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from draftops import jobs, timing
+from draftops import timing
 from draftops.terminal import clean
+from draftops.tools import JobView
 
 if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never needs it
     from rich.console import Console, Group
     from rich.progress import Progress
 
-    from draftops.host import Host
     from draftops.sync import SyncReport
 
 LogMode = Literal["print", "window", "hide"]
@@ -72,26 +75,26 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def show_sync(report: SyncReport, verbose: bool = False) -> None:
+def show_sync(report: SyncReport, out: Console, verbose: bool = False) -> None:
     verb = "would send" if report.dry_run else "sent"
     if report.noop:
-        console.print(f"[green]sync[/] {report.host}: up to date ({report.unchanged} files unchanged, "
+        out.print(f"[green]sync[/] {report.host}: up to date ({report.unchanged} files unchanged, "
                       f"{report.seconds:.2f}s)")
         return
-    console.print(f"[green]sync[/] {report.host}: {verb} {len(report.upload)} file(s) "
+    out.print(f"[green]sync[/] {report.host}: {verb} {len(report.upload)} file(s) "
                   f"({human_bytes(report.bytes_changed)} changed, {human_bytes(report.bytes_sent)} on the wire), "
                   f"deleted {len(report.delete)}, {report.unchanged} unchanged, {report.seconds:.2f}s")
     if report.busy_runs:
-        console.print(f"[yellow]warning[/]: changed the code under running run(s) "
+        out.print(f"[yellow]warning[/]: changed the code under running run(s) "
                       f"{escape(', '.join(report.busy_runs))} (--force); they may mix old and new code")
     if report.dry_run or verbose:
         for rel in report.upload[:50]:
-            console.print(f"  [cyan]+[/] {escape(rel)}")
+            out.print(f"  [cyan]+[/] {escape(rel)}")
         for rel in report.delete[:50]:
-            console.print(f"  [red]-[/] {escape(rel)}")
+            out.print(f"  [red]-[/] {escape(rel)}")
         hidden = max(0, len(report.upload) - 50) + max(0, len(report.delete) - 50)
         if hidden:
-            console.print(f"  … and {hidden} more")
+            out.print(f"  … and {hidden} more")
 
 
 def escape(text: str) -> str:
@@ -131,7 +134,7 @@ def headline(row: dict[str, Any]) -> str:
     return text
 
 
-def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
+def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
     """The runs as a table whose ids are always whole (a list, when the terminal is too narrow)."""
     from rich.padding import Padding
     from rich.table import Table
@@ -139,11 +142,11 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
 
     rows = list(rows)
     id_width = max([len(str(row["id"])) for row in rows] + [2])
-    if console.width < id_width + 64:           # room for the other columns, or a list
-        console.print(f"runs on {safe(host)}")
+    if out.width < id_width + 64:           # room for the other columns, or a list
+        out.print(f"runs on {safe(host)}")
         for row in rows:
-            console.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
-            console.print(Padding(Text.from_markup(
+            out.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
+            out.print(Padding(Text.from_markup(
                 f"{state_text(row.get('state'), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
                 f"  {safe(describe_run(row))}  {safe(headline(row))}".rstrip()), (0, 0, 0, 2)))
         return
@@ -155,7 +158,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str) -> None:
         table.add_row(safe(row["id"]), state_text(row.get("state"), bool(row.get("orphaned"))),
                       safe(row.get("exit_code", "")), safe(row.get("started") or row.get("created") or ""),
                       safe(describe_run(row)), safe(headline(row)))
-    console.print(table)
+    out.print(table)
 
 
 class _LiveView:
@@ -176,52 +179,75 @@ class _LiveView:
         return Group(*parts)
 
 
-def follow_live(host: Host, run_id: str, offset: int = 0, quiet: bool = False, lines: int | None = None,
-                log: LogMode | None = None) -> dict[str, Any]:
-    """Tail a job's log with a progress bar until it ends; Ctrl-C detaches and says how to re-attach.
+class LiveJob(JobView):
+    """A followed job on ``out``: its log with a progress bar; Ctrl-C detaches and says how to
+    re-attach. The following itself is ``draftops.tools.follow``; this only shows what it is given.
 
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their
-    result themselves, so it is not shown twice), "hide" (or ``quiet``) shows none."""
-    from rich.live import Live
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    result themselves, so it is not shown twice), "hide" shows none. ``note`` follows the "run ID on
+    HOST" line; ``announce=False`` leaves that line out."""
 
-    mode: LogMode = log or ("hide" if quiet else "print")
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                        TimeElapsedColumn(), console=_real(console), auto_refresh=False)
-    window: deque[str] = deque(maxlen=WINDOW_LINES)
-    live = Live(_LiveView(progress, window if mode == "window" else None), console=_real(console), transient=True,
-                refresh_per_second=8, redirect_stdout=False, redirect_stderr=False)
-    bar: dict[str, Any] = {}
+    def __init__(self, out: Console, log: LogMode = "print", note: str = "", announce: bool = True):
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    def on_text(line: str) -> None:
-        if mode == "print":
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-        elif mode == "window":
-            window.append(line)
+        self.out, self.mode, self.note, self.announce = out, log, note, announce
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                                 TimeElapsedColumn(), console=_real(out), auto_refresh=False)
+        self.window: deque[str] = deque(maxlen=WINDOW_LINES)
+        self.bar: Any = None
 
-    def on_event(event: dict[str, Any]) -> None:
+    def started(self, host: str, run_id: str) -> None:
+        if self.announce:
+            self.out.print(f"[dim]run {safe(run_id)} on {safe(host)}{self.note}[/]")
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        from rich.live import Live
+
+        live = Live(_LiveView(self.progress, self.window if self.mode == "window" else None),
+                    console=_real(self.out), transient=True, refresh_per_second=8, redirect_stdout=False,
+                    redirect_stderr=False)
+        with live:
+            yield
+
+    def text(self, line: str) -> None:
+        if self.mode == "print":
+            self.out.print(line, markup=False, highlight=False, soft_wrap=True)
+        elif self.mode == "window":
+            self.window.append(line)
+
+    def event(self, event: dict[str, Any]) -> None:
         if event.get("event") != "progress":
             return
-        what = clean(str(event.get("what") or run_id))
+        what = clean(str(event.get("what") or "job"))
         total = event.get("total") if isinstance(event.get("total"), (int, float)) else None
         done = event.get("done") if isinstance(event.get("done"), (int, float)) else 0
-        if "id" not in bar:
-            bar["id"] = progress.add_task(what, total=total or None)
-        progress.update(bar["id"], completed=done, total=total or None, description=what)
+        if self.bar is None:
+            self.bar = self.progress.add_task(what, total=total or None)
+        self.progress.update(self.bar, completed=done, total=total or None, description=what)
 
-    try:
-        with live:
-            final = jobs.follow(host, run_id, on_text, on_event, offset, lines)
-    except KeyboardInterrupt:
-        console.print(f"\n[yellow]detached[/]: job {safe(run_id)} keeps running on {safe(host.name)}. Re-attach "
-                      f"with `invoke logs {safe(run_id)} --follow --host {safe(host.name)}`; stop it with "
-                      f"`invoke kill {safe(run_id)} --host {safe(host.name)}`.")
+    def detached(self, host: str, run_id: str) -> None:
+        self.out.print(f"\n[yellow]detached[/]: job {safe(run_id)} keeps running on {safe(host)}. Re-attach "
+                       f"with `invoke logs {safe(run_id)} --follow --host {safe(host)}`; stop it with "
+                       f"`invoke kill {safe(run_id)} --host {safe(host)}`.")
         # Leave at once: the job runs on without us, and closing the SSH link gracefully at exit can
         # wait forever on a lock paramiko's reader held when the interrupt landed (seen under load).
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(130)
-    console.print(f"job {safe(run_id)}: {state_text(final.get('state'))}"
-                  + (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None else ""))
-    return final
+
+    def ended(self, run_id: str, final: dict[str, Any]) -> None:
+        self.out.print(f"job {safe(run_id)}: {state_text(final.get('state'))}"
+                       + (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None else ""))
+
+    def skipped(self, notes: list[dict[str, str]]) -> None:
+        show_skipped(notes, self.out)
+
+
+def show_skipped(notes: list[dict[str, str]], out: Console) -> None:
+    """What a pull left out of a run folder (the first 20 entries, then a count)."""
+    for note in notes[:20]:
+        out.print(f"[yellow]not pulled[/] {safe(note.get('path'))}: {safe(note.get('reason'))}")
+    if len(notes) > 20:
+        out.print(f"[yellow]not pulled[/]: {len(notes) - 20} more entries")

@@ -21,7 +21,6 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from draftops import jobs
 from draftops.errors import DraftopsError
 from draftops.host import Host
 from draftops.jobs import shell_path
@@ -177,10 +176,10 @@ def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
     return EnginePlan(rec, chosen, base, digest, current == digest)
 
 
-def start_setup(host: Host, engine_plan: EnginePlan) -> jobs.Job:
-    """Start the install as a detached job (it survives a dropped link; minutes, 3.5 GB for vLLM)."""
-    script = full_script(engine_plan.recipe, engine_plan.venv, engine_plan.base_python)
-    return jobs.start(host, f"engine-setup-{engine_plan.recipe.name}", script, cwd=".")
+def setup_script(engine_plan: EnginePlan) -> str:
+    """The install job's script, run detached from the host's root (``draftops.tools.run_job``): it
+    survives a dropped link; minutes, 3.5 GB for vLLM."""
+    return full_script(engine_plan.recipe, engine_plan.venv, engine_plan.base_python)
 
 
 _PROBE = r"""

@@ -8,7 +8,6 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftops import jobs
 from draftops.errors import InventoryError
 from draftops.host import Host
 from draftops.jobs import shell_path
@@ -85,11 +84,8 @@ def upload_requirements(host: Host, env_plan: EnvPlan) -> None:
     host.transport.run(upload, input=env_plan.requirements)
 
 
-def start_setup(host: Host, env_plan: EnvPlan) -> jobs.Job:
-    """Upload the requirements next to the venv and start the setup job."""
+def prepare_setup(host: Host, env_plan: EnvPlan) -> str:
+    """Upload the requirements next to the venv; returns the setup job's script (run from the
+    host's root: ``draftops.tools.run_job(..., cwd=".")``)."""
     upload_requirements(host, env_plan)
-    return jobs.start(host, "env-setup", setup_command(host, env_plan), cwd=".")
-
-
-def check_command(host: Host) -> str:
-    return jobs.python_module_command(host, "remote.envcheck", ["--out", jobs.RUN_DIR])
+    return setup_command(host, env_plan)

@@ -75,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, fh, indent=2)
     os.replace(path + ".tmp", path)
     print(json.dumps(report, indent=2))
-    from remote import events
+    from remote import events, exitcodes
     events.result("env.json")
-    return 0
+    return exitcodes.OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from remote import exitcodes
+    exitcodes.run("envcheck", main)

@@ -34,6 +34,12 @@ def result(path: str, **fields: Any) -> None:
     emit("result", path=path, **fields)
 
 
+def error(message: str, **fields: Any) -> None:
+    """Announce why the tool stopped (one paragraph naming the file or field and the fix); the local
+    side shows it, and the runner keeps it as the run's ``outcome.error`` for `invoke runs`."""
+    emit("error", message=message, **fields)
+
+
 def parse(line: str) -> dict[str, Any] | None:
     """Return the event in ``line``, or None when it is an ordinary log line."""
     if not line.startswith(EVENT_PREFIX):

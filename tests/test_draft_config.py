@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from remote import exitcodes
 from remote.draft_config import rewrite
 from remote.eagle import weights
 from tests.sglang_wheels import REPO, extract, run_patcher
@@ -136,7 +137,7 @@ def test_invalid_ids_are_refused_and_nothing_is_written(tmp_path, ids, why):
     original = (ckpt / "config.json").read_bytes()
     proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", ids, "--target",
                            str(make_target(tmp_path / "target")), out=tmp_path / "out")
-    assert proc.returncode == 2
+    assert proc.returncode == exitcodes.REFUSED
     assert result["ok"] is False and result["error_type"] == "InvalidLayerIds"
     assert why in proc.stderr and "eagle_config.eagle_aux_hidden_state_layer_ids" in proc.stderr
     assert str(ckpt / "config.json") in proc.stderr
@@ -153,7 +154,7 @@ def test_nested_target_config_and_sharded_weights_are_read(tmp_path):
     assert any("supports exactly 3" in w for w in result["warnings"])
     proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,14,29", "--target",
                            str(target), out=tmp_path / "out2")
-    assert proc.returncode == 2 and "above 28" in proc.stderr
+    assert proc.returncode == exitcodes.REFUSED and "above 28" in proc.stderr
 
 
 def _report(path: Path, status: str, fix: list[int] | None, patch: bool = True) -> Path:
@@ -171,7 +172,7 @@ def test_report_without_a_fix_is_refused(tmp_path, status, fix, why):
     original = (ckpt / "config.json").read_bytes()
     report = _report(tmp_path / "report.json", status, fix)
     proc, result = run_cli("--ckpt", str(ckpt), "--from-report", str(report), out=tmp_path / "o")
-    assert proc.returncode == 2 and result["error_type"] == "ReportError"
+    assert proc.returncode == exitcodes.REFUSED and result["error_type"] == "ReportError"
     assert why in proc.stderr and str(report) in proc.stderr
     assert (ckpt / "config.json").read_bytes() == original and not _backups(ckpt)
 
@@ -223,7 +224,7 @@ def test_backup_name_skips_existing_backups(tmp_path):
 def test_a_target_config_is_not_taken_for_a_draft(tmp_path):
     target = make_target(tmp_path / "target")
     proc, result = run_cli("--ckpt", str(target), "--layer-ids", "-1,2,30", out=tmp_path / "o")
-    assert proc.returncode == 2 and result["error_type"] == "ConfigFormatError"
+    assert proc.returncode == exitcodes.REFUSED and result["error_type"] == "ConfigFormatError"
     assert "not an EAGLE-3 draft config" in proc.stderr
 
 

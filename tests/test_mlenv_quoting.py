@@ -2,15 +2,17 @@
 (the local host runs commands exactly as an SSH host's login shell does: ``sh -c COMMAND``)."""
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from draftops import mlenv
-from draftops.cli.env import env_rows
+from draftops.cli.env import show_env
 from draftops.host import open_host
 
 HOSTILE = {
@@ -90,15 +92,27 @@ def test_env_table_lists_torch_once_and_every_package():
                                      "capability": "10.0"}]},
               "nvidia_smi": [{"index": "0", "name": "B200"}, {"index": "1", "name": "B200"}],
               "packages": {"torch": "2.13.0", "safetensors": "0.5", "numpy": None, "sglang": "0.5.5"}}
-    rows = env_rows(report)
-    assert list(rows) == ["python", "torch", "cuda:0", "nvidia-smi", "safetensors", "numpy", "sglang"]
-    assert rows["torch"].startswith("2.13.0 (CUDA build 12.8")
-    assert rows["cuda:0"] == r"NVIDIA \[b]B200\[/b], 179.1 GiB, sm 10.0"   # host text is not markup
-    assert rows["nvidia-smi"].count("\n") == 1 and "not installed" in rows["numpy"]
+    rows = _rendered_rows(report)
+    assert [label for label, _ in rows if label] == ["python", "torch", "cuda:0", "nvidia-smi", "safetensors",
+                                                    "numpy", "sglang"]
+    shown = dict(row for row in rows if row[0])
+    assert shown["torch"].startswith("2.13.0 (CUDA build 12.8")
+    assert shown["cuda:0"] == "NVIDIA [b]B200[/b], 179.1 GiB, sm 10.0"       # host text is shown, not markup
+    assert rows[rows.index(("nvidia-smi", shown["nvidia-smi"])) + 1] == ("", "index=1, name=B200")
+    assert shown["numpy"] == "not installed"
 
 
 def test_env_table_without_torch_still_lists_it_once():
-    rows = env_rows({"python": "3.12", "executable": "/p", "torch": {"available": False, "error": "No [x]"},
-                     "nvidia_smi": None, "packages": {"torch": None, "sglang": None}})
-    assert list(rows) == ["python", "torch", "nvidia-smi", "sglang"]
-    assert "not importable" in rows["torch"] and r"\[x]" in rows["torch"]
+    rows = _rendered_rows({"python": "3.12", "executable": "/p", "torch": {"available": False, "error": "No [x]"},
+                           "nvidia_smi": None, "packages": {"torch": None, "sglang": None}})
+    assert [label for label, _ in rows] == ["python", "torch", "nvidia-smi", "sglang"]
+    assert dict(rows)["torch"] == "not importable: No [x]"
+
+
+def _rendered_rows(report: dict) -> list[tuple[str, str]]:
+    """env.check's table as shown: (label, value) per line, read back from the text."""
+    out = io.StringIO()
+    show_env(report, "ml-env on box", Console(file=out, width=200, color_system=None))
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.getvalue().splitlines()
+            if line.startswith("│")]
+    return [(label, value) for label, value in rows]

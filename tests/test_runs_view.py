@@ -8,7 +8,6 @@ import re
 import pytest
 from rich.console import Console
 
-from draftops import console as console_module
 from draftops.console import show_runs
 
 WRAPPER = ("command -v /opt/ml-env/bin/python >/dev/null 2>&1 || { echo 'draftops: the ml-env python "
@@ -33,12 +32,7 @@ def rows() -> list[dict]:
 
 def render(width: int) -> str:
     buffer = io.StringIO()
-    original = console_module.console
-    console_module.console = Console(file=buffer, width=width, highlight=False, color_system=None)
-    try:
-        show_runs(rows(), "box")
-    finally:
-        console_module.console = original
+    show_runs(rows(), "box", Console(file=buffer, width=width, highlight=False, color_system=None))
     return buffer.getvalue()
 
 

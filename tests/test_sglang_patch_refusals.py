@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from remote import exitcodes
 from remote.sglang_patch import actions, locate
 from remote.sglang_patch.errors import CompileFailed
 from remote.sglang_patch.state import StateStore
@@ -26,7 +27,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 def _refused(proc: subprocess.CompletedProcess[str], out: Path, error_type: str) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
     payload = json.loads((out / "patch.json").read_text())
     assert payload["ok"] is False and payload["error_type"] == error_type
     assert payload["changed"] == []

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from remote import fileio
+from remote import exitcodes, fileio
 from remote.sglang_patch import locate, template
 from remote.sglang_patch.edits import Edit, Source
 from remote.sglang_patch.targets import resolve_models
@@ -128,7 +128,7 @@ def test_cli_rejects_unknown_model_names(tmp_path):
     root = extract("0.5.23", tmp_path / "site")
     proc = run_patcher(root, "status", "--models", "gpt", state_dir=tmp_path / "s",
                        out=tmp_path / "o")
-    assert proc.returncode == 2 and "unknown model 'gpt'" in proc.stderr
+    assert proc.returncode == exitcodes.REFUSED and "unknown model 'gpt'" in proc.stderr
     assert json.loads(Path(tmp_path / "o" / "patch.json").read_text())["ok"] is False
 
 

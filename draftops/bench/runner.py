@@ -192,9 +192,10 @@ def _max_running(served: ServedBy, info: dict[str, Any] | None) -> int | None:
 
 
 def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: planning.BenchPlan,
-          served: ServedBy, job_state: str | None) -> BenchResult:
-    """The bench result of a pulled run folder (succeeded, or failed with what was written)."""
-    runner = _read_json(folder / RUNNER_FILE) or {}
+          served: ServedBy, job_state: str | None, runner_doc: Any = None) -> BenchResult:
+    """The bench result of a pulled run folder (succeeded, or failed with what was written);
+    ``runner_doc`` is its runner.json when the caller read it already (``ToolResult.data``)."""
+    runner = runner_doc if isinstance(runner_doc, dict) else (_read_json(folder / RUNNER_FILE) or {})
     facts = _read_json(folder / HOST_FILE) or {}
     done = {s["name"] for s in runner.get("steps", []) if s.get("exit_code") == 0 and s.get("server_alive_after")}
     got = measure(served.engine, folder, job, done)

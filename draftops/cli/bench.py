@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,14 @@ from draftops.cli.common import (
     ensure_code,
     friendly,
     host_path,
+    live,
     project_root,
-    run_job,
     whole_number,
 )
 from draftops.console import console, escape
 from draftops.errors import BenchError, HistoryError
 from draftops.host import Host
+from draftops.tools import call_tool, run_tool
 
 TOLERANCE = 0.10        # draftops.bench.compare.TOLERANCE; the bench modules load when the task runs
 
@@ -99,31 +99,23 @@ def _whole(flag: str, value: Any) -> int | None:
 
 
 def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
-    """``python -m remote.bench.probe ENGINE`` with the engine's python on the host."""
-    extra = env.get("PYTHONPATH")
-    command = (f"cd {jobs.shell_path(box.code_dir)} && PYTHONPATH=.{':' + shlex.quote(extra) if extra else ''} "
-               f"{jobs.shell_path(python)} -m remote.bench.probe {shlex.quote(engine)}")
-    done = box.transport.run(command, check=False, timeout=60)
-    lines = done.text.strip().splitlines()
-    if not done.ok or not lines:
-        raise BenchError(f"Host {box.name!r}: looking for the {engine} benchmark client with {python} failed "
-                         f"(exit {done.exit_code}): {done.stderr.decode('utf-8', 'replace').strip()[-800:]}")
-    answer: dict[str, Any] = json.loads(lines[-1])
+    """``python -m remote.bench.probe ENGINE`` with the engine's python on the host (only the serve
+    profile's PYTHONPATH reaches it)."""
+    extra = {"PYTHONPATH": env["PYTHONPATH"]} if env.get("PYTHONPATH") else {}
+    answer: dict[str, Any] = call_tool(box, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
+                                       error=BenchError, missing="Install the engine there (`invoke env.setup`).")
     return answer
 
 
 def _demo_dataset(box: Host) -> str:
     """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
-    demo, out = f"{box.state_dir}/demo", f"{box.state_dir}/bench-prompts"
-    path = f"{out}/demo.jsonl"
-    command = (f"mkdir -p {jobs.shell_path(out)} && cd {jobs.shell_path(box.code_dir)} && PYTHONPATH=. "
-               f"{jobs.shell_path(box.spec.interpreter)} -m remote.bench.demo_prompts {jobs.shell_path(demo)} "
-               f"{jobs.shell_path(path)}")
-    done = box.transport.run(command, check=False, timeout=120)
-    if not done.ok:
-        raise BenchError(f"Host {box.name!r}: writing the demo prompts failed: "
-                         f"{(done.stderr.decode('utf-8', 'replace') or done.text).strip()[-800:]} "
-                         "Generate the demo first (`invoke test-drafter` or `invoke serve --draft demo`).")
+    path = f"{box.state_dir}/bench-prompts/demo.jsonl"
+    try:
+        call_tool(box, "remote.bench.demo_prompts", [f"{box.state_dir}/demo", path], python=box.spec.interpreter,
+                  timeout=120, error=BenchError)
+    except BenchError as exc:
+        raise BenchError(f"{exc} Generate the demo first (`invoke test-drafter` or `invoke serve --draft "
+                         "demo`).") from None
     return path
 
 
@@ -169,18 +161,17 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
                              effective=server.effective or {}, asked=server.asked)
     for warning in bench.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
-    command = jobs.python_module_command(box, "remote.bench.runner",
-                                         ["--plan-json", json.dumps(runner.job_plan(bench, served))])
     job_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     if env.get("PYTHONPATH"):
         job_env[runner.CLIENT_PATH_VAR] = env["PYTHONPATH"]
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
-    run_id, final, local = run_job(box, f"bench-{name or server.engine}", command, log="window", task="bench",
-                                   args=given, env=job_env)
-    folder = local or project_root(c) / "runs" / run_id
+    done = run_tool(box, "remote.bench.runner", ["--plan-json", json.dumps(runner.job_plan(bench, served))],
+                    name=f"bench-{name or server.engine}", view=live("window"), task="bench", given=given, env=job_env)
+    run_id = done.run_id
+    folder = done.folder or project_root(c) / "runs" / run_id
     res = runner.build(run_id=run_id, host=box.name, folder=folder, job=runner.job_plan(bench, served),
-                       bench=bench, served=served, job_state=final.get("state"))
+                       bench=bench, served=served, job_state=done.state, runner_doc=done.data)
     from draftops.bench import result as bench_result
     from draftops.bench import summary
     bench_result.write(res, folder)

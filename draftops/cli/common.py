@@ -1,4 +1,7 @@
-"""What every task shares: the project root, the connected host, friendly errors, job round trips."""
+"""What every task shares: the project root, the connected host, friendly errors, the live job view.
+
+Remote tools are run by ``draftops.tools.run_tool`` (start, follow, pull, read the result); a task
+passes it ``live(...)`` to show the job on its console."""
 from __future__ import annotations
 
 import functools
@@ -9,13 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Context
 from invoke.exceptions import Exit
 
-from draftops import jobs
-from draftops.console import LogMode, console, follow_live, safe
+from draftops.console import LiveJob, LogMode, console
 from draftops.errors import DraftopsError
 from draftops.host import Host, open_host
 from draftops.sync import sync
 from draftops.terminal import clean
-from remote.events import EVENT_PREFIX
 
 if TYPE_CHECKING:
     from draftops.inventory import Inventory
@@ -58,57 +59,9 @@ def ensure_code(target: Host) -> None:
     target.synced = True
 
 
-def run_job(target: Host, name: str, command: str, *, follow: bool = True, pull: bool = True,
-            quiet: bool = False, env: dict[str, str] | None = None, log: LogMode | None = None,
-            task: str | None = None, args: dict[str, Any] | None = None
-            ) -> tuple[str, dict[str, Any], Path | None]:
-    """Start a job, stream it, pull its folder home; returns (id, final status, local folder).
-
-    ``task``/``args`` record what the run is (shown by `invoke runs`); ``log`` is how its log shows
-    while it runs (see ``follow_live``)."""
-    job = jobs.start(target, name, command, env=env, task=task, args=args)
-    console.print(f"[dim]run {job.id} on {safe(target.name)}[/]")
-    if not follow:
-        console.print(f"started; follow with `invoke logs {job.id} --follow --host {safe(target.name)}`")
-        return job.id, jobs.status(target, job.id), None
-    final = follow_live(target, job.id, quiet=quiet, log=log)
-    local = None
-    if pull:
-        pulled = jobs.pull_run(target, job.id)
-        show_skipped(pulled)
-        local = pulled.path
-    return job.id, final, local
-
-
-def show_skipped(pulled: jobs.Pulled) -> None:
-    for note in pulled.skipped[:20]:
-        console.print(f"[yellow]not pulled[/] {safe(note.get('path'))}: {safe(note.get('reason'))}")
-    if len(pulled.skipped) > 20:
-        console.print(f"[yellow]not pulled[/]: {len(pulled.skipped) - 20} more entries")
-
-
-def log_tail(path: Path, lines: int = 15, max_bytes: int = 1 << 16) -> list[str]:
-    """The last text lines of a pulled log (event lines left out, terminal-safe); reads only its end."""
-    with open(path, "rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - max_bytes))
-        data = fh.read()
-    if size > max_bytes:
-        data = data.split(b"\n", 1)[-1]            # the first line is cut
-    text = [clean(line) for line in data.decode("utf-8", "replace").splitlines()
-            if not line.startswith(EVENT_PREFIX)]
-    return text[-lines:]
-
-
-def require_success(run_id: str, final: dict[str, Any], local: Path | None) -> None:
-    """Exit 1 unless the run succeeded, with the end of its log (the useful part of a failure)."""
-    if final.get("state") != "succeeded":
-        where, tail = "", ""
-        if local and (local / "log").is_file():
-            where = f"; its log is in {local}/log"
-            tail = "\n" + "\n".join(log_tail(local / "log"))
-        raise Exit(f"error: run {run_id} {clean(str(final.get('state')))} (exit {final.get('exit_code')}){where}."
-                   f"{tail}", code=1)
+def live(log: LogMode = "print", note: str = "", announce: bool = True) -> LiveJob:
+    """How a task shows the job it follows: the live tail on the task's console (see ``LiveJob``)."""
+    return LiveJob(console, log, note, announce)
 
 
 def adopt_callwide_host(argv: list[str]) -> None:

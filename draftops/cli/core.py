@@ -6,16 +6,16 @@ import time
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs, timing
-from draftops.cli.common import HOST_HELP, connect, friendly, project_root, show_skipped
+from draftops import jobs, timing, tools
+from draftops.cli.common import HOST_HELP, connect, friendly, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
     console,
     err_console,
-    follow_live,
     human_bytes,
     safe,
     show_runs,
+    show_skipped,
     show_sync,
     state_text,
 )
@@ -49,7 +49,7 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
         timing.took("scan wait", time.monotonic() - waited)
         report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
     target.synced = target.synced or not dry_run
-    show_sync(report, verbose)
+    show_sync(report, console, verbose)
     timing.at("task-end")
 
 
@@ -62,7 +62,7 @@ def runs(c: Context, host: str | None = None, local: bool = False, kind: str | N
     if local:
         return show_local_runs(c, host=host, kind=kind, draft=draft, since=since)
     target = connect(c, host)
-    show_runs(jobs.list_runs(target), target.name)
+    show_runs(jobs.list_runs(target), target.name, console)
 
 
 @task(help={"host": HOST_HELP, "follow": "keep streaming until the job ends (Ctrl-C detaches)",
@@ -76,7 +76,7 @@ def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False,
         raise Exit(f"error: --lines must be 0 or more, not {lines}.", code=1)
     target = connect(c, host)
     if follow:
-        follow_live(target, run_id, lines=None if all else lines)
+        tools.follow(target, run_id, live(), lines=None if all else lines)
         return
     out = console.file
 
@@ -105,5 +105,5 @@ def pull(c: Context, run_id: str, host: str | None = None) -> None:
     """Copy <root>/runs/<id>/ from the host into runs/<id>/ here (links that lead out are left out)."""
     target = connect(c, host)
     pulled = jobs.pull_run(target, run_id)
-    show_skipped(pulled)
+    show_skipped(pulled.skipped, console)
     console.print(f"pulled into {safe(pulled.path)}")

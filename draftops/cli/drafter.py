@@ -1,16 +1,15 @@
 """`invoke test-drafter`: evaluate a draft on its hidden-state dumps on the host, outside any server."""
 from __future__ import annotations
 
-import json
-
 from invoke import Context, task
 from invoke.exceptions import Exit
 
 from draftops import jobs
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, require_success, run_job
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
 from draftops.console import console, escape
 from draftops.serve.request import demo_dir
+from draftops.tools import run_tool
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
@@ -35,21 +34,18 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:
             args += [flag, str(value)]
-    command = jobs.python_module_command(target, "remote.drafter", args)
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
              "limit": limit, "expected_acc": expected_acc, "device": device}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    run_id, final, local = run_job(target, "test-drafter", command, log="window", task="test-drafter",
-                                   args=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
-    path = local / "report.json" if local else None
-    if final.get("state") == "succeeded" and path and path.is_file():
+    done = run_tool(target, "remote.drafter", args, name="test-drafter", view=live("window"),
+                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
+    if done.ok and isinstance(done.data, dict):
         from draftops import report  # rich panels: imported when there is a report to show
 
-        doc = json.loads(path.read_text())
-        report.show(doc, console)
-        console.print(f"[dim]report: {path}  (fix it with `invoke draft-config --ckpt {escape(ckpt or 'demo')} "
-                      f"--from-report {run_id}`)[/]")
-    record_test_drafter(target, run_id, final, local, given)
-    require_success(run_id, final, local)
+        report.show(done.data, console)
+        console.print(f"[dim]report: {done.result_file}  (fix it with `invoke draft-config --ckpt "
+                      f"{escape(ckpt or 'demo')} --from-report {done.run_id}`)[/]")
+    record_test_drafter(target, done, given)
+    done.check()

@@ -5,12 +5,13 @@ in draftops/engine_env.py.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from draftops import engine_env, jobs
-from draftops.cli.common import require_success
-from draftops.console import console, escape, follow_live
+from draftops import engine_env
+from draftops.cli.common import live
+from draftops.console import console, escape
 from draftops.host import Host
+from draftops.tools import run_job
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,18 +24,18 @@ def setup_engine(target: Host, engine: str, venv: str | None) -> None:
         console.print(f"[green]env[/] {target.name}: {escape(plan.venv)} is up to date "
                       f"({plan.recipe.dist} {plan.recipe.version}, hash {plan.digest[:12]}); nothing to do")
         return
-    job = engine_env.start_setup(target, plan)
-    console.print(f"[dim]run {job.id} on {target.name}: installing {plan.recipe.dist} {plan.recipe.version} "
-                  f"into {escape(plan.venv)} (minutes; it survives a dropped link)[/]")
-    final = follow_live(target, job.id)
-    require_success(job.id, final, jobs.pull(target, job.id))
+    note = (f": installing {plan.recipe.dist} {plan.recipe.version} into {escape(plan.venv)} (minutes; it "
+            "survives a dropped link)")
+    run_job(target, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
+            view=live(note=note)).check()
     console.print(f"[green]env[/] {target.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
                   f"(hash {plan.digest[:12]})")
 
 
-def add_engine_rows(target: Host, table: Table) -> None:
-    """One row per engine draftops installs: its version and venv, or where it would go."""
-    for row in engine_env.probe(target):
+def add_engine_rows(engines: list[dict[str, Any]], table: Table) -> None:
+    """One row per engine draftops installs (``engine_env.probe``): its version and venv, or where it
+    would go."""
+    for row in engines:
         venv = escape(row["venv"])
         if not row["version"]:
             table.add_row(f"engine {row['engine']}", f"[dim]not installed[/] (would go to {venv}: "

@@ -1,15 +1,20 @@
 """Tasks for the host's ml-env: env.setup and env.check."""
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
 from draftops import engine_env, jobs, mlenv
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, require_success, run_job
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
 from draftops.cli.engines import add_engine_rows, setup_engine
-from draftops.console import console, escape, follow_live
+from draftops.console import console, escape
+from draftops.errors import JobError
+from draftops.tools import run_job, run_tool
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 @task(help={"host": HOST_HELP,
@@ -27,11 +32,9 @@ def setup(c: Context, host: str | None = None, engine: str | None = None, venv: 
         console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} is up to date "
                       f"(requirements hash {env_plan.digest[:12]}); nothing to do")
         return
-    job = mlenv.start_setup(target, env_plan)
-    final = follow_live(target, job.id)
-    require_success(job.id, final, None)
+    script = mlenv.prepare_setup(target, env_plan)
+    run_job(target, "env-setup", script, cwd=".", view=live(announce=False)).check()
     console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]})")
-    jobs.pull(target, job.id)
 
 
 @task(help={"host": HOST_HELP})
@@ -40,19 +43,29 @@ def check(c: Context, host: str | None = None) -> None:
     """Show python, torch, CUDA, GPUs, sglang and speculators on the host (table + env.json)."""
     target = connect(c, host)
     ensure_code(target)
-    run_id, final, local = run_job(target, "env-check", mlenv.check_command(target), quiet=True)
-    require_success(run_id, final, local)
-    assert local is not None
-    report = json.loads((local / "env.json").read_text())
+    done = run_tool(target, "remote.envcheck", ["--out", jobs.RUN_DIR], name="env-check", view=live("hide")).check()
+    if not isinstance(done.data, dict):
+        raise JobError(f"Run {done.run_id} on host {target.name!r} left no readable env.json "
+                            f"({'; '.join(done.notes) or 'no result announced'}); see {done.folder}/log.")
+    table = env_table(done.data, f"ml-env on {target.name} ({target.spec.interpreter})")
+    add_engine_rows(engine_env.probe(target), table)
+    console.print(table)
+    console.print(f"[dim]JSON: {escape(str(done.result_file))}[/]")
+
+
+def env_table(report: dict[str, Any], title: str) -> Table:
+    """env.json as a two-column table (host text escaped); the engine rows are added after it."""
     from rich.table import Table
 
-    table = Table(title=escape(f"ml-env on {target.name} ({target.spec.interpreter})"), title_justify="left",
-                  show_header=False)
+    table = Table(title=escape(title), title_justify="left", show_header=False)
     for label, value in env_rows(report).items():
         table.add_row(escape(label), value)
-    add_engine_rows(target, table)
-    console.print(table)
-    console.print(f"[dim]JSON: {escape(str(local / 'env.json'))}[/]")
+    return table
+
+
+def show_env(report: dict[str, Any], title: str, out: Console) -> None:
+    """env.json as the env.check table, without the engine rows (they need the host)."""
+    out.print(env_table(report, title))
 
 
 def env_rows(report: dict[str, Any]) -> dict[str, str]:

@@ -3,9 +3,7 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
@@ -14,7 +12,11 @@ from draftops.cli.common import project_root
 from draftops.console import console, escape
 from draftops.errors import DraftopsError, HistoryError
 from draftops.host import Host
+from draftops.tools import ToolResult
 from remote.bench.digest import config_digest
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 LOCAL_RUNS_HELP = {
     "local": "list the local run history (runs/history.sqlite) instead of the host's run folders",
@@ -68,39 +70,32 @@ def _short(path: str | None, width: int = 28) -> str:
 def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = None, draft: str | None = None,
                     since: str | None = None) -> None:
     """`invoke runs --local`: the history table, newest first."""
-    from rich.table import Table
-
     root = project_root(c)
     found = history.for_project(root).query(kind=kind, host=host, draft=draft,
                                             since=history.parse_since(since) if since else None)
     filters = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("host", host), ("draft", draft),
                                                   ("since", since)) if v)
-    table = Table(title=f"local run history ({root / 'runs' / history.DB_NAME})" + (f": {filters}" if filters else ""),
-                  title_justify="left")
+    show_history(found, f"local run history ({root / 'runs' / history.DB_NAME})", filters, console)
+
+
+def show_history(found: list[history.RunRecord], title: str, filters: str, out: Console) -> None:
+    """History records as a table (``filters``: what the query was limited to, for the title)."""
+    from rich.table import Table
+
+    table = Table(title=escape(title + (f": {filters}" if filters else "")), title_justify="left")
     for col in ("id", "kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"):
         table.add_column(col, overflow="fold" if col in ("id", "headline") else "ellipsis")
     for rec in found:
         engine = " ".join(p for p in (rec.engine, rec.engine_version) if p)
         draft_text = _short(rec.draft) + (f" {rec.draft_digest[7:15]}" if rec.draft_digest else "")
         verdict = rec.verdict or ""
-        table.add_row(escape(rec.run_id), rec.kind, escape(rec.host), rec.time[:19].replace("T", " "), escape(engine),
-                      escape(_short(rec.target)), escape(draft_text),
+        table.add_row(escape(rec.run_id), escape(rec.kind), escape(rec.host), rec.time[:19].replace("T", " "),
+                      escape(engine), escape(_short(rec.target)), escape(draft_text),
                       f"[{VERDICT_STYLE.get(verdict, 'white')}]{escape(verdict)}[/]", escape(headline(rec)))
-    console.print(table)
+    out.print(table)
     if not found:
-        console.print("[dim]no runs recorded" + (" match" if filters else " yet") +
-                      "; test-drafter, serve and bench record theirs here.[/]")
-
-
-def _read_report(local: Path | None) -> dict[str, Any] | None:
-    path = local / "report.json" if local else None
-    if not path or not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+        out.print("[dim]no runs recorded" + (" match" if filters else " yet") +
+                  "; test-drafter, serve and bench record theirs here.[/]")
 
 
 def _host_config_digest(target: Host, report: dict[str, Any] | None) -> str | None:
@@ -131,12 +126,12 @@ def record_serve(target: Host, rec_args: dict[str, Any]) -> None:
                       f"the local history: {escape(str(exc))}[/]")
 
 
-def record_test_drafter(target: Host, run_id: str, final: dict[str, Any], local: Path | None,
-                        args: dict[str, Any]) -> None:
+def record_test_drafter(target: Host, done: ToolResult, args: dict[str, Any]) -> None:
     """Record a finished test-drafter run in the local history (one call at the end of the task)."""
+    run_id = done.run_id
     try:
-        report = _read_report(local)
-        rec = records.test_drafter_record(run_id, target.name, final, report, args,
+        report = done.data if isinstance(done.data, dict) else None
+        rec = records.test_drafter_record(run_id, done.host, done.final, report, args,
                                           git_rev=history.project_revision(target.project_root),
                                           config_digest=_host_config_digest(target, report))
         history.for_project(target.project_root).record(rec)

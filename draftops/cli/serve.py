@@ -8,28 +8,30 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
-from draftops import jobs
+from draftops import tools
 from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
     friendly,
     host_path,
+    live,
     project_root,
-    require_success,
-    run_job,
     whole_number,
 )
 from draftops.cli.history import record_serve
-from draftops.console import console, escape, follow_live, state_text
+from draftops.console import console, escape, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _HELP = {
     "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and its draft "
@@ -65,18 +67,18 @@ def _whole(flag: str, value: Any) -> int | None:
     return whole_number(flag, value, ServeRefused)
 
 
-def _show(found: checks.Findings) -> None:
+def show_findings(found: checks.Findings, out: Console) -> None:
+    """The checks' notes and warnings (refusals are raised, not shown)."""
     for note in found.notes:
-        console.print(f"[dim]· {escape(note)}[/]")
+        out.print(f"[dim]· {escape(note)}[/]")
     for warning in found.warnings:
-        console.print(f"[yellow]warning[/]: {escape(warning)}")
+        out.print(f"[yellow]warning[/]: {escape(warning)}")
 
 
 def _ensure_demo(box: Host) -> None:
     """Generate the demo on the host once (the same cache `invoke test-drafter` uses)."""
-    command = jobs.python_module_command(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)])
-    run_id, final, _ = run_job(box, "demo", command, pull=False, quiet=True)
-    require_success(run_id, final, None)
+    tools.run_tool(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)], name="demo", pull=False,
+             view=live("hide")).check()
 
 
 class _ProgressLine:
@@ -108,7 +110,8 @@ def _value(value: Any) -> str:
     return "—" if value is None else escape(str(value))
 
 
-def _show_readback(readback: lifecycle.Readback, label: str) -> None:
+def show_readback(readback: lifecycle.Readback, label: str, out: Console) -> None:
+    """Asked-for vs effective settings, the differing ones in red, then the notes."""
     from rich.table import Table
 
     table = Table(title=f"{label}: asked for vs effective", title_justify="left")
@@ -116,14 +119,14 @@ def _show_readback(readback: lifecycle.Readback, label: str) -> None:
         table.add_column(col, overflow="fold")
     for name, asked, got, differs in readback.rows:
         style = "bold red" if differs else ""
-        table.add_row(f"[{style}]{name}[/]" if style else name, _value(asked),
+        table.add_row(f"[{style}]{escape(name)}[/]" if style else escape(name), _value(asked),
                       f"[{style}]{_value(got)}[/]" if style else _value(got))
-    console.print(table)
+    out.print(table)
     differing = [name for name, _, _, differs in readback.rows if differs]
     if differing:
-        console.print(f"[bold red]the server runs with other values than asked for: {', '.join(differing)}[/]")
+        out.print(f"[bold red]the server runs with other values than asked for: {escape(', '.join(differing))}[/]")
     for note in readback.notes:
-        console.print(f"[yellow]note[/]: {escape(note)}")
+        out.print(f"[yellow]note[/]: {escape(note)}")
 
 
 @task(default=True, help=_HELP)
@@ -155,7 +158,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     engine_info = facts.get("engine") or {}
     console.print(f"[bold]{plan.engine.label}[/] {engine_info.get('version') or ''} on {box.name} "
                   f"(profile {chosen.name}, {escape(launch.python)})")
-    _show(found)
+    show_findings(found, console)
     if found.refusals:
         raise ServeRefused(*found.refusals)
     ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
@@ -193,7 +196,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     record_serve(box, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
     console.print(f"[green]ready[/]: {plan.engine.label} on {box.name} 127.0.0.1:{server.port} "
                   f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
-    _show_readback(readback, plan.engine.label)
+    show_readback(readback, plan.engine.label, console)
     console.print(f"[dim]status: `invoke serve.status --host {box.name}`; stop: `invoke serve.stop --port "
                   f"{server.port} --host {box.name}`[/]")
 
@@ -219,22 +222,26 @@ def status(c: Context, host: str | None = None) -> None:
     """List the draftops servers on the host: engine, port, pid, target, draft, uptime, settings, alive."""
     box = connect(c, host)
     ensure_code(box)
-    rows = lifecycle.servers(box)
+    show_servers(lifecycle.servers(box), box.name, console)
+
+
+def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
+    """The registry's servers as a table (or one line when there are none)."""
     if not rows:
-        console.print(f"no draftops servers on {box.name}")
+        out.print(f"no draftops servers on {escape(host)}")
         return
     from rich.table import Table
 
-    table = Table(title=f"servers on {box.name}", title_justify="left")
+    table = Table(title=f"servers on {escape(host)}", title_justify="left")
     for col in ("port", "engine", "state", "pid", "uptime"):
         table.add_column(col, no_wrap=True)
     for col in ("target", "draft", "effective settings", "run"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(str(row.port), row.engine, state_text("alive" if row.alive else "dead"),
+        table.add_row(str(row.port), escape(row.engine), state_text("alive" if row.alive else "dead"),
                       str(row.pid or "—"), _uptime(row.uptime_s), escape(row.target),
-                      escape(row.draft or "(baseline)"), escape(_settings(row)), row.run_id)
-    console.print(table)
+                      escape(row.draft or "(baseline)"), escape(_settings(row)), escape(row.run_id))
+    out.print(table)
 
 
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",
@@ -273,4 +280,4 @@ def logs(c: Context, port: int | None = None, follow: bool = False, lines: int =
     server = lifecycle.find(box, _whole("--port", port))
     console.print(lifecycle.log_tail(box, server.run_id, lines), markup=False, highlight=False, end="")
     if follow:
-        follow_live(box, server.run_id, offset=lifecycle.log_size(box, server.run_id))
+        tools.follow(box, server.run_id, live(), offset=lifecycle.log_size(box, server.run_id))

@@ -5,9 +5,8 @@ Invoke has no optional positional arguments.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
@@ -19,19 +18,23 @@ from draftops.cli.common import (
     ensure_code,
     friendly,
     host_path,
+    live,
     project_root,
-    require_success,
-    run_job,
 )
-from draftops.console import console, escape
+from draftops.console import console, escape, safe
 from draftops.errors import JobError
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
+from draftops.tools import run_tool
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
                "modified": "red bold"}
 
 
-def _show_patch(report: dict[str, Any], host: str) -> None:
+def show_patch(report: dict[str, Any], host: str, out: Console) -> None:
+    """patch.json as a table of files and states, then its checks and notes."""
     from rich.table import Table
 
     table = Table(title=f"SGLang {report.get('sglang_version')} on {host}: {report.get('action')}",
@@ -42,15 +45,15 @@ def _show_patch(report: dict[str, Any], host: str) -> None:
     for row in report.get("files", []):
         state = row["state"]
         mark = " (changed)" if row["file"] in changed else ""
-        table.add_row(row["file"], row["model"], f"[{STATE_STYLE.get(state, 'white')}]{state}[/]{mark}",
-                      escape(row.get("detail") or ""))
-    console.print(table)
+        table.add_row(escape(row["file"]), escape(row["model"]),
+                      f"[{STATE_STYLE.get(state, 'white')}]{escape(state)}[/]{mark}", escape(row.get("detail") or ""))
+    out.print(table)
     for check in report.get("checks") or []:
         colour = "green" if check["ok"] else "red"
-        console.print(f"  [{colour}]{'ok' if check['ok'] else 'FAIL'}[/] {check['file']}: {check['check']} "
-                      f"{escape(check.get('detail') or '')}")
+        out.print(f"  [{colour}]{'ok' if check['ok'] else 'FAIL'}[/] {escape(check['file'])}: "
+                  f"{escape(check['check'])} {escape(check.get('detail') or '')}")
     for note in report.get("notes") or []:
-        console.print(f"[dim]{escape(note)}[/]")
+        out.print(f"[dim]{escape(note)}[/]")
 
 
 def _patch(c: Context, action: str, host: str | None, models: str | None) -> None:
@@ -59,17 +62,11 @@ def _patch(c: Context, action: str, host: str | None, models: str | None) -> Non
     args = [action, "--out", jobs.RUN_DIR]
     if models:
         args += ["--models", models]
-    command = jobs.python_module_command(target, "remote.sglang_patch", args)
-    run_id, final, local = run_job(target, f"patch-sglang-{action}", command, quiet=True,
-                                   env={"DRAFTOPS_STATE_DIR": target.state_dir})
-    report_path = local / "patch.json" if local else None
-    if report_path and report_path.is_file():
-        report = json.loads(report_path.read_text())
-        if report.get("files"):
-            _show_patch(report, target.name)
-        if report.get("error"):
-            raise Exit(f"error: {report['error']}", code=1)
-    require_success(run_id, final, local)
+    done = run_tool(target, "remote.sglang_patch", args, name=f"patch-sglang-{action}", view=live("hide"),
+                    env={"DRAFTOPS_STATE_DIR": target.state_dir})
+    if isinstance(done.data, dict) and done.data.get("files"):
+        show_patch(done.data, target.name, console)
+    done.check()
 
 
 _PATCH_HELP = {"host": HOST_HELP, "models": "comma-separated model files (default: all supported)"}
@@ -133,19 +130,19 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         args += ["--target", target]
     if dry_run:
         args.append("--dry-run")
-    command = jobs.python_module_command(box, "remote.draft_config", args)
-    run_id, final, local = run_job(box, "draft-config", command, quiet=True,
-                                   env={"DRAFTOPS_STATE_DIR": box.state_dir})
-    path = local / "draft_config.json" if local else None
-    if path and path.is_file():
-        result = json.loads(path.read_text())
-        if result.get("error"):
-            raise Exit(f"error: {result['error']}", code=1)
-        verb = "would write" if result.get("dry_run") else ("wrote" if result.get("changed") else "kept")
-        console.print(f"[green]draft-config[/] {result.get('config')} ({result.get('format')}, "
-                      f"`{result.get('field')}`): {result.get('old_ids')} → {verb} {result.get('written_ids')}")
-        if result.get("backup"):
-            console.print(f"  backup: {result['backup']}")
-        for warning in result.get("warnings") or []:
-            console.print(f"  [yellow]warning[/]: {escape(warning)}")
-    require_success(run_id, final, local)
+    done = run_tool(box, "remote.draft_config", args, name="draft-config", view=live("hide"),
+                    env={"DRAFTOPS_STATE_DIR": box.state_dir}).check()
+    if isinstance(done.data, dict):
+        show_draft_config(done.data, console)
+
+
+def show_draft_config(result: dict[str, Any], out: Console) -> None:
+    """draft_config.json in two lines: the ids before and after, the backup, the warnings."""
+    verb = "would write" if result.get("dry_run") else ("wrote" if result.get("changed") else "kept")
+    out.print(f"[green]draft-config[/] {safe(result.get('config'))} ({safe(result.get('format'))}, "
+              f"`{safe(result.get('field'))}`): {safe(result.get('old_ids'))} → {verb} "
+              f"{safe(result.get('written_ids'))}")
+    if result.get("backup"):
+        out.print(f"  backup: {safe(result['backup'])}")
+    for warning in result.get("warnings") or []:
+        out.print(f"  [yellow]warning[/]: {safe(warning)}")

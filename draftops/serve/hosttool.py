@@ -6,37 +6,22 @@ there, one SSH exec per call, from the synced code folder (the caller syncs firs
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from draftops.errors import ServeError
 from draftops.host import Host
-from draftops.jobs import shell_path
+from draftops.tools import call_tool
 
 
 def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[str, str] | None = None,
         input: bytes | None = None, timeout: float | None = None, install: str = "") -> dict[str, Any]:
-    """``python -m remote.serve ARGS`` on ``host``; returns its JSON answer. ``install`` says how to get
-    the python when it is missing."""
-    variables = dict(env or {})
-    extra = variables.pop("PYTHONPATH", "")
-    pythonpath = ".:" + extra if extra else "."
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**variables, "PYTHONPATH": pythonpath}.items())
-    interpreter = python or host.agent_python
-    command = (f"cd {shell_path(host.code_dir)} && env {assigns} {shell_path(interpreter)} -m remote.serve "
-               + " ".join(shlex.quote(a) for a in args))
-    result = host.transport.run(command, input=input, timeout=timeout, check=False)
-    lines = result.text.strip().splitlines()
-    if not result.ok or not lines:
-        stderr = result.stderr.decode("utf-8", "replace").strip()
-        missing = result.exit_code == 127 or "No such file" in stderr
-        hint = (f" The python {interpreter} does not exist on host {host.name!r}. {install or 'Install it'}, "
-                "or point `python:` in the serve profile (or `engine_python:` in the host entry) at the "
-                "interpreter that runs the engine." if missing else "")
-        raise ServeError(f"Host {host.name!r}: `remote.serve {args[0]}` failed (exit {result.exit_code})."
-                         f"{hint} {stderr[-1500:]}".strip())
-    answer: dict[str, Any] = json.loads(lines[-1])
+    """``python -m remote.serve ARGS`` on ``host`` (``draftops.tools.call_tool``); returns its JSON
+    answer. ``install`` says how to get the python when it is missing."""
+    missing = (f"{install or 'Install it'}, or point `python:` in the serve profile (or `engine_python:` in "
+               "the host entry) at the interpreter that runs the engine.")
+    answer: dict[str, Any] = call_tool(host, "remote.serve", args, python=python, env=env, input=input,
+                                       timeout=timeout, error=ServeError, missing=missing)
     return answer
 
 

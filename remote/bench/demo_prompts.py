@@ -17,6 +17,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from .. import events, exitcodes
 from ..drafter import wordtokenizer
 
 
@@ -38,6 +39,7 @@ def prompts(demo: Path, prefix_len: int) -> list[str]:
 
 def write(demo: Path, dest: Path, prefix_len: int) -> int:
     texts = prompts(demo, prefix_len)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     os.replace(tmp, dest)
@@ -53,11 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         count = write(args.demo, args.out, args.prefix_len)
     except (OSError, ValueError) as exc:
+        events.error(str(exc), kind=type(exc).__name__, exit_code=exitcodes.REFUSED)
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exitcodes.REFUSED
     print(json.dumps({"prompts": count, "path": str(args.out)}))
-    return 0
+    return exitcodes.OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("demo-prompts", main)

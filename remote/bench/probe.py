@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import events, exitcodes
+
 FLAGS = ("--temperature", "--flush-cache", "--warmup-requests", "--num-warmups", "--seed",
          "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file")
 CLIENTS = {"sglang": (("sglang.benchmark.serving", "benchmark/serving.py"),
@@ -55,5 +57,18 @@ def probe(engine: str) -> dict[str, Any]:
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m remote.bench.probe ENGINE``: one JSON line (exit codes: remote/exitcodes.py)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        found = probe(args[0] if args else "sglang")
+    except ValueError as exc:
+        events.error(str(exc), kind="ValueError", exit_code=exitcodes.USAGE)
+        print(f"error: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    print(json.dumps(found))
+    return exitcodes.OK
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe(sys.argv[1] if len(sys.argv) > 1 else "sglang")))
+    exitcodes.run("bench-probe", main)

@@ -16,12 +16,11 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import events
+from .. import events, exitcodes
 from . import digest
 
 RUN_DIR_TOKEN = "@RUN_DIR@"
@@ -299,7 +298,7 @@ class Runner:
         self.save()
         events.result(RUNNER_FILE, status=self.doc["status"],
                       headline=self.doc["failure"] or f"{plan['repeats']} repeat(s) done")
-        return 0 if self.doc["status"] == "succeeded" else 1
+        return exitcodes.OK if self.doc["status"] == "succeeded" else exitcodes.CHECK_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,4 +314,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("bench-runner", main)

@@ -2,17 +2,17 @@
 
 Ids are given in SGLang's output-of-layer convention (-1 = embedding), like a drafter report's
 ``fix_layer_ids``. Writes ``--out DIR/draft_config.json`` (schema in ``__init__``); on refusal
-prints one paragraph on stderr and exits 2 without touching the checkpoint.
+prints one paragraph on stderr and as an ``error`` event and exits 3 (REFUSED in
+remote/exitcodes.py) without touching the checkpoint.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import events
+from .. import events, exitcodes
 from ..eagle.formats import IDS_KEY, SPECULATORS
 from ..fileio import write_json
 from . import config_file, validate
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "warnings": [],
     }
     events.emit("start", tool="draft-config", ckpt=str(args.ckpt))
-    code = 0
+    code = exitcodes.OK
     try:
         _run(args, payload)
         payload["ok"] = True
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.exit_code
         payload.update(error=str(exc), error_type=type(exc).__name__)
         print(f"draft-config refused: {exc}", file=sys.stderr)
+        events.error(str(exc), kind=type(exc).__name__, exit_code=code)
     except Exception as exc:  # noqa: BLE001 - a bug: still leave the JSON for the local side
-        code = 3
-        payload.update(error=f"internal error: {exc!r}", error_type="InternalError")
-        traceback.print_exc()
+        code = exitcodes.INTERNAL
+        payload.update(error=exitcodes.internal_error("draft-config", exc), error_type="InternalError")
     if args.out is not None:
         path = write_json(args.out / "draft_config.json", payload)
         events.result(str(path), ok=payload["ok"], changed=payload["changed"])
@@ -145,4 +145,4 @@ def _print_summary(payload: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("draft-config", main)

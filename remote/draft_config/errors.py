@@ -8,11 +8,13 @@
 """
 from __future__ import annotations
 
+from ..exitcodes import REFUSED
+
 
 class DraftConfigError(Exception):
     """Base class; the message is one paragraph naming the file/field and the fix."""
 
-    exit_code = 2
+    exit_code = REFUSED
 
 
 class ConfigFormatError(DraftConfigError):

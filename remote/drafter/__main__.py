@@ -1,6 +1,5 @@
 """Entry point of ``python -m remote.drafter``."""
-import sys
-
+from ..exitcodes import run
 from .cli import main
 
-sys.exit(main())
+run("drafter", main)

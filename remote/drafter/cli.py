@@ -1,9 +1,10 @@
 """``python -m remote.drafter {eval,demo}``: argument parsing and the human-readable summary.
 
-Exit codes: 0 done (whatever the verdict: a MISMATCH is a finding, read it from report.json),
-2 bad usage (argparse: an unknown flag or a value of the wrong type), 3 a DrafterError, including
-out-of-range options and running out of memory (its one-paragraph message on stderr and as an
-``error`` event on stdout).
+Exit codes (remote/exitcodes.py): 0 done (whatever the verdict: a MISMATCH is a finding, read it
+from report.json), 2 bad usage (argparse: an unknown flag or a value of the wrong type), 3 a
+DrafterError, including out-of-range options and running out of memory (its one-paragraph message
+on stderr and as an ``error`` event on stdout), 4 a bug (``python -m remote.drafter`` runs ``main``
+through ``exitcodes.run``).
 """
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import events
+from .. import events, exitcodes
 from .demo import MARKER, ensure_demo
 from .errors import DrafterError, ResourceError
 from .evaluate import evaluate
 from .options import EvalOptions
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"
-EXIT_DRAFTER_ERROR = 3
+EXIT_DRAFTER_ERROR = exitcodes.REFUSED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "demo":
                 paths = ensure_demo(args.out or default_demo_dir(), force=args.force)
                 print(f"demo ready in {paths.root}")
-                return 0
+                return exitcodes.OK
             report = evaluate(options_from_args(args, parser))
         except (MemoryError, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and not _out_of_memory(exc):
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_DRAFTER_ERROR
     for line in summary(report):
         print(line)
-    return 0
+    return exitcodes.OK
 
 
 def _out_of_memory(exc: BaseException) -> bool:

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import exitcodes
 from . import tinyllama, wordtokenizer
 from .errors import DrafterError
 
-EXIT_DRAFTER_ERROR = 3
+EXIT_DRAFTER_ERROR = exitcodes.REFUSED
 
 
 def greedy_decode(target: str | Path, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
@@ -59,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("greedy", main)

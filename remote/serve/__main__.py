@@ -1,4 +1,5 @@
-"""``python -m remote.serve COMMAND ...``: one JSON object on stdout; exit 2 on bad usage."""
+"""``python -m remote.serve COMMAND ...``: one JSON object on stdout; exit codes from remote/exitcodes.py
+(0 ok, 2 bad usage, 4 a bug, with an ``error`` event)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import exitcodes
 from . import net, procs, registry
 from .configs import inspect
 
@@ -67,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out = registry.remove(args.state, args.port, args.run, args.token)
     sys.stdout.write(json.dumps(out, default=str) + "\n")
-    return 0
+    return exitcodes.OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("serve", main)

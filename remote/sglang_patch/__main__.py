@@ -2,18 +2,18 @@
 
 Run with the python that serves SGLang, from the synced code folder. Prints a readable table plus
 ``@@draftops`` progress events on stdout, writes ``--out DIR/patch.json`` (schema in
-``remote/sglang_patch/__init__.py``) and, on refusal, prints one paragraph on stderr and exits 2
-(1 when ``verify`` finds a file that does not capture the embedding).
+``remote/sglang_patch/__init__.py``) and, on refusal, prints one paragraph on stderr and as an
+``error`` event. Exit codes (remote/exitcodes.py): 0 ok, 1 when ``verify`` finds a file that does not
+capture the embedding, 2 usage, 3 refused, 4 internal error.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import events
+from .. import events, exitcodes
 from ..fileio import write_json
 from . import actions
 from .errors import PatchError
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "files": [], "changed": [], "checks": [], "notes": [],
     }
     events.emit("start", tool="sglang-patch", action=args.action)
-    code = 0
+    code = exitcodes.OK
     try:
         install = locate()
         store = StateStore(state_root, install.version)
@@ -67,19 +67,20 @@ def main(argv: list[str] | None = None) -> int:
                        changed=outcome.changed, checks=outcome.checks, notes=outcome.notes)
         _print_table(install, payload)
         if not outcome.ok:
-            code = 1
+            code = exitcodes.CHECK_FAILED
             failed = [c for c in outcome.checks if not c["ok"]]
             payload["error"] = "verify failed: " + "; ".join(
                 f"{c['file']}: {c['check']}: {c['detail']}" for c in failed)
             print(payload["error"], file=sys.stderr)
+            events.error(payload["error"], kind="VerifyFailed", exit_code=code)
     except PatchError as exc:
         code = exc.exit_code
         payload.update(ok=False, error=str(exc), error_type=type(exc).__name__)
         print(f"sglang-patch {args.action} refused: {exc}", file=sys.stderr)
+        events.error(str(exc), kind=type(exc).__name__, exit_code=code)
     except Exception as exc:  # noqa: BLE001 - a bug: still leave a patch.json for the local side
-        code = 3
-        payload.update(ok=False, error=f"internal error: {exc!r}", error_type="InternalError")
-        traceback.print_exc()
+        code = exitcodes.INTERNAL
+        payload.update(ok=False, error=exitcodes.internal_error("sglang-patch", exc), error_type="InternalError")
     if args.out is not None:
         path = write_json(args.out / "patch.json", payload)
         events.result(str(path), ok=payload["ok"], action=args.action,
@@ -114,4 +115,4 @@ def _print_table(install: SglangInstall, payload: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("sglang-patch", main)

@@ -1,7 +1,8 @@
 """Why the patcher refuses to act.
 
 Every error carries a one-paragraph message that names the file or field at fault and the fix; the
-CLI prints it on stderr and exits non-zero without having changed any file.
+CLI prints it on stderr and as an ``error`` event and exits REFUSED (remote/exitcodes.py)
+without having changed any file.
 
     PatchError
     ├── SglangNotFound      no importable ``sglang`` package, or no readable version
@@ -14,12 +15,14 @@ CLI prints it on stderr and exits non-zero without having changed any file.
 """
 from __future__ import annotations
 
+from ..exitcodes import REFUSED
+
 
 class PatchError(Exception):
     """Base class: the patcher refused; nothing was changed."""
 
     #: process exit status the CLI uses for this error
-    exit_code = 2
+    exit_code = REFUSED
 
 
 class SglangNotFound(PatchError):

@@ -1,0 +1,180 @@
+"""One tool runner (issue 8): every remote tool is started, followed, pulled and read the same way
+(``draftops.tools.run_tool``), ends with a code from one table (``remote/exitcodes.py``), and its
+``error`` event is what the local side shows. Runs over a real sshd and on the local host."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from draftops import jobs
+from draftops.console import LiveJob
+from draftops.host import open_host
+from draftops.sync import sync
+from draftops.tools import JobView, ToolFailed, ToolResult, run_tool
+from remote import events, exitcodes
+from tests.conftest import REPO, ssh_entry
+
+TOOL = textwrap.dedent('''
+    """A tool of the test: ``python -m remote.tool_double MODE --out DIR``."""
+    import json, os, sys
+    from remote import events, exitcodes
+
+    def main() -> int:
+        mode, out = sys.argv[1], sys.argv[3]
+        print("starting", mode)
+        events.progress(1, 2, "double: half way")
+        if mode == "refuse":
+            events.error("The file /data/x.json has no field `ids`; add it.", kind="Refused")
+            print("error: The file /data/x.json has no field `ids`; add it.", file=sys.stderr)
+            return exitcodes.REFUSED
+        if mode == "crash":
+            print("a line before the crash")
+            raise ValueError("boom")
+        if mode == "escape":
+            os.symlink("/etc/passwd", os.path.join(out, "result.json"))
+            events.result("result.json")
+            return exitcodes.OK
+        with open(os.path.join(out, "result.json"), "w") as fh:
+            json.dump({"mode": mode, "answer": 42}, fh)
+        events.result(os.path.join(out, "result.json"), headline="42")
+        return exitcodes.OK
+
+    if __name__ == "__main__":
+        exitcodes.run("tool-double", main)
+''')
+
+
+@pytest.fixture(params=["box", "local"])
+def host(request, make_project, sshd, tmp_path, no_inventory_env):
+    files = {f"remote/{name}": (REPO / "remote" / name).read_text() for name in ("__init__.py", "events.py",
+                                                                                  "exitcodes.py")}
+    files["remote/tool_double.py"] = TOOL
+    project = make_project({"box": ssh_entry(sshd, tmp_path)}, default=request.param, files=files)
+    target = open_host(None, project)
+    sync(target)
+    return target
+
+
+class Recorder(JobView):
+    """A view that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def started(self, host: str, run_id: str) -> None:
+        self.calls.append(("started", run_id))
+
+    def text(self, line: str) -> None:
+        self.calls.append(("text", line))
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.calls.append(("event", event.get("event")))
+
+    def ended(self, run_id: str, final: dict[str, Any]) -> None:
+        self.calls.append(("ended", final.get("state")))
+
+
+def _run(host, mode: str, view: JobView | None = None) -> ToolResult:
+    return run_tool(host, "remote.tool_double", [mode, "--out", jobs.RUN_DIR], view=view)
+
+
+def test_a_tool_that_succeeds_is_followed_pulled_and_its_result_read_once(host):
+    view = Recorder()
+    done = _run(host, "ok", view)
+    assert done.ok and done.exit_code == exitcodes.OK and done.meaning == "ok"
+    assert done.data == {"mode": "ok", "answer": 42} and done.result_file == done.folder / "result.json"
+    assert done.folder == host.project_root / "runs" / done.run_id and (done.folder / "log").is_file()
+    assert done.check() is done and done.error is None
+    assert view.calls[0] == ("started", done.run_id) and view.calls[-1] == ("ended", "succeeded")
+    assert ("text", "starting ok") in view.calls and ("event", "progress") in view.calls
+    assert ("event", "result") in view.calls
+
+
+def test_a_refusal_shows_the_tools_own_paragraph_once_and_the_rest_of_the_log(host):
+    done = _run(host, "refuse")
+    assert not done.ok and done.exit_code == exitcodes.REFUSED and done.meaning == "refused"
+    assert done.error and done.error["kind"] == "Refused" and done.data is None
+    with pytest.raises(ToolFailed) as caught:
+        done.check()
+    text = str(caught.value)
+    assert text.startswith(f"run {done.run_id} failed (exit 3): The file /data/x.json has no field `ids`")
+    assert text.count("/data/x.json") == 1 and f"{done.folder}/log" in text     # stderr's copy left out
+    assert text.splitlines()[1:] == ["starting refuse"] and "@@draftops" not in text
+    assert caught.value.result is done
+
+
+def test_a_crash_is_an_internal_error_with_its_event_and_the_log_end(host):
+    done = _run(host, "crash")
+    assert done.exit_code == exitcodes.INTERNAL and done.meaning == "internal error"
+    assert "ValueError('boom')" in done.error_message
+    text = done.failure()
+    assert "(exit 4): internal error in tool-double: ValueError('boom')" in text
+    assert "a line before the crash" in text and "Traceback" in text   # the log's end follows
+    assert "@@draftops" not in text
+
+
+def test_a_result_file_that_leads_out_of_the_run_folder_is_not_read(host):
+    done = _run(host, "escape")
+    assert done.ok and done.data is None and done.result_file is None
+    assert done.notes and "result.json" in done.notes[0]
+    assert [note["path"] for note in done.skipped] == ["result.json"]     # the pull said why
+
+
+def test_the_live_view_renders_what_it_is_given():
+    out = io.StringIO()
+    view = LiveJob(Console(file=out, width=120, color_system=None), log="print", note=": installing")
+    view.started("box", "20261130-000000-x-abcd")
+    with view.following():
+        view.text("pip install [torch]")
+        view.event({"event": "progress", "done": 1, "total": 4, "what": "step"})
+    view.ended("20261130-000000-x-abcd", {"state": "failed", "exit_code": 3})
+    view.skipped([{"path": "fifo", "reason": "not a file"}] * 21)
+    text = out.getvalue()
+    assert "run 20261130-000000-x-abcd on box: installing" in text
+    assert "pip install [torch]" in text                       # host text shown as text, not markup
+    assert "job 20261130-000000-x-abcd: failed (exit 3)" in text
+    assert text.count("not pulled fifo: not a file") == 20 and "1 more entries" in text
+
+
+def test_window_and_hide_leave_no_log_line_behind():
+    for mode in ("window", "hide"):
+        out = io.StringIO()
+        view = LiveJob(Console(file=out, width=120, color_system=None), log=mode)
+        with view.following():
+            view.text("secret-log-line")
+        view.ended("r1", {"state": "succeeded", "exit_code": 0})
+        assert "secret-log-line" not in out.getvalue() and "job r1: succeeded (exit 0)" in out.getvalue()
+
+
+@pytest.mark.parametrize(("code", "argv", "expected"), [
+    ("from remote import exitcodes\nexitcodes.run('t', lambda: 1 // 0)", [], exitcodes.INTERNAL),
+    ("from remote import exitcodes\nexitcodes.run('t', lambda: exitcodes.CHECK_FAILED)", [], exitcodes.CHECK_FAILED),
+    (None, ["-m", "remote.serve", "port", "not-a-number"], exitcodes.USAGE),
+    (None, ["-m", "remote.bench.probe", "no-such-engine"], exitcodes.USAGE),
+])
+def test_remote_tools_end_with_a_code_of_the_table(code, argv, expected):
+    proc = subprocess.run([sys.executable, *(["-c", code] if code else argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == expected, proc.stderr
+    if expected == exitcodes.INTERNAL:
+        [event] = [events.parse(line) for line in proc.stdout.splitlines() if events.parse(line)]
+        assert event["event"] == "error" and "ZeroDivisionError" in event["message"]
+        assert event["exit_code"] == exitcodes.INTERNAL and "Traceback" in proc.stderr
+
+
+def test_a_crashing_quick_tool_is_an_internal_error_with_its_message(tmp_path: Path):
+    """remote.serve fed a registry entry that is not JSON: a bug-shaped failure, reported as such."""
+    proc = subprocess.run([sys.executable, "-m", "remote.serve", "servers", "--state", str(tmp_path), "put", "8000"],
+                          cwd=REPO, input="{not json", capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == exitcodes.INTERNAL
+    errors = [e for e in map(events.parse, proc.stdout.splitlines()) if e and e["event"] == "error"]
+    assert errors and "JSONDecodeError" in errors[0]["message"]
+    assert json.dumps(errors[0])        # one JSON line the local side reads

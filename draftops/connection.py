@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from draftops import timing
-from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RemoteError
+from draftops.errors import (
+    AuthFailed,
+    FailedCommand,
+    HostKeyRejected,
+    HostUnreachable,
+    InventoryError,
+    RemoteError,
+    host_prefix,
+)
 
 if TYPE_CHECKING:   # paramiko and fabric are imported when a connection opens: `invoke --list` needs neither
     import paramiko
@@ -95,11 +103,9 @@ class Transport(Protocol):
 
 def _checked(result: CommandResult, spec: HostSpec, check: bool) -> CommandResult:
     if check and not result.ok:
-        tail = result.stderr.decode("utf-8", "replace").strip()[-2000:]
-        raise RemoteError(
-            f"Host {spec.name!r} ({spec.describe()}): command exited {result.exit_code}: "
-            f"{result.command[:300]}\n{tail}",
-            exit_code=result.exit_code, stdout=result.text, stderr=tail)
+        failed = FailedCommand.of(spec.name, result.command, result.exit_code, result.stdout, result.stderr)
+        raise RemoteError(f"{host_prefix(spec.name, spec.describe())}: command exited {result.exit_code}: "
+                          f"{result.command[:300]}\n{failed.stderr.strip()}", failed)
     return result
 
 
@@ -321,7 +327,9 @@ class SSHTransport:
             reader.join(timeout)
             code = channel.recv_exit_status()
         except TimeoutError:
-            raise RemoteError(f"Host {self.spec.name!r}: command timed out after {timeout}s: {command[:200]}") from None
+            failed = FailedCommand.of(self.spec.name, command, None, bytes(out), bytes(err))
+            raise RemoteError(f"{host_prefix(self.spec.name, self.spec.describe())}: command timed out after "
+                              f"{timeout}s: {command[:200]}", failed) from None
         finally:
             channel.close()
         return _checked(CommandResult(command, code, bytes(out), bytes(err)), self.spec, check)

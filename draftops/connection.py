@@ -109,6 +109,11 @@ def _checked(result: CommandResult, spec: HostSpec, check: bool) -> CommandResul
     return result
 
 
+def _timed_out(spec: HostSpec, command: str, timeout: float | None, out: bytes, err: bytes) -> RemoteError:
+    return RemoteError(f"{host_prefix(spec.name, spec.describe())}: command timed out after {timeout}s: "
+                       f"{command[:200]}", FailedCommand.of(spec.name, command, None, out, err))
+
+
 class LocalTransport:
     """Runs commands on this machine with ``sh -c``; same semantics as the SSH transport."""
 
@@ -117,8 +122,11 @@ class LocalTransport:
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
-        proc = subprocess.run(["sh", "-c", command], input=input if input is not None else b"",
-                              capture_output=True, timeout=timeout)
+        try:
+            proc = subprocess.run(["sh", "-c", command], input=input if input is not None else b"",
+                                  capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise _timed_out(self.spec, command, timeout, exc.stdout or b"", exc.stderr or b"") from None
         return _checked(CommandResult(command, proc.returncode, proc.stdout, proc.stderr), self.spec, check)
 
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
@@ -327,9 +335,7 @@ class SSHTransport:
             reader.join(timeout)
             code = channel.recv_exit_status()
         except TimeoutError:
-            failed = FailedCommand.of(self.spec.name, command, None, bytes(out), bytes(err))
-            raise RemoteError(f"{host_prefix(self.spec.name, self.spec.describe())}: command timed out after "
-                              f"{timeout}s: {command[:200]}", failed) from None
+            raise _timed_out(self.spec, command, timeout, bytes(out), bytes(err)) from None
         finally:
             channel.close()
         return _checked(CommandResult(command, code, bytes(out), bytes(err)), self.spec, check)

@@ -339,7 +339,7 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
             break
         rounds += 1
         if rounds > MAX_ROUNDS:
-            raise SyncError(f"The code tree on host {host.name!r} kept changing while we synced "
+            raise SyncError(f"Host {host.name!r}: the code tree kept changing while we synced "
                             f"({MAX_ROUNDS} tries): other syncs of different checkouts, or a job writing "
                             f"into {host.code_dir}, got there first each time. Stop them, then sync again.")
         answer, more, changed = _apply(host, local, upload, delete, tree.digest, force)

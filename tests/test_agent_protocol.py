@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -246,3 +247,25 @@ def test_the_local_side_calls_every_agent_command_and_no_other():
     called = {name for name in hostagent.COMMANDS if f'("{name}", ' in client or f'(("{name}", ' in client}
     assert called | {"runner"} == set(hostagent.COMMANDS)
     assert '"runner"' in Path(hostagent.__file__).read_text().split("def cmd_start", 1)[1].split("def ", 1)[0]
+
+
+# ---------------------------------------------------------------- RemoteError carries the result
+def test_a_failed_host_command_carries_its_result_like_invokes_unexpected_exit(local_host):
+    host = local_host()
+    script = "printf 'o%.0s' $(seq 5000); printf 'e%.0s' $(seq 5000) >&2; echo ' the reason' >&2; exit 3"
+    with pytest.raises(RemoteError) as err:
+        host.transport.run(script)
+    result = err.value.result
+    assert (result.host, result.command, result.exit_code) == ("here", script, 3)
+    assert result.stdout.endswith("ooo") and result.stderr.endswith("the reason\n")
+    assert len(result.stdout) <= 2000 and len(result.stderr) <= 2000        # tails, not whole streams
+    assert err.value.exit_code == 3 and str(err.value).startswith("Host 'here' (")
+
+
+def test_a_timed_out_host_command_has_no_exit_code_in_its_result(local_host):
+    host = local_host()
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match="^Host 'here' .*timed out after 0.3s") as err:
+        host.transport.run("echo started; sleep 5", timeout=0.3)
+    assert time.monotonic() - started < 4
+    assert err.value.result.exit_code is None and err.value.result.command == "echo started; sleep 5"

@@ -32,6 +32,7 @@ from draftops.errors import (
 from draftops.framing import FramingError, Unframer, error_text, split_replies
 from draftops.hostagent import Exit
 from draftops.terminal import clean
+from remote.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from draftops.connection import Transport
@@ -102,11 +103,17 @@ def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
 
 
 class AgentClient:
-    """The agent on one host. ``info`` is None until the first call (or ``prepare``) has run."""
+    """The agent on one host. ``info`` is None until the first call (or ``prepare``) has run.
 
-    def __init__(self, spec: HostSpec, transport: Transport, python: str | None = None):
-        self.spec, self.transport = spec, transport
-        self.python = python or (sys.executable if spec.transport == "local" else "python3")
+    ``memory`` (a file, or None) remembers the interpreter the agent reported (``sys.executable``)
+    between sessions: calling it directly skips the shell's PATH search and any shim (pyenv's costs
+    0.17 s an exec). A remembered interpreter that fails the boot is forgotten and the default
+    (``python3``) is used again."""
+
+    def __init__(self, spec: HostSpec, transport: Transport, memory: Path | None = None):
+        self.spec, self.transport, self.memory = spec, transport, memory
+        self.default_python = sys.executable if spec.transport == "local" else "python3"
+        self.python = self._remembered() or self.default_python
         self.info: HostInfo | None = None
 
     # ------------------------------------------------------------------ the commands
@@ -199,11 +206,17 @@ class AgentClient:
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
         if booting and replies:
             self.info = self._host_info(replies.pop(0), result)
+            self._remember(self.info.python)
+        unprepared = booting and self.info is None       # the boot failed before prepare answered
+        if unprepared and result.exit_code not in (0, Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
+                and self.python != self.default_python:
+            self._forget()                            # the remembered interpreter stopped working
+            return self._call(args, input=input, run_id=run_id, retried=retried)
         if result.exit_code == Exit.PROTOCOL_MISMATCH and not booting and not retried:
             self._reinstall()
             return self._call(args, input=input, run_id=run_id, retried=True)
         if result.exit_code != 0:
-            raise self._error(what, result.exit_code, result.stdout, result.stderr, nonce, run_id, booting)
+            raise self._error(what, result.exit_code, result.stdout, result.stderr, nonce, run_id, unprepared)
         if not args and self.info is not None:
             return {}
         if not replies:
@@ -244,6 +257,31 @@ class AgentClient:
         self.info = None
         self.prepare()
 
+    # ------------------------------------------------------------------ the remembered interpreter
+    def _remembered(self) -> str | None:
+        try:
+            python = json.loads(self.memory.read_text())["python"] if self.memory else None
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        return python if isinstance(python, str) and python.startswith("/") and "\0" not in python else None
+
+    def _remember(self, python: str) -> None:
+        """Use ``python`` for the rest of the session and remember it for the next (best effort)."""
+        if self.memory is None or not python.startswith("/"):
+            return
+        self.python = python
+        if self._remembered() != python:
+            try:
+                self.memory.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(self.memory, json.dumps({"python": python}).encode())
+            except OSError:
+                pass                                  # only a shortcut: the default still works
+
+    def _forget(self) -> None:
+        self.python = self.default_python
+        if self.memory is not None:
+            self.memory.unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ errors
     @property
     def where(self) -> str:
@@ -254,7 +292,7 @@ class AgentClient:
         return cls(f"{self.where}: {text}", FailedCommand.of(self.spec.name, what, code, stdout, stderr))
 
     def _error(self, what: str, code: int, stdout: bytes | str, stderr: bytes, nonce: str, run_id: str | None,
-               booting: bool) -> RemoteError:
+               unprepared: bool) -> RemoteError:
         """The error for a non-zero exit: one class per exit code, the agent's own message."""
         text = clean(error_text(stderr, nonce)).strip()
         known = Exit(code) if code in Exit._value2member_map_ else None
@@ -268,7 +306,7 @@ class AgentClient:
             message = text
         elif cls is SyncRefused:
             message = text.rstrip(".") + "."
-        elif known is Exit.NO_PYTHON or (booting and known is not Exit.USAGE):
+        elif known is Exit.NO_PYTHON or (unprepared and known is not Exit.USAGE):
             message = (f"could not start {self.python} there (exit {code}): {text[-500:]}. draftops needs a "
                        "python3 on the host's PATH for its own bookkeeping.")
         elif known is Exit.PROTOCOL_MISMATCH:

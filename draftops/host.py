@@ -7,6 +7,7 @@ command of the session (one SSH exec instead of two); ``host.agent`` (draftops.a
 from __future__ import annotations
 
 import atexit
+import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +32,10 @@ class Host:
     agent: AgentClient = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.agent = AgentClient(self.spec, self.transport)
+        # over SSH, the interpreter the agent reported is remembered and called directly next time
+        # (no pyenv shim or PATH search in every exec); the local host runs this process's own python
+        memory = host_cache_file(self.spec, self.project_root, "agent-python") if self.spec.transport == "ssh" else None
+        self.agent = AgentClient(self.spec, self.transport, memory)
 
     @property
     def name(self) -> str:
@@ -66,6 +70,13 @@ class Host:
     def prepare(self) -> None:
         """Resolve and check ``root`` and install the agent (if no agent command did it yet)."""
         self.agent.prepare()
+
+
+def host_cache_file(spec: HostSpec, project_root: Path, kind: str) -> Path:
+    """A file in the project's ``.draftops/cache/`` about ``spec``'s host, keyed by where that host and its
+    root are (renaming the entry or pointing it elsewhere starts afresh)."""
+    key = hashlib.sha256(f"{spec.transport}|{spec.user}|{spec.address}|{spec.port}|{spec.root}".encode())
+    return project_root / ".draftops" / "cache" / f"{kind}-{spec.name}-{key.hexdigest()[:12]}.json"
 
 
 _OPEN: dict[tuple[str, str], Host] = {}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 from draftops import timing
 from draftops.agent import ApplyResult, Entry, Manifest
 from draftops.errors import RemoteError, SyncError
-from draftops.host import Host
+from draftops.host import Host, host_cache_file
 from draftops.hostagent import OWNER_MARK, SYNC_META
 from draftops.hostagent import digest as tree_digest
 from remote.fileio import atomic_write_bytes
@@ -254,9 +254,7 @@ def _diff(local: dict[str, Entry], remote: dict[str, Entry]) -> tuple[list[str],
 
 def _memory_file(host: Host) -> Path:
     """Where we remember the host's tree after our last sync (keyed by where the tree lives)."""
-    spec = host.spec
-    key = hashlib.sha256(f"{spec.transport}|{spec.user}|{spec.address}|{spec.port}|{spec.root}".encode())
-    return host.project_root / ".draftops" / "cache" / f"remote-{spec.name}-{key.hexdigest()[:12]}.json"
+    return host_cache_file(host.spec, host.project_root, "remote")
 
 
 def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) -> dict[str, int]:

@@ -269,3 +269,31 @@ def test_a_timed_out_host_command_has_no_exit_code_in_its_result(local_host):
         host.transport.run("echo started; sleep 5", timeout=0.3)
     assert time.monotonic() - started < 4
     assert err.value.result.exit_code is None and err.value.result.command == "echo started; sleep 5"
+
+
+class BootRefused:
+    """A host whose boot is refused with ``code`` (as the real agent refuses root), counting the boots."""
+
+    def __init__(self, code: int):
+        self.spec = HostSpec(name="dbl", address="dbl.example", root="/srv/dbl")
+        self.code, self.pythons = code, []
+
+    def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
+            check: bool = True) -> CommandResult:
+        self.pythons.append(command.split(" DRAFTOPS_PROTOCOL=1 ", 1)[1].split(" ", 1)[0])
+        return CommandResult(command, self.code, b"", _framed(hostagent.ERROR_PREFIX, _nonce(command), "no way"))
+
+
+@pytest.mark.parametrize("code,kept", [(Exit.ROOT_UNWRITABLE, True), (Exit.ROOT_REFUSED, True),
+                                       (Exit.NO_PYTHON, False), (Exit.CRASHED, False)])
+def test_a_remembered_interpreter_is_forgotten_only_when_it_fails_to_run_the_agent(tmp_path, code, kept):
+    memory = tmp_path / "agent-python.json"
+    memory.write_text(json.dumps({"python": "/opt/py/bin/python3"}))
+    transport = BootRefused(code)
+    agent = AgentClient(transport.spec, transport, memory)    # type: ignore[arg-type]
+    with pytest.raises(EXPECTED[code]):
+        agent.prepare()
+    if kept:       # root's fault: one boot, with the remembered python, which stays remembered
+        assert transport.pythons == ["/opt/py/bin/python3"] and memory.exists()
+    else:          # the interpreter's: forgotten, and the boot tried once more with python3
+        assert transport.pythons == ["/opt/py/bin/python3", "python3"] and not memory.exists()

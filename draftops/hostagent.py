@@ -179,7 +179,7 @@ _TAR_KINDS = {tarfile.LNKTYPE: "hard link", tarfile.SYMTYPE: "symbolic link with
               tarfile.FIFOTYPE: "FIFO"}
 
 
-class SyncRefused(Exception):
+class Refusal(Exception):
     """A sync command cannot go on; ``code`` is its exit code, the message says why and what to do."""
 
     def __init__(self, code, message):
@@ -204,7 +204,7 @@ def _canonical(rel, what):
     """Refuse a path that is not plainly relative and normalised (``..``, ``/x``, ``a//b``, ``./a``)."""
     parts = rel.split("/") if isinstance(rel, str) else [""]
     if any(part in ("", ".", "..") for part in parts) or "\0" in rel or rel == OWNER_MARK:
-        raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync {what} {rel!r}: only plain relative paths inside "
+        raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync {what} {rel!r}: only plain relative paths inside "
                           f"{_in_code()} are accepted (no '..', no absolute path, not the {OWNER_MARK} "
                           f"marker){_NOTHING_CHANGED}")
     return rel
@@ -222,7 +222,7 @@ def _lock(timeout=LOCK_WAIT_S):
             if time.monotonic() > deadline:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise SyncRefused(Exit.LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
+                raise Refusal(Exit.LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
                                   f"held the lock {os.path.abspath(SYNC_LOCK)} for over {timeout} s; wait "
                                   "for it to finish, or stop that process if it is stuck, then sync again") from None
             time.sleep(0.05)
@@ -263,11 +263,11 @@ def _open_code(code_dir):
         fd = os.open(code_dir, _DIR_FLAGS)
     except OSError as exc:
         if os.path.islink(code_dir):
-            raise SyncRefused(Exit.REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
+            raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
                               f"{os.readlink(code_dir)}), and draftops writes and deletes only inside a real "
                               f"folder it created itself. Remove the link (`rm {where}`; its target is not "
                               "touched) or set `root:` in hosts.yaml to another folder, then sync again") from None
-        raise SyncRefused(Exit.REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
+        raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
                           "of its own there; move that away or set `root:` in hosts.yaml to another folder, "
                           "then sync again") from None
     try:
@@ -279,7 +279,7 @@ def _open_code(code_dir):
         _mark(fd)
         return fd
     os.close(fd)
-    raise SyncRefused(Exit.REFUSED_CODE, f"refusing to sync into {where}: the folder already holds files that "
+    raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: the folder already holds files that "
                       f"draftops did not put there (it has no {OWNER_MARK} marker, which draftops writes "
                       "when it creates the folder), and a sync deletes whatever in it is not in your project. "
                       "Move those files elsewhere or remove the folder (also one left by a draftops version "
@@ -350,7 +350,7 @@ def _scan(code_fd, cache):
 
 
 def _unreadable(rel, exc):
-    return SyncRefused(Exit.SCAN_FAILED, f"cannot read {_in_code(rel)}: {_why(exc)}. draftops must see everything "
+    return Refusal(Exit.SCAN_FAILED, f"cannot read {_in_code(rel)}: {_why(exc)}. draftops must see everything "
                        f"in {_in_code()} to mirror it safely, so nothing was changed; make it readable for "
                        f"this user (e.g. `chmod -R u+rwX {_in_code()}`) or remove it, then sync again")
 
@@ -390,7 +390,7 @@ def _locked(step):
             step()
         finally:
             os.close(lock)
-    except SyncRefused as exc:
+    except Refusal as exc:
         _fail(str(exc), exc.code)
     except OSError as exc:
         _fail(f"sync into {_in_code()} failed: {exc}. Fix the cause (permissions or space in "
@@ -424,15 +424,15 @@ class _Plan:
         try:
             members = tar.getmembers()
             if not members or members[0].name != SYNC_META or not members[0].isfile():
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
                                   + _NOTHING_CHANGED)
             meta = json.load(tar.extractfile(members[0]))
         except (tarfile.TarError, ValueError, OSError) as exc:
-            raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
                               + _NOTHING_CHANGED) from None
         deletes = meta.get("delete") if isinstance(meta, dict) else None
         if not isinstance(deletes, list):
-            raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
                               + _NOTHING_CHANGED)
         self.delete = sorted({_canonical(rel, "deletion") for rel in deletes})
         sent = set()
@@ -441,22 +441,22 @@ class _Plan:
             plain_file = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
             if not (plain_file or (member.issym() and member.linkname and "\0" not in member.linkname)):
                 kind = _TAR_KINDS.get(member.type, f"tar type {member.type!r}")
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
                                   "files and symbolic links are synced (no hard links, devices, FIFOs or "
                                   f"folders){_NOTHING_CHANGED}")
             if rel in sent:
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
                                   + _NOTHING_CHANGED)
             sent.add(rel)
             self.members.append(member)
         for rel in sent:
             parent = _first_parent_in(rel, sent)
             if parent:
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {parent!r} is sent as a file "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {parent!r} is sent as a file "
                                   f"or link too, and nothing is written through one{_NOTHING_CHANGED}")
         both = sent.intersection(self.delete)
         if both:
-            raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
                               f"deleted{_NOTHING_CHANGED}")
 
     def check_against(self, manifest):
@@ -469,13 +469,13 @@ class _Plan:
             parent = _first_parent_in(rel, manifest if rel in doomed else staying)
             if parent:
                 what = {"l": "a symbolic link", "f": "a file"}.get(manifest[parent][0], "not a folder")
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {_in_code(parent)} on the "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {_in_code(parent)} on the "
                                   f"host is {what}, and nothing is written or deleted through it"
                                   + _NOTHING_CHANGED)
         for rel in manifest:
             folder = _first_parent_in(rel, sent) if rel not in doomed else None
             if folder:
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing sync entry {folder!r}: on the host it is a folder "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {folder!r}: on the host it is a folder "
                                   f"holding {rel!r}, which this sync does not delete{_NOTHING_CHANGED}")
 
 
@@ -512,7 +512,7 @@ class _Dirs:
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise SyncRefused(Exit.REFUSED_ENTRY, f"refusing to write or delete under {_in_code(rel_dir)}: it "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing to write or delete under {_in_code(rel_dir)}: it "
                                   "is not a real folder on the host (a symbolic link or a file appeared "
                                   "there), and nothing is followed through it") from None
             raise
@@ -533,7 +533,7 @@ class _Dirs:
             head, name = _split(rel_dir)
             try:
                 os.rmdir(name, dir_fd=self.open(head))
-            except (OSError, SyncRefused):
+            except (OSError, Refusal):
                 pass
         self.close()
 
@@ -559,7 +559,7 @@ def _delete(code_fd, rels):
                 head, name = _split(head)
                 try:
                     os.rmdir(name, dir_fd=dirs.open(head))
-                except (OSError, SyncRefused):
+                except (OSError, Refusal):
                     break
     finally:
         dirs.close()
@@ -633,7 +633,7 @@ def _write(code_fd, plan):
         for head, tmp, _name in staged:
             try:
                 os.unlink(tmp, dir_fd=dirs.open(head))
-            except (OSError, SyncRefused):
+            except (OSError, Refusal):
                 pass
         dirs.remove_created()
         raise
@@ -716,7 +716,7 @@ def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
         return
     busy = _live_runs_on_code(code_dir)
     if busy and not force:
-        raise SyncRefused(Exit.BUSY, f"not changing {len(plan.members) + len(plan.delete)} file(s) in {_in_code()}: "
+        raise Refusal(Exit.BUSY, f"not changing {len(plan.members) + len(plan.delete)} file(s) in {_in_code()}: "
                           f"run(s) {', '.join(busy)} are running there and would pick up new code mid-run "
                           "(a module imported later, a script read again). Wait for them to end (`invoke "
                           f"logs {busy[0]} --follow`), stop them (`invoke kill {busy[0]}`), or sync anyway "
@@ -726,7 +726,7 @@ def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
         deleted = _delete(code_fd, plan.delete)
         written = _write(code_fd, plan)
     except OSError as exc:
-        raise SyncRefused(Exit.APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
+        raise Refusal(Exit.APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
                           "there is either its old or its new version (no partial files; the deletions were "
                           "done first, to make room); free space or fix the cause, then sync again") from None
     manifest = _scan_and_store(code_fd, state_file)

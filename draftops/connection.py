@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from draftops import timing
-from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RemoteError
+from draftops.errors import (
+    AuthFailed,
+    FailedCommand,
+    HostKeyRejected,
+    HostUnreachable,
+    InventoryError,
+    RemoteError,
+    host_prefix,
+)
 
 if TYPE_CHECKING:   # paramiko and fabric are imported when a connection opens: `invoke --list` needs neither
     import paramiko
@@ -95,12 +103,15 @@ class Transport(Protocol):
 
 def _checked(result: CommandResult, spec: HostSpec, check: bool) -> CommandResult:
     if check and not result.ok:
-        tail = result.stderr.decode("utf-8", "replace").strip()[-2000:]
-        raise RemoteError(
-            f"Host {spec.name!r} ({spec.describe()}): command exited {result.exit_code}: "
-            f"{result.command[:300]}\n{tail}",
-            exit_code=result.exit_code, stdout=result.text, stderr=tail)
+        failed = FailedCommand.of(spec.name, result.command, result.exit_code, result.stdout, result.stderr)
+        raise RemoteError(f"{host_prefix(spec.name, spec.describe())}: command exited {result.exit_code}: "
+                          f"{result.command[:300]}\n{failed.stderr.strip()}", failed)
     return result
+
+
+def _timed_out(spec: HostSpec, command: str, timeout: float | None, out: bytes, err: bytes) -> RemoteError:
+    return RemoteError(f"{host_prefix(spec.name, spec.describe())}: command timed out after {timeout}s: "
+                       f"{command[:200]}", FailedCommand.of(spec.name, command, None, out, err))
 
 
 class LocalTransport:
@@ -111,8 +122,11 @@ class LocalTransport:
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
-        proc = subprocess.run(["sh", "-c", command], input=input if input is not None else b"",
-                              capture_output=True, timeout=timeout)
+        try:
+            proc = subprocess.run(["sh", "-c", command], input=input if input is not None else b"",
+                                  capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise _timed_out(self.spec, command, timeout, exc.stdout or b"", exc.stderr or b"") from None
         return _checked(CommandResult(command, proc.returncode, proc.stdout, proc.stderr), self.spec, check)
 
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
@@ -321,7 +335,7 @@ class SSHTransport:
             reader.join(timeout)
             code = channel.recv_exit_status()
         except TimeoutError:
-            raise RemoteError(f"Host {self.spec.name!r}: command timed out after {timeout}s: {command[:200]}") from None
+            raise _timed_out(self.spec, command, timeout, bytes(out), bytes(err)) from None
         finally:
             channel.close()
         return _checked(CommandResult(command, code, bytes(out), bytes(err)), self.spec, check)

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from draftops.errors import DraftopsError
+from draftops.errors import EngineError
 from draftops.host import Host
 from draftops.jobs import shell_path
 
@@ -55,10 +55,6 @@ ENGINES: dict[str, EngineRecipe] = {VLLM.name: VLLM}
 #: engines that are not installed by draftops, with the reason shown to whoever asks
 NOT_INSTALLABLE = {"sglang": "SGLang runs on GPU hosts from the ml-env: list `sglang[all]` in the host's "
                              "env.requirements and run `invoke env.setup`."}
-
-
-class EngineError(DraftopsError):
-    """An engine name or engine venv that cannot be used as given."""
 
 
 def recipe(engine: str) -> EngineRecipe:

@@ -1,4 +1,4 @@
-"""The exceptions draftops raises; each message is one paragraph naming the file, host or field and the fix.
+"""The exceptions draftops raises on the local side: one tree, drawn here once.
 
     DraftopsError
     ├── InventoryError      hosts.yaml missing, malformed, invalid, or an unknown host name
@@ -6,18 +6,74 @@
     │   ├── HostUnreachable   no TCP/SSH session within the connect timeout
     │   ├── AuthFailed        the key was rejected
     │   └── HostKeyRejected   the host key is unknown (strict) or changed
-    ├── RemoteError         a command on the host failed (carries stdout/stderr/exit code)
-    ├── RootError           the host's `root` is unusable (not writable, `/`, the home directory)
+    ├── RemoteError         a command on the host failed; ``.result`` is that command's FailedCommand
+    │   ├── AgentError        the host agent's answer is unusable (no reply, not JSON, another protocol)
+    │   ├── RootError         the host's `root` is unusable (`/`, the home directory, not writable)
+    │   ├── SyncRefused       the agent refused a sync, nothing half-done   (also a SyncError)
+    │   └── UnknownRun        the host has no run of that id                (also a JobError)
     ├── SyncError           code sync failed; the remote tree is left as it was before
-    ├── JobError            a run id is unknown or a job cannot be started/stopped
+    ├── JobError            a run id is unknown or a job cannot be started, read, pulled or stopped
+    │   └── ToolFailed        a remote tool's run ended other than ok; ``.result`` is its ToolResult
     ├── HistoryError        runs/history.sqlite cannot be read or written
     ├── BenchError          a benchmark result is unreadable, or two runs cannot be compared
     ├── ServeError          a server could not be started, probed or stopped
     │   └── ServeRefused      a pre-start check failed (one paragraph per reason)
+    ├── EngineError         an engine name or engine venv that cannot be used as given
     ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
     └── ScheduleError       the nightly crontab block cannot be read or written
+
+Messages. Each is one paragraph that names the file, field or host and the fix. A message about a
+host starts with ``Host 'NAME'`` (``host_prefix``), the way the agent client and the transports
+write them; the command line adds ``error: `` in front (``draftops.cli.common.friendly``) and nothing
+else does, so every error reads the same wherever it comes from.
+
+Carrying the result. A ``RemoteError`` keeps what the failed command left, as Invoke's
+``UnexpectedExit`` keeps ``result``: ``err.result`` holds the host, the command line, the exit code
+and the tails of stdout and stderr (bounded: a log-sized stream must not live in an exception). An
+error raised for another reason by code that caught a RemoteError chains it (``raise ... from exc``),
+so ``err.__cause__.result`` is still there.
+
+The other tree. ``remote/`` runs on the GPU host under the ml-env python and cannot import draftops
+(nor draftops it: the host's code must stay free of pydantic, paramiko and rich), so each remote tool
+keeps its own small tree next to it (``remote/drafter/errors.py``, ``remote/sglang_patch/errors.py``,
+``remote/draft_config/errors.py``, ``remote/bench/errors.py``). Those errors never cross the link as
+objects: a tool prints its one-paragraph message (and an ``error`` event) and exits non-zero, and the
+local side raises one of the errors above with that message. The host agent's refusals cross the same
+way: as an exit code from ``hostagent.Exit``, which ``draftops.agent`` maps to one class here.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TAIL_CHARS = 2000      # what a FailedCommand keeps of each stream (the end, where the reason is)
+
+
+def host_prefix(name: str, where: str | None = None) -> str:
+    """``Host 'box'`` or ``Host 'box' (user@address:port)``: how every message about a host starts."""
+    return f"Host {name!r}" + (f" ({where})" if where else "")
+
+
+def tail(data: bytes | str, limit: int = TAIL_CHARS) -> str:
+    """The last ``limit`` characters of a command's output, as text."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return text[-limit:]
+
+
+@dataclass(frozen=True)
+class FailedCommand:
+    """What a failed host command left behind (``RemoteError.result``)."""
+
+    host: str
+    command: str             # the command line as sent (an agent call: its subcommand and arguments)
+    exit_code: int | None    # None: no exit status came back (timed out, link dropped)
+    stdout: str = ""         # tail of stdout
+    stderr: str = ""         # tail of stderr
+
+    @classmethod
+    def of(cls, host: str, command: str, exit_code: int | None, stdout: bytes | str = b"",
+           stderr: bytes | str = b"") -> FailedCommand:
+        return cls(host, command, exit_code, tail(stdout), tail(stderr))
 
 
 class DraftopsError(Exception):
@@ -45,16 +101,30 @@ class HostKeyRejected(ConnectError):
 
 
 class RemoteError(DraftopsError):
-    """A command run on the host exited non-zero."""
+    """A command run on the host failed; ``result`` says which, how it exited and what it printed."""
 
-    def __init__(self, message: str, *, exit_code: int | None = None, stdout: str = "", stderr: str = ""):
+    def __init__(self, message: str, result: FailedCommand):
         super().__init__(message)
-        self.exit_code = exit_code
-        self.stdout = stdout
-        self.stderr = stderr
+        self.result = result
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.result.exit_code
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
 
 
-class RootError(DraftopsError):
+class AgentError(RemoteError):
+    """The host agent answered with nothing usable, crashed, or speaks another protocol version."""
+
+
+class RootError(RemoteError):
     """The host's `root` directory is refused or not writable."""
 
 
@@ -62,8 +132,25 @@ class SyncError(DraftopsError):
     """Syncing code to the host failed."""
 
 
+class SyncRefused(RemoteError, SyncError):
+    """The host agent refused a sync (a bad entry, a foreign code folder, a live run, the lock)."""
+
+
 class JobError(DraftopsError):
     """A remote job could not be found, started or stopped."""
+
+
+class ToolFailed(JobError):
+    """A remote tool's run ended other than ok (``draftops.tools.run_tool``); ``.result`` is its
+    ``ToolResult``: the final status, the pulled folder, the tool's result file and error event."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+class UnknownRun(RemoteError, JobError):
+    """The host has no run folder of that id."""
 
 
 class HistoryError(DraftopsError):
@@ -84,6 +171,10 @@ class ServeRefused(ServeError):
     def __init__(self, *reasons: str):
         super().__init__("\n\n".join(reasons))
         self.reasons = list(reasons)
+
+
+class EngineError(DraftopsError):
+    """An engine name or engine venv that cannot be used as given."""
 
 
 class PlaybookError(DraftopsError):

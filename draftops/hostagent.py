@@ -2,15 +2,14 @@
 
 It runs under any python3 on the host (no ml-env needed) and does the work that must happen next to
 the files: resolve and check ``root``, list and apply code syncs atomically, start detached jobs and
-record their state, follow logs, pack run folders. Every subcommand prints one JSON object (or a raw
-stream for ``tail``/``follow``/``pack``), so the local side parses nothing ad hoc.
+record their state, follow logs, pack run folders. The local side talks to it only through
+``draftops.agent.AgentClient``.
 
-Replies are framed: the host's shell start-up files may print a banner before this script runs, so
-every answer starts with a marker line holding a nonce the local side chose (``$DRAFTOPS_FRAME``),
-and the local side ignores whatever comes before it. A JSON reply is the line after the marker; a
-raw stream is a JSON header line after the marker, then the bytes. Error messages on stderr carry
-their own marker, so a banner on stderr does not bury them.
+The protocol (commands, arguments, payloads, reply framing, exit codes, version) is written down once,
+in docs/protocol.md; the names it uses are defined here (``Exit``, ``PROTOCOL_VERSION``, the
+markers) because this file must run alone on the host, and the local side imports them from here.
 """
+import enum
 import errno
 import fcntl
 import hashlib
@@ -31,7 +30,30 @@ EVENT_PREFIX = "@@draftops "
 FRAME_ENV = "DRAFTOPS_FRAME"          # the nonce of this call's reply marker (chosen by the local side)
 FRAME_PREFIX = "@@draftops-reply "    # stdout: the reply follows this marker line
 ERROR_PREFIX = "@@draftops-error "    # stderr: the error message follows this marker line
+PROTOCOL_ENV = "DRAFTOPS_PROTOCOL"    # the protocol version the local side speaks
+PROTOCOL_VERSION = 1                  # bump on any change a local side of another version would misread
 _AGENT_PATH = None   # where this script is installed on the host (set by prepare or main)
+
+
+class Exit(enum.IntEnum):
+    """The agent's exit codes (docs/protocol.md § Exit codes); the local side maps each to one error."""
+
+    OK = 0
+    CRASHED = 1            # an uncaught exception: Python's traceback on stderr (a bug in the agent)
+    USAGE = 2              # unknown command or wrong arguments (local side and agent disagree)
+    ROOT_REFUSED = 3       # `root` resolves to / or $HOME
+    ROOT_UNWRITABLE = 4    # `root` cannot be created or written
+    REFUSED_ENTRY = 5      # a sync payload entry or deletion is refused; nothing was changed
+    INCOMPLETE = 6         # the sync payload's length or sha256 is wrong; nothing was changed
+    NO_RUN = 7             # no such run folder
+    UNSAFE_RUN = 8         # the run folder cannot be opened without following a link
+    PROTOCOL_MISMATCH = 9  # the caller speaks another PROTOCOL_VERSION; nothing was done
+    REFUSED_CODE = 20      # <root>/code is a link, unreadable or holds files draftops did not put there
+    SCAN_FAILED = 21       # something under <root>/code cannot be read
+    APPLY_FAILED = 22      # writing the sync failed (a full disk); every file is old or new, none partial
+    BUSY = 23              # a live run works in <root>/code and the sync was not forced
+    LOCK_TIMEOUT = 24      # another sync held the lock too long
+    NO_PYTHON = 127        # not the agent's: the shell found no interpreter to run it with
 
 
 def _marker(prefix):
@@ -50,7 +72,7 @@ def _raw_start(header):
     _out(header)
 
 
-def _fail(message, code=2):
+def _fail(message, code):
     sys.stderr.flush()
     sys.stderr.buffer.write(_marker(ERROR_PREFIX) + message.encode("utf-8", "replace") + b"\n")
     sys.stderr.buffer.flush()
@@ -91,7 +113,7 @@ def cmd_prepare(root, agent_name, source=None):
     if resolved in ("/", home):
         what = "/" if resolved == "/" else "the home directory"
         _fail(f"root {root!r} resolves to {resolved}, which is {what}; draftops deletes inside <root>/code "
-              "during sync, so it needs a folder of its own, e.g. ~/draftops", 3)
+              "during sync, so it needs a folder of its own, e.g. ~/draftops", Exit.ROOT_REFUSED)
     try:
         for sub in ("runs", "state"):
             os.makedirs(os.path.join(resolved, sub), exist_ok=True)
@@ -103,13 +125,26 @@ def cmd_prepare(root, agent_name, source=None):
         agent = os.path.join(resolved, "state", agent_name)
         global _AGENT_PATH
         _AGENT_PATH = agent
-        if source and not os.path.exists(agent):
+        installed = bool(source) and not _same_file(agent, source.encode())
+        if installed:         # missing, or changed in place (an edit, a truncated copy): the name is ours
             _atomic_write(agent, source.encode())
     except OSError as exc:
-        _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", 4)
-    _out({"root": resolved, "home": home, "python": sys.executable,
-          "python_version": "{}.{}.{}".format(*sys.version_info[:3]), "platform": sys.platform})
+        _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", Exit.ROOT_UNWRITABLE)
+    _out({"protocol": PROTOCOL_VERSION, "root": resolved, "home": home, "python": sys.executable,
+          "python_version": "{}.{}.{}".format(*sys.version_info[:3]), "platform": sys.platform,
+          "agent": agent, "installed": installed})
     return resolved
+
+
+def _same_file(path, data):
+    """Whether ``path`` holds exactly ``data`` (size first: a missing or truncated copy costs no read)."""
+    try:
+        if os.path.getsize(path) != len(data):
+            return False
+        with open(path, "rb") as fh:
+            return fh.read() == data
+    except OSError:
+        return False
 
 
 def boot(source, argv):
@@ -138,15 +173,13 @@ LOCK_WAIT_S = 600
 CODE_TMP = ".draftops-tmp-"   # + pid-random-index: the names of one apply's own temp files
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-# exit codes of the sync commands (the local side turns them into one-paragraph SyncErrors)
-REFUSED_ENTRY, INCOMPLETE, REFUSED_CODE, SCAN_FAILED, APPLY_FAILED, BUSY, LOCK_TIMEOUT = 5, 6, 20, 21, 22, 23, 24
 _NOTHING_CHANGED = "; nothing was changed"
 _TAR_KINDS = {tarfile.LNKTYPE: "hard link", tarfile.SYMTYPE: "symbolic link without a target",
               tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.DIRTYPE: "folder",
               tarfile.FIFOTYPE: "FIFO"}
 
 
-class SyncRefused(Exception):
+class Refusal(Exception):
     """A sync command cannot go on; ``code`` is its exit code, the message says why and what to do."""
 
     def __init__(self, code, message):
@@ -171,7 +204,7 @@ def _canonical(rel, what):
     """Refuse a path that is not plainly relative and normalised (``..``, ``/x``, ``a//b``, ``./a``)."""
     parts = rel.split("/") if isinstance(rel, str) else [""]
     if any(part in ("", ".", "..") for part in parts) or "\0" in rel or rel == OWNER_MARK:
-        raise SyncRefused(REFUSED_ENTRY, f"refusing sync {what} {rel!r}: only plain relative paths inside "
+        raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync {what} {rel!r}: only plain relative paths inside "
                           f"{_in_code()} are accepted (no '..', no absolute path, not the {OWNER_MARK} "
                           f"marker){_NOTHING_CHANGED}")
     return rel
@@ -189,7 +222,7 @@ def _lock(timeout=LOCK_WAIT_S):
             if time.monotonic() > deadline:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise SyncRefused(LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
+                raise Refusal(Exit.LOCK_TIMEOUT, f"another sync into {_in_code()} (process {holder}) has "
                                   f"held the lock {os.path.abspath(SYNC_LOCK)} for over {timeout} s; wait "
                                   "for it to finish, or stop that process if it is stuck, then sync again") from None
             time.sleep(0.05)
@@ -230,11 +263,11 @@ def _open_code(code_dir):
         fd = os.open(code_dir, _DIR_FLAGS)
     except OSError as exc:
         if os.path.islink(code_dir):
-            raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
+            raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: it is a symbolic link (to "
                               f"{os.readlink(code_dir)}), and draftops writes and deletes only inside a real "
                               f"folder it created itself. Remove the link (`rm {where}`; its target is not "
                               "touched) or set `root:` in hosts.yaml to another folder, then sync again") from None
-        raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
+        raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: {_why(exc)}. draftops needs a folder "
                           "of its own there; move that away or set `root:` in hosts.yaml to another folder, "
                           "then sync again") from None
     try:
@@ -246,7 +279,7 @@ def _open_code(code_dir):
         _mark(fd)
         return fd
     os.close(fd)
-    raise SyncRefused(REFUSED_CODE, f"refusing to sync into {where}: the folder already holds files that "
+    raise Refusal(Exit.REFUSED_CODE, f"refusing to sync into {where}: the folder already holds files that "
                       f"draftops did not put there (it has no {OWNER_MARK} marker, which draftops writes "
                       "when it creates the folder), and a sync deletes whatever in it is not in your project. "
                       "Move those files elsewhere or remove the folder (also one left by a draftops version "
@@ -317,7 +350,7 @@ def _scan(code_fd, cache):
 
 
 def _unreadable(rel, exc):
-    return SyncRefused(SCAN_FAILED, f"cannot read {_in_code(rel)}: {_why(exc)}. draftops must see everything "
+    return Refusal(Exit.SCAN_FAILED, f"cannot read {_in_code(rel)}: {_why(exc)}. draftops must see everything "
                        f"in {_in_code()} to mirror it safely, so nothing was changed; make it readable for "
                        f"this user (e.g. `chmod -R u+rwX {_in_code()}`) or remove it, then sync again")
 
@@ -357,11 +390,11 @@ def _locked(step):
             step()
         finally:
             os.close(lock)
-    except SyncRefused as exc:
+    except Refusal as exc:
         _fail(str(exc), exc.code)
     except OSError as exc:
         _fail(f"sync into {_in_code()} failed: {exc}. Fix the cause (permissions or space in "
-              f"{os.getcwd()}), then sync again", APPLY_FAILED)
+              f"{os.getcwd()}), then sync again", Exit.APPLY_FAILED)
 
 
 def cmd_manifest(code_dir, state_file):
@@ -391,15 +424,15 @@ class _Plan:
         try:
             members = tar.getmembers()
             if not members or members[0].name != SYNC_META or not members[0].isfile():
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
                                   + _NOTHING_CHANGED)
             meta = json.load(tar.extractfile(members[0]))
         except (tarfile.TarError, ValueError, OSError) as exc:
-            raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
                               + _NOTHING_CHANGED) from None
         deletes = meta.get("delete") if isinstance(meta, dict) else None
         if not isinstance(deletes, list):
-            raise SyncRefused(REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
                               + _NOTHING_CHANGED)
         self.delete = sorted({_canonical(rel, "deletion") for rel in deletes})
         sent = set()
@@ -408,22 +441,22 @@ class _Plan:
             plain_file = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
             if not (plain_file or (member.issym() and member.linkname and "\0" not in member.linkname)):
                 kind = _TAR_KINDS.get(member.type, f"tar type {member.type!r}")
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
                                   "files and symbolic links are synced (no hard links, devices, FIFOs or "
                                   f"folders){_NOTHING_CHANGED}")
             if rel in sent:
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
                                   + _NOTHING_CHANGED)
             sent.add(rel)
             self.members.append(member)
         for rel in sent:
             parent = _first_parent_in(rel, sent)
             if parent:
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: {parent!r} is sent as a file "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {parent!r} is sent as a file "
                                   f"or link too, and nothing is written through one{_NOTHING_CHANGED}")
         both = sent.intersection(self.delete)
         if both:
-            raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
                               f"deleted{_NOTHING_CHANGED}")
 
     def check_against(self, manifest):
@@ -436,13 +469,13 @@ class _Plan:
             parent = _first_parent_in(rel, manifest if rel in doomed else staying)
             if parent:
                 what = {"l": "a symbolic link", "f": "a file"}.get(manifest[parent][0], "not a folder")
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {rel!r}: {_in_code(parent)} on the "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: {_in_code(parent)} on the "
                                   f"host is {what}, and nothing is written or deleted through it"
                                   + _NOTHING_CHANGED)
         for rel in manifest:
             folder = _first_parent_in(rel, sent) if rel not in doomed else None
             if folder:
-                raise SyncRefused(REFUSED_ENTRY, f"refusing sync entry {folder!r}: on the host it is a folder "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {folder!r}: on the host it is a folder "
                                   f"holding {rel!r}, which this sync does not delete{_NOTHING_CHANGED}")
 
 
@@ -479,7 +512,7 @@ class _Dirs:
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise SyncRefused(REFUSED_ENTRY, f"refusing to write or delete under {_in_code(rel_dir)}: it "
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing to write or delete under {_in_code(rel_dir)}: it "
                                   "is not a real folder on the host (a symbolic link or a file appeared "
                                   "there), and nothing is followed through it") from None
             raise
@@ -500,7 +533,7 @@ class _Dirs:
             head, name = _split(rel_dir)
             try:
                 os.rmdir(name, dir_fd=self.open(head))
-            except (OSError, SyncRefused):
+            except (OSError, Refusal):
                 pass
         self.close()
 
@@ -526,7 +559,7 @@ def _delete(code_fd, rels):
                 head, name = _split(head)
                 try:
                     os.rmdir(name, dir_fd=dirs.open(head))
-                except (OSError, SyncRefused):
+                except (OSError, Refusal):
                     break
     finally:
         dirs.close()
@@ -600,7 +633,7 @@ def _write(code_fd, plan):
         for head, tmp, _name in staged:
             try:
                 os.unlink(tmp, dir_fd=dirs.open(head))
-            except (OSError, SyncRefused):
+            except (OSError, Refusal):
                 pass
         dirs.remove_created()
         raise
@@ -650,7 +683,7 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
     payload = sys.stdin.buffer.read()
     _stamp("payload-read")
     if len(payload) != int(expected_len) or hashlib.sha256(payload).hexdigest() != expected_sha:
-        _fail(f"sync payload incomplete ({len(payload)} of {expected_len} bytes){_NOTHING_CHANGED}", INCOMPLETE)
+        _fail(f"sync payload incomplete ({len(payload)} of {expected_len} bytes){_NOTHING_CHANGED}", Exit.INCOMPLETE)
 
     def apply(tar):
         plan = _Plan(tar)
@@ -666,7 +699,7 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
     try:
         tar = tarfile.open(fileobj=io.BytesIO(payload), mode="r:*")  # noqa: SIM115 (closed by `with` below)
     except tarfile.TarError as exc:
-        _fail(f"refusing sync payload: unreadable tar ({exc}){_NOTHING_CHANGED}", REFUSED_ENTRY)
+        _fail(f"refusing sync payload: unreadable tar ({exc}){_NOTHING_CHANGED}", Exit.REFUSED_ENTRY)
     with tar:
         _locked(lambda: apply(tar))
 
@@ -683,16 +716,17 @@ def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
         return
     busy = _live_runs_on_code(code_dir)
     if busy and not force:
-        raise SyncRefused(BUSY, f"not changing {len(plan.members) + len(plan.delete)} file(s) in {_in_code()}: "
+        raise Refusal(Exit.BUSY, f"not changing {len(plan.members) + len(plan.delete)} file(s) in {_in_code()}: "
                           f"run(s) {', '.join(busy)} are running there and would pick up new code mid-run "
                           "(a module imported later, a script read again). Wait for them to end (`invoke "
                           f"logs {busy[0]} --follow`), stop them (`invoke kill {busy[0]}`), or sync anyway "
-                          f"with `invoke sync --force`{_NOTHING_CHANGED}")
+                          "with `invoke sync --force` (before a task, in one call: `invoke sync --force test-drafter`)"
+                          + _NOTHING_CHANGED)
     try:
         deleted = _delete(code_fd, plan.delete)
         written = _write(code_fd, plan)
     except OSError as exc:
-        raise SyncRefused(APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
+        raise Refusal(Exit.APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
                           "there is either its old or its new version (no partial files; the deletions were "
                           "done first, to make room); free space or fix the cause, then sync again") from None
     manifest = _scan_and_store(code_fd, state_file)
@@ -707,7 +741,6 @@ def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
 LIVE_STATES = (None, "starting", "running")
 ENV_FILE = ".env.json"                # the job's env values (0600): read, then deleted, by the runner
 PULL_NOTES = ".draftops-pull-notes.json"
-NO_RUN = 7                            # exit code: no such run folder
 BLOCK = 1 << 16
 MAX_LINE = 1 << 16                    # the local side shows longer lines in pieces of this size
 OUTCOME_POLL_S = 2.0                  # how often the runner looks for new result events
@@ -938,6 +971,7 @@ def cmd_runner(run_dir, run_id):
     _atomic_write(status_path, json.dumps(dict(base, state="running")).encode())
     env = dict(os.environ, **extra, DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir, PYTHONUNBUFFERED="1")
     env.pop(FRAME_ENV, None)
+    env.pop(PROTOCOL_ENV, None)
     cwd = os.path.abspath(job.get("cwd") or run_dir)     # relative cwd: relative to root
     try:
         child = subprocess.Popen(["sh", "-c", job["command"]], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
@@ -980,7 +1014,7 @@ def cmd_runner(run_dir, run_id):
 
 def _run_dir_or_fail(run_dir):
     if not os.path.isdir(run_dir):
-        _fail(f"no run folder {run_dir}", NO_RUN)
+        _fail(f"no run folder {run_dir}", Exit.NO_RUN)
     return os.path.abspath(run_dir)
 
 
@@ -1228,7 +1262,7 @@ def cmd_pack(run_dir):
     try:
         top = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
-        _fail(f"cannot open run folder {run_dir} without following links: {exc.strerror}", 8)
+        _fail(f"cannot open run folder {run_dir} without following links: {exc.strerror}", Exit.UNSAFE_RUN)
     _raw_start({"format": "tar.gz"})
     skipped: list = []
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|gz") as tar:
@@ -1243,15 +1277,35 @@ def cmd_pack(run_dir):
     sys.stdout.buffer.flush()
 
 
-COMMANDS = {"prepare": cmd_prepare, "manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start,
-            "runner": cmd_runner, "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill,
-            "tail": cmd_tail, "follow": cmd_follow, "pack": cmd_pack}  # type: dict
+# what the local side may call (docs/protocol.md); "runner" is started by "start" only
+COMMANDS = {"manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start, "runner": cmd_runner,
+            "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill, "tail": cmd_tail, "follow": cmd_follow,
+            "pack": cmd_pack}  # type: dict
+
+
+def _check_call(argv):
+    """Refuse, before doing anything, a caller of another protocol version or an unknown command."""
+    spoken = os.environ.get(PROTOCOL_ENV)
+    if spoken is not None and spoken != str(PROTOCOL_VERSION):
+        _fail(f"this draftops host agent ({_AGENT_PATH}) speaks protocol {PROTOCOL_VERSION}, the caller "
+              f"speaks {spoken}; nothing was done", Exit.PROTOCOL_MISMATCH)
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        _fail(f"usage: agent.py ROOT COMMAND ARGS... with COMMAND one of {', '.join(sorted(COMMANDS))}; got "
+              f"{argv[1:2]}", Exit.USAGE)
+    code = COMMANDS[argv[1]].__code__          # (not inspect: its import costs 7 ms a call)
+    most = code.co_argcount
+    least = most - len(COMMANDS[argv[1]].__defaults__ or ())
+    if not least <= len(argv) - 2 <= most:
+        _fail(f"usage: agent command {argv[1]!r} takes {least}..{most} argument(s), not {len(argv) - 2}",
+              Exit.USAGE)
+
 
 def main(argv):
     """``agent.py ROOT COMMAND ARGS...``: paths in ARGS are relative to ROOT."""
     global _AGENT_PATH
     if _AGENT_PATH is None:
         _AGENT_PATH = os.path.abspath(__file__)
+    _check_call(argv)
     os.chdir(argv[0])
     COMMANDS[argv[1]](*argv[2:])
     _stamp("agent-done")

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from draftops import hostagent
-from draftops.errors import JobError, RemoteError
+from draftops.errors import JobError, RemoteError, UnknownRun
 from draftops.host import Host
 from draftops.terminal import clean, needs_cleaning
 from remote import events
 
-NO_SUCH_RUN = hostagent.NO_RUN     # the host agent's exit code for a missing run folder
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
 MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
@@ -88,7 +87,7 @@ def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None 
     spec = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
             "cwd": cwd or "code", "env": dict(env or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    host.agent("start", f"runs/{job.id}", input=json.dumps(spec).encode())
+    host.agent.start(job.id, spec)
     return job
 
 
@@ -103,41 +102,17 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
             f'PYTHONPATH="$PWD" exec {python} -m {module} {argv}')
 
 
-def _unknown(host: Host, run_id: str) -> JobError:
-    return JobError(f"Host {host.name!r} has no run {run_id!r}; `invoke runs` lists the runs there.")
-
-
-def _run_agent(host: Host, command: str, run_id: str, *extra: str) -> dict[str, Any]:
-    try:
-        return host.agent(command, f"runs/{_check_id(run_id)}", *extra)
-    except RemoteError as exc:
-        if exc.exit_code != NO_SUCH_RUN:
-            raise
-        raise _unknown(host, run_id) from None
-
-
-def _run_stream(host: Host, command: str, run_id: str, *extra: str, on_output: Callable[[bytes], object],
-                on_header: Callable[[dict[str, Any]], None] = lambda header: None) -> int:
-    try:
-        return host.agent_stream(command, f"runs/{_check_id(run_id)}", *extra, on_output=on_output,
-                                 on_header=on_header)
-    except RemoteError as exc:
-        if exc.exit_code != NO_SUCH_RUN:
-            raise
-        raise _unknown(host, run_id) from None
-
-
 def status(host: Host, run_id: str) -> dict[str, Any]:
-    return _run_agent(host, "status", run_id)
+    return host.agent.status(_check_id(run_id))
 
 
 def list_runs(host: Host) -> list[dict[str, Any]]:
-    return host.agent("runs", "runs")["runs"]
+    return host.agent.runs()
 
 
 def kill(host: Host, run_id: str, grace_s: float = 10.0) -> dict[str, Any]:
     """SIGTERM the job's process group, SIGKILL after ``grace_s``; returns the final status."""
-    return _run_agent(host, "kill", run_id, str(float(grace_s)))
+    return host.agent.kill(_check_id(run_id), grace_s)
 
 
 class LineSplitter:
@@ -205,14 +180,11 @@ def read_log(host: Host, run_id: str, on_text: Callable[[str], None],
     if lines is not None and lines < 0:
         raise JobError(f"--lines must be 0 or more, not {lines}.")
     splitter = LineSplitter(on_text, on_event)
-    header: dict[str, Any] = {}
-    code = _run_stream(host, "tail", run_id, "all" if lines is None else str(lines),
-                       on_output=splitter.feed, on_header=header.update)
-    splitter.close()
-    if code != 0:
-        raise JobError(f"Reading the log of run {run_id} on host {host.name!r} stopped early (exit {code}): "
-                       "the connection dropped or the host agent failed; try again.")
-    return header
+    try:
+        header = host.agent.tail(_check_id(run_id), lines, splitter.feed)
+    finally:
+        splitter.close()
+    return {"offset": header.offset, "size": header.size}
 
 
 def follow(host: Host, run_id: str, on_text: Callable[[str], None],
@@ -224,26 +196,28 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
     A stream that ends before the job's end event (a dropped link, a killed agent) is an error that
     says how to re-attach: the job itself does not depend on the link."""
     splitter = LineSplitter(on_text, on_event)
-    header: dict[str, Any] = {"offset": offset}
     seen = {"bytes": 0}
 
     def feed(chunk: bytes) -> None:
         seen["bytes"] += len(chunk)
         splitter.feed(chunk)
 
-    start = f"-{lines}" if lines is not None else str(offset)
+    start = offset
+    cause: RemoteError | None = None
     try:
-        code: int | str = _run_stream(host, "follow", run_id, start, on_output=feed, on_header=header.update)
+        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines)
+    except UnknownRun:
+        raise
     except RemoteError as exc:
-        code = f"{exc}"
+        cause = exc
     splitter.close()
     if splitter.end is None:
-        where = int(header.get("offset") or 0) + seen["bytes"]
+        why = f"exit {cause.exit_code}" if cause else "no job-end event"
         raise JobError(
-            f"The log stream of run {run_id} from host {host.name!r} ended before the job did ({code}): the "
+            f"Host {host.name!r}: the log stream of run {run_id} ended before the job did ({why}): the "
             "connection dropped or the host agent was stopped. The job itself keeps running on the host. "
-            f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {where} bytes of its "
-            "log were shown), or check it with `invoke runs`.")
+            f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {start + seen['bytes']} "
+            "bytes of its log were shown), or check it with `invoke runs`.") from cause
     return splitter.end
 
 
@@ -277,17 +251,20 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
     try:
         archive = work / "pack.tar.gz"
         with open(archive, "wb") as fh:
-            code = _run_stream(host, "pack", run_id, on_output=fh.write)
-        if code != 0:
-            raise JobError(f"Pulling run {run_id} from host {host.name!r} stopped early (exit {code}); "
-                           f"{dest} was left as it was. Try again.")
+            try:
+                host.agent.pack(run_id, fh.write)
+            except UnknownRun:
+                raise
+            except RemoteError as exc:
+                raise JobError(f"{str(exc).rstrip('.')}. Pulling run {run_id} did not finish; {dest} was left as "
+                               "it was.") from exc
         tree = work / "tree"
         tree.mkdir()
         skipped = _extract(archive, tree)
         _rename_into_place(tree, dest, work / "previous")
         return Pulled(dest, skipped)
     except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
-        raise JobError(f"Pulling run {run_id} from host {host.name!r} into {dest} failed: {exc}. {dest} was "
+        raise JobError(f"Host {host.name!r}: pulling run {run_id} into {dest} failed: {exc}. {dest} was "
                        "left as it was.") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -16,23 +16,16 @@ import stat
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from draftops import timing
+from draftops.agent import ApplyResult, Entry, Manifest
 from draftops.errors import RemoteError, SyncError
-from draftops.host import Host
-from draftops.hostagent import (
-    APPLY_FAILED,
-    BUSY,
-    LOCK_TIMEOUT,
-    OWNER_MARK,
-    REFUSED_CODE,
-    REFUSED_ENTRY,
-    SCAN_FAILED,
-    SYNC_META,
-)
+from draftops.host import Host, host_cache_file
+from draftops.hostagent import OWNER_MARK, SYNC_META
 from draftops.hostagent import digest as tree_digest
 from remote.fileio import atomic_write_bytes
 
@@ -43,11 +36,10 @@ if TYPE_CHECKING:
 
 DEFAULT_PATHS = ("remote",)
 ALWAYS_EXCLUDED = (".git/", "__pycache__/", "*.pyc", ".draftops/", "/" + OWNER_MARK)
-REFUSALS = {REFUSED_ENTRY, REFUSED_CODE, SCAN_FAILED, APPLY_FAILED, BUSY, LOCK_TIMEOUT}
 MAX_ROUNDS = 8                   # applies that may find the host's tree changed under them
-Entry = tuple[str, str, int]     # (kind "f"/"l", sha256 or link target, mode)
 STATE_FILE = "state/code-manifest.json"   # the host's stat cache of <root>/code, relative to root
 GZIP_BELOW = 16 << 20
+T = TypeVar("T")
 
 
 @dataclass
@@ -262,9 +254,7 @@ def _diff(local: dict[str, Entry], remote: dict[str, Entry]) -> tuple[list[str],
 
 def _memory_file(host: Host) -> Path:
     """Where we remember the host's tree after our last sync (keyed by where the tree lives)."""
-    spec = host.spec
-    key = hashlib.sha256(f"{spec.transport}|{spec.user}|{spec.address}|{spec.port}|{spec.root}".encode())
-    return host.project_root / ".draftops" / "cache" / f"remote-{spec.name}-{key.hexdigest()[:12]}.json"
+    return host_cache_file(host.spec, host.project_root, "remote")
 
 
 def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) -> dict[str, int]:
@@ -275,33 +265,28 @@ def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) 
                         "syncing?). Nothing was sent; sync again.") from None
 
 
-def _agent(host: Host, *args: str, payload: bytes | None = None) -> dict:
-    """One sync command on the host; its refusals (with the host's reason and fix) become SyncErrors."""
+def _agent(host: Host, call: Callable[[], T]) -> T:
+    """One sync command on the host. Its refusals (SyncRefused: the host's reason and fix) pass as they
+    are; any other failure becomes a SyncError that says what state the host's files are in."""
     paramiko = sys.modules.get("paramiko")   # loaded by an SSH connection; the local host never needs it
     link_errors = (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
     try:
-        return host.agent(*args, input=payload)
-    except RemoteError as exc:
-        if exc.exit_code in REFUSALS:
-            hint = (" Before a task, in one call: `invoke sync --force test-drafter`."
-                    if exc.exit_code == BUSY else "")
-            raise SyncError(f"{exc}.{hint}") from None
-        failure: object = exc
-    except link_errors as exc:
-        failure = exc or type(exc).__name__
-    raise SyncError(f"Sync to host {host.name!r} failed: {failure}. The files on the host were left "
-                    "as they were (or fully updated, if the failure came after the transfer); "
-                    "run `invoke sync` again.")
+        return call()
+    except SyncError:
+        raise
+    except (RemoteError, *link_errors) as exc:
+        raise SyncError(f"Host {host.name!r}: sync failed: {exc or type(exc).__name__}. The files on the host "
+                        "were left as they were (or fully updated, if the failure came after the transfer); "
+                        "run `invoke sync` again.") from exc
 
 
 def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[str],
-           expected_tree: str, force: bool) -> tuple[dict, int, int]:
+           expected_tree: str, force: bool) -> tuple[ApplyResult, int, int]:
     """Send the changes; returns (host's answer, bytes sent, bytes of changed files)."""
     sizes = _file_sizes(host.project_root, upload, local)
     payload = _payload(host.project_root, upload, local, delete, sizes) if upload or delete else b""
-    digest = hashlib.sha256(payload).hexdigest()
-    answer = _agent(host, "apply", "code", STATE_FILE, digest, str(len(payload)), expected_tree,
-                    "1" if force else "0", payload=payload)
+    answer = _agent(host, lambda: host.agent.apply("code", STATE_FILE, payload, expected_tree=expected_tree,
+                                                   force=force))
     return answer, len(payload), sum(sizes.values())
 
 
@@ -333,7 +318,7 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
         local = scan(project_root, host.spec, paths)
     memory_file = _memory_file(host)
     known = _load_memory(memory_file)
-    answer: dict = {"status": "stale"}
+    answer: ApplyResult | None = None           # None: not sent yet, compare with the host's manifest
     upload: list[str] = []
     delete: list[str] = []
     sent = changed = 0
@@ -341,30 +326,32 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
         upload, delete = _diff(local, known["manifest"])
         answer, sent, changed = _apply(host, local, upload, delete, known["digest"], force)
     rounds = 0
-    while answer.get("status") == "stale":
-        if "manifest" not in answer:
-            answer = _agent(host, "manifest", "code", STATE_FILE)
-        remote = {k: tuple(v) for k, v in answer["manifest"].items()}
-        upload, delete = _diff(local, remote)
+    tree: Manifest | None = None
+    while answer is None or answer.status == "stale":
+        tree = answer.manifest if answer else None
+        if tree is None:
+            tree = _agent(host, lambda: host.agent.manifest("code", STATE_FILE))
+        upload, delete = _diff(local, tree.entries)
         changed = 0
         if dry_run or not (upload or delete):
             break
         rounds += 1
         if rounds > MAX_ROUNDS:
-            raise SyncError(f"The code tree on host {host.name!r} kept changing while we synced "
+            raise SyncError(f"Host {host.name!r}: the code tree kept changing while we synced "
                             f"({MAX_ROUNDS} tries): other syncs of different checkouts, or a job writing "
                             f"into {host.code_dir}, got there first each time. Stop them, then sync again.")
-        answer, more, changed = _apply(host, local, upload, delete, answer["digest"], force)
+        answer, more, changed = _apply(host, local, upload, delete, tree.digest, force)
         sent += more
     if dry_run:
         changed = sum(_file_sizes(project_root, upload, local).values())
     report = SyncReport(host=host.name, upload=upload, delete=delete, unchanged=len(local) - len(upload),
                         dry_run=dry_run, bytes_sent=sent, bytes_changed=changed,
-                        busy_runs=list(answer.get("busy_runs", [])))
+                        busy_runs=list(answer.busy_runs if answer else []))
     if not dry_run:
-        if answer.get("digest") == tree_digest(local):
-            if not known or known["digest"] != answer["digest"]:
-                _save_memory(memory_file, local, answer["digest"])
+        digest = answer.digest if answer else (tree.digest if tree else "")
+        if digest == tree_digest(local):
+            if not known or known["digest"] != digest:
+                _save_memory(memory_file, local, digest)
         else:
             memory_file.unlink(missing_ok=True)
     report.seconds = time.monotonic() - started

@@ -29,20 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from draftops import jobs
-from draftops.errors import DraftopsError, JobError
+from draftops.errors import DraftopsError, JobError, ToolFailed
 from draftops.host import Host
 from draftops.terminal import clean
 from remote import events, exitcodes
 
 LOG_TAIL_LINES = 15
-
-
-class ToolFailed(JobError):
-    """A remote tool's run ended other than ok; carries its :class:`ToolResult`."""
-
-    def __init__(self, message: str, result: ToolResult):
-        super().__init__(message)
-        self.result = result
 
 
 class JobView:

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from draftops import jobs
-from draftops.errors import RemoteError
+from draftops.errors import JobError, RemoteError
 from draftops.host import open_host
 from draftops.sync import sync
 from tests.conftest import ssh_entry
@@ -103,7 +103,8 @@ def test_an_unframed_answer_to_a_later_command_is_an_error(noisy_project, banner
         jobs.list_runs(host)
     with pytest.raises(RemoteError, match="reply marker"):
         jobs.read_log(host, "some-run", lambda line: None)
-    with pytest.raises(RemoteError, match="reply marker"):
+    with pytest.raises(JobError, match="reply marker.*was left as it was") as err:
         jobs.pull_run(host, "some-run")
+    assert isinstance(err.value.__cause__, RemoteError) and err.value.__cause__.result.command == "pack runs/some-run"
     runs = host.project_root / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []      # no partial pull left behind

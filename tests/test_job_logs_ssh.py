@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from draftops import jobs
+from draftops.agent import AGENT_NAME
 from draftops.errors import JobError
-from draftops.host import AGENT_NAME, open_host
+from draftops.host import open_host
 from tests.conftest import REPO, ssh_entry
 from tests.test_jobs_ssh import wait_state, wait_until
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftops import hostagent, jobs
-from draftops.errors import RemoteError
-from draftops.host import Unframer, error_text, split_replies
+from draftops.framing import FramingError, Unframer, error_text, split_replies
 
 NONCE = "0123456789abcdef"
 REPLY = f"\n{hostagent.FRAME_PREFIX}{NONCE}\n".encode()
@@ -28,9 +27,9 @@ def test_replies_are_found_after_any_banner_and_other_markers_are_noise():
 
 
 def test_a_marker_followed_by_something_else_than_json_is_an_error():
-    with pytest.raises(RemoteError, match="not JSON"):
+    with pytest.raises(FramingError, match="not JSON"):
         split_replies(REPLY + b"garbage\n", NONCE)
-    with pytest.raises(RemoteError, match="not a JSON object"):
+    with pytest.raises(FramingError, match="not a JSON object"):
         split_replies(REPLY + b"[1, 2]\n", NONCE)
 
 

@@ -198,7 +198,7 @@ def test_unreadable_entries_are_left_out_with_a_note(tmp_path):
                               capture_output=True, env={"DRAFTOPS_FRAME": "n0nce", "PATH": os.environ["PATH"]},
                               check=False)
         assert proc.returncode == 0, proc.stderr.decode()
-        from draftops.host import Unframer
+        from draftops.framing import Unframer
         body = bytearray()
         unframer = Unframer("n0nce", body.extend, lambda header: None)
         unframer.feed(proc.stdout)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftops import hostagent
-from draftops.hostagent import OWNER_MARK, SYNC_META, SyncRefused
+from draftops.hostagent import OWNER_MARK, SYNC_META, Refusal
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_symlink_that_appears_after_the_check_is_not_written_through(root):
         checked.check_against(hostagent._scan(fd, {})[0])
         (root / "code" / "d").rmdir()
         os.symlink(outside, root / "code" / "d")             # the race
-        with pytest.raises(SyncRefused, match="not a real folder"):
+        with pytest.raises(Refusal, match="not a real folder"):
             hostagent._write(fd, checked)
     finally:
         os.close(fd)
@@ -73,7 +73,7 @@ def test_delete_never_goes_through_a_symlinked_folder(root):
     os.symlink(outside, root / "code" / "d")
     fd = hostagent._open_code("code")
     try:
-        with pytest.raises(SyncRefused, match="not a real folder"):
+        with pytest.raises(Refusal, match="not a real folder"):
             hostagent._delete(fd, ["d/victim.txt"])
         os.symlink(outside / "victim.txt", root / "code" / "link")
         assert hostagent._delete(fd, ["link"]) == 1           # the link goes, its target stays
@@ -100,5 +100,5 @@ def test_deep_tree_scans_without_recursion_limits(root):
 def test_unmarked_folder_with_a_marker_that_is_not_a_file_is_refused(root):
     (root / "code" / OWNER_MARK).unlink()
     (root / "code" / OWNER_MARK).mkdir()
-    with pytest.raises(SyncRefused, match="did not put there"):
+    with pytest.raises(Refusal, match="did not put there"):
         hostagent._open_code("code")

@@ -4,7 +4,6 @@ way, or `code` itself), a `code/` folder of someone else's files, and crafted ta
 Each test runs over the real sshd and on the built-in `local` host where the host matters."""
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -15,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from draftops.errors import RemoteError, SyncError
+from draftops.agent import ApplyResult
+from draftops.errors import SyncError, SyncRefused
 from draftops.host import Host, open_host
-from draftops.hostagent import OWNER_MARK, REFUSED_ENTRY, SYNC_META
+from draftops.hostagent import OWNER_MARK, SYNC_META, Exit
 from draftops.sync import STATE_FILE, sync
 from tests.conftest import ssh_entry
 
@@ -182,9 +182,8 @@ def payload(members: list[tuple], delete: list[str] = ()) -> bytes:
     return buf.getvalue()
 
 
-def send(host: Host, data: bytes) -> dict:
-    return host.agent("apply", "code", STATE_FILE, hashlib.sha256(data).hexdigest(), str(len(data)), "-", "0",
-                      input=data)
+def send(host: Host, data: bytes) -> ApplyResult:
+    return host.agent.apply("code", STATE_FILE, data, expected_tree=None, force=False)
 
 
 def crafted_cases(elsewhere: Path) -> dict[str, tuple[list[tuple], list[str]]]:
@@ -219,9 +218,10 @@ def test_crafted_tar_members_are_refused_before_anything_is_applied(project, els
     os.symlink(elsewhere, code_dir(host) / "remote/hostlink")
     before_code, before_outside = snapshot(code_dir(host)), snapshot(elsewhere)
     for case, (members, delete) in crafted_cases(elsewhere).items():
-        with pytest.raises(RemoteError) as err:
+        with pytest.raises(SyncRefused) as err:
             send(host, payload(members, delete))
-        assert err.value.exit_code == REFUSED_ENTRY, (case, err.value)
+        assert err.value.exit_code == Exit.REFUSED_ENTRY, (case, err.value)
+        assert err.value.result.host == host.name and err.value.result.command.startswith("apply code"), case
         assert "nothing was changed" in str(err.value), case
         assert snapshot(elsewhere) == before_outside, case
         assert snapshot(code_dir(host)) == before_code, f"{case}: a refused payload was applied in part"
@@ -234,6 +234,6 @@ def test_a_sane_crafted_payload_is_applied(project):
     sync(host)
     answer = send(host, payload([member("remote/good.py"), member("remote/ok", tarfile.SYMTYPE, link="good.py")],
                                 ["remote/a.py"]))
-    assert answer["status"] == "applied" and answer["written"] == 2 and answer["deleted"] == 1
+    assert answer.status == "applied" and answer.written == 2 and answer.deleted == 1
     assert os.readlink(code_dir(host) / "remote/ok") == "good.py"
     assert not (code_dir(host) / "remote/a.py").exists()

@@ -109,7 +109,7 @@ def find(host: Host, port: int | None) -> Server:
 def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
     """TERM the server's process group, KILL it after ``grace``; forget the registry entry."""
     if not server.entry.get("run_id") and server.alive:
-        raise ServeError(f"Port {server.port} on host {host.name!r} is being claimed by an `invoke serve` call "
+        raise ServeError(f"Host {host.name!r}: port {server.port} is being claimed by an `invoke serve` call "
                          "that has not started its server yet; stop it once `invoke serve.status` lists it.")
     final: dict[str, Any] = {"state": server.state}
     if server.alive:
@@ -178,7 +178,7 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
     entry["run_id"] = job.id
     if not hosttool.register(host, launch_.port, entry, token=token):
         jobs.kill(host, job.id, 5.0)
-        raise ServeError(f"The claim on port {launch_.port} of host {host.name!r} was removed while the server "
+        raise ServeError(f"Host {host.name!r}: the claim on port {launch_.port} was removed while the server "
                          f"was starting (by `invoke serve.stop`?); run {job.id} was stopped again.")
     row = jobs.status(host, job.id)
     return Server(launch_.port, job.id, engine.name, plan.profile.name, launch_.target, launch_.draft,

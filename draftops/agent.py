@@ -1,0 +1,364 @@
+"""The host agent as typed calls: ``host.agent.apply(...)``, ``host.agent.status(run_id)``, ...
+
+One exec on the host per call (docs/protocol.md). The session's first call runs the agent's source
+inline (``python3 -c``), which resolves ``root`` and installs the agent in the same exec; later calls
+run the installed copy. Every answer is framed (draftops.framing); a missing or empty answer is an
+``AgentError``, never an empty reply. Every non-zero exit maps to one error class (``ERRORS``), and
+every error names the host and the command and carries the ``FailedCommand``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftops import hostagent, timing
+from draftops.errors import (
+    AgentError,
+    FailedCommand,
+    RemoteError,
+    RootError,
+    SyncRefused,
+    UnknownRun,
+    host_prefix,
+)
+from draftops.framing import FramingError, Unframer, error_text, split_replies
+from draftops.hostagent import Exit
+from draftops.terminal import clean
+from remote.fileio import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from draftops.connection import Transport
+    from draftops.inventory import HostSpec
+
+AGENT_SOURCE = Path(hostagent.__file__).read_text()
+AGENT_NAME = f"agent-{hashlib.sha256(AGENT_SOURCE.encode()).hexdigest()[:12]}.py"
+_BOOT = ("import sys, time\nT0 = time.time()\nSRC = {src!r}\ng = {{'__name__': 'draftops_agent', '_T0': T0}}\n"
+         "exec(SRC, g)\ng['boot'](SRC, sys.argv[1:])")
+RunRow = dict[str, Any]          # a run's job.json + status.json fields (docs/protocol.md § status)
+Entry = tuple[str, str, int]     # a manifest entry: (kind "f"/"l"/"x", sha256 or link target, mode)
+
+#: the error class of each exit code (one class per meaning; docs/protocol.md § Exit codes)
+ERRORS: dict[Exit, type[RemoteError]] = {
+    Exit.CRASHED: AgentError, Exit.USAGE: AgentError, Exit.PROTOCOL_MISMATCH: AgentError,
+    Exit.NO_PYTHON: AgentError, Exit.UNSAFE_RUN: AgentError,
+    Exit.ROOT_REFUSED: RootError, Exit.ROOT_UNWRITABLE: RootError,
+    Exit.REFUSED_ENTRY: SyncRefused, Exit.INCOMPLETE: SyncRefused, Exit.REFUSED_CODE: SyncRefused,
+    Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused, Exit.BUSY: SyncRefused,
+    Exit.LOCK_TIMEOUT: SyncRefused,
+    Exit.NO_RUN: UnknownRun,
+}
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The reply of the boot's ``prepare``: where root is and what runs the agent."""
+
+    protocol: int
+    root: str
+    home: str
+    python: str              # the agent's sys.executable
+    python_version: str
+    platform: str
+    agent: str               # the installed copy
+    installed: bool          # this call (re)wrote it
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The host's code tree: {relative path: entry} and its digest (hostagent.digest)."""
+
+    entries: dict[str, Entry]
+    digest: str
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """``apply``'s answer: "applied" (with counts) or "stale" (the tree changed; its manifest)."""
+
+    status: str
+    digest: str
+    written: int = 0
+    deleted: int = 0
+    files: int = 0
+    busy_runs: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+
+@dataclass(frozen=True)
+class TailHeader:
+    offset: int              # where the shown part of the log starts
+    size: int                # the log's size when the tail began
+
+
+def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
+    return {str(rel): (str(v[0]), str(v[1]), int(v[2])) for rel, v in raw.items()}
+
+
+class AgentClient:
+    """The agent on one host. ``info`` is None until the first call (or ``prepare``) has run.
+
+    ``memory`` (a file, or None) remembers the interpreter the agent reported (``sys.executable``)
+    between sessions: calling it directly skips the shell's PATH search and any shim (pyenv's costs
+    0.17 s an exec). A remembered interpreter that fails the boot is forgotten and the default
+    (``python3``) is used again."""
+
+    def __init__(self, spec: HostSpec, transport: Transport, memory: Path | None = None):
+        self.spec, self.transport, self.memory = spec, transport, memory
+        self.default_python = sys.executable if spec.transport == "local" else "python3"
+        self.python = self._remembered() or self.default_python
+        self.info: HostInfo | None = None
+
+    # ------------------------------------------------------------------ the commands
+    def prepare(self) -> HostInfo:
+        """Resolve and check ``root`` and install the agent (once per session; later calls are free)."""
+        if self.info is None:
+            self._call(())
+        assert self.info is not None
+        return self.info
+
+    def manifest(self, code_dir: str, state_file: str) -> Manifest:
+        reply = self._call(("manifest", code_dir, state_file))
+        return self._typed("manifest", lambda: Manifest(_entries(reply["manifest"]), str(reply["digest"])))
+
+    def apply(self, code_dir: str, state_file: str, payload: bytes, *, expected_tree: str | None,
+              force: bool) -> ApplyResult:
+        """Send a sync payload (docs/protocol.md § apply); ``expected_tree`` None: apply whatever is there."""
+        args = ("apply", code_dir, state_file, hashlib.sha256(payload).hexdigest(), str(len(payload)),
+                expected_tree or "-", "1" if force else "0")
+        reply = self._call(args, input=payload)
+
+        def typed() -> ApplyResult:
+            manifest = Manifest(_entries(reply["manifest"]), str(reply["digest"])) if "manifest" in reply else None
+            status = str(reply["status"])
+            if status not in ("applied", "stale"):
+                raise ValueError(f"status {status!r}")
+            return ApplyResult(status, str(reply["digest"]), int(reply.get("written", 0)),
+                               int(reply.get("deleted", 0)), int(reply.get("files", 0)),
+                               [str(r) for r in reply.get("busy_runs", [])], manifest)
+        return self._typed("apply", typed)
+
+    def start(self, run_id: str, spec: Mapping[str, Any]) -> int:
+        """Create ``runs/<run_id>`` from the job ``spec`` and start its runner; returns the runner's pid."""
+        reply = self._call(("start", _run_dir(run_id)), input=json.dumps(spec).encode(), run_id=run_id)
+        return self._typed("start", lambda: int(reply["pid"]))
+
+    def status(self, run_id: str) -> RunRow:
+        return self._row("status", self._call(("status", _run_dir(run_id)), run_id=run_id))
+
+    def runs(self) -> list[RunRow]:
+        reply = self._call(("runs", "runs"))
+        rows = self._typed("runs", lambda: list(reply["runs"]))
+        return [self._row("runs", row) for row in rows]
+
+    def kill(self, run_id: str, grace_s: float) -> RunRow:
+        """TERM the run's process group, KILL it after ``grace_s``; the final status."""
+        return self._row("kill", self._call(("kill", _run_dir(run_id), str(float(grace_s))), run_id=run_id))
+
+    def tail(self, run_id: str, lines: int | None, on_output: Callable[[bytes], object]) -> TailHeader:
+        """The log's last ``lines`` lines (None: all of it) to ``on_output``."""
+        header = self._stream(("tail", _run_dir(run_id), "all" if lines is None else str(lines)), on_output, run_id)
+        return self._typed("tail", lambda: TailHeader(int(header["offset"]), int(header["size"])))
+
+    def follow(self, run_id: str, on_output: Callable[[bytes], object], *, offset: int = 0,
+               lines: int | None = None) -> int:
+        """The log as it grows, from byte ``offset`` (or its last ``lines`` lines), ending with a job-end
+        event line; returns the byte offset the stream starts at."""
+        start = f"-{lines}" if lines is not None else str(offset)
+        header = self._stream(("follow", _run_dir(run_id), start), on_output, run_id)
+        return self._typed("follow", lambda: int(header["offset"]))
+
+    def pack(self, run_id: str, on_output: Callable[[bytes], object]) -> None:
+        """A tar.gz of the run folder to ``on_output`` (links leading out and special files left out)."""
+        self._stream(("pack", _run_dir(run_id)), on_output, run_id)
+
+    # ------------------------------------------------------------------ calling
+    def command_line(self, args: tuple[str, ...], nonce: str) -> str:
+        """The shell command for one call: the installed agent, or the inline boot before the first."""
+        env = _env_prefix(nonce)
+        if self.info is None:
+            boot = _BOOT.format(src=AGENT_SOURCE)
+            return " ".join([env, shlex.quote(self.python), "-c", shlex.quote(boot), shlex.quote(self.spec.root),
+                             AGENT_NAME, *(shlex.quote(a) for a in args)])
+        quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
+        return f"{env} {shlex.quote(self.python)} {shlex.quote(self.info.agent)} {quoted}"
+
+    def _call(self, args: tuple[str, ...], *, input: bytes | None = None, run_id: str | None = None,
+              retried: bool = False) -> dict[str, Any]:
+        nonce = secrets.token_hex(8)
+        booting = self.info is None
+        command = self.command_line(args, nonce)
+        sent_at = time.time()
+        result = self.transport.run(command, input=input, check=False)
+        timing.host_stages(result.stderr, sent_at, time.time())
+        what = " ".join(args) if args else "prepare"
+        try:
+            replies, noise = split_replies(result.stdout, nonce)
+        except FramingError as exc:
+            raise self._failure(AgentError, what, result.exit_code, result.stdout, result.stderr,
+                                f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
+        if booting and replies:
+            self.info = self._host_info(replies.pop(0), result)
+            self._remember(self.info.python)
+        unprepared = booting and self.info is None       # the boot failed before prepare answered
+        if unprepared and result.exit_code not in (0, Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
+                and self.python != self.default_python:
+            self._forget()                            # the remembered interpreter stopped working
+            return self._call(args, input=input, run_id=run_id, retried=retried)
+        if result.exit_code == Exit.PROTOCOL_MISMATCH and not booting and not retried:
+            self._reinstall()
+            return self._call(args, input=input, run_id=run_id, retried=True)
+        if result.exit_code != 0:
+            raise self._error(what, result.exit_code, result.stdout, result.stderr, nonce, run_id, unprepared)
+        if not args and self.info is not None:
+            return {}
+        if not replies:
+            raise self._unframed(what, result.exit_code, noise or result.stderr)
+        return replies[-1]
+
+    def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str,
+                retried: bool = False) -> dict[str, Any]:
+        """Run a streaming command; returns its header once the stream has ended with exit 0."""
+        self.prepare()                               # a stream has one marker: never through the boot
+        nonce = secrets.token_hex(8)
+        unframer = Unframer(nonce, on_output, lambda header: None)
+        what = " ".join(args)
+        try:
+            code = self.transport.stream(self.command_line(args, nonce), unframer.feed)
+        except FramingError as exc:
+            raise self._failure(AgentError, what, None, unframer.noise, b"",
+                                f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
+        if not unframer.framed:
+            if code == Exit.PROTOCOL_MISMATCH and not retried:
+                self._reinstall()
+                return self._stream(args, on_output, run_id, retried=True)
+            if code != 0:
+                raise self._error(what, code, b"", unframer.noise, nonce, run_id, False)
+            raise self._unframed(what, code, unframer.noise)
+        if unframer.header is None:
+            raise self._failure(AgentError, what, code, unframer.noise, b"",
+                                f"the draftops agent's `{what}` stream ended before its header line (exit "
+                                f"{code}): the link dropped or the agent was stopped; try again")
+        if code != 0:
+            raise self._failure(AgentError, what, code, b"", b"",
+                                f"the draftops agent's `{what}` stream ended with exit {code} before it was "
+                                "complete: the link dropped or the agent was stopped; try again")
+        return unframer.header
+
+    def _reinstall(self) -> None:
+        """The installed copy speaks another protocol: forget it and boot again, which rewrites it."""
+        self.info = None
+        self.prepare()
+
+    # ------------------------------------------------------------------ the remembered interpreter
+    def _remembered(self) -> str | None:
+        try:
+            python = json.loads(self.memory.read_text())["python"] if self.memory else None
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        return python if isinstance(python, str) and python.startswith("/") and "\0" not in python else None
+
+    def _remember(self, python: str) -> None:
+        """Use ``python`` for the rest of the session and remember it for the next (best effort)."""
+        if self.memory is None or not python.startswith("/"):
+            return
+        self.python = python
+        if self._remembered() != python:
+            try:
+                self.memory.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(self.memory, json.dumps({"python": python}).encode())
+            except OSError:
+                pass                                  # only a shortcut: the default still works
+
+    def _forget(self) -> None:
+        self.python = self.default_python
+        if self.memory is not None:
+            self.memory.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ errors
+    @property
+    def where(self) -> str:
+        return host_prefix(self.spec.name, self.spec.describe())
+
+    def _failure(self, cls: type[RemoteError], what: str, code: int | None, stdout: bytes | str,
+                 stderr: bytes | str, text: str) -> RemoteError:
+        return cls(f"{self.where}: {text}", FailedCommand.of(self.spec.name, what, code, stdout, stderr))
+
+    def _error(self, what: str, code: int, stdout: bytes | str, stderr: bytes, nonce: str, run_id: str | None,
+               unprepared: bool) -> RemoteError:
+        """The error for a non-zero exit: one class per exit code, the agent's own message."""
+        text = clean(error_text(stderr, nonce)).strip()
+        known = Exit(code) if code in Exit._value2member_map_ else None
+        cls = ERRORS.get(known, AgentError) if known is not None else AgentError
+        if cls is RootError:
+            message = f"{text}. Fix `root:` in hosts.yaml."
+        elif cls is UnknownRun and run_id is not None:
+            return cls(f"{host_prefix(self.spec.name)} has no run {run_id!r}; `invoke runs` lists the runs there.",
+                       FailedCommand.of(self.spec.name, what, code, stdout, stderr))
+        elif cls is UnknownRun:
+            message = text
+        elif cls is SyncRefused:
+            message = text.rstrip(".") + "."
+        elif known is Exit.NO_PYTHON or (unprepared and known is not Exit.USAGE):
+            message = (f"could not start {self.python} there (exit {code}): {text[-500:]}. draftops needs a "
+                       "python3 on the host's PATH for its own bookkeeping.")
+        elif known is Exit.PROTOCOL_MISMATCH:
+            message = (f"{text}. Reinstalling the agent ({AGENT_NAME}) from this draftops did not help; remove "
+                       f"{self.info.agent if self.info else '<root>/state/' + AGENT_NAME} on the host and try again.")
+        elif known is Exit.USAGE:
+            message = (f"the draftops agent refused `{what}`: {text}. The local side and its agent disagree, "
+                       "which is a bug in draftops; please report it.")
+        else:
+            message = f"the draftops agent failed running `{what}` (exit {code}): {text[-1500:] or '(no message)'}"
+        return self._failure(cls, what, code, stdout, stderr, message)
+
+    def _unframed(self, what: str, exit_code: int, noise: bytes) -> AgentError:
+        shown = clean(noise.decode("utf-8", "replace")).strip()[-300:] or "(nothing)"
+        return AgentError(
+            f"{self.where}: the draftops agent's answer to `{what}` has no reply marker (exit {exit_code}); the "
+            f"output was: {shown!r}. Something on the host replaced or swallowed it: check the SSH user's shell "
+            "start-up files (~/.bashrc, ~/.profile) for commands that exit or exec, and that python3 there runs "
+            "plain Python.", FailedCommand.of(self.spec.name, what, exit_code, noise))
+
+    def _typed(self, what: str, build: Callable[[], Any]) -> Any:
+        """``build()`` from a reply; a reply without the fields the protocol promises is an AgentError."""
+        try:
+            return build()
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise self._failure(AgentError, what, 0, b"", b"", f"the draftops agent's reply to `{what}` does not "
+                                f"match protocol {hostagent.PROTOCOL_VERSION} ({type(exc).__name__}: {exc})") from None
+
+    def _row(self, what: str, row: Any) -> RunRow:
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise self._failure(AgentError, what, 0, b"", b"", f"the draftops agent's reply to `{what}` is not a "
+                                f"run row: {clean(str(row)[:200])!r}")
+        return row
+
+    def _host_info(self, reply: dict[str, Any], result: Any) -> HostInfo:
+        if reply.get("protocol") != hostagent.PROTOCOL_VERSION:
+            raise self._failure(AgentError, "prepare", result.exit_code, result.stdout, result.stderr,
+                                f"the draftops agent run from this draftops answered with protocol "
+                                f"{reply.get('protocol')!r}, not {hostagent.PROTOCOL_VERSION}: its source was "
+                                "changed on the way (check the python3 there runs plain Python)")
+        return self._typed("prepare", lambda: HostInfo(
+            int(reply["protocol"]), str(reply["root"]), str(reply["home"]), str(reply["python"]),
+            str(reply["python_version"]), str(reply["platform"]), str(reply["agent"]), bool(reply["installed"])))
+
+
+def _run_dir(run_id: str) -> str:
+    return f"runs/{run_id}"
+
+
+def _env_prefix(nonce: str) -> str:
+    """The agent's environment on its command line: the reply nonce, the protocol version (and the
+    benchmark's timing flag)."""
+    timed = f"{timing.ENV}=1 " if timing.ENABLED else ""
+    return (f"{timed}{hostagent.FRAME_ENV}={shlex.quote(nonce)} "
+            f"{hostagent.PROTOCOL_ENV}={hostagent.PROTOCOL_VERSION}")

@@ -1,0 +1,299 @@
+"""The host-agent protocol (docs/protocol.md): every exit code reaches the caller as its named error
+carrying the failed command's result; an empty or missing answer is an error naming the host and the
+command, never an empty reply; a caller of another protocol version is refused by the agent before
+it does anything, and an installed agent of another version is reinstalled (or, when that cannot
+help, refused clearly); dead commands are gone.
+
+The real agent runs here on a ``transport: local`` host (real processes, real files). Where a test
+needs an exit code the real agent only gives under conditions this machine cannot make (a disk
+full mid-apply, a lock held for ten minutes), a transport double stands at the process boundary
+and answers in the agent's real framing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from draftops import hostagent
+from draftops.agent import AGENT_NAME, AGENT_SOURCE, AgentClient
+from draftops.connection import CommandResult
+from draftops.errors import (
+    AgentError,
+    JobError,
+    RemoteError,
+    RootError,
+    SyncError,
+    SyncRefused,
+    UnknownRun,
+)
+from draftops.host import open_host
+from draftops.hostagent import Exit
+from draftops.inventory import HostSpec
+
+# what each exit code must raise: written out here, not read from draftops.agent.ERRORS
+EXPECTED = {
+    Exit.CRASHED: AgentError, Exit.USAGE: AgentError, Exit.ROOT_REFUSED: RootError,
+    Exit.ROOT_UNWRITABLE: RootError, Exit.REFUSED_ENTRY: SyncRefused, Exit.INCOMPLETE: SyncRefused,
+    Exit.NO_RUN: UnknownRun, Exit.UNSAFE_RUN: AgentError, Exit.PROTOCOL_MISMATCH: AgentError,
+    Exit.REFUSED_CODE: SyncRefused, Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused,
+    Exit.BUSY: SyncRefused, Exit.LOCK_TIMEOUT: SyncRefused, Exit.NO_PYTHON: AgentError,
+}
+OLD_SOURCE = AGENT_SOURCE.replace("PROTOCOL_VERSION = 1 ", "PROTOCOL_VERSION = 0 ", 1)
+
+
+def _nonce(command: str) -> str:
+    return command.split(f"{hostagent.FRAME_ENV}=", 1)[1].split()[0]
+
+
+def _framed(prefix: str, nonce: str, line: str) -> bytes:
+    return f"\n{prefix}{nonce}\n{line}\n".encode()
+
+
+PREPARE = {"protocol": hostagent.PROTOCOL_VERSION, "root": "/srv/dbl", "home": "/home/u", "python": "/usr/bin/python3",
+           "python_version": "3.12.0", "platform": "linux", "agent": f"/srv/dbl/state/{AGENT_NAME}",
+           "installed": False}
+
+
+class AgentDouble:
+    """A transport whose "host" answers like the agent would: the boot's prepare reply, then whatever
+    ``answer(command)`` says for each later call (exit code, stdout, stderr), framed as the real one."""
+
+    def __init__(self, answer: Callable[[str, str], tuple[int, bytes, bytes]]):
+        self.spec = HostSpec(name="dbl", address="dbl.example", root="/srv/dbl")
+        self.answer, self.commands = answer, []
+
+    def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
+            check: bool = True) -> CommandResult:
+        self.commands.append(command)
+        nonce = _nonce(command)
+        if " -c " in command:                      # the boot: prepare's reply first
+            prepared = _framed(hostagent.FRAME_PREFIX, nonce, json.dumps(PREPARE))
+            if command.rstrip().endswith(AGENT_NAME):
+                return CommandResult(command, 0, prepared, b"")
+            code, out, err = self.answer(command, nonce)
+            return CommandResult(command, code, prepared + out, err)
+        code, out, err = self.answer(command, nonce)
+        return CommandResult(command, code, out, err)
+
+    def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
+        self.commands.append(command)
+        code, out, err = self.answer(command, _nonce(command))
+        on_output(out + err)
+        return code
+
+    def close(self) -> None:
+        pass
+
+
+def refusing(code: int, message: str = "the reason, and the fix") -> Callable[[str, str], tuple[int, bytes, bytes]]:
+    def answer(command: str, nonce: str) -> tuple[int, bytes, bytes]:
+        return code, b"", b"banner on stderr\n" + _framed(hostagent.ERROR_PREFIX, nonce, message)
+    return answer
+
+
+CALLS: dict[str, Callable[[AgentClient], object]] = {
+    "apply": lambda agent: agent.apply("code", "state/x.json", b"", expected_tree=None, force=False),
+    "status": lambda agent: agent.status("r1"),
+    "tail": lambda agent: agent.tail("r1", 5, lambda chunk: None),
+}
+
+
+@pytest.mark.parametrize("code", [code for code in Exit if code != Exit.OK], ids=lambda code: code.name)
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_every_exit_code_maps_to_its_named_error_with_the_result(code, call):
+    transport = AgentDouble(refusing(code))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(RemoteError) as err:
+        CALLS[call](agent)
+    assert type(err.value) is EXPECTED[code], (code, type(err.value))
+    result = err.value.result
+    assert result.host == "dbl" and result.exit_code == code and result.command.startswith(call)
+    assert "the reason, and the fix" in result.stderr
+    assert str(err.value).startswith("Host 'dbl'"), str(err.value)
+    if code == Exit.NO_RUN:
+        assert isinstance(err.value, JobError)
+        assert ("has no run 'r1'" if call != "apply" else "the reason, and the fix") in str(err.value)
+    elif EXPECTED[code] is SyncRefused:
+        assert isinstance(err.value, SyncError) and "the reason, and the fix." in str(err.value)
+
+
+def test_an_exit_code_outside_the_table_is_an_agent_error_that_shows_the_output():
+    transport = AgentDouble(refusing(255, "ssh: connection reset"))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(AgentError, match=r"failed running `runs runs` \(exit 255\): ssh: connection reset"):
+        agent.runs()
+
+
+@pytest.mark.parametrize("stdout", [b"", b"banner only\n", b"\n@@draftops-reply WRONGNONCE\n{}\n"],
+                         ids=["nothing", "banner", "another-nonce"])
+def test_an_empty_or_missing_reply_is_an_error_naming_host_and_command(stdout):
+    transport = AgentDouble(lambda command, nonce: (0, stdout, b""))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(AgentError, match=r"^Host 'dbl' \(.*\): the draftops agent's answer to `kill runs/r1 2.0` "
+                                         "has no reply marker") as err:
+        agent.kill("r1", 2)
+    assert err.value.result.command == "kill runs/r1 2.0" and err.value.result.exit_code == 0
+
+
+@pytest.mark.parametrize("line,why", [("", "not JSON"), ("[]", "not a JSON object"), ("{}", "does not match")],
+                         ids=["empty-line", "list", "empty-object"])
+def test_a_framed_but_empty_reply_is_an_error_not_an_empty_answer(line, why):
+    transport = AgentDouble(lambda command, nonce: (0, _framed(hostagent.FRAME_PREFIX, nonce, line), b""))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(AgentError, match=f"^Host 'dbl'.*{why}"):
+        agent.manifest("code", "state/x.json")
+    with pytest.raises(AgentError, match=f"^Host 'dbl'.*{why}"):
+        agent.runs()
+
+
+def test_a_stream_without_its_header_line_is_an_error():
+    transport = AgentDouble(lambda command, nonce: (0, f"\n{hostagent.FRAME_PREFIX}{nonce}\n".encode(), b""))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(AgentError, match="`pack runs/r1` stream ended before its header"):
+        agent.pack("r1", lambda chunk: None)
+
+
+def test_a_mismatch_that_a_reinstall_does_not_cure_is_refused_clearly():
+    transport = AgentDouble(refusing(Exit.PROTOCOL_MISMATCH, "this agent speaks protocol 0"))
+    agent = AgentClient(transport.spec, transport)    # type: ignore[arg-type]
+    agent.prepare()
+    with pytest.raises(AgentError, match=f"speaks protocol 0. Reinstalling the agent \\({AGENT_NAME}\\).*did not "
+                                         f"help; remove /srv/dbl/state/{AGENT_NAME}"):
+        agent.runs()
+    boots = [c for c in transport.commands if " -c " in c]
+    assert len(boots) == 2, "one reinstall (a second boot), then the refusal; no loop"
+
+
+# ---------------------------------------------------------------- the real agent, on a local host
+@pytest.fixture
+def local_host(make_project, tmp_path, no_inventory_env):
+    project = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
+    return lambda: open_host(None, project)
+
+
+def installed(tmp_path: Path) -> Path:
+    return tmp_path / "hostroot" / "state" / AGENT_NAME
+
+
+def test_an_installed_agent_changed_in_place_is_rewritten_by_the_next_session(local_host, tmp_path):
+    from draftops.host import close_all
+    first = local_host().agent.prepare()
+    assert first.installed and installed(tmp_path).read_text() == AGENT_SOURCE
+    close_all()
+    assert local_host().agent.prepare().installed is False           # same file: left alone
+    close_all()
+    installed(tmp_path).write_text(AGENT_SOURCE[:1000])              # a truncated copy
+    assert local_host().agent.prepare().installed is True
+    assert installed(tmp_path).read_text() == AGENT_SOURCE
+
+
+def test_an_installed_agent_of_another_protocol_is_reinstalled_mid_session(local_host, tmp_path):
+    host = local_host()
+    job_runs = host.agent.runs()
+    assert job_runs == []
+    installed(tmp_path).write_text(OLD_SOURCE)                       # a copy that speaks protocol 0
+    assert host.agent.runs() == []                                   # refused by it, reinstalled, retried
+    assert installed(tmp_path).read_text() == AGENT_SOURCE
+    installed(tmp_path).write_text(OLD_SOURCE)
+    shown: list[bytes] = []
+    with pytest.raises(UnknownRun, match="has no run 'r9'"):         # a stream call reinstalls too
+        host.agent.tail("r9", 5, shown.append)
+    assert installed(tmp_path).read_text() == AGENT_SOURCE
+
+
+def agent_run(tmp_path: Path, *args: str, protocol: str | None = str(hostagent.PROTOCOL_VERSION),
+              input: bytes = b"") -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], hostagent.FRAME_ENV: "n"}
+    if protocol is not None:
+        env[hostagent.PROTOCOL_ENV] = protocol
+    return subprocess.run([sys.executable, str(installed(tmp_path)), str(tmp_path / "hostroot"), *args],
+                          input=input, capture_output=True, env=env, check=False)
+
+
+def test_the_agent_refuses_a_caller_of_another_protocol_before_doing_anything(local_host, tmp_path):
+    local_host().agent.prepare()
+    spec = json.dumps({"name": "x", "command": "touch ran", "cwd": "."}).encode()
+    proc = agent_run(tmp_path, "start", "runs/r1", protocol="2", input=spec)
+    assert proc.returncode == Exit.PROTOCOL_MISMATCH
+    assert b"speaks protocol 1, the caller speaks 2" in proc.stderr
+    assert not (tmp_path / "hostroot" / "runs" / "r1").exists()
+    assert agent_run(tmp_path, "runs", "runs").returncode == 0
+    assert agent_run(tmp_path, "runs", "runs", protocol=None).returncode == 0     # by hand: no check
+
+
+@pytest.mark.parametrize("args", [("prepare", ".", AGENT_NAME), ("nope",), ("status",), ("status", "a", "b"), ()],
+                         ids=["dead-prepare", "unknown", "too-few", "too-many", "none"])
+def test_an_unknown_command_or_wrong_arguments_is_a_usage_error(local_host, tmp_path, args):
+    local_host().agent.prepare()
+    proc = agent_run(tmp_path, *args)
+    assert proc.returncode == Exit.USAGE, proc.stderr
+    assert b"usage:" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_the_local_side_calls_every_agent_command_and_no_other():
+    """No dead commands: each one the agent offers is called by draftops.agent (``runner`` by ``start``)."""
+    client = Path(sys.modules[AgentClient.__module__].__file__ or "").read_text()
+    called = {name for name in hostagent.COMMANDS if f'("{name}", ' in client or f'(("{name}", ' in client}
+    assert called | {"runner"} == set(hostagent.COMMANDS)
+    assert '"runner"' in Path(hostagent.__file__).read_text().split("def cmd_start", 1)[1].split("def ", 1)[0]
+
+
+# ---------------------------------------------------------------- RemoteError carries the result
+def test_a_failed_host_command_carries_its_result_like_invokes_unexpected_exit(local_host):
+    host = local_host()
+    script = "printf 'o%.0s' $(seq 5000); printf 'e%.0s' $(seq 5000) >&2; echo ' the reason' >&2; exit 3"
+    with pytest.raises(RemoteError) as err:
+        host.transport.run(script)
+    result = err.value.result
+    assert (result.host, result.command, result.exit_code) == ("here", script, 3)
+    assert result.stdout.endswith("ooo") and result.stderr.endswith("the reason\n")
+    assert len(result.stdout) <= 2000 and len(result.stderr) <= 2000        # tails, not whole streams
+    assert err.value.exit_code == 3 and str(err.value).startswith("Host 'here' (")
+
+
+def test_a_timed_out_host_command_has_no_exit_code_in_its_result(local_host):
+    host = local_host()
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match="^Host 'here' .*timed out after 0.3s") as err:
+        host.transport.run("echo started; sleep 5", timeout=0.3)
+    assert time.monotonic() - started < 4
+    assert err.value.result.exit_code is None and err.value.result.command == "echo started; sleep 5"
+
+
+class BootRefused:
+    """A host whose boot is refused with ``code`` (as the real agent refuses root), counting the boots."""
+
+    def __init__(self, code: int):
+        self.spec = HostSpec(name="dbl", address="dbl.example", root="/srv/dbl")
+        self.code, self.pythons = code, []
+
+    def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
+            check: bool = True) -> CommandResult:
+        self.pythons.append(command.split(" DRAFTOPS_PROTOCOL=1 ", 1)[1].split(" ", 1)[0])
+        return CommandResult(command, self.code, b"", _framed(hostagent.ERROR_PREFIX, _nonce(command), "no way"))
+
+
+@pytest.mark.parametrize("code,kept", [(Exit.ROOT_UNWRITABLE, True), (Exit.ROOT_REFUSED, True),
+                                       (Exit.NO_PYTHON, False), (Exit.CRASHED, False)])
+def test_a_remembered_interpreter_is_forgotten_only_when_it_fails_to_run_the_agent(tmp_path, code, kept):
+    memory = tmp_path / "agent-python.json"
+    memory.write_text(json.dumps({"python": "/opt/py/bin/python3"}))
+    transport = BootRefused(code)
+    agent = AgentClient(transport.spec, transport, memory)    # type: ignore[arg-type]
+    with pytest.raises(EXPECTED[code]):
+        agent.prepare()
+    if kept:       # root's fault: one boot, with the remembered python, which stays remembered
+        assert transport.pythons == ["/opt/py/bin/python3"] and memory.exists()
+    else:          # the interpreter's: forgotten, and the boot tried once more with python3
+        assert transport.pythons == ["/opt/py/bin/python3", "python3"] and not memory.exists()

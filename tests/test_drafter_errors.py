@@ -156,6 +156,14 @@ def test_missing_config(tmp_path: Path) -> None:
     _one_paragraph(exc.value, "config.json", "--config")
 
 
+def test_a_checkpoint_path_that_does_not_exist_is_named_as_such(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "draft"
+    with pytest.raises(ConfigError) as exc:
+        load_checkpoint(missing)
+    msg = _one_paragraph(exc.value, "does not exist", str(missing), "--ckpt")
+    assert str(missing.parent / "config.json") not in msg      # not the parent's config.json
+
+
 def test_cli_reports_errors_as_event_and_exit_code(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -66,6 +66,10 @@ def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
 
 def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
     """The JSON object of the draft config and where it came from."""
+    if not config_file and not path.exists():
+        raise ConfigError("The draft checkpoint does not exist", path=path,
+                          fix="pass --ckpt with the draft's folder (config.json and its .safetensors) or one "
+                              "of its weight files; on a remote host the path is the host's")
     cfg_path = Path(config_file) if config_file else (path / "config.json" if path.is_dir()
                                                       else path.parent / "config.json")
     if not cfg_path.is_file():

@@ -114,3 +114,19 @@ def test_draft_config_ckpt_demo_rewrites_the_hosts_demo_draft_with_a_backup(make
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 1 and "id(s) [9] above 4: the target" in text and "has 6 layers" in text, text
     assert json.loads(config.read_text())["eagle_aux_hidden_state_layer_ids"] == info["draft_layer_ids_vllm"]
+
+
+@pytest.mark.ssh
+def test_draft_config_ckpt_demo_as_the_first_command_generates_the_demo(make_project, tmp_path, no_inventory_env):
+    """`--ckpt demo` on a host that has no demo yet builds it (as `serve --draft demo` does) instead of
+    failing to read a config that is not there."""
+    root = make_project({}, default="local")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    copy_remote_package(root)
+    config = root / ".draftops" / "state" / "demo" / "draft" / "config.json"
+    assert not config.exists()
+    out = invoke(root, "draft-config", "--ckpt", "demo", "--layer-ids=-1,1,3", "--dry-run")
+    text = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 0, text
+    assert config.is_file() and "would write" in text
+    assert not list(config.parent.glob("config.json.draftops-bak-*"))     # a dry run writes nothing

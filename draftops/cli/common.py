@@ -94,3 +94,12 @@ def host_path(target: Host, path: str | None) -> str | None:
     if path is None or target.spec.transport != "local":
         return path
     return str((target.project_root / path).resolve()) if not Path(path).is_absolute() else path
+
+
+def ensure_demo(box: Host) -> None:
+    """Generate the demo on the host once (the cache `invoke test-drafter` uses too), so tasks given
+    `--ckpt demo` / `--draft demo` work as a first command."""
+    from draftops.serve.request import demo_dir
+    from draftops.tools import run_tool
+    run_tool(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)], name="demo", pull=False,
+             view=live("hide")).check()

@@ -17,6 +17,7 @@ from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
+    ensure_demo,
     friendly,
     host_path,
     live,
@@ -73,12 +74,6 @@ def show_findings(found: checks.Findings, out: Console) -> None:
         out.print(f"[dim]· {escape(note)}[/]")
     for warning in found.warnings:
         out.print(f"[yellow]warning[/]: {escape(warning)}")
-
-
-def _ensure_demo(box: Host) -> None:
-    """Generate the demo on the host once (the same cache `invoke test-drafter` uses)."""
-    tools.run_tool(box, "remote.drafter", ["demo", "--out", demo_dir(box.state_dir)], name="demo", pull=False,
-             view=live("hide")).check()
 
 
 class _ProgressLine:
@@ -150,7 +145,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
         raise ServeRefused(*found.refusals)
     ensure_code(box)
     if request.demo:
-        _ensure_demo(box)
+        ensure_demo(box)
     launch = plan.launch
     facts = hosttool.inspect(box, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
     verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None

@@ -16,6 +16,7 @@ from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
+    ensure_demo,
     friendly,
     host_path,
     live,
@@ -118,6 +119,7 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
     box = connect(c, host)
     ensure_code(box)
     if ckpt == DEMO:    # the demo draft `invoke serve --draft demo` serves, checked against its target
+        ensure_demo(box)
         ckpt, target = f"{demo_dir(box.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(box.state_dir)}/{DEMO_TARGET}"
     target = host_path(box, target)
     args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR, "--sglang-status"]

@@ -1,5 +1,5 @@
-"""The demo, built once per source version and kept between test runs (issue 8: building it was a
-large share of every run of the suite).
+"""The demo, built once per source version and kept between test runs (issue 8: every run of the
+suite built it again).
 
 An entry is ``<test cache>/demo/<key>/``: the demo folder plus ``MANIFEST.json`` (size and sha256 of
 every file).  The key is a digest of everything that decides the demo's bytes: the source of every
@@ -115,9 +115,13 @@ def _discard(folder: Path, path: Path) -> None:
 
 def _prune(folder: Path, keep: str) -> None:
     """Remove entries of other keys unused for KEEP_UNUSED_DAYS (each under its own lock, taken
-    without waiting: an entry in use by another run is left alone)."""
+    without waiting: an entry in use by another run is left alone), and what a killed run left in
+    the trash.  Lock files stay: unlinking one while another run waits on it would let a third run
+    lock a new file of the same name, and two runs would build at once."""
     limit = time.time() - KEEP_UNUSED_DAYS * 86400
     for entry in folder.iterdir():
+        if entry.name.startswith(".trash-"):
+            shutil.rmtree(entry, ignore_errors=True)
         if entry.name.startswith(".") or entry.name == keep or not entry.is_dir():
             continue
         manifest = entry / MANIFEST
@@ -130,7 +134,6 @@ def _prune(folder: Path, keep: str) -> None:
             except BlockingIOError:
                 continue
             _discard(folder, entry)
-        (folder / f".{entry.name}.lock").unlink(missing_ok=True)
 
 
 def cached_demo(dest: Path, spec: DemoSpec = DEFAULT) -> Path:

@@ -4,18 +4,20 @@ source.  A tiny demo (same generator, smaller knobs) keeps each build under a fe
 fresh builds also check what the cache relies on: the generator is deterministic."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from remote.drafter.demo import MARKER, DemoSpec, is_complete
-from tests.demo_cache import MANIFEST, cache_key, cached_demo, demo_cache_dir, source_files, verify
+from tests.demo_cache import MANIFEST, _prune, cache_key, cached_demo, demo_cache_dir, source_files, verify
 from tests.import_graph import REPO
 
 TINY = replace(DemoSpec(), samples=20, seq_len=12, train_iters=4, train_batch=4, max_target_draws=1)
@@ -103,6 +105,25 @@ def test_two_sessions_at_once_build_the_demo_once(cache: Path, tmp_path: Path) -
         finish(proc)
     assert build_fingerprint(tmp_path / "a") == build_fingerprint(tmp_path / "b")
     assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == [cache_key(TINY)]
+
+
+def test_entries_unused_for_two_weeks_are_pruned_unless_in_use(cache: Path) -> None:
+    cache.mkdir(parents=True)
+
+    def entry(name: str, unused_days: float) -> Path:
+        (cache / name).mkdir()
+        (cache / name / MANIFEST).write_text("{}")
+        when = time.time() - unused_days * 86400
+        os.utime(cache / name / MANIFEST, (when, when))
+        return cache / name
+
+    old, recent, busy, current = entry("old", 30), entry("recent", 1), entry("busy", 30), entry("current", 30)
+    (cache / ".trash-killed" / "entry").mkdir(parents=True)
+    with open(cache / ".busy.lock", "w") as lock:                 # another run is copying it right now
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _prune(cache, keep="current")
+    assert not old.exists() and not (cache / ".trash-killed").exists()
+    assert recent.exists() and busy.exists() and current.exists()
 
 
 def test_the_key_follows_the_generators_source_and_knobs(tmp_path: Path) -> None:

@@ -33,13 +33,14 @@ from remote.drafter.demo import save_draft, write_dumps
 from remote.drafter.layers import Weights, rms_norm
 from remote.drafter.model import DraftArch
 from remote.drafter.rope import RopeSpec
+from tests.cache_dir import cache_root
 
 SLOT_IDS = [-1, 1, 2, 3, 4]  # SGLang ids of the dumped slots; 4 = n-1 is the final layer
 TRAINED = [-1, 1, 2]  # slots 0, 1, 2
 NEIGHBOUR = [-1, 1, 3]  # layer 3 in place of layer 2: about 2 points worse at step 0
 WELL_TRAINED = 300  # iterations: step-0 accuracy about 0.75, against a hidden-state-blind 0.5
 BARELY = 3  # iterations: near chance
-CACHE = Path(os.environ.get("DRAFTOPS_TEST_CACHE") or Path.home() / ".cache" / "draftops") / "drafter-lab"
+CACHE = cache_root() / "drafter-lab"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks import speculators_peer
 from remote.drafter import EvalOptions, evaluate
-from remote.drafter.demo import DemoPaths, DemoSpec, ensure_demo
+from remote.drafter.demo import DemoPaths, DemoSpec
+from tests.demo_cache import cached_demo
 
 SPEC = DemoSpec()
 # docs/drafter.md: in fp32, |logits padded into a batch - logits alone| <= PAD_BOUND * (1 + max |logit|)
@@ -25,16 +26,11 @@ PAD_BOUND = 2e-6
 
 @functools.lru_cache(maxsize=1)
 def demo() -> DemoPaths:
-    """Build the demo once per process into a temp folder (or reuse a complete one at
-    ``$DRAFTOPS_TEST_DEMO_DIR``: ensure_demo rebuilds it when its parameters changed)."""
-    keep = os.environ.get("DRAFTOPS_TEST_DEMO_DIR")
-    if keep:
-        root = Path(keep)
-    else:
-        root = Path(tempfile.mkdtemp(prefix="draftops-demo-")) / "demo"
-        atexit.register(shutil.rmtree, root.parent, True)
-    with contextlib.redirect_stdout(io.StringIO()):
-        return ensure_demo(root)
+    """This process's copy of the demo, from the cache kept between test runs (tests/demo_cache.py:
+    built once per source version, verified before each use)."""
+    root = Path(tempfile.mkdtemp(prefix="draftops-demo-"))
+    atexit.register(shutil.rmtree, root, True)
+    return DemoPaths(cached_demo(root / "demo", SPEC))
 
 
 def run_eval(out: Path, **kw: Any) -> dict[str, Any]:

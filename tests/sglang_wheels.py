@@ -20,6 +20,7 @@ if str(REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) lacks t
     sys.path.insert(0, str(REPO))
 
 from remote.sglang_patch.targets import TARGETS  # noqa: E402
+from tests.cache_dir import cache_root  # noqa: E402
 
 #: versions every patcher test runs against; extend here
 SGLANG_VERSIONS = ("0.4.10.post2", "0.5.2", "0.5.5", "0.5.10", "0.5.13", "0.5.20", "0.5.23")
@@ -33,9 +34,7 @@ _PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("DRAFTOPS_TEST_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "draftops"
-    return root / "sglang-wheels"
+    return cache_root() / "sglang-wheels"
 
 
 def wheel(version: str) -> Path:

@@ -87,8 +87,13 @@ def test_runs_local_lists_and_filters(project: Path) -> None:
 
 
 def test_runs_local_with_a_broken_history_file(project: Path) -> None:
-    (project / "runs" / "history.sqlite").write_bytes(b"not a database at all" * 50)
+    broken = project / "runs" / "history.sqlite"
+    broken.write_bytes(b"not a database at all" * 50)
     for name in ("history.sqlite-wal", "history.sqlite-shm"):
         (project / "runs" / name).unlink(missing_ok=True)
     done = invoke(project, "runs", "--local")
-    assert done.returncode == 1 and "mv " in done.stderr and "Traceback" not in done.stderr
+    text = " ".join(done.stderr.split())                       # rich may wrap the paragraph
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"mv {broken} {broken}.bad" in text, done.stderr      # the file, and the fix, named
+    assert broken.read_bytes() == b"not a database at all" * 50  # nothing lost: left for the user to move
+    assert not broken.with_name("history.sqlite.bad").exists()

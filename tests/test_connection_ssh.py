@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import threading
@@ -21,21 +22,73 @@ from tests.test_env_ssh import invoke
 pytestmark = pytest.mark.ssh
 
 
+def _forwarded_to(server, port: int) -> int:
+    """How many direct-tcpip channels ``server`` (a DEBUG1 sshd) opened to 127.0.0.1:``port``."""
+    return sum(1 for line in server.log.read_text().splitlines()
+               if "server_request_direct_tcpip" in line and line.endswith(f"target 127.0.0.1 port {port}"))
+
+
+def tcp_connections() -> set[tuple[str, int]]:
+    """(socket inode, remote port) of this process's established TCP connections (from /proc: the
+    servers it talks to directly, as opposed to through a channel of another connection)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and fields[9] in inodes:      # 01: ESTABLISHED
+                found.add((fields[9], int(fields[2].rsplit(":", 1)[1], 16)))
+    return found
+
+
+def assert_only_the_first_hop_is_direct(before: set[tuple[str, int]], first, behind) -> None:
+    """Of the TCP connections opened since ``before``, one goes to the first hop and none to the
+    servers behind it: those are reached through SSH channels (a client that ignored `jump` would
+    open one to the target). Connections other tests left open do not count."""
+    peers = {port for _inode, port in tcp_connections() - before}
+    assert first.port in peers, f"no new TCP connection to the first hop {first.port}: {peers}"
+    for server in behind:
+        assert server.port not in peers, f"a direct TCP connection to {server.port}, not through the jump"
+
+
 def test_jump_host_by_entry_name_goes_through_the_gateway(make_project, sshd, jump_sshd, tmp_path,
                                                           no_inventory_env):
     hosts = {"bastion": ssh_entry(jump_sshd, tmp_path),
              "gpu": ssh_entry(sshd, tmp_path, jump="bastion")}
     project = make_project(hosts, default="gpu")
+    before, connections = _forwarded_to(jump_sshd, sshd.port), tcp_connections()
     host = open_host(None, project, prepare=True)
     assert host.transport.run("echo via-jump").text.strip() == "via-jump"
-    log = jump_sshd.log.read_text()
-    assert f"port {sshd.port}" in log and "direct-tcpip" in log
+    assert_only_the_first_hop_is_direct(connections, jump_sshd, [sshd])
+    assert _forwarded_to(jump_sshd, sshd.port) > before       # the bastion opened the channel to the target
 
 
 def test_jump_host_as_user_at_host_port(make_project, sshd, jump_sshd, tmp_path, no_inventory_env):
     entry = ssh_entry(sshd, tmp_path, jump=f"root@127.0.0.1:{jump_sshd.port}")
     project = make_project({"gpu": entry}, default="gpu")
+    before, connections = _forwarded_to(jump_sshd, sshd.port), tcp_connections()
     assert open_host(None, project).transport.run("echo ok").text.strip() == "ok"
+    assert_only_the_first_hop_is_direct(connections, jump_sshd, [sshd])
+    assert _forwarded_to(jump_sshd, sshd.port) > before
+
+
+def test_the_direct_connection_check_sees_a_direct_connection(make_project, sshd, jump_sshd, tmp_path,
+                                                              no_inventory_env):
+    """The check above can fail: without `jump`, the target is a direct peer and the log gains nothing."""
+    project = make_project({"gpu": ssh_entry(sshd, tmp_path)}, default="gpu")
+    before, connections = _forwarded_to(jump_sshd, sshd.port), tcp_connections()
+    assert open_host(None, project).transport.run("echo ok").text.strip() == "ok"
+    with pytest.raises(AssertionError, match="no new TCP connection to the first hop"):
+        assert_only_the_first_hop_is_direct(connections, jump_sshd, [sshd])
+    assert sshd.port in {port for _inode, port in tcp_connections() - connections}
+    assert _forwarded_to(jump_sshd, sshd.port) == before
 
 
 def test_unreachable_address_fails_within_connect_timeout(make_project, sshd, tmp_path, no_inventory_env):
@@ -121,12 +174,6 @@ def test_root_on_read_only_filesystem_is_refused(make_project, sshd, tmp_path, n
 
 # --- R7: jump chains ---------------------------------------------------------------------------
 
-def _forwarded_to(server, port: int) -> int:
-    """How many direct-tcpip channels ``server`` (a DEBUG1 sshd) opened to 127.0.0.1:``port``."""
-    return sum(1 for line in server.log.read_text().splitlines()
-               if "server_request_direct_tcpip" in line and line.endswith(f"target 127.0.0.1 port {port}"))
-
-
 def test_two_hop_chain_goes_through_both_jump_hosts(make_project, sshd, jump_sshd, outer_jump_sshd, tmp_path,
                                                     no_inventory_env):
     hosts = {"outer": ssh_entry(outer_jump_sshd, tmp_path),
@@ -134,8 +181,10 @@ def test_two_hop_chain_goes_through_both_jump_hosts(make_project, sshd, jump_ssh
              "gpu": ssh_entry(sshd, tmp_path, jump="inner")}
     project = make_project(hosts, default="gpu")
     before = (_forwarded_to(outer_jump_sshd, jump_sshd.port), _forwarded_to(jump_sshd, sshd.port))
+    connections = tcp_connections()
     host = open_host(None, project, prepare=True)
     assert host.transport.run("echo via-two-hops").text.strip() == "via-two-hops"
+    assert_only_the_first_hop_is_direct(connections, outer_jump_sshd, [jump_sshd, sshd])
     # the outer hop carried the channel to the inner one, which carried the channel to the target
     assert _forwarded_to(outer_jump_sshd, jump_sshd.port) > before[0]
     assert _forwarded_to(jump_sshd, sshd.port) > before[1]
@@ -145,9 +194,12 @@ def test_two_hop_chain_written_as_comma_separated_hops(make_project, sshd, jump_
                                                        tmp_path, no_inventory_env):
     jump = f"root@127.0.0.1:{outer_jump_sshd.port},root@127.0.0.1:{jump_sshd.port}"
     project = make_project({"gpu": ssh_entry(sshd, tmp_path, jump=jump)}, default="gpu")
-    before = _forwarded_to(outer_jump_sshd, jump_sshd.port)
+    before, before_inner = _forwarded_to(outer_jump_sshd, jump_sshd.port), _forwarded_to(jump_sshd, sshd.port)
+    connections = tcp_connections()
     assert open_host(None, project).transport.run("echo ok").text.strip() == "ok"
+    assert_only_the_first_hop_is_direct(connections, outer_jump_sshd, [jump_sshd, sshd])
     assert _forwarded_to(outer_jump_sshd, jump_sshd.port) > before
+    assert _forwarded_to(jump_sshd, sshd.port) > before_inner
 
 
 def test_closed_outer_hop_fails_with_the_hop_named(make_project, sshd, jump_sshd, tmp_path, no_inventory_env):

@@ -68,7 +68,9 @@ def test_env_setup_is_idempotent_and_rehashes_on_change(env_project, tmp_path):
 def test_env_setup_failure_is_reported(env_project, tmp_path):
     (tmp_path / "reqs.txt").write_text("--no-index\ndefinitely-not-a-package-draftops==9.9\n")
     result = invoke(env_project, "env.setup")
-    assert result.returncode == 1 and "failed" in result.stderr
+    assert result.returncode == 1 and "failed (exit 1)" in result.stderr
+    # the reason reaches the user: pip's own line, naming the requirement it could not install
+    assert "No matching distribution found for definitely-not-a-package-draftops==9.9" in result.stdout
     assert not (hostile_venv(tmp_path) / ".draftops-env-hash").exists()
     assert_nothing_injected(tmp_path)
 

@@ -2,94 +2,9 @@
 in one module silently needs the other, and where import order starts to matter."""
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("draftops", "remote")
-
-
-def modules(root: Path = REPO) -> dict[str, Path]:
-    """Dotted name -> file, for every module of the project's packages."""
-    found = {}
-    for top in PACKAGES:
-        for path in (root / top).rglob("*.py"):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
-
-
-def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports, under TYPE_CHECKING too (a circle hidden there is still
-    a circle in the design)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    deps: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            deps.update(a.name for a in node.names if a.name in known)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            for alias in node.names:
-                full = f"{target}.{alias.name}"
-                if full in known:
-                    deps.add(full)
-                elif target in known:
-                    deps.add(target)
-    deps.discard(name)
-    return deps
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
-
-
-def project_graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+from tests.import_graph import circles, imports_of, modules, project_graph
 
 
 def test_the_project_has_no_import_circle() -> None:

@@ -2,14 +2,17 @@
 a real sshd and on a local host: start, readiness, read-back, status, logs, stop, crashes, ports."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +31,49 @@ DOUBLES = REPO / "tests" / "doubles"
 FAST = {"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "0.3", "DRAFTOPS_SGLANG_DOUBLE_WARMUP_S": "0.5"}
 
 
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _live_environs() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, environment entries) of every live, non-zombie process this user can read."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or not _alive(int(name)):
+            continue
+        try:
+            yield int(name), Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+
+
 def run_processes(run_id: str) -> list[int]:
     """Live processes of a server run (every job process inherits DRAFTOPS_RUN_ID)."""
     marker = f"DRAFTOPS_RUN_ID={run_id}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in environ and state != "Z":
-            found.append(int(name))
-    return found
+    return [pid for pid, environ in _live_environs() if marker in environ]
+
+
+def processes_of_runs_under(folder: Path) -> list[int]:
+    """Live processes of every job whose run folder lies under ``folder`` (DRAFTOPS_RUN_DIR)."""
+    prefix = f"DRAFTOPS_RUN_DIR={folder}/".encode()
+    return [pid for pid, environ in _live_environs() if any(e.startswith(prefix) for e in environ)]
+
+
+def stop_processes(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline:
+            pids = [pid for pid in pids if _alive(pid)]
+            if not pids:
+                return
+            time.sleep(0.1)
 
 
 def write_model(folder: Path, config: dict[str, Any]) -> str:
@@ -80,7 +111,10 @@ def project(make_project, sshd, tmp_path, no_inventory_env):
         (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
         copy_remote_package(root)
         return root
-    return make
+    yield make
+    # A test that failed before its `serve.stop` must not leave its server (the SGLang double, its
+    # children) running into the next tests and past the session: stop every job of its host roots.
+    stop_processes(processes_of_runs_under(tmp_path))
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -262,3 +296,25 @@ def test_two_serve_calls_racing_for_one_port_start_one_server(project, tmp_path)
     status = ok(invoke(root, "serve.status"))
     assert status.count("alive") == 1
     ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_the_project_fixtures_clean_up_stops_every_job_left_under_its_roots(tmp_path):
+    """What the `project` fixture runs after each test: a job left running under a host root (with a
+    child of its own, as the double's detokenizer) is stopped; a job of another root is not."""
+    def job(run_dir: Path) -> subprocess.Popen:
+        env = {**os.environ, "DRAFTOPS_RUN_DIR": str(run_dir)}
+        return subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & wait"], env=env, start_new_session=True)
+
+    left, other = job(tmp_path / "hostroot" / "runs" / "r1"), job(tmp_path.parent / "elsewhere" / "runs" / "r2")
+    try:
+        deadline = time.monotonic() + 10
+        while len(processes_of_runs_under(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = processes_of_runs_under(tmp_path)
+        assert left.pid in found and len(found) == 2 and other.pid not in found       # the shell and its sleep
+        stop_processes(found, grace_s=0.5)                                            # TERM is ignored: KILL
+        left.wait(timeout=5)
+        assert processes_of_runs_under(tmp_path) == [] and other.poll() is None
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait(timeout=5)

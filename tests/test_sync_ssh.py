@@ -12,7 +12,7 @@ import pytest
 from draftops.errors import SyncError
 from draftops.host import open_host
 from draftops.hostagent import OWNER_MARK
-from draftops.sync import local_manifest, sync
+from draftops.sync import sync
 from tests.conftest import ssh_entry
 
 pytestmark = pytest.mark.ssh
@@ -171,16 +171,6 @@ def test_interrupted_sync_leaves_remote_tree_consistent(ssh_project, tmp_path, m
     report = sync(open_host(None, ssh_project))
     assert "remote/weights/w5.bin" in report.upload
     assert code_tree(ssh_project, tmp_path)["remote/a.py"][1] == b"A = 3\n"
-
-
-def test_local_manifest_hash_cache_is_reused(tmp_path):
-    (tmp_path / "remote").mkdir()
-    (tmp_path / "remote/x.py").write_text("x")
-    cache = tmp_path / "cache.json"
-    first = local_manifest(tmp_path, ["remote"], cache)
-    (tmp_path / "remote/x.py").write_text("y")
-    second = local_manifest(tmp_path, ["remote"], cache)
-    assert first["remote/x.py"][1] != second["remote/x.py"][1]
 
 
 def test_noop_and_small_edit_take_one_round_trip(ssh_project, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -228,11 +228,39 @@ class LiveJob(JobView):
         self.progress.update(self.bar, completed=done, total=total or None, description=what)
 
     def detached(self, host: str, run_id: str) -> None:
-        self.out.print(f"\n[yellow]detached[/]: job {safe(run_id)} keeps running on {safe(host)}. Re-attach "
-                       f"with `invoke logs {safe(run_id)} --follow --host {safe(host)}`; stop it with "
-                       f"`invoke kill {safe(run_id)} --host {safe(host)}`.")
+        self.out.print(f"\n[yellow]detached[/]: {safe(self._detached_text(host, run_id))}")
+        self._exit()
+
+    def leave_on_interrupt(self, host: str, run_id: str) -> Callable[[], None]:
+        """Ctrl-C while following: say how to re-attach and leave at once, from the signal handler.
+
+        Nothing that can wait on a lock runs here (no rich, no flush of a stream the interrupted code
+        may be writing): the line goes straight to the output's file descriptor. The job runs on."""
+        text = f"\ndetached: {clean(self._detached_text(host, run_id))}\n".encode()
+
+        def leave() -> None:
+            try:
+                fd = self.out.file.fileno()
+            except (AttributeError, OSError, ValueError):     # not a real file: print it the usual way
+                self.detached(host, run_id)
+                return
+            if os.isatty(fd):
+                text_out = b"\x1b[?25h" + text                  # the live display hid the cursor
+            else:
+                text_out = text
+            os.write(fd, text_out)
+            os._exit(130)
+        return leave
+
+    @staticmethod
+    def _detached_text(host: str, run_id: str) -> str:
+        return (f"job {run_id} keeps running on {host}. Re-attach with `invoke logs {run_id} --follow "
+                f"--host {host}`; stop it with `invoke kill {run_id} --host {host}`.")
+
+    @staticmethod
+    def _exit() -> None:
         # Leave at once: the job runs on without us, and closing the SSH link gracefully at exit can
-        # wait forever on a lock paramiko's reader held when the interrupt landed (seen under load).
+        # wait on a lock paramiko's reader held when the interrupt landed.
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(130)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +61,15 @@ class JobView:
         """Ctrl-C while following: the job keeps running on the host. A view may leave the process
         here; if it returns, the KeyboardInterrupt goes on to the caller."""
 
+    def leave_on_interrupt(self, host: str, run_id: str) -> Callable[[], None] | None:
+        """A way to leave the process at once on Ctrl-C, run from the SIGINT handler itself; None
+        (this base) lets Ctrl-C raise KeyboardInterrupt as usual, and then :meth:`detached` runs.
+
+        Why a handler: a KeyboardInterrupt raised between a lock's acquire and the ``try`` that would
+        release it (rich's live display, paramiko's reader) leaves the lock held, and unwinding then
+        waits on it forever; under load that happened often enough to fail CI."""
+        return None
+
     def ended(self, run_id: str, final: dict[str, Any]) -> None:
         """The job ended with ``final`` (its status: state, exit_code, outcome)."""
 
@@ -76,14 +87,28 @@ def follow(host: Host, run_id: str, view: JobView, *, offset: int = 0, lines: in
             tap(event)
         view.event(event)
 
+    previous = _leave_on_sigint(view.leave_on_interrupt(host.name, run_id))
     try:
         with view.following():
             final = jobs.follow(host, run_id, view.text, on_event, offset, lines)
     except KeyboardInterrupt:
         view.detached(host.name, run_id)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     view.ended(run_id, final)
     return final
+
+
+def _leave_on_sigint(leave: Callable[[], None] | None) -> Any:
+    """Install ``leave`` as the SIGINT handler (main thread only); returns the handler to restore.
+    A SIGINT the caller ignores (``nohup``, a background job of a script) stays ignored."""
+    if leave is None or threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return None
+    return signal.signal(signal.SIGINT, lambda _signum, _frame: leave())
 
 
 @dataclass

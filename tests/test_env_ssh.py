@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,32 +101,66 @@ def test_runs_lists_and_bad_host_errors_are_one_paragraph(env_project):
     assert ok.returncode == 0 and "runs on box" in ok.stdout
 
 
-def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
+def _follow_a_long_job(project: Path, sigint: Any) -> tuple[str, subprocess.Popen]:
+    """Start `echo tick; sleep 600` on the project's host and `invoke logs --follow` it, with SIGINT
+    set to ``sigint`` in that process (a suite run as a background job of a script has SIGINT
+    ignored, and children inherit that); returns once "tick" was shown."""
     import signal
     import time
 
     from draftops import jobs
     from draftops.host import close_all, open_host
-    host = open_host(None, env_project)
+    host = open_host(None, project)
     # long enough that starting invoke on a loaded machine (seen: over 30 s) cannot outlast it
     job = jobs.start(host, "long", "echo tick; sleep 600", cwd=".")
     close_all()
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "logs", job.id, "--follow"], cwd=env_project,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "logs", job.id, "--follow"], cwd=project,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120      # a loaded machine can take seconds just to start invoke
+    while "tick" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stdout.readline()
+    assert "tick" in seen, seen
+    return job.id, proc
+
+
+def _stop(project: Path, run_id: str, proc: subprocess.Popen) -> None:
+    from draftops import jobs
+    from draftops.host import open_host
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=30)
+    jobs.kill(open_host(None, project), run_id, grace_s=2)
+
+
+def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
+    import signal
+
+    from draftops import jobs
+    from draftops.host import open_host
+    run_id, proc = _follow_a_long_job(env_project, signal.SIG_DFL)    # Ctrl-C as from a terminal
     try:
-        assert proc.stdout is not None
-        seen = ""
-        deadline = time.monotonic() + 120      # a loaded machine can take seconds just to start invoke
-        while "tick" not in seen and time.monotonic() < deadline and proc.poll() is None:
-            seen += proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
-        out = seen + out
-        assert "tick" in out and "detached" in out and f"invoke logs {job.id} --follow" in out
-        host = open_host(None, env_project)
-        assert jobs.status(host, job.id)["state"] == "running"
+        assert proc.returncode == 130
+        assert "detached" in out and f"invoke logs {run_id} --follow" in out, out
+        assert jobs.status(open_host(None, env_project), run_id)["state"] == "running"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        jobs.kill(open_host(None, env_project), job.id, grace_s=2)
+        _stop(env_project, run_id, proc)
+
+
+def test_a_follow_started_with_sigint_ignored_keeps_following(env_project):
+    """`nohup invoke logs --follow &` means "ignore Ctrl-C": draftops' own Ctrl-C handler must not
+    take that back."""
+    import signal
+    import time
+    run_id, proc = _follow_a_long_job(env_project, signal.SIG_IGN)
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(3)
+        assert proc.poll() is None, "an ignored SIGINT stopped the follow"
+    finally:
+        _stop(env_project, run_id, proc)

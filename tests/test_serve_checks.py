@@ -149,6 +149,18 @@ def test_draft_that_is_not_eagle3_is_refused(tmp_path):
     assert "speculators_model_type 'eagle'" in refusals(plan_for("vllm", draft="/d"), answer).refusals[0]
 
 
+def test_a_plain_architecture_is_refused_for_sglang_but_served_by_vllm(tmp_path):
+    """vLLM 0.32 turns LlamaForCausalLM into Eagle3LlamaForCausalLM under method eagle3
+    (vllm/transformers_utils/configs/eagle.py); SGLang picks the class from the config as written."""
+    plain = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+             "eagle_aux_hidden_state_layer_ids": [1, 15, 29]}
+    sglang = refusals(plan_for("sglang", draft="/d"), facts(tmp_path, "sglang", plain))
+    assert any("is not an EAGLE-3 draft" in r and "LlamaForCausalLM" in r for r in sglang.refusals)
+    vllm = refusals(plan_for("vllm", draft="/d"), facts(tmp_path, "vllm", plain))
+    assert not vllm.refusals, vllm.refusals
+    assert any("Eagle3<architecture>" in n for n in vllm.notes)
+
+
 def test_layer_ids_outside_the_target_are_refused_in_the_serving_engines_convention(tmp_path):
     # 31 is the output of the last layer: SGLang cannot capture it (its last id is 30)
     answer = facts(tmp_path, "sglang", flat_draft([1, 15, 31]))

@@ -152,6 +152,13 @@ def _algorithm(plan: Plan, draft: dict[str, Any], found: Findings) -> None:
     algorithm = draft.get("algorithm")
     if algorithm == "eagle3":
         return
+    if algorithm is None and plan.engine.name == "vllm":
+        # vLLM's EAGLEConfig names the model class itself under method eagle3 (LlamaForCausalLM ->
+        # Eagle3LlamaForCausalLM), so a plain architecture serves; an EAGLE-1/2 head fails to load
+        # there (its fc has another width) rather than accepting nothing
+        found.notes.append(f"the draft's config declares architectures {draft.get('architectures')}; vLLM "
+                           "serves it as Eagle3<architecture> under method eagle3")
+        return
     declared = (f"speculators_model_type {draft['speculators_model_type']!r}" if draft.get("speculators_model_type")
                 else f"architectures {draft.get('architectures')}")
     flag = "--speculative-algorithm EAGLE3" if plan.engine.name == "sglang" else '"method": "eagle3"'

@@ -1,6 +1,8 @@
 """`invoke test-drafter`: evaluate a draft on its hidden-state dumps on the host, outside any server."""
 from __future__ import annotations
 
+import shlex
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 
@@ -46,6 +48,6 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
 
         report.show(done.data, console)
         console.print(f"[dim]report: {done.result_file}  (fix it with `invoke draft-config --ckpt "
-                      f"{escape(ckpt or 'demo')} --from-report {done.run_id}`)[/]")
+                      f"{escape(shlex.quote(ckpt or 'demo'))} --from-report {done.run_id}`)[/]")
     record_test_drafter(target, done, given)
     done.check()

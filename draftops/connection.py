@@ -193,7 +193,7 @@ def _make_connection(spec: HostSpec, gateway: Connection | None) -> Connection:
     from fabric import Config, Connection
 
     if spec.key and not Path(spec.key).is_file():
-        raise InventoryError(f"Host {spec.name!r}: key file {spec.key} does not exist; fix `key:` in "
+        raise InventoryError(f"{host_prefix(spec.name)}: key file {spec.key} does not exist; fix `key:` in "
                              "hosts.yaml or create the key with ssh-keygen.")
     config = Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
     # No SSH compression: sync payloads are gzipped already where that pays (small, text-heavy ones),
@@ -226,7 +226,7 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
     import paramiko
     from paramiko.ssh_exception import NoValidConnectionsError
 
-    who = f"Host {spec.name!r} ({spec.describe()}){via}"
+    who = f"{host_prefix(spec.name, spec.describe())}{via}"
     deadline = time.monotonic() + spec.connect_timeout
     delay = 0.5
     for attempt in range(1, CONNECT_ATTEMPTS + 1):

@@ -26,7 +26,7 @@ from draftops import hostagent
 from draftops.errors import JobError, RemoteError, UnknownRun
 from draftops.host import Host
 from draftops.terminal import clean, needs_cleaning
-from remote import events
+from remote import events, exitcodes
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
@@ -98,7 +98,8 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
     python = shell_path(host.spec.interpreter)
     missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
                "run `invoke env.setup` or fix `python:` in hosts.yaml")
-    return (f"command -v {python} >/dev/null 2>&1 || {{ echo {shlex.quote(missing)} >&2; exit 127; }}; "
+    return (f"command -v {python} >/dev/null 2>&1 || "
+            f"{{ echo {shlex.quote(missing)} >&2; exit {exitcodes.NO_PYTHON}; }}; "
             f'PYTHONPATH="$PWD" exec {python} -m {module} {argv}')
 
 

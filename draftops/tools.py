@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from draftops import jobs
-from draftops.errors import DraftopsError, JobError, ToolFailed
+from draftops.errors import DraftopsError, JobError, ToolFailed, host_prefix
 from draftops.host import Host
 from draftops.terminal import clean
 from remote import events, exitcodes
@@ -283,7 +283,7 @@ def call_tool(host: Host, module: str, args: list[str], *, python: str | None = 
             if no_python and missing else "")
     said = str((answer.error or {}).get("message") or answer.stderr[-1500:]).strip()
     what = " ".join([module, *args[:1]])
-    raise error(f"Host {host.name!r}: `{what}` failed (exit {answer.exit_code}, {answer.meaning}).{hint} "
+    raise error(f"{host_prefix(host.name)}: `{what}` failed (exit {answer.exit_code}, {answer.meaning}).{hint} "
                 f"{clean(said)}".strip())
 
 

@@ -48,8 +48,11 @@ def stamp(text: str | None) -> float | None:
 
 
 def job_seconds(status: Path) -> float | None:
-    """How long a job's command ran, from its status.json (second resolution)."""
+    """How long a job's command ran, from its status.json (`seconds`, to the ms; the whole-second
+    `started`/`ended` of an older runner otherwise)."""
     doc = json.loads(status.read_text())
+    if isinstance(doc.get("seconds"), (int, float)):
+        return float(doc["seconds"])
     begun, ended = stamp(doc.get("started")), stamp(doc.get("ended"))
     return ended - begun if begun is not None and ended is not None else None
 

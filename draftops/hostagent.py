@@ -973,6 +973,7 @@ def cmd_runner(run_dir, run_id):
     env.pop(FRAME_ENV, None)
     env.pop(PROTOCOL_ENV, None)
     cwd = os.path.abspath(job.get("cwd") or run_dir)     # relative cwd: relative to root
+    began = time.monotonic()
     try:
         child = subprocess.Popen(["sh", "-c", job["command"]], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
     except (OSError, KeyError) as exc:
@@ -1004,7 +1005,8 @@ def cmd_runner(run_dir, run_id):
     sys.stdout.flush()
     scanner.scan(final=True)
     state = "killed" if got else ("succeeded" if code == 0 else "failed")
-    final = dict(base, state=state, exit_code=code, ended=_now())
+    # `started`/`ended` are whole seconds (for people); `seconds` is how long the command ran, to the ms
+    final = dict(base, state=state, exit_code=code, ended=_now(), seconds=round(time.monotonic() - began, 3))
     if scanner.outcome:
         final["outcome"] = scanner.outcome
     if got:

@@ -58,7 +58,7 @@ def test_job_survives_dropped_connection_and_reports_exit_code(project):
     host_module.close_all()
     row = wait_state(project, job.id, {"failed", "succeeded", "dead"})
     assert row["state"] == "failed" and row["exit_code"] == 7
-    assert row["started"] and row["ended"]
+    assert row["started"] and row["ended"] and 1.5 <= row["seconds"] < 15   # the sleep, to the ms
     log = open_host(None, project).transport.run(f"cat {jobs.shell_path(job.run_dir)}/log").text
     assert "started" in log and "finished" in log
 

@@ -6,23 +6,28 @@ the opening of one dump sequence (its first ``--prefix-len`` tokens, by default 
 prompt length, the part the target did not generate), written as the word-level tokenizer's text
 (``w05 w17 ...``), one ``{"prompt": ...}`` JSON line per sequence (what ``invoke bench --dataset``
 reads). Prompts holding a special token are left out (it has no plain-text form).
+
+The file is written once per demo: ``OUT.key`` records the demo's DEMO.json digest and the prefix
+length, and while both still match the file is reused without reading a dump (no torch import, which
+costs seconds on a CPU host before every `invoke bench --dataset demo`).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
-from safetensors import safe_open
-
 from .. import events, exitcodes
 from ..drafter import wordtokenizer
+from ..drafter.demo_spec import MARKER
 
 
 def prompts(demo: Path, prefix_len: int) -> list[str]:
     """The prompt texts of the demo's dump sequences, in file order."""
+    from safetensors import safe_open  # torch: only when the prompts are (re)made
     files = sorted((demo / "data").glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
     if not files:
         raise FileNotFoundError(f"no hs_*.safetensors dumps under {demo / 'data'}; generate the demo first "
@@ -37,13 +42,36 @@ def prompts(demo: Path, prefix_len: int) -> list[str]:
     return out
 
 
-def write(demo: Path, dest: Path, prefix_len: int) -> int:
+def _key(demo: Path, prefix_len: int) -> str:
+    """What the prompts depend on: the demo (its completion marker, rewritten by every build) and
+    the prefix length."""
+    if not (demo / MARKER).is_file():
+        raise FileNotFoundError(f"{demo} holds no complete demo (no {MARKER}); generate the demo first "
+                                "(`invoke test-drafter` does it once per host).")
+    marker = hashlib.sha256((demo / MARKER).read_bytes()).hexdigest()
+    return json.dumps({"demo": marker, "prefix_len": prefix_len}, sort_keys=True)
+
+
+def _write_atomic(dest: Path, text: str) -> None:
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, dest)
+
+
+def write(demo: Path, dest: Path, prefix_len: int) -> tuple[int, bool]:
+    """Write the prompts to ``dest`` unless they are there for this demo already; returns (count, reused)."""
+    key = _key(demo, prefix_len)
+    stamp = dest.with_name(dest.name + ".key")
+    try:
+        if stamp.read_text() == key and not dest.is_symlink():
+            return sum(1 for line in dest.read_text().splitlines() if line.strip()), True
+    except OSError:
+        pass
     texts = prompts(demo, prefix_len)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
-    os.replace(tmp, dest)
-    return len(texts)
+    _write_atomic(dest, "".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    _write_atomic(stamp, key)   # after the prompts: a crash between the two only costs a rewrite
+    return len(texts), False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,12 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-len", type=int, default=4, help="tokens per prompt (the demo's prompt_len)")
     args = parser.parse_args(argv)
     try:
-        count = write(args.demo, args.out, args.prefix_len)
+        count, reused = write(args.demo, args.out, args.prefix_len)
     except (OSError, ValueError) as exc:
         events.error(str(exc), kind=type(exc).__name__, exit_code=exitcodes.REFUSED)
         print(f"error: {exc}", file=sys.stderr)
         return exitcodes.REFUSED
-    print(json.dumps({"prompts": count, "path": str(args.out)}))
+    print(json.dumps({"prompts": count, "path": str(args.out), "reused": reused}))
     return exitcodes.OK
 
 

@@ -8,28 +8,45 @@ Public API::
     logits = draft.forward(aux, input_ids, steps=3)   # list of [B, N, Vd], one per TTT step
     report = evaluate(EvalOptions(ckpt=Path("ckpt"), data=Path("dumps")))  # also writes report.json
 
-See docs/drafter.md for the alignment of ``aux``/``input_ids``, the CLI and the report schema.
+The names load on first use (PEP 562), so a stdlib-only submodule such as ``demo_spec`` runs
+without torch. See docs/drafter.md for the alignment of ``aux``/``input_ids``, the CLI and the report schema.
 """
-from .checkpoint import CheckpointInfo, load_checkpoint
-from .data import DumpSet, Sample, SlotInfo
-from .errors import (
-    ConfigError,
-    CorruptFileError,
-    DataError,
-    DrafterError,
-    EmptyDataError,
-    MissingTensorError,
-    NonFiniteError,
-    OptionError,
-    ResourceError,
-    ShapeMismatchError,
-    UnsupportedError,
-)
-from .evaluate import evaluate
-from .model import DraftArch, Eagle3Draft
-from .options import EvalOptions
-from .report import SCHEMA
-from .verifier import Verifier
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointInfo, load_checkpoint
+    from .data import DumpSet, Sample, SlotInfo
+    from .errors import (
+        ConfigError,
+        CorruptFileError,
+        DataError,
+        DrafterError,
+        EmptyDataError,
+        MissingTensorError,
+        NonFiniteError,
+        OptionError,
+        ResourceError,
+        ShapeMismatchError,
+        UnsupportedError,
+    )
+    from .evaluate import evaluate
+    from .model import DraftArch, Eagle3Draft
+    from .options import EvalOptions
+    from .report import SCHEMA
+    from .verifier import Verifier
+
+_WHERE = {
+    "CheckpointInfo": "checkpoint", "load_checkpoint": "checkpoint",
+    "DumpSet": "data", "Sample": "data", "SlotInfo": "data",
+    **dict.fromkeys(("ConfigError", "CorruptFileError", "DataError", "DrafterError", "EmptyDataError",
+                     "MissingTensorError", "NonFiniteError", "OptionError", "ResourceError",
+                     "ShapeMismatchError", "UnsupportedError"), "errors"),
+    "evaluate": "evaluate", "DraftArch": "model", "Eagle3Draft": "model", "EvalOptions": "options",
+    "SCHEMA": "report", "Verifier": "verifier",
+}
 
 __all__ = [
     "SCHEMA", "CheckpointInfo", "ConfigError", "CorruptFileError", "DataError", "DraftArch", "DrafterError",
@@ -37,3 +54,13 @@ __all__ = [
     "OptionError", "ResourceError", "Sample", "ShapeMismatchError", "SlotInfo", "UnsupportedError", "Verifier",
     "evaluate", "load_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's submodule the first time the name is asked for."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

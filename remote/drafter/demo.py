@@ -32,7 +32,7 @@ import fcntl
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,101 +43,10 @@ from .. import events
 from ..eagle import convention
 from ..eagle.formats import EAGLE_CONFIG, FLAT, IDS_KEY, SPECULATORS
 from . import tinyllama, train, wordtokenizer
+from .demo_spec import DEMO_VERSION, MARKER, SERVE_INFO, SERVE_SCHEMA, DemoPaths, DemoSpec, is_complete
 from .layers import Weights
 from .model import DraftArch, Eagle3Draft
 from .rope import RopeSpec
-
-DEMO_VERSION = 3  # 2: speculators-format ids in the vLLM convention; 3: a standard, servable target
-MARKER = "DEMO.json"
-SERVE_INFO = "SERVE.json"
-SERVE_SCHEMA = "draftops.demo-serve/1"
-
-
-@dataclass(frozen=True)
-class DemoSpec:
-    """Every knob of the demo (a cached demo is reused only when they all match)."""
-
-    seed: int = 0
-    vocab_size: int = 64
-    draft_vocab_size: int = 48
-    num_layers: int = 6
-    hidden_size: int = 64
-    samples: int = 256
-    seq_len: int = 40
-    prompt_len: int = 4
-    temperature: float = 0.35
-    target_proj_std: float = 0.2
-    max_current_token_share: float = 0.60  # redraw the target above this (see _draw_target)
-    max_target_draws: int = 8
-    layer_a: int = 1  # SGLang ids: output of decoder layer a
-    layer_b: int = 3
-    layer_c: int = 4
-    draft_intermediate: int = 128
-    train_steps: int = 3
-    train_iters: int = 300
-    train_batch: int = 16
-    lr: float = 2e-2
-    val_fraction: float = 0.1
-    precondition: bool = True  # scale fc's init by each aux feature's spread (train.init_draft)
-    threads: int = 1  # torch threads while building: tiny ops lose more to thread hand-offs than they gain
-
-    @property
-    def slot_ids(self) -> list[int]:
-        """SGLang ids of the dumped slots: embedding, l_a, l_b, l_c, final."""
-        return [-1, self.layer_a, self.layer_b, self.layer_c, self.num_layers - 1]
-
-    @property
-    def trained_ids(self) -> list[int]:
-        return [-1, self.layer_a, self.layer_b]
-
-    @property
-    def buggy_ids(self) -> list[int]:
-        return [self.layer_a, self.layer_b, self.layer_c]
-
-
-@dataclass(frozen=True)
-class DemoPaths:
-    """Where each piece of a demo lives."""
-
-    root: Path
-
-    @property
-    def target(self) -> Path:
-        return self.root / "target"
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def data_pt(self) -> Path:
-        return self.root / "data_pt"
-
-    @property
-    def draft(self) -> Path:
-        return self.root / "draft"
-
-    @property
-    def draft_flat(self) -> Path:
-        return self.root / "draft_flat"
-
-    @property
-    def draft_fixed(self) -> Path:
-        return self.root / "draft_fixed"
-
-    @property
-    def parts(self) -> list[Path]:
-        return [self.target, self.data, self.data_pt, self.draft, self.draft_flat, self.draft_fixed]
-
-
-def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
-    """True when ``out`` holds a finished demo of this version and these parameters."""
-    marker = Path(out) / MARKER
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
 
 
 def ensure_demo(out: str | Path, force: bool = False, spec: DemoSpec = DemoSpec()) -> DemoPaths:

@@ -17,7 +17,7 @@ from draftops.host import open_host
 from draftops.serve.request import demo_dir
 from draftops.sync import sync
 from remote.bench import demo_prompts
-from remote.drafter.demo_spec import DEMO_VERSION, MARKER
+from remote.drafter.demo_spec import DEMO_VERSION, MARKER, DemoSpec
 from tests.conftest import REPO, copy_remote_package
 from tests.drafter_support import demo
 
@@ -78,6 +78,12 @@ def test_demo_prompts_are_written_once_per_demo_and_prefix_length(demo_copy: Pat
     # a rebuilt demo (a new DEMO.json) makes them again
     (demo_copy / MARKER).write_text((demo_copy / MARKER).read_text() + " ")
     assert demo_prompts.write(demo_copy, out, 3) == (count3, False)
+
+
+def test_the_demo_build_leaves_the_benchmark_prompts_in_the_demo(demo_copy: Path):
+    built = demo_copy / demo_prompts.IN_DEMO
+    count, reused = demo_prompts.write(demo_copy, built, DemoSpec().prompt_len)
+    assert reused and count == len(built.read_text().splitlines()) > 0
 
 
 def test_demo_prompts_without_a_demo_say_how_to_make_one(tmp_path: Path):

@@ -109,7 +109,7 @@ def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str
 
 def _demo_dataset(box: Host) -> str:
     """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
-    path = f"{box.state_dir}/bench-prompts/demo.jsonl"
+    path = f"{box.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
     try:
         call_tool(box, "remote.bench.demo_prompts", [f"{box.state_dir}/demo", path], python=box.spec.interpreter,
                   timeout=120, error=BenchError)

@@ -7,9 +7,10 @@ prompt length, the part the target did not generate), written as the word-level 
 (``w05 w17 ...``), one ``{"prompt": ...}`` JSON line per sequence (what ``invoke bench --dataset``
 reads). Prompts holding a special token are left out (it has no plain-text form).
 
-The file is written once per demo: ``OUT.key`` records the demo's DEMO.json digest and the prefix
-length, and while both still match the file is reused without reading a dump (no torch import, which
-costs seconds on a CPU host before every `invoke bench --dataset demo`).
+The demo build writes them to ``<demo>/bench-prompts.jsonl`` (``IN_DEMO``), the file that
+`invoke bench --dataset demo` reads. They are written once per demo: ``OUT.key`` records the demo's
+DEMO.json digest and the prefix length, and while both still match the file is reused without reading
+a dump (no torch import, which costs seconds on a CPU host before every `invoke bench --dataset demo`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from pathlib import Path
 from .. import events, exitcodes
 from ..drafter import wordtokenizer
 from ..drafter.demo_spec import MARKER
+
+IN_DEMO = "bench-prompts.jsonl"   # where the demo build leaves them: <demo>/bench-prompts.jsonl
 
 
 def prompts(demo: Path, prefix_len: int) -> list[str]:

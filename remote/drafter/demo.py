@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import save_file
 
 from .. import events
+from ..bench import demo_prompts
 from ..eagle import convention
 from ..eagle.formats import EAGLE_CONFIG, FLAT, IDS_KEY, SPECULATORS
 from . import tinyllama, train, wordtokenizer
@@ -84,6 +85,8 @@ def build_demo(out: Path, spec: DemoSpec = DemoSpec()) -> DemoPaths:
     (out / SERVE_INFO).write_text(json.dumps(serve_info(spec), indent=2) + "\n")
     (out / MARKER).write_text(json.dumps({"version": DEMO_VERSION, "spec": asdict(spec),
                                           **stats}, indent=2) + "\n")
+    # the benchmark's prompts too, while torch is loaded (`invoke bench --dataset demo` then reads them)
+    demo_prompts.write(out, out / demo_prompts.IN_DEMO, spec.prompt_len)
     events.result(str(out / MARKER), kind="demo")
     return paths
 

@@ -46,12 +46,15 @@ def port(host: Host, number: int, listen: str = "127.0.0.1", wait_free: float = 
 
 
 def http(host: Host, number: int, path: str, body: Any = None, listen: str = "127.0.0.1",
-         timeout: float = 10.0) -> tuple[int | None, str]:
-    """(status, body) of one request to the server on ``host``; status None when nothing answered."""
+         timeout: float = 10.0, until_ok: float = 0.0) -> tuple[int | None, str]:
+    """(status, body) of one request to the server on ``host``; status None when nothing answered.
+    ``until_ok``: the host asks again until it answers 200, for up to that many seconds."""
     args = ["http", str(number), path, "--host", probe_address(listen), "--timeout", str(timeout)]
     if body is not None:
         args += ["--json", json.dumps(body)]
-    answer = run(host, args, timeout=timeout + 30)
+    if until_ok > 0:
+        args += ["--until-ok", f"{until_ok:g}"]
+    answer = run(host, args, timeout=timeout + until_ok + 30)
     return answer.get("status"), answer.get("body") or answer.get("error") or ""
 
 

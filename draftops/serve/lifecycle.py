@@ -24,7 +24,7 @@ from draftops.serve.request import Plan
 
 ALIVE = ("running", "starting")
 TAIL_LINES = 50
-POLL_S = 1.0
+POLL_WINDOW_S = 3.0   # how long one readiness call keeps asking on the host (a dead run is seen this late)
 #: how long a port claim without a run counts as "being started" (then it is a leftover)
 CLAIM_S = 120.0
 #: a 1-token completion on a cold CPU server can take a while
@@ -230,15 +230,16 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
             raise abandon(host, server, f"was not ready after {timeout:.0f} s (ready_timeout of serve "
                           f"profile {plan.profile.name!r})")
         probe = probes[step]
+        # the host asks again every 0.2 s for a window (one exec per window, not per try); the run's
+        # state is checked between windows
+        window = max(0.0, min(POLL_WINDOW_S, timeout - elapsed))
         status, _ = hosttool.http(host, server.port, probe.path, probe.body, server.listen,
-                                  timeout=PROBE_TIMEOUT_S if probe.body is not None else 10.0)
-        progress(elapsed, probe.what, status)
+                                  timeout=PROBE_TIMEOUT_S if probe.body is not None else 10.0, until_ok=window)
+        progress(time.monotonic() - started, probe.what, status)
         if status == 200:
             step += 1
             if step == len(probes):
                 return
-            continue
-        time.sleep(POLL_S)
 
 
 @dataclass

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--json", dest="body", help="POST this JSON body")
     http.add_argument("--timeout", type=float, default=10.0)
+    http.add_argument("--until-ok", type=float, default=0.0, metavar="SECONDS",
+                      help="ask again every 0.2 s until it answers 200, for up to this long")
     reap = sub.add_parser("reap", help="stop what is left of a run's process group")
     reap.add_argument("pgid", type=int)
     reap.add_argument("run_id")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                else net.port_status(args.port, args.host))
     elif args.command == "http":
         body = json.loads(args.body) if args.body else None
-        out = net.request(args.port, args.path, host=args.host, body=body, timeout=args.timeout)
+        out = net.request_until_ok(args.port, args.path, host=args.host, body=body, timeout=args.timeout,
+                                   within=args.until_ok)
     elif args.command == "reap":
         out = procs.reap(args.pgid, args.run_id, args.grace)
     else:

@@ -58,3 +58,19 @@ def request(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None,
         answer["error"] = str(reason)
     answer["seconds"] = round(time.monotonic() - started, 3)
     return answer
+
+
+def request_until_ok(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None, timeout: float = 10.0,
+                     within: float = 0.0, pause: float = 0.2) -> dict[str, Any]:
+    """:func:`request` again every ``pause`` seconds until it answers 200 or ``within`` seconds have
+    passed: a start-up wait polls here, next to the server, instead of paying an SSH exec per try."""
+    deadline = time.monotonic() + within
+    tries = 0
+    while True:
+        tries += 1
+        answer = request(port, path, host=host, body=body, timeout=timeout)
+        if answer["status"] == 200 or time.monotonic() + pause >= deadline:
+            answer["tries"] = tries
+            return answer
+        time.sleep(pause)
+

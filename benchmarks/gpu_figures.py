@@ -61,7 +61,7 @@ from remote.drafter.data import Sample  # noqa: E402
 from remote.drafter.model import DraftArch, Eagle3Draft  # noqa: E402
 from remote.drafter.scoring import VerifierHead  # noqa: E402
 
-evaluate_module: Any = importlib.import_module("remote.drafter.evaluate")  # the package re-exports the function
+evaluate_module: Any = importlib.import_module("remote.drafter.evaluation")
 STATED_TFLOPS = 790.0  # the workplace's stated H200 bf16 rate (the "790 TFLOP/s")
 DATASHEET_TFLOPS = 989.0  # NVIDIA H200 SXM dense bf16
 SMOKE = de.Scale(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, layers=1, aux=3,

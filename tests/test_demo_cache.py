@@ -135,13 +135,13 @@ def test_the_key_follows_the_generators_source_and_knobs(tmp_path: Path) -> None
     # what the generator runs, found from its imports; not the evaluator it never calls
     assert {"remote/drafter/demo.py", "remote/drafter/tinyllama.py", "remote/drafter/train.py",
             "remote/drafter/wordtokenizer.py", "remote/events.py"} <= names
-    assert "remote/drafter/evaluate.py" not in names
+    assert "remote/drafter/evaluation.py" not in names
     root = tmp_path / "repo"
     shutil.copytree(REPO / "remote", root / "remote", ignore=shutil.ignore_patterns("__pycache__"))
     base = cache_key(TINY, root)
     assert cache_key(TINY, root) == base
     assert cache_key(replace(TINY, seed=1), root) != base
-    (root / "remote" / "drafter" / "evaluate.py").write_text("# not run by the generator\n")
+    (root / "remote" / "drafter" / "evaluation.py").write_text("# not run by the generator\n")
     assert cache_key(TINY, root) == base
     with (root / "remote" / "drafter" / "tinyllama.py").open("a") as fh:
         fh.write("\n# a change the demo's bytes may depend on\n")

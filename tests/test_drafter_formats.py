@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from remote.drafter import Verifier, load_checkpoint, tinyllama
 from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
-from remote.drafter.evaluate import _verifier_head
+from remote.drafter.evaluation import _verifier_head
 from remote.drafter.tensorstore import TensorStore
 from tests.drafter_support import SPEC, demo, run_eval
 

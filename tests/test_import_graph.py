@@ -13,7 +13,7 @@ def test_the_project_has_no_import_circle() -> None:
 
 def test_the_graph_sees_the_imports_it_must_see() -> None:
     graph = project_graph()
-    assert "remote.drafter.report" in graph["remote.drafter.evaluate"]          # from . import report
+    assert "remote.drafter.report" in graph["remote.drafter.evaluation"]          # from . import report
     assert "remote.drafter.options" in graph["remote.drafter.report"]           # from .options import ...
     assert "draftops.errors" in graph["draftops.inventory"]                      # absolute import
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         ShapeMismatchError,
         UnsupportedError,
     )
-    from .evaluate import evaluate
+    from .evaluation import evaluate
     from .model import DraftArch, Eagle3Draft
     from .options import EvalOptions
     from .report import SCHEMA
@@ -44,7 +44,7 @@ _WHERE = {
     **dict.fromkeys(("ConfigError", "CorruptFileError", "DataError", "DrafterError", "EmptyDataError",
                      "MissingTensorError", "NonFiniteError", "OptionError", "ResourceError",
                      "ShapeMismatchError", "UnsupportedError"), "errors"),
-    "evaluate": "evaluate", "DraftArch": "model", "Eagle3Draft": "model", "EvalOptions": "options",
+    "evaluate": "evaluation", "DraftArch": "model", "Eagle3Draft": "model", "EvalOptions": "options",
     "SCHEMA": "report", "Verifier": "verifier",
 }
 

@@ -19,7 +19,7 @@ from typing import Any
 from .. import events, exitcodes
 from .demo import MARKER, ensure_demo
 from .errors import DrafterError, ResourceError
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .options import EvalOptions
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"

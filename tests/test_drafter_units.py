@@ -154,6 +154,16 @@ def test_interpretations_and_defaults() -> None:
     assert default.captured_ids == [1, 3, 4]
 
 
+def test_each_engine_row_uses_the_ids_that_engine_reads() -> None:
+    """A flat config with only top-level ids: SGLang reads none (its default), vLLM reads them."""
+    slot_ids = (-1, 0, 1, 2, 3, 4, 5)
+    sglang, vllm = interpret(None, slot_ids, 8, read_by={"sglang": None, "vllm": [0, 2, 3]})
+    assert sglang.configured_ids is None and sglang.captured_ids == [1, 3, 4] and "default" in sglang.note
+    assert vllm.configured_ids == [0, 2, 3] and vllm.captured_ids == [-1, 1, 2] and vllm.slots == [0, 2, 3]
+    # without read_by both read the same list (the old reading, kept for callers with one list)
+    assert [i.configured_ids for i in interpret([0, 2, 3], slot_ids, 8)] == [[0, 2, 3], [0, 2, 3]]
+
+
 def _evidence(best=(0, 1, 2), served=(1, 2, 3), acc=(0.9, 0.3), outcome=None, **kw) -> Evidence:
     """Evidence with the best layout at acc[0] and the served one at acc[1] (step 0, 256 samples)."""
     comparison = None

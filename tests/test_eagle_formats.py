@@ -94,7 +94,7 @@ def test_hidden_size_with_top_level_ids_agrees_in_evaluator_draft_config_and_ser
     info, facts, dc = views()
     assert info.format == facts["format"] == dc["format"] == formats.FLAT
     assert info.configured_layer_ids is None and info.layer_ids_key is None
-    assert facts["ids_by_engine"] == {"sglang": None, "vllm": [0, 2, 3]} and dc["ids"] is None
+    assert facts["ids_by_engine"] == info.ids_by_engine == {"sglang": None, "vllm": [0, 2, 3]} and dc["ids"] is None
     assert facts["reading"]["fallback"] and facts["reading"]["ignored"] == {IDS: [0, 2, 3]}
     assert any(w.startswith(f"{IDS}=[0, 2, 3] is not used by SGLang") for w in info.warnings), info.warnings
 
@@ -107,6 +107,7 @@ def test_hidden_size_with_top_level_ids_agrees_in_evaluator_draft_config_and_ser
 
     info, facts, dc = views()
     assert info.configured_layer_ids == facts["ids_by_engine"]["sglang"] == dc["ids"] == TRAINED
+    assert info.ids_by_engine == facts["ids_by_engine"]
     assert info.layer_ids_key == formats.NESTED_FIELD
     assert facts["ids_by_engine"]["vllm"] == [0, 2, 3], "the top-level ids still come first for vLLM"
 

@@ -42,6 +42,7 @@ class CheckpointInfo:
     embed_source: str
     arch: DraftArch
     warnings: list[str] = field(default_factory=list)
+    ids_by_engine: dict[str, list[int] | None] = field(default_factory=dict)   # what each engine reads
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "path": self.path, "config_path": self.config_path,
@@ -81,7 +82,7 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
         warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
                         "(its residual is always the un-normed hidden), so SGLang serves a different model")
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
-                          cfg.layer_ids_key, embed_source, arch, warnings)
+                          cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine))
     return Eagle3Draft(arch, weights, device, dtype), info
 
 

@@ -39,6 +39,7 @@ class DraftConfig:
     layer_ids: list[int] | None
     layer_ids_key: str | None
     unread_ids: dict[str, list[int]]   # ids in fields the format's own engine does not read
+    ids_by_engine: dict[str, list[int] | None]   # the ids each engine reads (None: it uses its default)
     hidden_size: int | None
     target_hidden_size: int | None
     num_attention_heads: int | None
@@ -112,7 +113,7 @@ def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
         layer = Fields(tlc, cfg_path, formats.layer_prefix(fmt))
     else:
         layer = top
-    ids, key, unread = _layer_ids(top, fmt)
+    ids, key, unread, by_engine = _layer_ids(top, fmt)
     act = layer.text("hidden_act") or "silu"
     if act != "silu":
         raise UnsupportedError("Only SiLU-gated MLP drafts are implemented", path=cfg_path,
@@ -123,7 +124,7 @@ def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
         raise layer.bad("layer_types", f"a list of {' / '.join(LAYER_TYPES)}", types)
     target_hidden = top.integer("target_hidden_size")
     return DraftConfig(
-        path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key, unread_ids=unread,
+        path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key, unread_ids=unread, ids_by_engine=by_engine,
         hidden_size=layer.integer("hidden_size"),
         target_hidden_size=target_hidden if target_hidden is not None else layer.integer("target_hidden_size"),
         num_attention_heads=layer.integer("num_attention_heads"), head_dim=layer.integer("head_dim"),
@@ -224,9 +225,11 @@ def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, list, dict)) else str(value)
 
 
-def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dict[str, list[int]]]:
-    """Aux ids as the format's own engine reads them, the field they came from, and the ids in fields
-    that engine does not read. Every ids field is validated: the other engine may read it."""
+def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dict[str, list[int]],
+                                               dict[str, list[int] | None]]:
+    """Aux ids as the format's own engine reads them, the field they came from, the ids in fields
+    that engine does not read, and the ids each engine reads (``convention.READS``). Every ids field
+    is validated: the other engine may read it."""
     eagle = Fields(top.mapping(EAGLE_CONFIG), top.path, f"{EAGLE_CONFIG}.")
     found: dict[str, list[int]] = {}
     for fields in (top, eagle):
@@ -242,7 +245,9 @@ def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dic
         found[fields.name(IDS_KEY)] = ids
     read = next((f for f in convention.READS[convention.serving_convention(fmt)] if f in found), None)
     unread = {f: ids for f, ids in found.items() if f != read}
-    return (found[read] if read else None), read, unread
+    by_engine = {engine: next((found[f] for f in fields if f in found), None)
+                 for engine, fields in convention.READS.items()}
+    return (found[read] if read else None), read, unread, by_engine
 
 
 def _rope(layer: Fields) -> RopeSpec:

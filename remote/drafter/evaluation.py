@@ -61,7 +61,8 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     scan_n = min(count, opts.layout_samples)
     norms, scan, basis = _scan(ctx, scan_n, opts)
     slot_ids = ctx.dumps.slots.layer_ids
-    interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers)
+    interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers,
+                                read_by=ctx.info.ids_by_engine or None)
     # The engine that reads this format decides what the server feeds: SGLang reads the flat format's
     # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
     served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))

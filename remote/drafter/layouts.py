@@ -6,7 +6,7 @@ SGLang id k-1.  With null ids both engines fall back to capturing after layers [
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,11 +38,16 @@ def engine_default(num_layers: int | None) -> list[int] | None:
     return convention.default_ids(convention.SGLANG, num_layers)
 
 
-def interpret(configured: list[int] | None, slot_ids: Sequence[int] | None,
-              num_layers: int | None) -> list[Interpretation]:
-    """The layouts ``configured`` implies under SGLang's and vLLM's conventions."""
+def interpret(configured: list[int] | None, slot_ids: Sequence[int] | None, num_layers: int | None,
+              read_by: Mapping[str, list[int] | None] | None = None) -> list[Interpretation]:
+    """The layouts the config implies under SGLang's and vLLM's conventions.
+
+    ``read_by`` gives the ids each engine reads from the config (the engines read different fields:
+    a flat config with only top-level ids is read by vLLM, while SGLang falls back to its default);
+    without it, every engine reads ``configured``."""
     out = []
     for engine in convention.ENGINES:
+        configured = read_by.get(engine) if read_by is not None else configured
         if configured is None:
             captured = engine_default(num_layers)
             note = ("no ids in the config: the engine captures its default "

@@ -18,11 +18,11 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
+
+# subprocess, tarfile and tempfile are imported where used: together they are ~20 ms of every agent
+# start, and most commands (status, runs, manifest, a no-op apply) need none of them
 
 SYNC_META = ".draftops-sync.json"
 TMP_MARK = ".draftops-tmp-"
@@ -79,8 +79,18 @@ def _fail(message, code):
     sys.exit(code)
 
 
+def _mkstemp(folder, prefix):
+    """``tempfile.mkstemp`` (a new 0600 file, never through a link) without importing tempfile."""
+    while True:
+        path = os.path.join(folder, prefix + os.urandom(6).hex())
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600), path
+        except FileExistsError:
+            continue
+
+
 def _atomic_write(path, data, mode=0o644):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + TMP_MARK)
+    fd, tmp = _mkstemp(os.path.dirname(path), os.path.basename(path) + TMP_MARK)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -119,7 +129,7 @@ def cmd_prepare(root, agent_name, source=None):
             os.makedirs(os.path.join(resolved, sub), exist_ok=True)
         if not os.path.lexists(os.path.join(resolved, "code")):     # an existing one is judged by sync
             _create_code(os.path.join(resolved, "code"))
-        fd, probe = tempfile.mkstemp(dir=os.path.join(resolved, "state"), prefix=".probe")
+        fd, probe = _mkstemp(os.path.join(resolved, "state"), ".probe")
         os.close(fd)
         os.unlink(probe)
         agent = os.path.join(resolved, "state", agent_name)
@@ -174,9 +184,9 @@ CODE_TMP = ".draftops-tmp-"   # + pid-random-index: the names of one apply's own
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _NOTHING_CHANGED = "; nothing was changed"
-_TAR_KINDS = {tarfile.LNKTYPE: "hard link", tarfile.SYMTYPE: "symbolic link without a target",
-              tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.DIRTYPE: "folder",
-              tarfile.FIFOTYPE: "FIFO"}
+# tar member types (tarfile.LNKTYPE ... FIFOTYPE, POSIX ustar values)
+_TAR_KINDS = {b"1": "hard link", b"2": "symbolic link without a target", b"3": "character device",
+              b"4": "block device", b"5": "folder", b"6": "FIFO"}
 
 
 class Refusal(Exception):
@@ -418,6 +428,7 @@ class _Plan:
     (a link, then "link/file"), none both sent and deleted."""
 
     def __init__(self, tar):
+        import tarfile
         self.tar, self.delete, self.members = tar, [], []
         if tar is None:
             return
@@ -696,6 +707,7 @@ def cmd_apply(code_dir, state_file, expected_sha, expected_len, expected_tree="-
     if not payload:
         _locked(lambda: apply(None))
         return
+    import tarfile
     try:
         tar = tarfile.open(fileobj=io.BytesIO(payload), mode="r:*")  # noqa: SIM115 (closed by `with` below)
     except tarfile.TarError as exc:
@@ -778,6 +790,7 @@ def _proc_table():
                 if info is not None:
                     table[int(name)] = info
         return table
+    import subprocess
     ps = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=False)
     table = {}
     for line in ps.stdout.splitlines():
@@ -792,6 +805,7 @@ def _cmdline(pid):
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read()
     except OSError:
+        import subprocess
         ps = subprocess.run(["ps", "-o", "args=", "-p", str(pid)], capture_output=True, check=False)
         return ps.stdout
 
@@ -946,6 +960,7 @@ def cmd_start(run_dir):
         _atomic_write(os.path.join(run_dir, ENV_FILE), json.dumps(env).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "job.json"), json.dumps(spec).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "command"), (spec["command"] + "\n").encode())
+    import subprocess
     with open(os.path.join(run_dir, "log"), "ab") as log:      # the runner keeps its own descriptor
         agent = _AGENT_PATH or os.path.abspath(__file__)
         proc = subprocess.Popen([sys.executable, agent, os.getcwd(), "runner", run_dir, run_id],
@@ -958,6 +973,7 @@ def cmd_start(run_dir):
 def cmd_runner(run_dir, run_id):
     """Run the job, keep its outcome (result events) and record its exit code; survives the SSH link
     (own session, no tty). The runner is its process group's leader: liveness and kill go by group."""
+    import subprocess
     run_dir = os.path.abspath(run_dir)
     job = _read_json(os.path.join(run_dir, "job.json")) or {}
     env_path = os.path.join(run_dir, ENV_FILE)
@@ -1200,6 +1216,7 @@ class _Exactly:
 
 
 def _tarinfo(rel, st, kind):
+    import tarfile
     info = tarfile.TarInfo(rel)
     info.type, info.mode, info.mtime = kind, stat.S_IMODE(st.st_mode), int(st.st_mtime)
     return info
@@ -1208,6 +1225,7 @@ def _tarinfo(rel, st, kind):
 def _pack_dir(tar, dir_fd, rel, skipped):
     """Add the entries of the open folder ``dir_fd`` (named ``rel`` in the tar) without following any
     link: folders and files are opened relative to their parent's fd with O_NOFOLLOW."""
+    import tarfile
     try:
         names = sorted(os.listdir(dir_fd))
     except OSError as exc:
@@ -1259,6 +1277,7 @@ def _pack_dir(tar, dir_fd, rel, skipped):
 def cmd_pack(run_dir):
     """A tar.gz of the run folder on stdout (framed), for `invoke pull`: files, folders and links that
     stay inside; everything else is left out and listed in a notes member at the end."""
+    import tarfile
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     run_dir = _run_dir_or_fail(run_dir)
     try:

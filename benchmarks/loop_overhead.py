@@ -76,6 +76,7 @@ def newest(folder: Path, pattern: str) -> Path:
 def invoke(project: Path, *args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
     env.pop("DRAFTOPS_HOST", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: draftops' modules load from .pyc
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
                           text=True, timeout=1800, check=False)

@@ -130,6 +130,7 @@ def main() -> None:
             f"    root: {work}/hostroot\n")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("DRAFTOPS_HOST", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: draftops' modules load from .pyc
         rsync_dest = str(work / "rsync-dest")
         total = sum(p.stat().st_size for p in (project / "remote").rglob("*") if p.is_file())
         nfiles = sum(1 for p in (project / "remote").rglob("*") if p.is_file())
@@ -184,6 +185,7 @@ def main() -> None:
               f"{results['one file changed']['draftops'][1] / changed:.0%} of it")
         print_split()
         print_startup(project, env, args.repeat)
+        print("bytecode cache: on for the measured processes (PYTHONDONTWRITEBYTECODE unset, Python's default)")
         print(f"load average while measuring: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores")
         server.stop()

@@ -7,10 +7,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import exitcodes
-from . import net, procs, registry
-from .configs import inspect
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,29 +49,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # each command imports only what it uses: a readiness poll or a registry read is a new process
     if args.command == "inspect":
+        from .configs import inspect
         out = inspect(args.engine, args.target, args.draft, args.sglang_status)
     elif args.command == "port":
+        from . import net
         out = (net.wait_free(args.port, args.wait_free, args.host) if args.wait_free
                else net.port_status(args.port, args.host))
     elif args.command == "http":
+        from . import net
         body = json.loads(args.body) if args.body else None
         out = net.request_until_ok(args.port, args.path, host=args.host, body=body, timeout=args.timeout,
                                    within=args.until_ok)
     elif args.command == "reap":
+        from . import procs
         out = procs.reap(args.pgid, args.run_id, args.grace)
     else:
-        if args.action != "list" and args.port is None:
-            parser.error(f"servers {args.action} needs a PORT")
-        if args.action == "list":
-            out = {"servers": registry.entries(args.state), "now": time.time()}
-        elif args.action == "put":
-            out = registry.put(args.state, args.port, json.loads(sys.stdin.read()), token=args.token,
-                               exclusive=args.exclusive)
-        else:
-            out = registry.remove(args.state, args.port, args.run, args.token)
+        out = _servers(parser, args)
     sys.stdout.write(json.dumps(out, default=str) + "\n")
     return exitcodes.OK
+
+
+def _servers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    from . import registry
+    if args.action != "list" and args.port is None:
+        parser.error(f"servers {args.action} needs a PORT")
+    if args.action == "list":
+        return {"servers": registry.entries(args.state), "now": time.time()}
+    if args.action == "put":
+        return registry.put(args.state, args.port, json.loads(sys.stdin.read()), token=args.token,
+                            exclusive=args.exclusive)
+    return registry.remove(args.state, args.port, args.run, args.token)
 
 
 if __name__ == "__main__":

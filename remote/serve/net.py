@@ -5,8 +5,6 @@ import errno
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 MAX_BODY = 1 << 20
@@ -42,6 +40,8 @@ def wait_free(port: int, seconds: float, host: str = "127.0.0.1") -> dict[str, A
 def request(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None,
             timeout: float = 10.0) -> dict[str, Any]:
     """GET (or POST ``body`` as JSON) ``http://host:port/path``; HTTP errors are answers, not failures."""
+    import urllib.error  # here, not at the top: urllib costs the port and registry commands ~20 ms
+    import urllib.request
     url = f"http://{host}:{port}/{path.lstrip('/')}"
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",

@@ -47,6 +47,9 @@ def test_demo_spec_says_complete_only_for_this_version_without_importing_torch(d
     (demo_copy / MARKER).write_text(json.dumps({**meta, "version": DEMO_VERSION - 1}))
     done, _ = imported_modules("-m", "remote.drafter.demo_spec", str(demo_copy))
     assert json.loads(done.stdout)["complete"] is False
+    (demo_copy / MARKER).write_text("[3]")                  # JSON, but not the marker's object
+    done, _ = imported_modules("-m", "remote.drafter.demo_spec", str(demo_copy))
+    assert done.returncode == 0 and json.loads(done.stdout)["complete"] is False
     (demo_copy / MARKER).unlink()
     done, _ = imported_modules("-m", "remote.drafter.demo_spec", str(demo_copy))
     assert done.returncode == 0 and json.loads(done.stdout)["complete"] is False
@@ -84,6 +87,13 @@ def test_the_demo_build_leaves_the_benchmark_prompts_in_the_demo(demo_copy: Path
     built = demo_copy / demo_prompts.IN_DEMO
     count, reused = demo_prompts.write(demo_copy, built, DemoSpec().prompt_len)
     assert reused and count == len(built.read_text().splitlines()) > 0
+
+
+def test_a_prefix_length_below_one_is_refused(demo_copy: Path, tmp_path: Path):
+    done = subprocess.run([sys.executable, "-m", "remote.bench.demo_prompts", str(demo_copy), str(tmp_path / "p"),
+                           "--prefix-len", "0"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--prefix-len must be at least 1" in done.stderr
+    assert not (tmp_path / "p").exists()
 
 
 def test_demo_prompts_without_a_demo_say_how_to_make_one(tmp_path: Path):

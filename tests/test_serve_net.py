@@ -84,3 +84,10 @@ def test_the_host_tool_takes_the_window_from_its_command_line(starting: Starting
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["status"] == 200 and answer["tries"] >= 2
+
+
+@pytest.mark.parametrize("window", ["nan", "-1", "1e9"])
+def test_a_window_that_is_not_a_sane_number_of_seconds_is_refused(window: str):
+    done = subprocess.run([sys.executable, "-m", "remote.serve", "http", str(free_port()), "/health", "--until-ok",
+                           window], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--until-ok must be 0..3600 seconds" in done.stderr

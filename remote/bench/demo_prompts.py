@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="prompt JSONL to write")
     parser.add_argument("--prefix-len", type=int, default=4, help="tokens per prompt (the demo's prompt_len)")
     args = parser.parse_args(argv)
+    if args.prefix_len < 1:
+        parser.error(f"--prefix-len must be at least 1, not {args.prefix_len}")
     try:
         count, reused = write(args.demo, args.out, args.prefix_len)
     except (OSError, ValueError) as exc:

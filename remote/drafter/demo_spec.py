@@ -104,7 +104,7 @@ def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
         meta = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    return meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
+    return isinstance(meta, dict) and meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

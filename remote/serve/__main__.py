@@ -11,6 +11,8 @@ from typing import Any
 
 from .. import exitcodes
 
+MAX_UNTIL_OK_S = 3600.0
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m remote.serve")
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "http" and not 0 <= args.until_ok <= MAX_UNTIL_OK_S:   # also refuses nan
+        parser.error(f"--until-ok must be 0..{MAX_UNTIL_OK_S:g} seconds, not {args.until_ok}")
     # each command imports only what it uses: a readiness poll or a registry read is a new process
     if args.command == "inspect":
         from .configs import inspect

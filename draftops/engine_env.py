@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 from draftops.errors import EngineError
 from draftops.host import Host
 from draftops.jobs import shell_path
+from remote import exitcodes
 
 if TYPE_CHECKING:
     from draftops.inventory import HostSpec
 
 HASH_FILE = ".draftops-engine-hash"
-EXIT_BUSY = 75  # another install holds the lock (EX_TEMPFAIL)
+EXIT_BUSY = exitcodes.BUSY  # another install holds the lock (EX_TEMPFAIL, in the exit-code table)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ with the host's ml-env python.
                         the fix (an ``error`` event on stdout, the paragraph on stderr);
                         nothing was changed
     4     INTERNAL      a bug in the tool (a traceback on stderr, an ``error`` event)
+    75    BUSY          another run holds the lock the tool needs (an engine install on the same
+                        venv); nothing was changed; try again when it ends (EX_TEMPFAIL)
     127   NO_PYTHON     the shell found no interpreter (the job's command line says which)
 
 Python itself exits 1 on an uncaught exception, which would read as CHECK_FAILED: a tool's
@@ -32,10 +34,11 @@ CHECK_FAILED = 1
 USAGE = 2
 REFUSED = 3
 INTERNAL = 4
+BUSY = 75
 NO_PYTHON = 127
 
 MEANING = {OK: "ok", CHECK_FAILED: "check failed", USAGE: "usage error", REFUSED: "refused",
-           INTERNAL: "internal error", NO_PYTHON: "no python"}
+           INTERNAL: "internal error", BUSY: "busy: another run holds its lock", NO_PYTHON: "no python"}
 
 
 def meaning(code: int | None) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from draftops import engine_env
 from draftops.engine_env import EngineError, EngineRecipe
+from remote import exitcodes
 
 PIP_VERSION = ensurepip.version()
 RECIPE = EngineRecipe(name="piptest", dist="pip", version=PIP_VERSION, venv="~/unused",
@@ -67,6 +68,7 @@ def test_a_second_install_on_the_same_venv_is_refused_while_one_runs(recipe, tmp
         fcntl.flock(held, fcntl.LOCK_EX)
         assert engine_env.install_locally(recipe.name, str(venv), sys.executable) == engine_env.EXIT_BUSY
     assert "another engine install is running" in capfd.readouterr().err
+    assert exitcodes.meaning(engine_env.EXIT_BUSY).startswith("busy")   # a code of the one table
     assert not venv.exists()
 
 

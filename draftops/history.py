@@ -17,6 +17,7 @@ import math
 import re
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -203,8 +204,7 @@ class History:
     def _migrate(self, conn: sqlite3.Connection) -> None:
         if self._check_version(conn) == SCHEMA_VERSION:
             return
-        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            conn.execute("PRAGMA journal_mode = WAL")
+        self._ensure_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
             if self._check_version(conn) < SCHEMA_VERSION:       # another writer may have won the race
@@ -215,6 +215,22 @@ class History:
         except BaseException:
             _rollback(conn)
             raise
+
+    @staticmethod
+    def _ensure_wal(conn: sqlite3.Connection) -> None:
+        """Switch a new database to WAL. SQLite answers "database is locked" at once, without its busy
+        handler, when another connection is doing the same switch, so wait here instead; the loser
+        usually finds the file already in WAL on its next look."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause = 0.005
+        while conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
 
     def _error(self, exc: BaseException) -> HistoryError:
         text = str(exc)

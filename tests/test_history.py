@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -239,6 +240,55 @@ def test_two_writers_at_once(tmp_path: Path) -> None:
     hist = History(db)
     assert len(hist.query(host="p1")) == count and len(hist.query(host="p2")) == count
     assert _integrity(db) == "ok"
+
+
+FIRST_WRITER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    from pathlib import Path
+    from draftops.history import History, RunRecord
+    go = Path({go!r})
+    Path({go!r} + "-ready-{name}").touch()
+    while not go.exists():
+        time.sleep(0.001)
+    History(Path({db!r})).record(RunRecord(run_id="{name}", kind="bench", host="{name}"))
+""")
+
+
+def test_many_first_writers_on_a_new_history(tmp_path: Path) -> None:
+    """Several runs finishing together on a fresh checkout all create the history at once; SQLite
+    refuses the WAL switch to all but one without waiting, and none of them may fail for it."""
+    for trial in range(8):
+        db, go = tmp_path / f"h{trial}.sqlite", tmp_path / f"go{trial}"
+        names = [f"t{trial}w{k}" for k in range(6)]
+        procs = [subprocess.Popen([sys.executable, "-c", FIRST_WRITER.format(repo=str(REPO), db=str(db), go=str(go),
+                                                                             name=name)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in names]
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob(f"go{trial}-ready-*"))) < len(names) and time.monotonic() < deadline:
+            time.sleep(0.01)                                        # all of them at the start line
+        go.touch()
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        assert sorted(r.run_id for r in History(db).query()) == sorted(names)
+        assert _integrity(db) == "ok"
+
+
+def test_new_history_waits_for_a_reader_instead_of_failing(tmp_path: Path) -> None:
+    """The WAL switch needs the file to itself; SQLite refuses it at once, without its busy handler,
+    while another connection is writing, and the writer must wait instead of failing."""
+    db = tmp_path / "h.sqlite"
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")                                # a write lock on a rollback-mode file
+    release = threading.Timer(0.4, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        History(db).record(_rec("waited"))
+    finally:
+        release.join()
+        other.close()
+    assert History(db).get("waited") is not None
 
 
 def test_project_revision(tmp_path: Path) -> None:

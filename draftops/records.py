@@ -35,6 +35,8 @@ def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: d
         "predicted_served": finite(accept.get("served")),
         "predicted_best": finite(accept.get("best")),
         "predicted_value": finite(accept.get("value")),
+        "predicted_walk_served": finite(_get(accept, "walk", "served")),
+        "predicted_walk_best": finite(_get(accept, "walk", "best")),
         "configured_layer_ids": _get(report, "checkpoint", "configured_layer_ids"),
         "fix_layer_ids": verdict.get("fix_layer_ids"),
         "fix_layer_ids_vllm": verdict.get("fix_layer_ids_vllm"),

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from remote.bench.numbers import finite
 from remote.eagle.formats import IDS_KEY, NESTED_FIELD
 
 SUPPORTED_SCHEMA = "draftops.drafter-report/1"
@@ -88,6 +89,12 @@ def verdict_panel(report: dict[str, Any]) -> Panel:
         samples = (report.get("data") or {}).get("samples")
         lines.append(f"predicted accept length at K={accept.get('steps')} (all {samples} samples): served "
                      f"{_fmt(accept.get('served'))}, best layout {_fmt(accept.get('best'))}")
+        walk = accept.get("walk")
+        walk = walk if isinstance(walk, dict) else {}
+        served_walk, best_walk = finite(walk.get("served")), finite(walk.get("best"))
+        if served_walk is not None or best_walk is not None:
+            lines.append(f"a greedy server's rounds on this text: served {_fmt(served_walk)}, best layout "
+                         f"{_fmt(best_walk)} tokens per verify (docs/bench.md, measured against predicted)")
     expected = verdict.get("expected_acc")
     if expected:
         flag = "[red]gap flagged[/]" if expected.get("flagged") else "[green]within tolerance[/]"

@@ -111,14 +111,16 @@ def save(project: Path, res: BenchResult, history: History | None = None) -> Pat
 
 def drafter_report(*, status: str, served: float, best: float, steps: int = 3, ckpt: str = "/m/draft",
                    configured: list[int] | None = None, fix: list[int] | None = None,
-                   fix_vllm: list[int] | None = None, fmt_name: str = "speculators") -> dict[str, Any]:
+                   fix_vllm: list[int] | None = None, fmt_name: str = "speculators",
+                   walk: tuple[float, float] | None = None) -> dict[str, Any]:
     """The keys of a ``draftops.drafter-report/1`` the history hook reads (see remote/drafter/report.py)."""
     return {"schema": "draftops.drafter-report/1",
             "verdict": {"status": status, "fix_layer_ids": fix, "fix_layer_ids_vllm": fix_vllm,
                         "needs_capture_patch": bool(fix and -1 in fix), "message": "",
                         "serving_convention": "vllm" if fmt_name == "speculators" else "sglang"},
             "predicted_accept_length": {"steps": steps, "basis": "verifier", "served": served, "best": best,
-                                        "value": served},
+                                        "value": served,
+                                        **({"walk": {"served": walk[0], "best": walk[1]}} if walk else {})},
             "checkpoint": {"format": fmt_name, "path": ckpt, "config_path": f"{ckpt}/config.json",
                            "configured_layer_ids": configured},
             "verifier": {"path": "/m/target"}, "data": {"path": "/m/data"},

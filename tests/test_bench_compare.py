@@ -40,7 +40,7 @@ def mismatch(hist: History) -> dict:
     """test-drafter said MISMATCH for config A (ids [1, 4, 7]), predicting 1.50 as served and 3.60 with
     the fix [0, 1, 3] (vLLM ids)."""
     report = runs.drafter_report(status="MISMATCH", served=1.50, best=3.60, configured=[1, 4, 7],
-                                 fix=[-1, 0, 2], fix_vllm=[0, 1, 3])
+                                 fix=[-1, 0, 2], fix_vllm=[0, 1, 3], walk=(1.45, 3.10))
     runs.record_prediction(hist, "td-1", report, "sha256:aaaa000000000000")
     return report
 
@@ -70,6 +70,7 @@ def test_fixed_ids_measured_near_the_best_prediction_means_the_draft_is_the_limi
                           draft=_draft("sha256:bbbb000000000000", [0, 1, 3]))
     pred = comparing.find_prediction(hist, fixed)
     assert pred is not None and pred.role == "best" and pred.value == pytest.approx(3.60)
+    assert pred.walk == pytest.approx(3.10)                          # the walk of the same role
     cmp = _compare(hist, base, fixed)
     assert "draft-limit" in _codes(cmp) and "spec-faster" in _codes(cmp)
     assert not {"wiring-suspect", "config-wrong", "spec-slower"} & set(_codes(cmp))
@@ -273,6 +274,7 @@ def test_outputs_markdown_json_and_chart(tmp_path: Path, hist: History, mismatch
     assert doc["predictions"]["spec|pipe"]["run_id"] == "td-1" and doc["speedup"] == pytest.approx(cmp.speedup)
     md = paths["markdown"].read_text()
     assert "| accept length (predicted) | — | 1.50 |" in md and "spec\\|pipe" in md
+    assert "| accept length (greedy rounds on the dumps) | — | 1.45 |" in md   # the served role's walk
     assert "**bad** (config-wrong)" in md and "![output tok/s and accept length](compare.png)" in md
     width, height = _png_size(paths["chart"])
     assert (width, height) == (900, 400)

@@ -71,6 +71,15 @@ def test_metrics_and_accept_length(buggy: dict) -> None:
     best = m["best"]["verifier"]["full_acc"]
     assert pal["best"] == pytest.approx(1 + sum(best))
     assert pal["served"] < 1.6 < 3.0 < pal["best"]
+    # a greedy server's rounds over the same text: each role's own walk, inside [1, 1 + K]; the trained
+    # layout is right in runs, so rounds skip through easy stretches and the walk sits below the
+    # average over positions (docs/bench.md, measured against predicted)
+    for role in ("served", "best"):
+        walk = m[role]["verifier"]["walk"]
+        assert walk["rounds"] > 0 and pal["walk"][role] == pytest.approx(1 + walk["accepted"] / walk["rounds"])
+        assert 1.0 <= pal["walk"][role] <= 4.0
+    assert pal["walk"]["best"] < pal["best"] - 0.1
+    assert pal["walk"]["served"] < 1.6 < 2.5 < pal["walk"]["best"]
 
 
 def test_configured_ids_under_both_conventions(buggy: dict) -> None:

@@ -17,7 +17,7 @@ from remote.drafter.batching import background, collate
 from remote.drafter.checkpoint import canonical_name
 from remote.drafter.data import Sample, SlotInfo
 from remote.drafter.layouts import Evidence, Measured, decide, interpret
-from remote.drafter.metrics import StepCounts
+from remote.drafter.metrics import StepCounts, walk
 from remote.drafter.model import Eagle3Draft
 from remote.drafter.rope import RopeSpec, inv_freq
 from remote.drafter.stats import PerSample, compare
@@ -67,6 +67,60 @@ def test_step_counts_hand_example() -> None:
     assert counts.full_acc()[1] == pytest.approx(2 / 5)  # rows whose t+1 is scored: 5
     assert counts.cond_acc()[1] == pytest.approx(2 / 4)
     assert counts.accept_length(2) == pytest.approx(1 + 4 / 6 + 2 / 5)
+
+
+def _reference_walk(chain: torch.Tensor, scored: torch.Tensor, steps: int) -> tuple[int, int]:
+    """A greedy server's rounds over the text, one row at a time: draft from row t when rows
+    t..t+K-1 are all scored, accept chain[t], let the verifier add one token, go on after it."""
+    rounds = accepted = 0
+    b, n = chain.shape
+    for i in range(b):
+        t = 0
+        while t < n:
+            if t + steps <= n and all(bool(scored[i, t + k]) for k in range(steps)):
+                rounds += 1
+                accepted += int(chain[i, t])
+                t += int(chain[i, t]) + 1
+            else:
+                t += 1
+    return rounds, accepted
+
+
+def test_walk_by_hand() -> None:
+    # K=2, 8 rows all scored, rows 0..6 can start a round: t=0 accepts 2, t=3 accepts 2, t=6 accepts 0,
+    # then t=7 has no second row. 3 rounds, 4 accepted: 1 + 4/3 tokens per round, while the
+    # average over the 7 starting rows is 1 + 5/7.
+    chain = torch.tensor([[2, 0, 1, 2, 0, 0, 0, 0]])
+    assert walk(chain, torch.ones(1, 8, dtype=torch.bool), 2) == (3, 4)
+    # a gap: rows 3 and 4 unscored, so the round from row 2 cannot start and the walk resumes at row 5
+    scored = torch.tensor([[True, True, True, False, False, True, True, True]])
+    assert walk(torch.tensor([[1, 1, 1, 1, 1, 2, 1, 0]]), scored, 2) == (2, 3)
+    assert walk(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool), 3) == (0, 0)
+    assert walk(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), 3) == (0, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_walk_equals_the_row_by_row_replay(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    steps = 1 + seed % 4
+    chain = torch.randint(0, steps + 1, (5, 37), generator=gen)
+    scored = torch.rand(5, 37, generator=gen) < (0.6 + 0.08 * seed)
+    assert walk(chain, scored, steps) == _reference_walk(chain, scored, steps)
+
+
+def test_counts_walk_the_chains_they_score() -> None:
+    # 6 rows, all scored; step 0 right on rows 0..3, step 1 right on rows 0, 1 (chained): chains
+    # [2, 2, 1, 1, 0, 0]; K=2 rounds: t=0 (2), t=3 (1), t=5 cannot start (no second row) -> 2 rounds
+    target = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    step0 = torch.tensor([[1, 2, 3, 4, 0, 0]])
+    step1 = torch.tensor([[2, 3, 0, 0, 0, 0]])
+    counts = StepCounts(2)
+    counts.update([step0, step1], target, torch.ones(1, 6, dtype=torch.bool))
+    assert (counts.walk_rounds, counts.walk_accepted) == (2, 3)
+    assert counts.walked_accept_length() == pytest.approx(2.5)
+    assert counts.accept_length(2) == pytest.approx(1 + 4 / 6 + 2 / 5)
+    assert counts.to_dict()["walk"] == {"rounds": 2, "accepted": 3, "accept_length": 2.5}
+    assert StepCounts(2).walked_accept_length() is None
 
 
 def test_collate_aligns_tokens_features_and_targets() -> None:

@@ -36,6 +36,7 @@ def test_test_drafter_runs_are_recorded(make_project, sshd, tmp_path, no_invento
     assert rec.metrics["steps"] == 3
     assert rec.metrics["predicted_served"] == pytest.approx(report["predicted_accept_length"]["served"])
     assert rec.metrics["predicted_best"] == pytest.approx(report["predicted_accept_length"]["best"])
+    assert rec.metrics["predicted_walk_best"] == pytest.approx(report["predicted_accept_length"]["walk"]["best"])
     assert rec.metrics["fix_layer_ids"] == report["verdict"]["fix_layer_ids"]
     assert rec.settings["steps"] == 3 and rec.settings["device"] == report["run"]["device"]
 

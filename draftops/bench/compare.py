@@ -36,6 +36,7 @@ class Prediction:
     best: float | None
     fix_layer_ids: list[int] | None
     how: str
+    walk: float | None = None     # a greedy server's rounds on the dump text (docs/bench.md)
 
 
 @dataclass
@@ -112,7 +113,8 @@ def find_prediction(history: History, result: BenchResult) -> Prediction | None:
         return Prediction(value=value, role=role, steps=steps, run_id=r.run_id, status=r.verdict,
                           served=finite(r.metrics.get("predicted_served")),
                           best=finite(r.metrics.get("predicted_best")),
-                          fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how)
+                          fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how,
+                          walk=finite(r.metrics.get(f"predicted_walk_{role}")))
     if draft.digest:
         for r in runs:
             if r.draft_digest == draft.digest:
@@ -325,6 +327,10 @@ def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], s
         pred = preds.get(r.run_id)
         return pred.value if pred else None
 
+    def walked(r: BenchResult) -> float | None:
+        pred = preds.get(r.run_id)
+        return pred.walk if pred else None
+
     def ratio(r: BenchResult) -> float | None:
         pred, acc = predicted(r), _accept(r)
         return acc / pred if pred and acc is not None else None
@@ -333,6 +339,7 @@ def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], s
         pred = preds.get(r.run_id)
         return f"{pred.run_id} ({pred.role})" if pred else None
     add("accept length (predicted)", predicted, lambda v: f"{v:.2f}")
+    add("accept length (greedy rounds on the dumps)", walked, lambda v: f"{v:.2f}")
     add("prediction from", origin)
     add("measured / predicted", ratio, lambda v: f"{v:.0%}")
     add("steps / topk / draft tokens", lambda r: (f"{r.speculative.num_steps} / {r.speculative.topk} / "

@@ -68,7 +68,9 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     **{role: None for role in ("served", "best") if role not in res.full}},
         "predicted_accept_length": {"steps": opts.steps, "basis": res.basis,
                                     "served": served_acc, "best": best_acc,
-                                    "value": served_acc if served_acc is not None else best_acc},
+                                    "value": served_acc if served_acc is not None else best_acc,
+                                    "walk": {"served": _walked(res.full.get("served"), res.basis),
+                                             "best": _walked(res.full.get("best"), res.basis)}},
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,
         "data": {
@@ -109,6 +111,14 @@ def _accept(score: LayoutScore | None, basis: str, steps: int) -> float | None:
         return None
     counts = score.verifier if basis == "verifier" and score.verifier else score.data
     return counts.accept_length(steps)
+
+
+def _walked(score: LayoutScore | None, basis: str) -> float | None:
+    """Tokens per round of a greedy server decoding the dump text (metrics.walk; docs/bench.md)."""
+    if score is None:
+        return None
+    counts = score.verifier if basis == "verifier" and score.verifier else score.data
+    return counts.walked_accept_length()
 
 
 def _expected(opts: EvalOptions, res: Results) -> dict[str, Any] | None:

@@ -756,6 +756,7 @@ PULL_NOTES = ".draftops-pull-notes.json"
 BLOCK = 1 << 16
 MAX_LINE = 1 << 16                    # the local side shows longer lines in pieces of this size
 OUTCOME_POLL_S = 2.0                  # how often the runner looks for new result events
+FOLLOW_POLL_S = (0.01, 0.2)           # follow: first pause after output or start, doubling to the last
 MAX_EVENT = 1 << 16
 HAVE_PROC = os.path.exists("/proc/self/stat")
 
@@ -1165,6 +1166,7 @@ def cmd_follow(run_dir, start):
     _raw_start({"offset": pos})
     out = sys.stdout.buffer
     last = b"\n"
+    pause = FOLLOW_POLL_S[0]
     while True:
         chunk = _read_at(path, pos)
         if chunk:
@@ -1172,10 +1174,12 @@ def cmd_follow(run_dir, start):
             out.flush()
             pos += len(chunk)
             last = chunk[-1:]
+            pause = FOLLOW_POLL_S[0]
             continue
         row = _status(run_dir)
         if row["state"] in ("running", "starting"):
-            time.sleep(0.2)
+            time.sleep(pause)         # quick jobs (a config rewrite) end within the first few looks
+            pause = min(pause * 2, FOLLOW_POLL_S[1])
             continue
         while chunk := _read_at(path, pos):      # what the job wrote before it ended
             out.write(chunk)

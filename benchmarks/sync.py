@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 REPO = HERE   # the checkout whose draftops is measured (--repo: e.g. an export of main, for "before")
 
+from draftops import timing  # noqa: E402  (reads the timing lines of the measured processes)
 from tests.sshd import keygen, start_sshd  # noqa: E402  (benchmarks reuse the test sshd)
 
 
@@ -50,23 +51,15 @@ def make_tree(root: Path, files: int, total_mb: int, seed: int = 0) -> None:
 STAGES = ("interpreter + invoke", "imports", "inventory", "ssh library import", "handshake", "rich import",
           "scan wait", "host shell start-up", "agent", "transfer", "apply", "reply", "rest of the task", "close",
           "exit")
-TIMING_PREFIX = "@@draftops-timing "
 PARALLEL = ("scan",)   # runs on a thread during the handshake: shown, not added to the total
 
 
 def stage_split(stderr: str, spawned: float, ended: float) -> dict[str, float]:
     """Seconds per stage of one `invoke sync` process, from its timing lines (see draftops/timing.py)."""
-    moments: dict[str, float] = {}
+    moments, stages, _ = timing.read(stderr)    # host commands ("exec" lines) overlap the stages
     split = dict.fromkeys(STAGES, 0.0)
-    for line in stderr.splitlines():
-        if not line.startswith(TIMING_PREFIX):
-            continue
-        kind, rest = line[len(TIMING_PREFIX):].split(" ", 1)
-        name, value = rest.rsplit(" ", 1)
-        if kind == "at":
-            moments.setdefault(name, float(value))
-        else:
-            split[name] = split.get(name, 0.0) + float(value)
+    for name, values in stages.items():
+        split[name] = split.get(name, 0.0) + sum(values)
     if "draftops-import" not in moments or "task-start" not in moments:
         return {}       # a checkout from before DRAFTOPS_TIMING (--repo): totals only
     split["interpreter + invoke"] = moments["draftops-import"] - spawned

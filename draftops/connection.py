@@ -122,11 +122,14 @@ class LocalTransport:
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
+        started = time.monotonic()
         try:
             proc = subprocess.run(["sh", "-c", command], input=input if input is not None else b"",
                                   capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise _timed_out(self.spec, command, timeout, exc.stdout or b"", exc.stderr or b"") from None
+        finally:
+            timing.ran(command, time.monotonic() - started)
         return _checked(CommandResult(command, proc.returncode, proc.stdout, proc.stderr), self.spec, check)
 
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
@@ -314,6 +317,7 @@ class SSHTransport:
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
+        started = time.monotonic()
         channel = self._channel(command)
         channel.settimeout(timeout)
         out, err = bytearray(), bytearray()
@@ -338,6 +342,7 @@ class SSHTransport:
             raise _timed_out(self.spec, command, timeout, bytes(out), bytes(err)) from None
         finally:
             channel.close()
+            timing.ran(command, time.monotonic() - started)
         return _checked(CommandResult(command, code, bytes(out), bytes(err)), self.spec, check)
 
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:

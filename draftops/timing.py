@@ -27,6 +27,27 @@ def took(name: str, seconds: float) -> None:
         sys.stderr.write(f"{PREFIX}took {name} {max(0.0, seconds):.6f}\n")
 
 
+def ran(command: str, seconds: float) -> None:
+    """Record one command run on the host and its whole round trip, labelled by what it runs
+    (``-m MODULE`` and its first argument, the host agent's command, else the first word);
+    benchmarks/loop_overhead.py --trace counts them per stage."""
+    if ENABLED:
+        import shlex
+        try:
+            words = shlex.split(command) + [""]
+        except ValueError:
+            words = command.split() + [""]
+        at = next((i for i, w in enumerate(words) if w == "-m"), None)
+        script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+        if at is not None:
+            label = f"{words[at + 1]}:{words[at + 2]}"
+        elif script is not None:     # the host agent: agent.py ROOT COMMAND, or -c BOOT ROOT agent.py COMMAND
+            label = "agent:" + next((w for w in words[script + 1:] if "/" not in w), "")
+        else:
+            label = next((w for w in words if "=" not in w and w not in ("exec", "cd", "&&", "env")), "?")
+        sys.stderr.write(f"{PREFIX}exec {label.replace(' ', '_')[:50] or '?'} {max(0.0, seconds):.6f}\n")
+
+
 def host_stages(stderr: bytes, sent_at: float, answered_at: float) -> None:
     """Turn the agent's moments (see hostagent._stamp) into stage lengths for one exec on the host.
 
@@ -49,3 +70,22 @@ def host_stages(stderr: bytes, sent_at: float, answered_at: float) -> None:
     took("transfer", read - ready)
     took("apply", done - read)
     took("reply", answered_at - done)
+
+
+def read(stderr: str) -> tuple[dict[str, float], dict[str, list[float]], dict[str, list[float]]]:
+    """A process's timing lines, for the benchmarks: its moments (the first of each name), its stage
+    lengths and its host commands (every record of each name, in order)."""
+    moments: dict[str, float] = {}
+    stages: dict[str, list[float]] = {}
+    execs: dict[str, list[float]] = {}
+    for line in stderr.splitlines():
+        if not line.startswith(PREFIX):
+            continue
+        kind, rest = line[len(PREFIX):].split(" ", 1)
+        name, value = rest.rsplit(" ", 1)
+        if kind == "at":
+            moments.setdefault(name, float(value))
+        else:
+            (execs if kind == "exec" else stages).setdefault(name, []).append(float(value))
+    return moments, stages, execs
+

@@ -180,6 +180,7 @@ OWNER_TEXT = ("This folder is managed by draftops: `invoke sync` makes it mirror
               "paths, replacing and deleting files here. Keep your own files elsewhere.\n")
 SYNC_LOCK = os.path.join("state", "sync.lock")
 LOCK_WAIT_S = 600
+PYCACHE = "__pycache__"   # the host python's bytecode cache: not synced, not compared (see _scan)
 CODE_TMP = ".draftops-tmp-"   # + pid-random-index: the names of one apply's own temp files
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -310,13 +311,21 @@ def _sha256_at(dir_fd, name):
         os.close(fd)
 
 
+def _listing(fd):
+    """The sorted names in folder ``fd``, without the host python's bytecode cache folder."""
+    with os.scandir(fd) as entries:
+        return sorted(e.name for e in entries if e.name != PYCACHE or not e.is_dir(follow_symlinks=False))
+
+
 def _scan(code_fd, cache):
     """Manifest of the tree under ``code_fd``: {rel: [kind, sha_or_target, mode]}, links not followed.
 
     Kinds: "f" file, "l" symlink, "x" anything else (FIFO, socket, device: never equal to a local
     entry, so the sync replaces or deletes it). Hashes are reused while (size, mtime, ctime, inode)
     stay the same. Nothing is deleted here, and an unreadable entry stops the sync: it must never
-    read as "missing"."""
+    read as "missing". ``__pycache__`` folders are left out: the host's python writes them whenever a
+    tool runs from the code folder, and counting them made every next sync find the tree changed
+    and delete them (a second round trip, and every tool compiled again on its next start)."""
     manifest, new_cache = {}, {}
     stack: list = [(os.dup(code_fd), "", None)]   # (dir fd, path prefix, names iterator once listed)
     try:
@@ -324,7 +333,7 @@ def _scan(code_fd, cache):
             fd, prefix, names = stack[-1]
             if names is None:
                 try:
-                    names = iter(sorted(os.listdir(fd)))
+                    names = iter(_listing(fd))
                 except OSError as exc:
                     raise _unreadable(prefix.rstrip("/"), exc) from None
                 stack[-1] = (fd, prefix, names)
@@ -549,8 +558,35 @@ class _Dirs:
         self.close()
 
 
+def _drop_bytecode(parent, module=None):
+    """Remove the host python's cached bytecode in folder ``parent``: of ``module`` (a deleted
+    ``NAME.py``), or all of it (the folder is being pruned). Only plain ``*.pyc`` files in a real
+    ``__pycache__`` folder are touched; anything else there keeps the folder, as any unknown file would."""
+    try:
+        cache = os.open(PYCACHE, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(cache):
+            if name.endswith(".pyc") and (module is None or name.split(".", 1)[0] == module):
+                try:
+                    if stat.S_ISREG(os.stat(name, dir_fd=cache, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=cache)
+                except OSError:
+                    pass
+    finally:
+        os.close(cache)
+    if module is None:
+        try:
+            os.rmdir(PYCACHE, dir_fd=parent)
+        except OSError:
+            pass
+
+
 def _delete(code_fd, rels):
-    """Unlink the listed files and links (never a folder, never through a link); prune emptied folders."""
+    """Unlink the listed files and links (never a folder, never through a link), with the bytecode
+    the host cached for a deleted module; prune emptied folders (a folder holding only its bytecode
+    cache counts as empty: left behind, it would import as an empty namespace package)."""
     dirs, deleted, emptied = _Dirs(code_fd), 0, set()
     try:
         for rel in rels:
@@ -562,10 +598,19 @@ def _delete(code_fd, rels):
                 os.unlink(name, dir_fd=parent)
             except FileNotFoundError:
                 continue
+            if name.endswith(".py"):
+                _drop_bytecode(parent, name[:-3])
             deleted += 1
             emptied.add(head)
         for head in sorted(emptied, key=lambda d: -d.count("/")):
             while head:
+                dirs.close()
+                try:
+                    folder = dirs.open(head)
+                    if os.listdir(folder) == [PYCACHE]:
+                        _drop_bytecode(folder)
+                except (OSError, Refusal):
+                    pass
                 dirs.close()
                 head, name = _split(head)
                 try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -190,3 +191,39 @@ def test_noop_and_small_edit_take_one_round_trip(ssh_project, tmp_path, monkeypa
     report = sync(host)
     assert report.upload == ["remote/a.py"] and len(calls) == 1
     assert (tmp_path / "hostroot/code/remote/a.py").read_text() == "A = 42\n"
+
+
+def test_host_bytecode_cache_is_kept_and_follows_deleted_modules(ssh_project, tmp_path):
+    """A tool run from the code folder makes the host's python cache bytecode there. The next no-op
+    sync is still one exec and keeps that cache; a deleted module takes its bytecode with it, and a
+    deleted package leaves no folder behind (it would import as an empty namespace package)."""
+    (ssh_project / "remote/pkg").mkdir()
+    (ssh_project / "remote/pkg/__init__.py").write_text("")
+    (ssh_project / "remote/pkg/m.py").write_text("M = 1\n")
+    host = open_host(None, ssh_project)
+    sync(host)
+    code = tmp_path / "hostroot" / "code"
+    host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE {sys.executable} "
+                       "-c 'import remote.a, remote.pkg.m'")
+    cached = sorted(p.relative_to(code).as_posix() for p in code.rglob("*.pyc"))
+    assert any(c.startswith("remote/__pycache__/a.") for c in cached)
+    assert any(c.startswith("remote/pkg/__pycache__/m.") for c in cached)
+
+    commands: list[str] = []
+    run = host.transport.run
+    host.transport.run = lambda command, **kw: commands.append(command) or run(command, **kw)  # type: ignore[method-assign]
+    again = sync(host)
+    assert again.noop and again.delete == [] and len(commands) == 1, commands
+    assert sorted(p.relative_to(code).as_posix() for p in code.rglob("*.pyc")) == cached
+
+    (ssh_project / "remote/a.py").unlink()
+    (ssh_project / "remote/link_to_a.py").unlink()
+    for name in ("__init__.py", "m.py"):
+        (ssh_project / "remote/pkg" / name).unlink()
+    (ssh_project / "remote/pkg").rmdir()
+    report = sync(host)
+    assert set(report.delete) == {"remote/a.py", "remote/link_to_a.py", "remote/pkg/__init__.py", "remote/pkg/m.py"}
+    assert not list((code / "remote/__pycache__").glob("a.*.pyc"))
+    assert list((code / "remote/__pycache__").glob("__init__.*.pyc")), "the cache of a kept module stays"
+    assert not (code / "remote/pkg").exists()
+    assert sync(host).noop

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import timing
 from draftops.console import LiveJob, LogMode, console
 from draftops.errors import DraftopsError
 from draftops.host import Host, open_host
@@ -36,10 +37,13 @@ def friendly(func: F) -> F:
     """Turn draftops' errors into a one-paragraph message and exit code 1, without a traceback."""
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        timing.at("task-start")      # with DRAFTOPS_TIMING=1: where start-up ends (benchmarks)
         try:
             return func(*args, **kwargs)
         except DraftopsError as exc:
             raise Exit(f"error: {clean(str(exc))}", code=1) from None
+        finally:
+            timing.at("task-end")
     return wrapper  # type: ignore[return-value]
 
 

@@ -36,7 +36,6 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
     new modules mid-run) unless --force is given."""
     from concurrent.futures import ThreadPoolExecutor
 
-    timing.at("task-start")
     root = project_root(c).resolve()
     inventory = project_inventory(root)
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -50,7 +49,6 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
         report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
     target.synced = target.synced or not dry_run
     show_sync(report, console, verbose)
-    timing.at("task-end")
 
 
 @task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP})

@@ -83,7 +83,8 @@ def trace_of(call: str, stderr: str, spawned: float, seconds: float) -> dict[str
     tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py)."""
     moments, _, execs = timing.read(stderr)
     start_up = moments.get("task-start", spawned) - spawned
-    return {"call": call, "wall": seconds, "start_up": start_up, "execs": execs}
+    exit_ = seconds - (moments["task-end"] - spawned) if "task-end" in moments else 0.0
+    return {"call": call, "wall": seconds, "start_up": start_up, "exit": exit_, "execs": execs}
 
 
 def invoke(project: Path, *args: str) -> float:
@@ -105,13 +106,15 @@ def invoke(project: Path, *args: str) -> float:
 
 
 def print_traces() -> None:
-    """Per call: start-up, then the host commands by tool (count × total s), then the rest."""
+    """Per call: start-up (interpreter, invoke, imports until the task starts), the host commands by
+    tool (count × mean = total s), the rest of the task (local work), and its exit."""
     print("\nwhere each call's time went (--trace; host commands include the work they drive):")
     for t in TRACES:
         in_execs = sum(sum(v) for v in t["execs"].values())
         count = sum(len(v) for v in t["execs"].values())
+        rest = t["wall"] - t["start_up"] - t["exit"] - in_execs
         print(f"  invoke {t['call']:<32} wall {t['wall']:6.2f}  start-up {t['start_up']:.2f}  "
-              f"host commands {count} / {in_execs:.2f} s  rest {t['wall'] - t['start_up'] - in_execs:.2f}")
+              f"host commands {count} / {in_execs:.2f} s  rest {rest:.2f}  exit {t['exit']:.2f}")
         for label, times in sorted(t["execs"].items(), key=lambda kv: -sum(kv[1])):
             print(f"      {label:<34} {len(times):>3} × {sum(times) / len(times):.3f} = {sum(times):.2f} s")
 
@@ -133,10 +136,16 @@ def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict
     server = newest(remote_runs, "*-serve-vllm-*")
     ready = server_ready_seconds(server)
     what = "vLLM from process start to 'Application startup complete'"
+    record = history.for_project(project).query(kind="serve")[0].metrics
     if ready is None:   # vLLM 0.32's uvicorn line carries no time: the serve run's own record has it
-        ready = history.for_project(project).query(kind="serve")[0].metrics.get("ready_s")
+        ready = record.get("ready_s")
         what = "vLLM from launch until serve's readiness probes passed (history's ready_s)"
-    stages.append({"stage": "serve start", "wall": wall, "work": ready or 0.0, "what": what})
+    # --replace: the old server's own shutdown, from TERM until its last process is gone (the agent
+    # measures it; draftops only waits for it, as a user stopping it by hand would)
+    stopped = record.get("replaced_exit_s")
+    if stopped:
+        what += f", and the replaced vLLM's shutdown ({stopped:.1f} s)"
+    stages.append({"stage": "serve start", "wall": wall, "work": (ready or 0.0) + (stopped or 0.0), "what": what})
     wall = invoke(project, "bench", "--dataset", "demo", "--prompts", str(prompts), "--repeats", str(repeats),
                   "--concurrency", "4", "--output-len", "32", "--port", str(port))
     bench = newest(runs, "*-bench-vllm-*")

@@ -1110,7 +1110,7 @@ def cmd_kill(run_dir, grace):
     def live():
         return _group_state(pgid, row.get("start_ticks"), row["id"]) is not None
 
-    sent = None
+    sent, first = None, None
     for sig, wait in ((signal.SIGTERM, float(grace)), (signal.SIGKILL, 5.0)):
         if not live():
             break
@@ -1118,7 +1118,7 @@ def cmd_kill(run_dir, grace):
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
-        sent = sig
+        sent, first = sig, first or time.monotonic()
         deadline = time.time() + wait
         while time.time() < deadline and live():
             time.sleep(0.05)
@@ -1127,7 +1127,10 @@ def cmd_kill(run_dir, grace):
     if final.get("state") in LIVE_STATES:      # the runner was gone, or SIGKILLed before it could record
         final.update(state="killed", ended=_now(), signal=sent)
         _atomic_write(status_path, json.dumps(final).encode())
-    _out(_status(run_dir))
+    row = _status(run_dir)
+    if first is not None:       # how long the job's processes took to exit once signalled (theirs, not ours)
+        row["exit_s"] = round(time.monotonic() - first, 3)
+    _out(row)
 
 
 def _tail_offset(path, lines):

@@ -63,10 +63,14 @@ def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: d
 
 def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | None, target: str,
                  draft: str | None, draft_digest: str | None, asked: dict[str, Any],
-                 effective: dict[str, Any], state: str, ready_s: float | None, git_rev: str | None) -> RunRecord:
+                 effective: dict[str, Any], state: str, ready_s: float | None, git_rev: str | None,
+                 replaced_exit_s: float | None = None) -> RunRecord:
     """A serve run: what was asked for, what the engine runs with, and whether it came up
-    (``ready`` / ``failed``); a baseline server has no draft."""
+    (``ready`` / ``failed``); a baseline server has no draft. ``replaced_exit_s``: with --replace,
+    how long the server it replaced took to exit."""
     metrics: dict[str, Any] = {"ready_s": finite(ready_s), "effective": effective}
+    if replaced_exit_s is not None:
+        metrics["replaced_exit_s"] = finite(replaced_exit_s)
     return RunRecord(run_id=run_id, kind="serve", host=host, git_rev=git_rev, engine=engine,
                      engine_version=engine_version, target=target, draft=draft, draft_digest=draft_digest,
                      settings={k: v for k, v in asked.items() if v is not None}, metrics=metrics, verdict=state)

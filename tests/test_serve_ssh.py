@@ -231,6 +231,21 @@ def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_pa
     assert run_processes(second) == []
 
 
+def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, tmp_path):
+    """The old server's shutdown is the engine's time, not draftops': serve --replace measures it on
+    the host (from TERM until its last process is gone) and keeps it in the serve run's record."""
+    slow = profile(tmp_path)
+    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_EXIT_S": "1.5"}
+    root = project("loc", default=slow)
+    first = run_id_of(ok(invoke(root, "serve", "--baseline")))
+    out = " ".join(ok(invoke(root, "serve", "--baseline", "--replace")).split())
+    said = float(out.split(f"stopped the sglang server of run {first}", 1)[1].split("it exited in ", 1)[1].split()[0])
+    assert 1.5 <= said < 10.0, out
+    rows = history.for_project(root).query(kind="serve")
+    assert [r.metrics.get("replaced_exit_s") for r in rows] == [pytest.approx(said, abs=0.051), None]
+    ok(invoke(root, "serve.stop", "--all"))
+
+
 def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):
     root = project("box", default=profile(tmp_path), ghost=profile(tmp_path, python="/no/such/env/bin/python"))
     text = refused(invoke(root, "serve", "--baseline", "--profile", "ghost"))

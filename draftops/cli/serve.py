@@ -158,7 +158,8 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
         raise ServeRefused(*found.refusals)
     ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
     plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
-    for note in lifecycle.make_room(box, plan):
+    room = lifecycle.make_room(box, plan)
+    for note in room.notes:
         console.print(f"[yellow]{escape(note)}[/]")
     server = lifecycle.launch(box, plan, dict(chosen.settings.env))
     console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {box.name}; "
@@ -171,7 +172,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
               "target": launch.target, "draft": launch.draft,
               "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps, "topk": launch.topk,
                         "draft_tokens": launch.draft_tokens, "max_running_requests": launch.max_running_requests,
-                        "tp": launch.tp, "baseline": baseline}}
+                        "tp": launch.tp, "baseline": baseline}, "replaced_exit_s": room.replaced_exit_s}
     try:
         lifecycle.wait_ready(box, plan, server, update)
     except KeyboardInterrupt:

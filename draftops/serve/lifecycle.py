@@ -124,9 +124,19 @@ def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
     return {**final, "reaped": reaped}
 
 
-def make_room(host: Host, plan: Plan) -> list[str]:
+@dataclass
+class Room:
+    """What making room for a server did: notes for the user, and how long a replaced server took
+    to exit once told to (the engine's own shutdown; None when nothing was stopped)."""
+
+    notes: list[str]
+    replaced_exit_s: float | None = None
+
+
+def make_room(host: Host, plan: Plan) -> Room:
     """Refuse a port in use; with --replace, stop the draftops server holding it first."""
-    port, notes = plan.launch.port, []
+    port, room = plan.launch.port, Room([])
+    notes = room.notes
     mine = next((s for s in servers(host) if s.port == port), None)
     if mine is not None and mine.alive and not mine.entry.get("run_id"):
         raise ServeRefused(
@@ -140,8 +150,11 @@ def make_room(host: Host, plan: Plan) -> list[str]:
                 f"Port {port} on host {host.name!r} is in use by {what}. Stop it first with `invoke "
                 f"serve.stop --port {port}`, pass --replace to stop it and start the new server, or "
                 "choose another port (--port, or `port:` in the serve profile).")
-        stop(host, mine)
-        notes.append(f"stopped {what} on port {port} (--replace)")
+        stopped = stop(host, mine)
+        exit_s = stopped.get("exit_s")
+        room.replaced_exit_s = float(exit_s) if isinstance(exit_s, (int, float)) else None
+        took = f"; it exited in {room.replaced_exit_s:.1f} s" if room.replaced_exit_s is not None else ""
+        notes.append(f"stopped {what} on port {port} (--replace{took})")
     elif mine is not None:
         hosttool.unregister(host, port, token=mine.entry.get("token"))   # a dead server: nothing to stop
         notes.append(f"forgot the dead server of run {mine.run_id} on port {port}")
@@ -151,7 +164,7 @@ def make_room(host: Host, plan: Plan) -> list[str]:
             f"Port {port} on host {host.name!r} is in use by a process draftops did not start "
             f"({status.get('detail')}); --replace only stops servers started by `invoke serve`. Choose "
             "another port (--port, or `port:` in the serve profile), or stop that process.")
-    return notes
+    return room
 
 
 def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:

@@ -28,6 +28,7 @@ LOAD_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_LOAD_S", "1.0"))
 WARMUP_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_WARMUP_S", "1.0"))
 #: die (as a scheduler crash does) on this many-th /generate request; 0 = never
 DIE_AFTER = int(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER", "0"))
+EXIT_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_EXIT_S", "0"))
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
              "KimiK25ForConditionalGeneration", "GptOssForCausalLM", "Glm4MoeForCausalLM")
@@ -401,9 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     def stop(signum: int, _frame: Any) -> None:
-        for child in children:
-            child.terminate()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        def shut_down() -> None:
+            time.sleep(EXIT_S)          # a real server's shutdown takes a while
+            for child in children:
+                child.terminate()
+            server.shutdown()
+        threading.Thread(target=shut_down, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

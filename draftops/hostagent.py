@@ -681,6 +681,10 @@ def _write(code_fd, plan):
             except IsADirectoryError:   # an empty folder stands where the file goes
                 os.rmdir(name, dir_fd=parent)
                 os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            if name.endswith(".py"):
+                # python trusts a cached .pyc while the source's size and whole-second mtime match,
+                # which a same-size edit synced within the second would; the next start compiles it
+                _drop_bytecode(parent, name[:-3])
             staged.pop(0)
         return len(plan.members)
     except BaseException:

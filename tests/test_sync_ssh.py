@@ -216,6 +216,17 @@ def test_host_bytecode_cache_is_kept_and_follows_deleted_modules(ssh_project, tm
     assert again.noop and again.delete == [] and len(commands) == 1, commands
     assert sorted(p.relative_to(code).as_posix() for p in code.rglob("*.pyc")) == cached
 
+    # a same-size edit whose host copy ends up with the cached source's size and mtime: python would
+    # trust the stale bytecode, so the sync drops it with the old source
+    source = code / "remote/a.py"
+    stamp = source.stat().st_mtime_ns
+    (ssh_project / "remote/a.py").write_text("A = 7\n")
+    assert sync(host).upload == ["remote/a.py"]
+    os.utime(source, ns=(stamp, stamp))
+    got = host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE {sys.executable} "
+                             "-c 'import remote.a; print(remote.a.A)'").stdout
+    assert got.strip() == b"7"
+
     (ssh_project / "remote/a.py").unlink()
     (ssh_project / "remote/link_to_a.py").unlink()
     for name in ("__init__.py", "m.py"):

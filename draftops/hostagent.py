@@ -805,7 +805,7 @@ PULL_NOTES = ".draftops-pull-notes.json"
 BLOCK = 1 << 16
 MAX_LINE = 1 << 16                    # the local side shows longer lines in pieces of this size
 OUTCOME_POLL_S = 2.0                  # how often the runner looks for new result events
-FOLLOW_POLL_S = (0.01, 0.2)           # follow: first pause after output or start, doubling to the last
+FOLLOW_POLL_S = (0.01, 0.1)           # follow: first pause after output or start, doubling to the last
 MAX_EVENT = 1 << 16
 HAVE_PROC = os.path.exists("/proc/self/stat")
 

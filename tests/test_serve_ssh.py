@@ -243,7 +243,8 @@ def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, 
     assert 1.5 <= said < 10.0, out
     rows = history.for_project(root).query(kind="serve")
     assert [r.metrics.get("replaced_exit_s") for r in rows] == [pytest.approx(said, abs=0.051), None]
-    ok(invoke(root, "serve.stop", "--all"))
+    stopped = " ".join(ok(invoke(root, "serve.stop", "--all")).split())
+    assert 1.5 <= float(stopped.split(" in ", 1)[1].split(" s,")[0]) < 10.0, stopped
 
 
 def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):

@@ -261,8 +261,10 @@ def stop(c: Context, port: int | None = None, all: bool = False, grace: float = 
             continue
         left = (final.get("reaped") or {}).get("left")
         tail = f", [red]processes left: {left}[/]" if left else ", no process left"
+        took = final.get("exit_s")
+        exited = f" in {took:.1f} s" if isinstance(took, (int, float)) else ""
         console.print(f"port {server.port} ({server.engine}, run {server.run_id}): "
-                      f"{state_text(final.get('state'))}{tail}")
+                      f"{state_text(final.get('state'))}{exited}{tail}")
 
 
 @task(help={"port": "the server's port (default: the only server)", "follow": "stream until it stops "

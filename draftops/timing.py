@@ -28,23 +28,23 @@ def took(name: str, seconds: float) -> None:
 
 
 def ran(command: str, seconds: float) -> None:
-    """Record one command run on the host and its whole round trip, labelled by what it runs
-    (``-m MODULE`` and its first argument, the host agent's command, else the first word);
-    benchmarks/loop_overhead.py --trace counts them per stage."""
+    """Record one command run on the host and its whole round trip, labelled by what it runs (the
+    host agent's command, ``-m MODULE`` and its first argument, else the first word);
+    benchmarks/loop_overhead.py --trace counts them per stage. Regular expressions, not shlex: the
+    agent's first call carries its whole source (60 kB), which shlex takes 50 ms to split."""
     if ENABLED:
-        import shlex
-        try:
-            words = shlex.split(command) + [""]
-        except ValueError:
-            words = command.split() + [""]
-        at = next((i for i, w in enumerate(words) if w == "-m"), None)
-        script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-        if at is not None:
-            label = f"{words[at + 1]}:{words[at + 2]}"
-        elif script is not None:     # the host agent: agent.py ROOT COMMAND, or -c BOOT ROOT agent.py COMMAND
-            label = "agent:" + next((w for w in words[script + 1:] if "/" not in w), "")
+        import re
+        agents = list(re.finditer(r"agent-[0-9a-f]{12}\.py'?", command))
+        agent = agents[-1] if agents else None
+        module = re.search(r"(?:^|\s)-m\s+(\S+)\s*(\S*)", command)
+        if agent is not None:       # agent.py ROOT COMMAND ..., or -c BOOT ROOT agent.py COMMAND ...
+            words = [w.strip("'\"") for w in command[agent.end():agent.end() + 1000].split()]
+            label = "agent:" + next((w for w in words if "/" not in w), "")
+        elif module is not None:
+            label = f"{module.group(1)}:{module.group(2).strip(chr(39))}"
         else:
-            label = next((w for w in words if "=" not in w and w not in ("exec", "cd", "&&", "env")), "?")
+            label = next((w for w in command[:200].split() if "=" not in w and w not in ("exec", "cd", "&&", "env")),
+                         "?")
         sys.stderr.write(f"{PREFIX}exec {label.replace(' ', '_')[:50] or '?'} {max(0.0, seconds):.6f}\n")
 
 

@@ -4,6 +4,7 @@ benchmark's stage split does not count those lines a second time."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 
 from benchmarks import loop_overhead
 from benchmarks import sync as sync_bench
-from draftops import timing
+from draftops import agent, timing
 from tests.conftest import REPO
 
 
@@ -56,8 +57,8 @@ def test_a_host_tool_is_labelled_by_its_module_and_command(project: Path) -> Non
 
 @pytest.mark.parametrize(("command", "label"), [
     ("cd 'a b' && exec env X='1 2' /opt/py -m remote.serve http 8000", "remote.serve:http"),
-    ("F=1 /venv/bin/python '/root/it'\"'\"'s/agent-abc.py' /root/it\\'s status run-1", "agent:status"),
-    ("F=1 python -c 'import sys\nprint(1)' /root agent-abc.py prepare", "agent:prepare"),
+    ("F=1 /venv/bin/python '/root/it'\"'\"'s/agent-0123456789ab.py' /root/it\\'s status run-1", "agent:status"),
+    ("F=1 python -c 'import sys\nprint(1)' /root agent-0123456789ab.py prepare", "agent:prepare"),
     ("tail -n 200 '/root/runs/x/log'", "tail"),
     ("echo 'unbalanced", "echo"),
 ])
@@ -65,6 +66,15 @@ def test_labels(command: str, label: str, monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setattr(timing, "ENABLED", True)
     timing.ran(command, 0.25)
     assert capsys.readouterr().err == f"{timing.PREFIX}exec {label} 0.250000\n"
+
+
+def test_the_agents_first_call_is_labelled_by_its_command(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """The first call of a process boots the agent inline: its whole source is on the command line."""
+    monkeypatch.setattr(timing, "ENABLED", True)
+    boot = agent._BOOT.format(src=agent.AGENT_SOURCE)
+    timing.ran(f"F=1 /venv/bin/python -c {shlex.quote(boot)} /root {agent.AGENT_NAME} apply code", 0.5)
+    assert capsys.readouterr().err == f"{timing.PREFIX}exec agent:apply 0.500000\n"
 
 
 def test_nothing_is_written_without_the_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:

@@ -558,22 +558,36 @@ class _Dirs:
         self.close()
 
 
+def _cached_by(module, name):
+    """Is ``name`` in ``__pycache__`` the bytecode of ``module``? ``MODULE.<tag>[...].pyc``, the tag
+    an implementation and version (``cpython-311``; pytest appends its own): ``foo.bar.py``'s cache is
+    not ``foo.py``'s."""
+    if not (name.startswith(module + ".") and name.endswith(".pyc")):
+        return False
+    impl, dash, rest = name[len(module) + 1:].partition("-")     # "cpython", "-", "311.pyc"
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    return impl.isalpha() and dash == "-" and digits > 0 and rest[digits:digits + 1] in (".", "-")
+
+
 def _drop_bytecode(parent, module=None):
-    """Remove the host python's cached bytecode in folder ``parent``: of ``module`` (a deleted
-    ``NAME.py``), or all of it (the folder is being pruned). Only plain ``*.pyc`` files in a real
-    ``__pycache__`` folder are touched; anything else there keeps the folder, as any unknown file would."""
+    """Remove the host python's cached bytecode in folder ``parent``: of ``module`` (a deleted or
+    rewritten ``NAME.py``), or all of the cache (the folder is being pruned or replaced: then every
+    plain file in it goes, a half-written ``.pyc.NNN`` of a killed python too). Only plain files
+    in a real ``__pycache__`` folder are touched, never through a link; errors leave things as they were."""
     try:
         cache = os.open(PYCACHE, _DIR_FLAGS, dir_fd=parent)
     except OSError:
         return
     try:
         for name in os.listdir(cache):
-            if name.endswith(".pyc") and (module is None or name.split(".", 1)[0] == module):
+            if module is None or _cached_by(module, name):
                 try:
                     if stat.S_ISREG(os.stat(name, dir_fd=cache, follow_symlinks=False).st_mode):
                         os.unlink(name, dir_fd=cache)
                 except OSError:
                     pass
+    except OSError:
+        pass
     finally:
         os.close(cache)
     if module is None:
@@ -581,6 +595,22 @@ def _drop_bytecode(parent, module=None):
             os.rmdir(PYCACHE, dir_fd=parent)
         except OSError:
             pass
+
+
+def _drop_cache_folder(parent, name):
+    """Empty folder ``name`` of ``parent`` of the host's bytecode cache when that is all it holds (a
+    file or link is about to replace the folder, or it is being pruned)."""
+    try:
+        folder = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        if os.listdir(folder) == [PYCACHE]:
+            _drop_bytecode(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
 
 
 def _delete(code_fd, rels):
@@ -605,16 +635,11 @@ def _delete(code_fd, rels):
         for head in sorted(emptied, key=lambda d: -d.count("/")):
             while head:
                 dirs.close()
-                try:
-                    folder = dirs.open(head)
-                    if os.listdir(folder) == [PYCACHE]:
-                        _drop_bytecode(folder)
-                except (OSError, Refusal):
-                    pass
-                dirs.close()
                 head, name = _split(head)
                 try:
-                    os.rmdir(name, dir_fd=dirs.open(head))
+                    parent = dirs.open(head)
+                    _drop_cache_folder(parent, name)
+                    os.rmdir(name, dir_fd=parent)
                 except (OSError, Refusal):
                     break
     finally:
@@ -678,7 +703,8 @@ def _write(code_fd, plan):
             parent = dirs.open(head)
             try:
                 os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            except IsADirectoryError:   # an empty folder stands where the file goes
+            except IsADirectoryError:   # an empty folder (but for the host's bytecode) stands there
+                _drop_cache_folder(parent, name)
                 os.rmdir(name, dir_fd=parent)
                 os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
             if name.endswith(".py"):
@@ -1114,9 +1140,9 @@ def cmd_kill(run_dir, grace):
     def live():
         return _group_state(pgid, row.get("start_ticks"), row["id"]) is not None
 
-    sent, first = None, None
+    sent, first, gone = None, None, None
     for sig, wait in ((signal.SIGTERM, float(grace)), (signal.SIGKILL, 5.0)):
-        if not live():
+        if gone is not None or not live():
             break
         try:
             os.killpg(pgid, sig)
@@ -1124,16 +1150,19 @@ def cmd_kill(run_dir, grace):
             break
         sent, first = sig, first or time.monotonic()
         deadline = time.time() + wait
-        while time.time() < deadline and live():
-            time.sleep(0.05)
+        while gone is None and time.time() < deadline:
+            if live():
+                time.sleep(0.05)
+            else:
+                gone = time.monotonic()
     status_path = os.path.join(run_dir, "status.json")
     final = _read_json(status_path) or {}
     if final.get("state") in LIVE_STATES:      # the runner was gone, or SIGKILLed before it could record
         final.update(state="killed", ended=_now(), signal=sent)
         _atomic_write(status_path, json.dumps(final).encode())
     row = _status(run_dir)
-    if first is not None:       # how long the job's processes took to exit once signalled (theirs, not ours)
-        row["exit_s"] = round(time.monotonic() - first, 3)
+    if first is not None and gone is not None:   # how long its processes took to exit once told (theirs)
+        row["exit_s"] = round(gone - first, 3)
     _out(row)
 
 

@@ -88,4 +88,3 @@ def read(stderr: str) -> tuple[dict[str, float], dict[str, list[float]], dict[st
         else:
             (execs if kind == "exec" else stages).setdefault(name, []).append(float(value))
     return moments, stages, execs
-

@@ -102,3 +102,78 @@ def test_unmarked_folder_with_a_marker_that_is_not_a_file_is_refused(root):
     (root / "code" / OWNER_MARK).mkdir()
     with pytest.raises(Refusal, match="did not put there"):
         hostagent._open_code("code")
+
+
+def cache(folder: Path, *names: str) -> Path:
+    """The host python's bytecode cache in ``folder`` holding ``names``."""
+    (folder / "__pycache__").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / "__pycache__" / name).write_bytes(b"bytecode")
+    return folder / "__pycache__"
+
+
+def test_bytecode_is_not_part_of_the_tree_and_goes_with_its_module(root):
+    code = root / "code"
+    (code / "pkg").mkdir()
+    for name in ("m.py", "m.tool.py", "n.py"):
+        (code / "pkg" / name).write_text("x = 1\n")
+    pycache = cache(code / "pkg", "m.cpython-311.pyc", "m.cpython-312.opt-1.pyc", "m.cpython-311-pytest-8.2.0.pyc",
+                    "m.tool.cpython-311.pyc", "n.cpython-311.pyc")
+    fd = hostagent._open_code("code")
+    try:
+        assert sorted(hostagent._scan(fd, {})[0]) == ["pkg/m.py", "pkg/m.tool.py", "pkg/n.py"]
+        assert hostagent._delete(fd, ["pkg/m.py"]) == 1
+        assert sorted(p.name for p in pycache.iterdir()) == ["m.tool.cpython-311.pyc", "n.cpython-311.pyc"]
+        hostagent._write(fd, plan({"pkg/m.tool.py": b"x = 2\n"}))      # a rewritten module: its cache goes
+        assert sorted(p.name for p in pycache.iterdir()) == ["n.cpython-311.pyc"]
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_left_with_only_its_cache_goes_even_with_a_half_written_pyc(root):
+    """A python killed while writing bytecode leaves a temp file (NAME.pyc.NNN) in the cache."""
+    code = root / "code"
+    (code / "gone" / "sub").mkdir(parents=True)
+    (code / "gone" / "sub" / "m.py").write_text("x = 1\n")
+    cache(code / "gone" / "sub", "m.cpython-311.pyc", "other.cpython-311.pyc.140234")
+    cache(code / "gone", "__init__.cpython-311.pyc")
+    (code / "kept").mkdir()
+    (code / "kept" / "k.py").write_text("k = 1\n")
+    cache(code / "kept", "k.cpython-311.pyc")
+    fd = hostagent._open_code("code")
+    try:
+        hostagent._delete(fd, ["gone/sub/m.py", "kept/nothing.py"])
+    finally:
+        os.close(fd)
+    assert not (code / "gone").exists()
+    assert (code / "kept" / "__pycache__" / "k.cpython-311.pyc").exists()
+
+
+def test_a_file_replaces_a_folder_that_holds_only_its_cache(root):
+    code = root / "code"
+    cache(code / "pkg", "m.cpython-311.pyc", "m.cpython-311.pyc.99")
+    fd = hostagent._open_code("code")
+    try:
+        checked = plan({"pkg": b"now a file\n"})
+        checked.check_against(hostagent._scan(fd, {})[0])
+        hostagent._write(fd, checked)
+    finally:
+        os.close(fd)
+    assert (code / "pkg").read_text() == "now a file\n"
+
+
+def test_a_cache_that_is_a_link_is_neither_followed_nor_emptied(root):
+    outside = root.parent / "outside"
+    (outside / "m.cpython-311.pyc").write_bytes(b"not ours")
+    code = root / "code"
+    (code / "pkg").mkdir()
+    (code / "pkg" / "m.py").write_text("x = 1\n")
+    os.symlink(outside, code / "pkg" / "__pycache__")
+    fd = hostagent._open_code("code")
+    try:
+        assert sorted(hostagent._scan(fd, {})[0]) == ["pkg/__pycache__", "pkg/m.py"], "a link is an entry"
+        hostagent._delete(fd, ["pkg/m.py", "pkg/__pycache__"])
+    finally:
+        os.close(fd)
+    assert (outside / "m.cpython-311.pyc").read_bytes() == b"not ours"
+    assert not os.path.lexists(code / "pkg")

@@ -203,7 +203,7 @@ def test_host_bytecode_cache_is_kept_and_follows_deleted_modules(ssh_project, tm
     host = open_host(None, ssh_project)
     sync(host)
     code = tmp_path / "hostroot" / "code"
-    host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE {sys.executable} "
+    host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE -u PYTHONPYCACHEPREFIX {sys.executable} "
                        "-c 'import remote.a, remote.pkg.m'")
     cached = sorted(p.relative_to(code).as_posix() for p in code.rglob("*.pyc"))
     assert any(c.startswith("remote/__pycache__/a.") for c in cached)
@@ -223,7 +223,7 @@ def test_host_bytecode_cache_is_kept_and_follows_deleted_modules(ssh_project, tm
     (ssh_project / "remote/a.py").write_text("A = 7\n")
     assert sync(host).upload == ["remote/a.py"]
     os.utime(source, ns=(stamp, stamp))
-    got = host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE {sys.executable} "
+    got = host.transport.run(f"cd {code} && env -u PYTHONDONTWRITEBYTECODE -u PYTHONPYCACHEPREFIX {sys.executable} "
                              "-c 'import remote.a; print(remote.a.A)'").stdout
     assert got.strip() == b"7"
 

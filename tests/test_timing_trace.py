@@ -43,10 +43,12 @@ def test_a_real_call_is_traced_command_by_command(project: Path) -> None:
     assert all(label.startswith("agent:") for label in trace["execs"]), trace["execs"]
     in_execs = sum(sum(v) for v in trace["execs"].values())
     assert 0 < trace["start_up"] < seconds and 0 < in_execs < seconds - trace["start_up"]
-    # the sync benchmark's split ignores the exec lines: its stages still add up to the call
+    # the sync benchmark's split ignores the exec lines and still finds its own stages
     split = sync_bench.stage_split(done.stderr, spawned, spawned + seconds)
-    assert not any(name.startswith("agent:") for name in split)
-    assert sum(v for k, v in split.items() if k not in sync_bench.PARALLEL) == pytest.approx(seconds, abs=1e-6)
+    assert split and not any(name.startswith("agent:") for name in split)
+    for stage in ("interpreter + invoke", "imports", "inventory", "host shell start-up", "agent", "apply"):
+        assert split[stage] > 0, (stage, split)
+    assert split["rest of the task"] >= 0, split
 
 
 def test_a_host_tool_is_labelled_by_its_module_and_command(project: Path) -> None:

@@ -558,29 +558,33 @@ class _Dirs:
         self.close()
 
 
-def _cached_by(module, name):
-    """Is ``name`` in ``__pycache__`` the bytecode of ``module``? ``MODULE.<tag>[...].pyc``, the tag
-    an implementation and version (``cpython-311``; pytest appends its own): ``foo.bar.py``'s cache is
-    not ``foo.py``'s."""
-    if not (name.startswith(module + ".") and name.endswith(".pyc")):
-        return False
-    impl, dash, rest = name[len(module) + 1:].partition("-")     # "cpython", "-", "311.pyc"
-    digits = len(rest) - len(rest.lstrip("0123456789"))
-    return impl.isalpha() and dash == "-" and digits > 0 and rest[digits:digits + 1] in (".", "-")
+def _cached_module(name):
+    """The module whose bytecode ``name`` in ``__pycache__`` holds: ``MODULE.<tag>[...].pyc``, the tag
+    an implementation and version (``cpython-311``; pytest appends its own), so ``foo.bar.py``'s cache
+    is not ``foo.py``'s; None for anything else."""
+    if not name.endswith(".pyc"):
+        return None
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        impl, dash, version = parts[i].partition("-")
+        if impl.isalpha() and dash and version[:1].isdigit():
+            return ".".join(parts[:i])
+    return None
 
 
-def _drop_bytecode(parent, module=None):
-    """Remove the host python's cached bytecode in folder ``parent``: of ``module`` (a deleted or
-    rewritten ``NAME.py``), or all of the cache (the folder is being pruned or replaced: then every
-    plain file in it goes, a half-written ``.pyc.NNN`` of a killed python too). Only plain files
-    in a real ``__pycache__`` folder are touched, never through a link; errors leave things as they were."""
+def _drop_bytecode(parent, modules=None):
+    """Remove the host python's cached bytecode in folder ``parent``: of ``modules`` (deleted or
+    rewritten ``NAME.py`` files of that folder, one listing for all), or all of the cache (the folder
+    is being pruned or replaced: then every plain file in it goes, a half-written ``.pyc.NNN`` of a
+    killed python too). Only plain files in a real ``__pycache__`` folder are touched, never through
+    a link; errors leave things as they were."""
     try:
         cache = os.open(PYCACHE, _DIR_FLAGS, dir_fd=parent)
     except OSError:
         return
     try:
         for name in os.listdir(cache):
-            if module is None or _cached_by(module, name):
+            if modules is None or _cached_module(name) in modules:
                 try:
                     if stat.S_ISREG(os.stat(name, dir_fd=cache, follow_symlinks=False).st_mode):
                         os.unlink(name, dir_fd=cache)
@@ -590,10 +594,20 @@ def _drop_bytecode(parent, module=None):
         pass
     finally:
         os.close(cache)
-    if module is None:
+    if modules is None:
         try:
             os.rmdir(PYCACHE, dir_fd=parent)
         except OSError:
+            pass
+
+
+def _drop_sources_bytecode(dirs, sources):
+    """``_drop_bytecode`` for the modules an apply deleted or wrote, one folder at a time
+    ({folder: {module, ...}})."""
+    for head, modules in sources.items():
+        try:
+            _drop_bytecode(dirs.open(head), modules)
+        except (OSError, Refusal):
             pass
 
 
@@ -618,6 +632,7 @@ def _delete(code_fd, rels):
     the host cached for a deleted module; prune emptied folders (a folder holding only its bytecode
     cache counts as empty: left behind, it would import as an empty namespace package)."""
     dirs, deleted, emptied = _Dirs(code_fd), 0, set()
+    sources: dict = {}                    # folder -> modules deleted there (their bytecode goes too)
     try:
         for rel in rels:
             head, name = _split(rel)
@@ -629,9 +644,10 @@ def _delete(code_fd, rels):
             except FileNotFoundError:
                 continue
             if name.endswith(".py"):
-                _drop_bytecode(parent, name[:-3])
+                sources.setdefault(head, set()).add(name[:-3])
             deleted += 1
             emptied.add(head)
+        _drop_sources_bytecode(dirs, sources)
         for head in sorted(emptied, key=lambda d: -d.count("/")):
             while head:
                 dirs.close()
@@ -679,6 +695,7 @@ def _write(code_fd, plan):
     holds only whole files. Nothing else is removed: other names with ``.draftops-tmp-`` in them
     belong to someone else (or to the project) and are synced like any other file."""
     dirs, staged, unsynced = _Dirs(code_fd), [], []
+    sources: dict = {}                    # folder -> modules written there (their bytecode goes)
     token = f"{CODE_TMP}{os.getpid()}-{os.urandom(4).hex()}-"
     try:
         for i, member in enumerate(plan.members):
@@ -710,7 +727,7 @@ def _write(code_fd, plan):
             if name.endswith(".py"):
                 # python trusts a cached .pyc while the source's size and whole-second mtime match,
                 # which a same-size edit synced within the second would; the next start compiles it
-                _drop_bytecode(parent, name[:-3])
+                sources.setdefault(head, set()).add(name[:-3])
             staged.pop(0)
         return len(plan.members)
     except BaseException:
@@ -724,6 +741,7 @@ def _write(code_fd, plan):
         dirs.remove_created()
         raise
     finally:
+        _drop_sources_bytecode(dirs, sources)   # of the files renamed into place, even when a later one failed
         dirs.close()
 
 

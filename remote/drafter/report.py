@@ -107,18 +107,12 @@ def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
 
 
 def _accept(score: LayoutScore | None, basis: str, steps: int) -> float | None:
-    if score is None:
-        return None
-    counts = score.verifier if basis == "verifier" and score.verifier else score.data
-    return counts.accept_length(steps)
+    return (score.counts(basis) or score.data).accept_length(steps) if score is not None else None
 
 
 def _walked(score: LayoutScore | None, basis: str) -> float | None:
     """Tokens per round of a greedy server decoding the dump text (metrics.walk; docs/bench.md)."""
-    if score is None:
-        return None
-    counts = score.verifier if basis == "verifier" and score.verifier else score.data
-    return counts.walked_accept_length()
+    return (score.counts(basis) or score.data).walked_accept_length() if score is not None else None
 
 
 def _expected(opts: EvalOptions, res: Results) -> dict[str, Any] | None:

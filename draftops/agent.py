@@ -185,10 +185,10 @@ class AgentClient:
         env = _env_prefix(nonce)
         if self.info is None:
             boot = _BOOT.format(src=AGENT_SOURCE)
-            return " ".join([env, shlex.quote(self.python), "-c", shlex.quote(boot), shlex.quote(self.spec.root),
+            return " ".join([env, shlex.quote(self.python), "-S", "-c", shlex.quote(boot), shlex.quote(self.spec.root),
                              AGENT_NAME, *(shlex.quote(a) for a in args)])
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
-        return f"{env} {shlex.quote(self.python)} {shlex.quote(self.info.agent)} {quoted}"
+        return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.agent)} {quoted}"
 
     def _call(self, args: tuple[str, ...], *, input: bytes | None = None, run_id: str | None = None,
               retried: bool = False) -> dict[str, Any]:

@@ -1057,7 +1057,8 @@ def cmd_start(run_dir):
     import subprocess
     with open(os.path.join(run_dir, "log"), "ab") as log:      # the runner keeps its own descriptor
         agent = _AGENT_PATH or os.path.abspath(__file__)
-        proc = subprocess.Popen([sys.executable, agent, os.getcwd(), "runner", run_dir, run_id],
+        # -S: the runner is this stdlib-only file; the job's own command gets its python's site as usual
+        proc = subprocess.Popen([sys.executable, "-S", agent, os.getcwd(), "runner", run_dir, run_id],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     _atomic_write(os.path.join(run_dir, "pid"), f"{proc.pid}\n".encode())

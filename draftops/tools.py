@@ -255,17 +255,25 @@ class Answer:
         return exitcodes.meaning(self.exit_code)
 
 
+#: quick tools that import nothing outside the standard library (tests/test_tools.py runs each with
+#: ``python -S``): run with the agent's python they skip ``site``, which on a virtualenv with an
+#: editable install costs every exec ~10 ms (its .pth finder imports pathlib)
+STDLIB_TOOLS = frozenset({"remote.serve", "remote.drafter.demo_spec"})
+
+
 def module_command(host: Host, module: str, args: list[str], *, python: str | None = None,
                    env: Mapping[str, str] | None = None) -> str:
-    """``cd <code> && env K=V PYTHONPATH=.[:extra] PYTHON -m module args``: a quick tool's line.
+    """``cd <code> && env K=V PYTHONPATH=.[:extra] PYTHON [-S] -m module args``: a quick tool's line.
 
-    An ``env`` PYTHONPATH (a serve profile's) goes after the synced code folder."""
+    An ``env`` PYTHONPATH (a serve profile's) goes after the synced code folder. ``-S`` only for a
+    stdlib tool run by the agent's python: an engine's python keeps its site-packages."""
     variables = dict(env or {})
     extra = variables.pop("PYTHONPATH", "")
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**variables, "PYTHONPATH": "." + (
         ":" + extra if extra else "")}.items())
-    return (f"cd {jobs.shell_path(host.code_dir)} && env {assigns} {jobs.shell_path(python or host.agent_python)} "
-            f"-m {module} " + " ".join(shlex.quote(a) for a in args)).rstrip()
+    no_site = " -S" if python is None and module in STDLIB_TOOLS else ""
+    return (f"cd {jobs.shell_path(host.code_dir)} && env {assigns} {jobs.shell_path(python or host.agent_python)}"
+            f"{no_site} -m {module} " + " ".join(shlex.quote(a) for a in args)).rstrip()
 
 
 def call_tool(host: Host, module: str, args: list[str], *, python: str | None = None,

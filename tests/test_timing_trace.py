@@ -15,7 +15,7 @@ import pytest
 from benchmarks import loop_overhead
 from benchmarks import sync as sync_bench
 from draftops import agent, timing
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_remote_package
 
 
 def run_invoke(project: Path, *args: str) -> tuple[subprocess.CompletedProcess, float, float]:
@@ -30,6 +30,7 @@ def run_invoke(project: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
 @pytest.fixture
 def project(make_project, no_inventory_env) -> Path:
     root = make_project()
+    copy_remote_package(root)      # remote.serve runs from the synced code, as on every host
     (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
     return root
 

@@ -178,3 +178,17 @@ def test_a_crashing_quick_tool_is_an_internal_error_with_its_message(tmp_path: P
     errors = [e for e in map(events.parse, proc.stdout.splitlines()) if e and e["event"] == "error"]
     assert errors and "JSONDecodeError" in errors[0]["message"]
     assert json.dumps(errors[0])        # one JSON line the local side reads
+
+
+@pytest.mark.parametrize("argv", [["remote.serve", "servers", "--state", "{tmp}", "list"],
+                                  ["remote.serve", "port", "1", "--host", "127.0.0.1"],
+                                  ["remote.drafter.demo_spec", "{tmp}/no-demo"]])
+def test_the_stdlib_tools_answer_without_site_packages(argv, tmp_path: Path):
+    """STDLIB_TOOLS are run with ``python -S`` (no site-packages): a third-party import in one of
+    them would fail here before it failed on a host."""
+    from draftops.tools import STDLIB_TOOLS
+    assert argv[0] in STDLIB_TOOLS
+    proc = subprocess.run([sys.executable, "-S", "-m", *(a.format(tmp=tmp_path) for a in argv)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == exitcodes.OK, proc.stderr
+    assert isinstance(json.loads(proc.stdout.strip().splitlines()[-1]), dict)

@@ -60,6 +60,7 @@ class Job:
 
     host: Host
     id: str
+    pid: int | None = None     # the runner's, as the start's reply said
 
     @property
     def run_dir(self) -> str:
@@ -87,7 +88,7 @@ def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None 
     spec = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
             "cwd": cwd or "code", "env": dict(env or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    host.agent.start(job.id, spec)
+    job.pid = host.agent.start(job.id, spec)
     return job
 
 

@@ -132,6 +132,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
           force: bool = False, replace: bool = False, host: str | None = None) -> None:
     """Check a draft against its engine and target, then serve it detached and show its real settings."""
     box = connect(c, host)
+    ensure_code(box)        # first: its exec also boots the agent, which every later step needs
     chosen = profiles.resolve(box.spec, profile)
     request = Request(draft=_absolute(box, draft), baseline=baseline, profile=profile,
                       target=_absolute(box, target), steps=_whole("--steps", steps),
@@ -143,7 +144,6 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     checks.flag_checks(plan, found)
     if found.refusals:
         raise ServeRefused(*found.refusals)
-    ensure_code(box)
     if request.demo:
         ensure_demo(box)
     launch = plan.launch

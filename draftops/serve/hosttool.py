@@ -64,6 +64,14 @@ def servers(host: Host) -> tuple[list[dict[str, Any]], float]:
     return answer["servers"], float(answer["now"])
 
 
+def servers_and_port(host: Host, number: int, listen: str = "127.0.0.1") -> tuple[list[dict[str, Any]], float,
+                                                                                   dict[str, Any]]:
+    """:func:`servers` and :func:`port` of ``number`` in one exec (what making room for a server asks)."""
+    answer = run(host, ["servers", "--state", host.state_dir, "list", "--port-status", str(number),
+                        "--host", probe_address(listen)])
+    return answer["servers"], float(answer["now"]), answer["port"]
+
+
 def register(host: Host, number: int, entry: dict[str, Any], *, token: str | None = None,
              exclusive: bool = False) -> bool:
     """Write the registry entry for port ``number``; False when the claim or update was refused."""

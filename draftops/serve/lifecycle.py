@@ -64,7 +64,11 @@ def _epoch(stamp: str | None) -> float | None:
 
 def servers(host: Host) -> list[Server]:
     """Every server registered on ``host``, alive or dead, by port."""
-    entries, now = hosttool.servers(host)
+    return _joined(host, *hosttool.servers(host))
+
+
+def _joined(host: Host, entries: list[dict[str, Any]], now: float) -> list[Server]:
+    """Registry ``entries`` joined with the state of their runs (``now``: the host's clock)."""
     if not entries:
         return []
     runs = {row["id"]: row for row in jobs.list_runs(host)}
@@ -137,7 +141,8 @@ def make_room(host: Host, plan: Plan) -> Room:
     """Refuse a port in use; with --replace, stop the draftops server holding it first."""
     port, room = plan.launch.port, Room([])
     notes = room.notes
-    mine = next((s for s in servers(host) if s.port == port), None)
+    entries, now, status = hosttool.servers_and_port(host, port, plan.launch.listen)
+    mine = next((s for s in _joined(host, entries, now) if s.port == port), None)
     if mine is not None and mine.alive and not mine.entry.get("run_id"):
         raise ServeRefused(
             f"Port {port} on host {host.name!r} was claimed {mine.entry.get('created')} by another `invoke "
@@ -158,7 +163,8 @@ def make_room(host: Host, plan: Plan) -> Room:
     elif mine is not None:
         hosttool.unregister(host, port, token=mine.entry.get("token"))   # a dead server: nothing to stop
         notes.append(f"forgot the dead server of run {mine.run_id} on port {port}")
-    status = hosttool.port(host, port, plan.launch.listen, wait_free=15.0 if notes else 0.0)
+    if notes:       # a server was stopped or forgotten: its port may take a moment to free
+        status = hosttool.port(host, port, plan.launch.listen, wait_free=15.0)
     if status.get("in_use"):
         raise ServeRefused(
             f"Port {port} on host {host.name!r} is in use by a process draftops did not start "
@@ -193,10 +199,9 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
         jobs.kill(host, job.id, 5.0)
         raise ServeError(f"Host {host.name!r}: the claim on port {launch_.port} was removed while the server "
                          f"was starting (by `invoke serve.stop`?); run {job.id} was stopped again.")
-    row = jobs.status(host, job.id)
+    # no status call: the start's reply has the pid, and wait_ready's first poll reads the state
     return Server(launch_.port, job.id, engine.name, plan.profile.name, launch_.target, launch_.draft,
-                  launch_.listen, row.get("state", "starting"), row.get("pid"), row.get("started"), 0.0,
-                  asked, None, entry)
+                  launch_.listen, "starting", job.pid, None, 0.0, asked, None, entry)
 
 
 def log_tail(host: Host, run_id: str, lines: int = TAIL_LINES) -> str:

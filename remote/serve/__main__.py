@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     servers.add_argument("--run", help="remove only if the entry belongs to this run")
     servers.add_argument("--token", help="update or remove only the entry claimed with this token")
     servers.add_argument("--exclusive", action="store_true", help="put: claim the port only if it is free")
+    servers.add_argument("--port-status", type=int, metavar="PORT",
+                         help="list: also say whether PORT is in use (as `port`), in the same exec")
+    servers.add_argument("--host", default="127.0.0.1", help="the address --port-status probes")
     return parser
 
 
@@ -80,7 +83,11 @@ def _servers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[
     if args.action != "list" and args.port is None:
         parser.error(f"servers {args.action} needs a PORT")
     if args.action == "list":
-        return {"servers": registry.entries(args.state), "now": time.time()}
+        listed: dict[str, Any] = {"servers": registry.entries(args.state), "now": time.time()}
+        if args.port_status is not None:
+            from . import net
+            listed["port"] = net.port_status(args.port_status, args.host)
+        return listed
     if args.action == "put":
         return registry.put(args.state, args.port, json.loads(sys.stdin.read()), token=args.token,
                             exclusive=args.exclusive)

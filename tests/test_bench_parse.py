@@ -315,3 +315,20 @@ def test_prompt_dataset_errors_name_file_and_line(tmp_path, content: str, needle
     src.write_text(content)
     with pytest.raises(BenchParseError, match=needle):
         read_prompts(src)
+
+
+def test_the_runner_converts_the_dataset_in_process_and_reports_a_bad_one(tmp_path) -> None:
+    """The plan's `python -m remote.bench.datasets SRC DEST` step runs inside the runner (no second
+    python); a good file is converted, a broken one fails the step with its reason in prepare.log."""
+    from remote.bench.runner import Runner
+    runner = Runner({"server": {}}, tmp_path)
+    good, bad, out = tmp_path / "p's.jsonl", tmp_path / "bad.jsonl", tmp_path / "out.json"
+    good.write_text(json.dumps({"prompt": "w05 \"q\" $(x)"}) + "\n")
+    bad.write_text("{not json\n")
+    assert runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(good), str(out)]) == (0, "")
+    assert json.loads(out.read_text())[0]["conversations"][0]["value"] == "w05 \"q\" $(x)"
+    code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(bad), str(tmp_path / "o2.json")])
+    assert code == 1 and not (tmp_path / "o2.json").exists()
+    assert "error:" in (tmp_path / "prepare.log").read_text()
+    code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(tmp_path / "gone"), str(out)])
+    assert code == 1

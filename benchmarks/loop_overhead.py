@@ -180,15 +180,20 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="build the throwaway project in DIR (which must not exist) and keep it, to look into")
     parser.add_argument("--trace", action="store_true",
                         help="also print, per call, start-up and every host command it ran (DRAFTOPS_TIMING)")
     args = parser.parse_args()
     global TRACE
     TRACE = args.trace
     port = args.port or free_port()
-    with tempfile.TemporaryDirectory(prefix="draftops-loop-") as tmp:
-        project = make_project(Path(tmp) / "project")
-        stages = loop(project, args.prompts, args.repeats, port)
+    if args.keep:
+        args.keep.mkdir(parents=True)
+        stages = loop(make_project(args.keep), args.prompts, args.repeats, port)
+    else:
+        with tempfile.TemporaryDirectory(prefix="draftops-loop-") as tmp:
+            stages = loop(make_project(Path(tmp) / "project"), args.prompts, args.repeats, port)
     total = sum(s["wall"] for s in stages)
     own = sum(s["wall"] - s["work"] for s in stages)
     print(f"{'stage':<12} {'wall s':>8} {'work s':>8} {'draftops s':>11} {'share':>7}  work is")

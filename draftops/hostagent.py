@@ -1105,14 +1105,7 @@ def cmd_runner(run_dir, run_id):
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     scanner = _EventScanner(os.path.join(run_dir, "log"))
-    while True:
-        try:
-            code = child.wait(timeout=OUTCOME_POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            if scanner.scan():
-                _atomic_write(status_path, json.dumps(dict(base, state="running",
-                                                           outcome=scanner.outcome)).encode())
+    code = _wait_for(child, scanner, status_path, base)
     sys.stdout.flush()
     scanner.scan(final=True)
     state = "killed" if got else ("succeeded" if code == 0 else "failed")
@@ -1123,6 +1116,50 @@ def cmd_runner(run_dir, run_id):
     if got:
         final["signal"] = got["signal"]
     _atomic_write(status_path, json.dumps(final).encode())
+
+
+def _wait_for(child, scanner, status_path, base):
+    """Wait for the job's command to exit and return its code; meanwhile keep status.json's outcome
+    up to date from the log's result events."""
+    import subprocess
+    exit_fd = _exit_fd(child.pid)
+    try:
+        while True:
+            if exit_fd is not None:              # woken the moment the command exits
+                if _pause_or_exit(exit_fd, OUTCOME_POLL_S):
+                    return child.wait()
+            else:                                # Popen.wait(timeout) looks every 50 ms at best
+                try:
+                    return child.wait(timeout=OUTCOME_POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            if scanner.scan():
+                _atomic_write(status_path, json.dumps(dict(base, state="running",
+                                                           outcome=scanner.outcome)).encode())
+    finally:
+        if exit_fd is not None:
+            os.close(exit_fd)
+
+
+def _exit_fd(pid):
+    """A descriptor that turns readable when process ``pid`` exits (a Linux pidfd), or None where
+    there is none (older kernels and Pythons, other systems: callers then poll as before)."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not pid:
+        return None
+    try:
+        return opener(int(pid))
+    except (OSError, ValueError):
+        return None
+
+
+def _pause_or_exit(fd, seconds):
+    """Wait ``seconds``, or less if the process behind ``fd`` exits first (then True)."""
+    if fd is None:
+        time.sleep(seconds)
+        return False
+    import select
+    return bool(select.select([fd], [], [], seconds)[0])
 
 
 def _run_dir_or_fail(run_dir):
@@ -1267,29 +1304,38 @@ def cmd_follow(run_dir, start):
     out = sys.stdout.buffer
     last = b"\n"
     pause = FOLLOW_POLL_S[0]
-    while True:
-        chunk = _read_at(path, pos)
-        if chunk:
-            out.write(chunk)
-            out.flush()
-            pos += len(chunk)
-            last = chunk[-1:]
-            pause = FOLLOW_POLL_S[0]
-            continue
-        row = _status(run_dir)
-        if row["state"] in ("running", "starting"):
-            time.sleep(pause)         # quick jobs (a config rewrite) end within the first few looks
+    runner, woken = None, False  # the runner's exit descriptor: its end is seen at once, not a pause later
+    try:
+        while True:
+            chunk = _read_at(path, pos)
+            if chunk:
+                out.write(chunk)
+                out.flush()
+                pos += len(chunk)
+                last = chunk[-1:]
+                pause = FOLLOW_POLL_S[0]
+                continue
+            row = _status(run_dir)
+            if row["state"] not in ("running", "starting"):
+                break
+            if runner is None and not woken and row.get("pid") and not row.get("orphaned"):
+                runner = _exit_fd(row["pid"])
+            # quick jobs (a config rewrite) end within the first few looks
+            if _pause_or_exit(runner, pause) and runner is not None:
+                os.close(runner)         # it exited: look again now; later waits (an orphaned group) sleep
+                runner, woken = None, True
             pause = min(pause * 2, FOLLOW_POLL_S[1])
-            continue
-        while chunk := _read_at(path, pos):      # what the job wrote before it ended
-            out.write(chunk)
-            pos += len(chunk)
-            last = chunk[-1:]
-        if last != b"\n":
-            out.write(b"\n")
-        out.write((EVENT_PREFIX + json.dumps(dict(row, event="job-end", offset=pos)) + "\n").encode())
-        out.flush()
-        return
+    finally:
+        if runner is not None:
+            os.close(runner)
+    while chunk := _read_at(path, pos):      # what the job wrote before it ended
+        out.write(chunk)
+        pos += len(chunk)
+        last = chunk[-1:]
+    if last != b"\n":
+        out.write(b"\n")
+    out.write((EVENT_PREFIX + json.dumps(dict(row, event="job-end", offset=pos)) + "\n").encode())
+    out.flush()
 
 
 def _link_problem(rel, target):

@@ -69,6 +69,7 @@ class HostInfo:
     platform: str
     agent: str               # the installed copy
     installed: bool          # this call (re)wrote it
+    run: str = ""            # what later calls run: its bytecode for that python, else the copy itself
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ class AgentClient:
             return " ".join([env, shlex.quote(self.python), "-S", "-c", shlex.quote(boot), shlex.quote(self.spec.root),
                              AGENT_NAME, *(shlex.quote(a) for a in args)])
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
-        return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.agent)} {quoted}"
+        return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
 
     def _call(self, args: tuple[str, ...], *, input: bytes | None = None, run_id: str | None = None,
               retried: bool = False) -> dict[str, Any]:
@@ -349,7 +350,8 @@ class AgentClient:
                                 "changed on the way (check the python3 there runs plain Python)")
         return self._typed("prepare", lambda: HostInfo(
             int(reply["protocol"]), str(reply["root"]), str(reply["home"]), str(reply["python"]),
-            str(reply["python_version"]), str(reply["platform"]), str(reply["agent"]), bool(reply["installed"])))
+            str(reply["python_version"]), str(reply["platform"]), str(reply["agent"]), bool(reply["installed"]),
+            str(reply.get("run") or reply["agent"])))
 
 
 def _run_dir(run_id: str) -> str:

@@ -34,7 +34,7 @@ def ran(command: str, seconds: float) -> None:
     agent's first call carries its whole source (60 kB), which shlex takes 50 ms to split."""
     if ENABLED:
         import re
-        agents = list(re.finditer(r"agent-[0-9a-f]{12}\.py'?", command))
+        agents = list(re.finditer(r"agent-[0-9a-f]{12}(?:\.[\w-]+)?\.pyc?'?", command))
         agent = agents[-1] if agents else None
         module = re.search(r"(?:^|\s)-m\s+(\S+)\s*(\S*)", command)
         if agent is not None:       # agent.py ROOT COMMAND ..., or -c BOOT ROOT agent.py COMMAND ...

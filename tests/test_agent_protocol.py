@@ -198,18 +198,28 @@ def test_an_installed_agent_changed_in_place_is_rewritten_by_the_next_session(lo
     assert installed(tmp_path).read_text() == AGENT_SOURCE
 
 
+def plant_old_agent(host, tmp_path: Path) -> None:
+    """Put a copy that speaks protocol 0 where the session runs its agent from: the .py and the
+    bytecode beside it that later calls load."""
+    import py_compile
+    installed(tmp_path).write_text(OLD_SOURCE)
+    assert host.agent.info.run.endswith(".pyc") and host.agent.info.run != str(installed(tmp_path))
+    py_compile.compile(str(installed(tmp_path)), cfile=host.agent.info.run, doraise=True)
+
+
 def test_an_installed_agent_of_another_protocol_is_reinstalled_mid_session(local_host, tmp_path):
     host = local_host()
     job_runs = host.agent.runs()
     assert job_runs == []
-    installed(tmp_path).write_text(OLD_SOURCE)                       # a copy that speaks protocol 0
+    plant_old_agent(host, tmp_path)
     assert host.agent.runs() == []                                   # refused by it, reinstalled, retried
     assert installed(tmp_path).read_text() == AGENT_SOURCE
-    installed(tmp_path).write_text(OLD_SOURCE)
+    plant_old_agent(host, tmp_path)
     shown: list[bytes] = []
     with pytest.raises(UnknownRun, match="has no run 'r9'"):         # a stream call reinstalls too
         host.agent.tail("r9", 5, shown.append)
     assert installed(tmp_path).read_text() == AGENT_SOURCE
+    assert host.agent.runs() == []                                   # its bytecode was made again too
 
 
 def agent_run(tmp_path: Path, *args: str, protocol: str | None = str(hostagent.PROTOCOL_VERSION),
@@ -297,3 +307,22 @@ def test_a_remembered_interpreter_is_forgotten_only_when_it_fails_to_run_the_age
         assert transport.pythons == ["/opt/py/bin/python3"] and memory.exists()
     else:          # the interpreter's: forgotten, and the boot tried once more with python3
         assert transport.pythons == ["/opt/py/bin/python3", "python3"] and not memory.exists()
+
+
+def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_made_again(local_host, tmp_path):
+    from draftops.host import close_all
+    host = local_host()
+    info = host.agent.prepare()
+    pyc = Path(info.run)
+    assert pyc.parent == installed(tmp_path).parent and pyc.name.endswith(f".{sys.implementation.cache_tag}.pyc")
+    assert str(pyc) in host.agent.command_line(("runs", "runs"), "n")
+    assert host.agent.runs() == []
+    close_all()
+    pyc.write_bytes(b"not bytecode at all")                           # damaged: the next boot makes it again
+    host = local_host()
+    assert host.agent.runs() == [] and pyc.read_bytes()[:4] != b"not "
+    close_all()
+    pyc.unlink()
+    pyc.mkdir()                                                       # cannot be written: the .py is run
+    host = local_host()
+    assert host.agent.runs() == [] and host.agent.info.run == str(installed(tmp_path))

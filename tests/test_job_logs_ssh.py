@@ -162,8 +162,8 @@ def follow_agents(run_id: str) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"follow" in argv and any(run_id.encode() in arg for arg in argv) and any(
-                AGENT_NAME.encode() in arg for arg in argv):
+        stem = AGENT_NAME.removesuffix(".py").encode()        # agent-<sha>.py, or its .<tag>.pyc
+        if b"follow" in argv and any(run_id.encode() in arg for arg in argv) and any(stem in arg for arg in argv):
             found.append(int(pid))
     return found
 

@@ -26,7 +26,9 @@ def apply_running() -> bool:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 2 and argv[1].split(b"/")[-1].startswith(b"agent-") and argv[2] == b"apply":
+        # python [-S] <state>/agent-<sha>.py|.<tag>.pyc ROOT apply ...
+        at = next((i for i, arg in enumerate(argv[:4]) if arg.split(b"/")[-1].startswith(b"agent-")), None)
+        if at is not None and argv[at + 2:at + 3] == [b"apply"]:
             return True
     return False
 

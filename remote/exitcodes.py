@@ -23,7 +23,6 @@ Python itself exits 1 on an uncaught exception, which would read as CHECK_FAILED
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -51,6 +50,7 @@ def meaning(code: int | None) -> str:
 def internal_error(tool: str, exc: BaseException) -> str:
     """Report a crash the tool's own main caught: traceback on stderr, an ``error`` event; returns
     the message (for the tool's result file)."""
+    import traceback  # only for a crash: every quick host tool imports this module
     traceback.print_exc()
     message = f"internal error in {tool}: {exc!r}"
     events.error(message, kind="InternalError", exit_code=INTERNAL)

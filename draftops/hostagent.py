@@ -151,19 +151,14 @@ def cmd_prepare(root, agent_name, source=None):
 def _compiled(agent, rewritten):
     """The installed agent byte-compiled for this python, ``agent-<sha>.<tag>.pyc`` beside it (the path,
     or None when it cannot be made): run as a script, a .py is compiled again by every call (~8 ms of
-    each exec); the .pyc is loaded. Made again whenever the .py was (re)written or the .pyc is not this
-    python's; written atomically (py_compile), so concurrent boots cannot leave half a file."""
+    each exec); the .pyc is loaded. Made again whenever the .py was (re)written or the .pyc is not a
+    whole, loadable copy of it for this python; written atomically (py_compile), so concurrent boots
+    cannot leave half a file (a crash may, without fsync: that copy fails the check below)."""
     tag = getattr(sys.implementation, "cache_tag", None)
     if not tag or not agent.endswith(".py"):
         return None
     pyc = f"{agent[:-3]}.{tag}.pyc"
-    try:
-        from importlib.util import MAGIC_NUMBER
-        with open(pyc, "rb") as fh:
-            current = fh.read(len(MAGIC_NUMBER)) == MAGIC_NUMBER
-    except OSError:
-        current = False
-    if rewritten or not current:
+    if rewritten or not _loadable(pyc, agent):
         import py_compile
         try:
             py_compile.compile(agent, cfile=pyc, doraise=True,
@@ -171,6 +166,27 @@ def _compiled(agent, rewritten):
         except (OSError, py_compile.PyCompileError):
             return None
     return pyc
+
+
+def _loadable(pyc, source_path):
+    """Whether ``pyc`` is this python's bytecode of ``source_path`` as it is now: the magic number,
+    the source hash the unchecked-hash header records, and a code object that unmarshals (~0.5 ms
+    for the agent; a cut or damaged copy would otherwise fail every later call of every session)."""
+    import marshal
+    from importlib.util import MAGIC_NUMBER, source_hash
+    try:
+        with open(pyc, "rb") as fh:
+            data = fh.read()
+        with open(source_path, "rb") as fh:
+            source = fh.read()
+    except OSError:
+        return False
+    if data[:4] != MAGIC_NUMBER or data[8:16] != source_hash(source):
+        return False
+    try:
+        return type(marshal.loads(data[16:])).__name__ == "code"
+    except Exception:     # noqa: BLE001 - any damage: EOFError, ValueError, TypeError ...
+        return False
 
 
 def _same_file(path, data):

@@ -322,6 +322,11 @@ def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_ma
     host = local_host()
     assert host.agent.runs() == [] and pyc.read_bytes()[:4] != b"not "
     close_all()
+    whole = pyc.read_bytes()
+    pyc.write_bytes(whole[:len(whole) // 2])                          # cut short after a valid header
+    host = local_host()
+    assert host.agent.runs() == [] and pyc.read_bytes() == whole
+    close_all()
     pyc.unlink()
     pyc.mkdir()                                                       # cannot be written: the .py is run
     host = local_host()

@@ -332,3 +332,7 @@ def test_the_runner_converts_the_dataset_in_process_and_reports_a_bad_one(tmp_pa
     assert "error:" in (tmp_path / "prepare.log").read_text()
     code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(tmp_path / "gone"), str(out)])
     assert code == 1
+    deep = tmp_path / "deep.jsonl"                  # not a parse error but a crash of the parser: still a failed step
+    deep.write_text("[" * 100_000 + "\n")
+    code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(deep), str(tmp_path / "o3.json")])
+    assert code == 1 and "RecursionError" in (tmp_path / "prepare.log").read_text()

@@ -171,6 +171,7 @@ class Runner:
 
     def __init__(self, plan: dict[str, Any], run_dir: Path):
         self.plan, self.run_dir = plan, run_dir
+        self.facts: threading.Thread | None = None      # host.json being gathered (facts_meanwhile)
         self.server = plan["server"]
         self.doc: dict[str, Any] = {"status": "running", "failure": None, "steps": [],
                                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -247,8 +248,9 @@ class Runner:
                 log.write(("$ " + shlex.join(argv) + " (in the runner)\n").encode())
                 try:
                     count = datasets.write_sharegpt(argv[3], argv[4])
-                except (OSError, ValueError, BenchParseError) as exc:
-                    log.write(f"error: {exc}\n".encode())
+                except Exception as exc:    # noqa: BLE001 - any failure fails this step, as a python of its own did
+                    why = str(exc) if isinstance(exc, (OSError, ValueError, BenchParseError)) else repr(exc)
+                    log.write(f"error: {why}\n".encode())
                     return 1, ""
                 log.write(f"{count}\n".encode())
             return 0, ""
@@ -265,6 +267,8 @@ class Runner:
         if not self.server_alive():
             self.fail(f"the server (pid {self.server.get('pid')}) is not running before the {label}")
             return False
+        if step["kind"] != "warmup" and self.facts is not None:
+            self.facts.join()       # gathering the host facts must not share the machine with a measured repeat
         record["before"] = [self.call(c) for c in step.get("before", [])]
         offset = file_size(self.server.get("log"))
         print(f"bench: {label}: {shlex.join(step['argv'])}", flush=True)
@@ -295,7 +299,9 @@ class Runner:
 
     def facts_meanwhile(self) -> threading.Thread:
         """host.json, gathered on a thread while the benchmark starts: asking the engine's python for
-        its version takes that python's start-up (0.1-0.2 s), and nothing before the end needs it."""
+        its version takes that python's start-up (0.1-0.2 s), and nothing needs it before the end. It
+        overlaps the snapshots, the prompts and the warm-up; a measured repeat waits for it (see
+        :meth:`step`), so it never shares the machine with one."""
         plan = self.plan
 
         def gather() -> None:
@@ -310,7 +316,7 @@ class Runner:
         return thread
 
     def run(self) -> int:
-        facts = self.facts_meanwhile()
+        facts = self.facts = self.facts_meanwhile()
         try:
             self.steps()
         finally:

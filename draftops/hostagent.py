@@ -135,12 +135,13 @@ def cmd_prepare(root, agent_name, source=None):
         agent = os.path.join(resolved, "state", agent_name)
         global _AGENT_PATH
         _AGENT_PATH = agent
-        installed = bool(source) and not _same_file(agent, source.encode())
+        data = source.encode() if source else None       # what the installed copy must hold
+        installed = data is not None and not _same_file(agent, data)
         if installed:         # missing, or changed in place (an edit, a truncated copy): the name is ours
-            _atomic_write(agent, source.encode())
+            _atomic_write(agent, data)
     except OSError as exc:
         _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", Exit.ROOT_UNWRITABLE)
-    run = _compiled(agent, installed) or agent
+    run = _compiled(agent, installed, data) or agent
     _AGENT_PATH = run                 # the runners this call starts load the bytecode too
     _out({"protocol": PROTOCOL_VERSION, "root": resolved, "home": home, "python": sys.executable,
           "python_version": "{}.{}.{}".format(*sys.version_info[:3]), "platform": sys.platform,
@@ -148,17 +149,18 @@ def cmd_prepare(root, agent_name, source=None):
     return resolved
 
 
-def _compiled(agent, rewritten):
+def _compiled(agent, rewritten, source=None):
     """The installed agent byte-compiled for this python, ``agent-<sha>.<tag>.pyc`` beside it (the path,
     or None when it cannot be made): run as a script, a .py is compiled again by every call (~8 ms of
     each exec); the .pyc is loaded. Made again whenever the .py was (re)written or the .pyc is not a
     whole, loadable copy of it for this python; written atomically (py_compile), so concurrent boots
-    cannot leave half a file (a crash may, without fsync: that copy fails the check below)."""
+    cannot leave half a file (a crash may, without fsync: that copy fails the check below).
+    ``source``: the .py's bytes when the caller has them (the boot has just compared them)."""
     tag = getattr(sys.implementation, "cache_tag", None)
     if not tag or not agent.endswith(".py"):
         return None
     pyc = f"{agent[:-3]}.{tag}.pyc"
-    if rewritten or not _loadable(pyc, agent):
+    if rewritten or not _loadable(pyc, agent, source):
         import py_compile
         try:
             py_compile.compile(agent, cfile=pyc, doraise=True,
@@ -168,17 +170,19 @@ def _compiled(agent, rewritten):
     return pyc
 
 
-def _loadable(pyc, source_path):
-    """Whether ``pyc`` is this python's bytecode of ``source_path`` as it is now: the magic number,
-    the source hash the unchecked-hash header records, and a code object that unmarshals (~0.5 ms
-    for the agent; a cut or damaged copy would otherwise fail every later call of every session)."""
+def _loadable(pyc, source_path, source=None):
+    """Whether ``pyc`` is this python's bytecode of ``source_path`` as it is now (``source``: its
+    bytes, read here when not given): the magic number, the source hash the unchecked-hash header
+    records, and a code object that unmarshals (~0.5 ms for the agent; a cut or damaged copy would
+    otherwise fail every later call of every session)."""
     import marshal
     from importlib.util import MAGIC_NUMBER, source_hash
     try:
         with open(pyc, "rb") as fh:
             data = fh.read()
-        with open(source_path, "rb") as fh:
-            source = fh.read()
+        if source is None:
+            with open(source_path, "rb") as fh:
+                source = fh.read()
     except OSError:
         return False
     if data[:4] != MAGIC_NUMBER or data[8:16] != source_hash(source):

@@ -297,7 +297,7 @@ class Runner:
         print(f"bench: {label} done in {seconds:.1f} s", flush=True)
         return True
 
-    def facts_meanwhile(self) -> threading.Thread:
+    def facts_meanwhile(self) -> None:
         """host.json, gathered on a thread while the benchmark starts: asking the engine's python for
         its version takes that python's start-up (0.1-0.2 s), and nothing needs it before the end. It
         overlaps the snapshots, the prompts and the warm-up; a measured repeat waits for it (see
@@ -311,16 +311,16 @@ class Runner:
                 facts = {"error": f"{type(exc).__name__}: {exc}"}
             write_json(self.run_dir / HOST_FILE, facts)
 
-        thread = threading.Thread(target=gather, name="host-facts", daemon=True)
-        thread.start()
-        return thread
+        self.facts = threading.Thread(target=gather, name="host-facts", daemon=True)
+        self.facts.start()
 
     def run(self) -> int:
-        facts = self.facts = self.facts_meanwhile()
+        self.facts_meanwhile()
         try:
             self.steps()
         finally:
-            facts.join()           # host.json is written before the result is announced
+            if self.facts is not None:
+                self.facts.join()  # host.json is written before the result is announced
         self.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.save()
         events.result(RUNNER_FILE, status=self.doc["status"],

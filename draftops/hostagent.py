@@ -435,10 +435,11 @@ def digest(manifest):
     return hashlib.sha256(json.dumps(sorted(manifest.items()), separators=(",", ":")).encode()).hexdigest()
 
 
-def _scan_and_store(code_fd, state_file):
-    """Manifest of the code tree, keeping the stat cache in ``state_file`` up to date."""
+def _scan_and_store(code_fd, state_file, seeds=None):
+    """Manifest of the code tree, keeping the stat cache in ``state_file`` up to date. ``seeds``: hashes
+    of files this apply has just written, under their stat keys (see _seed)."""
     old = _load_cache(state_file)
-    manifest, cache = _scan(code_fd, old)
+    manifest, cache = _scan(code_fd, {**old, **seeds} if seeds else old)
     if cache != old:
         try:
             _atomic_write(state_file, json.dumps(cache).encode())
@@ -486,6 +487,7 @@ class _Plan:
     def __init__(self, tar):
         import tarfile
         self.tar, self.delete, self.members = tar, [], []
+        self.seeds: dict = {}                # rel -> [stat key, sha256] of the files written (see _seed)
         if tar is None:
             return
         try:
@@ -728,8 +730,9 @@ def _datasync(fds):
         del fds[:]
 
 
-def _write_fd(fd, source):
+def _write_fd(fd, source, digest):
     for block in iter(lambda: source.read(1 << 20), b""):
+        digest.update(block)
         view = memoryview(block)
         while view:
             view = view[os.write(fd, view):]
@@ -743,6 +746,7 @@ def _write(code_fd, plan):
     belong to someone else (or to the project) and are synced like any other file."""
     dirs, staged, unsynced = _Dirs(code_fd), [], []
     sources: dict = {}                    # folder -> modules written there (their bytecode goes)
+    hashed: dict = {}                     # temp name -> (sha256, inode, size, mtime) as written
     token = f"{CODE_TMP}{os.getpid()}-{os.urandom(4).hex()}-"
     try:
         for i, member in enumerate(plan.members):
@@ -757,8 +761,11 @@ def _write(code_fd, plan):
                          dir_fd=parent)
             unsynced.append(fd)
             staged.append((head, tmp, name))
-            _write_fd(fd, plan.tar.extractfile(member))
+            digest = hashlib.sha256()
+            _write_fd(fd, plan.tar.extractfile(member), digest)
             os.fchmod(fd, member.mode & 0o777)
+            st = os.fstat(fd)
+            hashed[tmp] = (digest.hexdigest(), st.st_ino, st.st_size, st.st_mtime_ns)
             if len(unsynced) >= 128:
                 _datasync(unsynced)
         _datasync(unsynced)
@@ -775,6 +782,8 @@ def _write(code_fd, plan):
                 # python trusts a cached .pyc while the source's size and whole-second mtime match,
                 # which a same-size edit synced within the second would; the next start compiles it
                 sources.setdefault(head, set()).add(name[:-3])
+            if tmp in hashed:
+                _seed(plan.seeds, dirs.open(head), name, (head + "/" if head else "") + name, hashed[tmp])
             staged.pop(0)
         return len(plan.members)
     except BaseException:
@@ -790,6 +799,21 @@ def _write(code_fd, plan):
     finally:
         _drop_sources_bytecode(dirs, sources)   # of the files renamed into place, even when a later one failed
         dirs.close()
+
+
+def _seed(seeds, parent, name, rel, written):
+    """Record the hash of a file just written under the stat key it has now (a rename changes its
+    ctime), so the scan after the apply need not read it again. Only when the file in place is still
+    the one written (same inode, size and mtime); anything else is hashed by the scan as usual. (A
+    same-size rewrite of the temp file with its mtime put back, between its write and this stat, is
+    not seen: it would take a writer inside the apply's private 0600 temp file under the sync lock.)"""
+    sha, ino, size, mtime = written
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return
+    if (st.st_ino, st.st_size, st.st_mtime_ns) == (ino, size, mtime) and stat.S_ISREG(st.st_mode):
+        seeds[rel] = [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], sha]
 
 
 def _live_runs_on_code(code_dir):
@@ -881,7 +905,7 @@ def _apply_plan(code_fd, code_dir, state_file, plan, expected_tree, force):
         raise Refusal(Exit.APPLY_FAILED, f"applying the sync in {_in_code()} failed: {_why(exc)}. Every file "
                           "there is either its old or its new version (no partial files; the deletions were "
                           "done first, to make room); free space or fix the cause, then sync again") from None
-    manifest = _scan_and_store(code_fd, state_file)
+    manifest = _scan_and_store(code_fd, state_file, plan.seeds)
     answer = {"status": "applied", "written": written, "deleted": deleted, "files": len(manifest),
               "digest": digest(manifest)}
     if busy:

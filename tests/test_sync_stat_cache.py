@@ -113,3 +113,35 @@ def test_any_change_of_the_stat_key_hashes_the_file_again(side: str, change: str
     content = CHANGES[change](path)
     assert scan()[rel][1] == sha(content)
     assert json.loads(cache.read_text())[rel][1] == sha(content)        # the cache learnt it too
+
+
+def test_a_file_the_apply_wrote_is_cached_under_its_stat_only_while_it_is_the_one_written(
+        host: tuple[Path, Path, Callable[[], dict]]) -> None:
+    """The apply hashes each file as it writes it and seeds the cache (hostagent._seed), so the scan
+    after it reads nothing back; a file changed in between (other inode, size or mtime, or no longer a
+    file) is not seeded, and is hashed by the scan as usual."""
+    path, _cache, scan = host
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for change in (None, touch, replaced_by_rename, grown):
+            path.write_bytes(b"A" * 10)
+            st = path.stat()
+            written = (PLANTED, st.st_ino, st.st_size, st.st_mtime_ns)
+            if change is not None:
+                change(path)
+            seeds: dict = {}
+            hostagent._seed(seeds, parent, path.name, "x.py", written)
+            if change is None:
+                st = path.stat()
+                assert seeds == {"x.py": [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], PLANTED]}
+            else:
+                assert seeds == {}, f"seeded after {change.__name__}"
+        st = path.stat()
+        path.unlink()
+        path.symlink_to("elsewhere")
+        seeds = {}
+        hostagent._seed(seeds, parent, path.name, "x.py", (PLANTED, st.st_ino, st.st_size, st.st_mtime_ns))
+        assert seeds == {}
+    finally:
+        os.close(parent)
+    assert scan()["x.py"][0] == "l"

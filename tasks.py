@@ -19,7 +19,7 @@ adopt_callwide_host(sys.argv)
 atexit.register(gc.freeze)
 
 ns = Collection()
-for name in ("sync", "runs", "logs", "kill", "pull"):
+for name in ("sync", "runs", "logs", "kill", "pull", "disconnect"):
     ns.add_task(getattr(core, name))
 ns.add_task(drafter.test_drafter)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))

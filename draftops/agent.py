@@ -191,13 +191,30 @@ class AgentClient:
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
         return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
 
+    def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any] | None:
+        """The same call for a standby agent (draftops/keeper.py), when the transport keeps them: which
+        agent it needs, and what it is told in place of a command line (the boot's source included)."""
+        if not hasattr(self.transport, "run_standby"):
+            return None
+        env = _env(nonce)
+        if self.info is None:
+            header = {"boot": True, "source": AGENT_SOURCE, "argv": [self.spec.root, AGENT_NAME, *args], "env": env}
+        else:
+            header = {"argv": [self.info.root, *args], "env": env}
+        return {"python": self.python, "agent": AGENT_NAME, "header": header}
+
     def _call(self, args: tuple[str, ...], *, input: bytes | None = None, run_id: str | None = None,
               retried: bool = False) -> dict[str, Any]:
         nonce = secrets.token_hex(8)
         booting = self.info is None
         command = self.command_line(args, nonce)
         sent_at = time.time()
-        result = self.transport.run(command, input=input, check=False)
+        standby = self._standby(args, nonce)
+        run_standby = getattr(self.transport, "run_standby", None)
+        if standby is not None and run_standby is not None:
+            result = run_standby(standby, command, input)
+        else:
+            result = self.transport.run(command, input=input, check=False)
         timing.host_stages(result.stderr, sent_at, time.time())
         what = " ".join(args) if args else "prepare"
         try:
@@ -207,7 +224,11 @@ class AgentClient:
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
         if booting and replies:
             self.info = self._host_info(replies.pop(0), result)
+            asked = self.python
             self._remember(self.info.python)
+            standby_ready = getattr(self.transport, "standby_ready", None)
+            if standby_ready is not None:         # a kept connection starts the next agent ahead
+                standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
         unprepared = booting and self.info is None       # the boot failed before prepare answered
         if unprepared and result.exit_code not in (0, Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
                 and self.python != self.default_python:
@@ -231,8 +252,14 @@ class AgentClient:
         nonce = secrets.token_hex(8)
         unframer = Unframer(nonce, on_output, lambda header: None)
         what = " ".join(args)
+        command = self.command_line(args, nonce)
+        standby = self._standby(args, nonce)
+        stream_standby = getattr(self.transport, "stream_standby", None)
         try:
-            code = self.transport.stream(self.command_line(args, nonce), unframer.feed)
+            if standby is not None and stream_standby is not None:
+                code = stream_standby(standby, command, unframer.feed)
+            else:
+                code = self.transport.stream(command, unframer.feed)
         except FramingError as exc:
             raise self._failure(AgentError, what, None, unframer.noise, b"",
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
@@ -358,9 +385,12 @@ def _run_dir(run_id: str) -> str:
     return f"runs/{run_id}"
 
 
+def _env(nonce: str) -> dict[str, str]:
+    """The agent's environment: the reply nonce, the protocol version (and the benchmark's timing flag)."""
+    env = {timing.ENV: "1"} if timing.ENABLED else {}
+    return {**env, hostagent.FRAME_ENV: nonce, hostagent.PROTOCOL_ENV: str(hostagent.PROTOCOL_VERSION)}
+
+
 def _env_prefix(nonce: str) -> str:
-    """The agent's environment on its command line: the reply nonce, the protocol version (and the
-    benchmark's timing flag)."""
-    timed = f"{timing.ENV}=1 " if timing.ENABLED else ""
-    return (f"{timed}{hostagent.FRAME_ENV}={shlex.quote(nonce)} "
-            f"{hostagent.PROTOCOL_ENV}={hostagent.PROTOCOL_VERSION}")
+    """``_env`` as the start of a command line."""
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in _env(nonce).items())

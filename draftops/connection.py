@@ -271,9 +271,9 @@ class SSHTransport:
     """A Fabric connection behind its chain of jump hosts (Fabric gateways), opened once, with
     keepalive and retries. Every hop is opened in turn, so an error names the hop that failed."""
 
-    def __init__(self, spec: HostSpec, inventory: Inventory | None = None):
+    def __init__(self, spec: HostSpec, inventory: Inventory | None = None, hops: list[HostSpec] | None = None):
         self.spec = spec
-        self.hops = inventory.jump_chain(spec) if inventory else []
+        self.hops = hops if hops is not None else inventory.jump_chain(spec) if inventory else []
         gateway: Connection | None = None
         self.gateways: list[Connection] = []
         for hop in self.hops:

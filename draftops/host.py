@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from draftops import timing
 from draftops.agent import AgentClient
-from draftops.connection import Transport, connect
+from draftops.connection import Transport
+from draftops.keeper_link import open_transport
 
 if TYPE_CHECKING:   # the inventory (pydantic, yaml) is loaded when a host is opened, not at import
     from draftops.inventory import HostSpec, Inventory
@@ -102,7 +103,7 @@ def open_host(name: str | None = None, project_root: Path | None = None,
     spec = inventory.get(name)
     key = (str(root), spec.name)
     if key not in _OPEN:
-        _OPEN[key] = Host(spec, connect(spec, inventory), root)
+        _OPEN[key] = Host(spec, open_transport(spec, inventory), root)
     host = _OPEN[key]
     if prepare and host.agent.info is None:
         try:

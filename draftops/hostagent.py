@@ -1553,6 +1553,41 @@ def main(argv):
     _stamp("agent-done")
 
 
+STANDBY_FLAG = "--standby"
+STANDBY_READY = b"@@draftops-standby ready\n"
+MAX_STANDBY_REQUEST = 1 << 22
+
+
+def standby():
+    """Wait, loaded, for one call (``agent.pyc --standby``, started ahead by a kept connection,
+    draftops/keeper.py): say ready on stdout, read one JSON line ``{"argv", "env", "boot", "source"}``
+    from stdin, then run it exactly as a fresh exec would (the boot when ``boot`` is set). The call's
+    input follows that line on stdin. The host's shell and this python's start-up were paid before
+    the call was made; EOF before a request (the connection closed) ends it quietly."""
+    out = sys.stdout.buffer
+    out.write(STANDBY_READY)
+    out.flush()
+    line = sys.stdin.buffer.readline(MAX_STANDBY_REQUEST)
+    if not line.endswith(b"\n"):
+        return
+    try:
+        request = json.loads(line)
+        env, argv = request["env"], request["argv"]
+        if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise TypeError("env must be an object and argv a list of strings")
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    except (ValueError, KeyError, TypeError) as exc:
+        _fail(f"standby agent: unusable request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    if request.get("boot"):
+        boot(str(request["source"]), argv)
+        return
+    _stamp("agent-start")
+    main(argv)
+
+
 if __name__ == "__main__":
-    _stamp("agent-start")      # the installed copy: its imports are already counted as shell start-up
-    main(sys.argv[1:])
+    if sys.argv[1:] == [STANDBY_FLAG]:
+        standby()
+    else:
+        _stamp("agent-start")  # the installed copy: its imports are already counted as shell start-up
+        main(sys.argv[1:])

@@ -139,6 +139,8 @@ class HostSpec(BaseModel):
     gpu: str | None = None
     sync_paths: list[str] = Field(default_factory=list)
     connect_timeout: float = Field(10.0, gt=0, le=300)
+    #: seconds an idle connection is kept open for the next `invoke` call (0: connect on every call)
+    persist: float = Field(600.0, ge=0, le=86400)
     engine: Engine | None = None
     engine_python: str | None = None
     serve: dict[str, ServeProfile] = Field(default_factory=dict)

@@ -100,3 +100,7 @@ def copy_remote_package(dest_root: Path) -> None:
 
 
 os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+# Each test connects afresh, in its own process and every `invoke` it runs: a kept connection
+# (hosts.yaml `persist:`) would carry state from one test into the next. tests/test_keeper_ssh.py turns
+# it on, with keepers of its own.
+os.environ["DRAFTOPS_PERSIST"] = "0"

@@ -1,4 +1,4 @@
-"""Tasks for code sync and remote jobs: sync, runs, logs, kill, pull."""
+"""Tasks for code sync and remote jobs: sync, runs, logs, kill, pull; disconnect (kept connections)."""
 from __future__ import annotations
 
 import time
@@ -105,3 +105,20 @@ def pull(c: Context, run_id: str, host: str | None = None) -> None:
     pulled = jobs.pull_run(target, run_id)
     show_skipped(pulled.skipped, console)
     console.print(f"pulled into {safe(pulled.path)}")
+
+
+@task(help={"host": HOST_HELP, "all": "every kept connection of this user, to any host"})
+@friendly
+def disconnect(c: Context, host: str | None = None, all: bool = False) -> None:
+    """Close the kept SSH connection to the host (hosts.yaml `persist:`), as `ssh -O exit` would; the
+    next call connects afresh (and keeps that connection again)."""
+    from draftops import keeper_link
+
+    if all:
+        count = keeper_link.disconnect_all()
+        console.print(f"closed {count} kept connection(s)")
+        return
+    inventory = project_inventory(project_root(c).resolve())
+    spec = inventory.get(host)
+    closed = keeper_link.disconnect(spec, inventory)
+    console.print(f"{safe(spec.name)}: " + ("kept connection closed" if closed else "no kept connection"))

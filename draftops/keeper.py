@@ -1,0 +1,323 @@
+"""The keeper: a background process holding one SSH connection open for later `invoke` calls (started by
+draftops/keeper_link.py as a call exits; ``python -m draftops.keeper FOLDER KEY``, the host chain as JSON
+on stdin). It serves this user's processes on ``FOLDER/KEY.sock``:
+
+- ``exec``: run a command on a new channel, relaying stdin, stdout, stderr and the exit code;
+- ``agent``: the same for a host agent call, given to a standby agent (``agent.pyc --standby``, already
+  past the host's shell and python start-up) when one of that python and agent is ready;
+- ``standby``: which agent to keep a standby of; ``ping``: whether it is alive; ``stop``: end now.
+
+It exits after ``persist`` idle seconds, when the connection drops (it never reconnects: the next call
+connects directly, with every host-key check, and leaves a new keeper), or when its socket is taken.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from draftops.connection import SSHTransport
+from draftops.hostagent import STANDBY_FLAG, STANDBY_READY
+from draftops.inventory import HostSpec
+from draftops.keeper_link import ERR, EXIT, OUT, REFUSED, STARTED, read_exact, send_frame, socket_path
+
+MAX_REQUEST = 1 << 22
+STANDBY_START_S = 30.0
+ACCEPT_S = 0.25                      # how often an idle keeper looks at the clock and the connection
+PEERCRED = struct.Struct("3i")
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} keeper {os.getpid()}: {message}\n")
+    sys.stderr.flush()
+
+
+class Standby:
+    """One agent started ahead on its own channel, usable once it has said ready."""
+
+    def __init__(self, keeper: Keeper, python: str, run: str):
+        self.channel = keeper.channel(f"exec {shlex.quote(python)} -S {shlex.quote(run)} {STANDBY_FLAG}")
+        self.ready = threading.Event()      # said ready
+        self.settled = threading.Event()    # said ready, or failed
+        self.failed = False
+
+    def wait_ready(self) -> None:
+        seen = b""
+        self.channel.settimeout(STANDBY_START_S)
+        try:
+            while not seen.endswith(STANDBY_READY):
+                chunk = self.channel.recv(len(STANDBY_READY) - len(seen))
+                if not chunk or not STANDBY_READY.startswith(seen + chunk):
+                    raise OSError(f"standby said {(seen + chunk)[:200]!r}")
+                seen += chunk
+            self.channel.settimeout(None)
+            self.ready.set()
+        except (OSError, TimeoutError) as exc:
+            self.failed = True
+            log(f"a standby agent did not start: {exc}")
+            self.channel.close()
+        finally:
+            self.settled.set()
+
+    @property
+    def usable(self) -> bool:
+        return self.ready.is_set() and not self.channel.closed and not self.channel.exit_status_ready()
+
+
+class Keeper:
+    def __init__(self, transport: SSHTransport, listener: socket.socket, persist: float):
+        self.transport, self.listener, self.persist = transport, listener, persist
+        self.lock = threading.Lock()
+        self.active = 0
+        self.last = time.monotonic()
+        self.standbys: dict[tuple[str, str], list[Standby]] = {}
+        self.known: dict[tuple[str, str], tuple[str, str]] = {}  # (python asked for, agent) -> (python, run)
+        self.stopping = False
+
+    # ---------------------------------------------------------------- the connection
+    def alive(self) -> bool:
+        link = self.transport.connection.transport
+        return link is not None and link.is_active()
+
+    def channel(self, command: str) -> Any:
+        link = self.transport.connection.transport
+        if link is None or not link.is_active():
+            raise OSError("the SSH connection is closed")
+        channel = link.open_session()
+        channel.exec_command(f"sh -c {shlex.quote(command)}")
+        return channel
+
+    # ---------------------------------------------------------------- standbys
+    def refill(self, key: tuple[str, str]) -> None:
+        """Start a standby of ``key`` (on a thread) unless one is ready or starting."""
+        with self.lock:
+            known = self.known.get(key)
+            pool = [s for s in self.standbys.get(key, []) if not s.failed and not s.channel.closed]
+            self.standbys[key] = pool
+            if known is None or pool or self.stopping:
+                return
+            try:
+                standby = Standby(self, *known)
+            except Exception as exc:   # noqa: BLE001 - a standby is only a shortcut
+                log(f"could not start a standby agent: {exc}")
+                return
+            pool.append(standby)
+        threading.Thread(target=self._watch, args=(key, standby), daemon=True).start()
+
+    def _watch(self, key: tuple[str, str], standby: Standby) -> None:
+        standby.wait_ready()
+        if standby.failed:
+            with self.lock:
+                self.known.pop(key, None)     # told again by the next call that boots the agent
+
+    def take(self, key: tuple[str, str]) -> Standby | None:
+        """A standby of ``key`` for one call. One still starting is waited for: it was started before
+        this call came, so it is ready no later than a fresh exec would be."""
+        with self.lock:
+            pool = self.standbys.get(key, [])
+            starting = [s for s in pool if not s.failed and not s.channel.closed]
+            if not starting:
+                return None
+            standby = next((s for s in starting if s.ready.is_set()), starting[0])
+            pool.remove(standby)
+        standby.settled.wait(STANDBY_START_S)
+        return standby if standby.usable else None
+
+    # ---------------------------------------------------------------- requests
+    def serve(self) -> None:
+        self.listener.settimeout(ACCEPT_S)
+        while not self.stopping:
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                self._maybe_stop()
+                continue
+            except OSError:
+                break
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[1]
+            if uid != os.getuid():
+                log(f"refused a client of uid {uid}")
+                conn.close()
+                continue
+            with self.lock:
+                self.active += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _maybe_stop(self) -> None:
+        if not self.alive():
+            log("the SSH connection dropped; stopping")
+            self.stopping = True
+        with self.lock:
+            idle = self.active == 0 and time.monotonic() - self.last > self.persist
+        if idle:
+            log(f"idle for {self.persist:g}s; stopping")
+            self.stopping = True
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            request = _read_request(conn)
+            op = request.get("op")
+            if op == "ping":
+                send_frame(conn, EXIT, b"0")
+            elif op == "stop":
+                log("asked to stop")
+                self.stopping = True
+                send_frame(conn, EXIT, b"0")
+            elif op == "standby":
+                python, agent = str(request["python"]), str(request["agent"])
+                keys = {(python, agent), (str(request.get("asked") or python), agent)}
+                with self.lock:
+                    for key in keys:
+                        self.known[key] = (python, str(request["run"]))
+                send_frame(conn, EXIT, b"0")
+                for key in keys:
+                    self.refill(key)
+            elif op in ("exec", "agent"):
+                self._command(conn, request)
+            else:
+                send_frame(conn, REFUSED, f"unknown request {op!r}".encode())
+        except Exception as exc:   # noqa: BLE001 - one bad request must not stop the keeper
+            log(f"request failed: {type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def _command(self, conn: socket.socket, request: dict[str, Any]) -> None:
+        standby, key = None, None
+        if request["op"] == "agent":
+            key = (str(request["python"]), str(request["agent"]))
+            standby = self.take(key)
+        try:
+            if standby is not None:
+                channel = standby.channel
+                channel.sendall(json.dumps(request["header"]).encode() + b"\n")
+            else:
+                channel = self.channel(str(request["command"]))
+        except Exception as exc:   # noqa: BLE001 - nothing ran: the client runs it directly
+            send_frame(conn, REFUSED, str(exc).encode())
+            if not self.alive():
+                self.stopping = True
+            return
+        if key is not None:
+            self.refill(key)       # the next call finds the next standby starting or ready
+        send_frame(conn, STARTED)
+        _Relay(conn, channel).run(bool(request.get("combine")))
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    """The request line (its input, if any, follows it on the socket and is left there)."""
+    buf = bytearray()
+    while True:
+        peek = conn.recv(1 << 16, socket.MSG_PEEK)
+        cut = peek.find(b"\n")
+        chunk = read_exact(conn, cut + 1 if cut >= 0 else len(peek)) if peek else None
+        if chunk is None or len(buf) + len(chunk) > MAX_REQUEST:
+            raise ValueError("incomplete or oversized request")
+        buf += chunk
+        if cut >= 0:
+            break
+    request = json.loads(buf)
+    if not isinstance(request, dict):
+        raise ValueError("a request is a JSON object")
+    return request
+
+
+class _Relay:
+    """One command's streams: the client's input to the channel; the channel's output, errors and exit
+    code to the client. A client that goes away closes the channel, as a dropped SSH link would."""
+
+    def __init__(self, conn: socket.socket, channel: Any):
+        self.conn, self.channel = conn, channel
+        self.write = threading.Lock()
+
+    def frame(self, kind: bytes, data: bytes = b"") -> None:
+        with self.write:
+            send_frame(self.conn, kind, data)
+
+    def pump_input(self) -> None:
+        try:
+            while chunk := self.conn.recv(1 << 20):
+                self.channel.sendall(chunk)
+            self.channel.shutdown_write()
+        except OSError:
+            self.channel.close()
+
+    def pump_errors(self) -> None:
+        try:
+            while chunk := self.channel.recv_stderr(1 << 16):
+                self.frame(ERR, chunk)
+        except OSError:
+            self.channel.close()
+
+    def run(self, combine: bool) -> None:
+        if combine:
+            self.channel.set_combine_stderr(True)
+        threading.Thread(target=self.pump_input, daemon=True).start()
+        errors = None if combine else threading.Thread(target=self.pump_errors, daemon=True)
+        if errors is not None:
+            errors.start()
+        try:
+            while chunk := self.channel.recv(1 << 16):
+                self.frame(OUT, chunk)
+            if errors is not None:
+                errors.join()
+            self.frame(EXIT, str(self.channel.recv_exit_status()).encode())
+        except OSError:
+            pass
+        finally:
+            self.channel.close()
+
+
+def main(argv: list[str]) -> int:
+    folder, key = Path(argv[0]), argv[1]
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0                                   # another keeper holds this connection
+    config = json.loads(sys.stdin.read())
+    chain = [HostSpec.model_validate(doc) for doc in config["chain"]]
+    try:
+        transport = SSHTransport(chain[-1], hops=chain[:-1])
+    except Exception as exc:   # noqa: BLE001 - every failure: calls go direct for a while
+        log(f"could not connect: {exc}")
+        (folder / f"{key}.failed").touch()
+        return 1
+    path = socket_path(folder, key)
+    staging = folder / f"{key}.sock.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(staging))
+    os.chmod(staging, 0o600)
+    listener.listen(64)
+    os.replace(staging, path)                      # a dead keeper's socket is replaced at once
+    inode = os.stat(path).st_ino
+    (folder / f"{key}.failed").unlink(missing_ok=True)
+    log(f"holding {chain[-1].describe()} for {config['persist']:g}s idle")
+    keeper = Keeper(transport, listener, float(config["persist"]))
+    try:
+        keeper.serve()
+    finally:
+        try:
+            if os.stat(path).st_ino == inode:      # still ours: a newer keeper's socket stays
+                path.unlink()
+        except OSError:
+            pass
+        listener.close()
+        transport.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

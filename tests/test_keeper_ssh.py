@@ -1,0 +1,314 @@
+"""Kept connections (hosts.yaml `persist:`, draftops/keeper.py) against a real sshd of their own: a later
+call goes through the keeper and a standby agent, gets the same results as a direct connection, and
+falls back to a direct connection whenever the keeper is missing, dead, not safely ours or loses its link.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftops import host as host_module
+from draftops import keeper_link
+from draftops.agent import AGENT_NAME
+from draftops.connection import SSHTransport
+from draftops.errors import InventoryError, RemoteError
+from draftops.host import open_host, project_inventory
+from tests.conftest import REPO, ssh_entry
+from tests.sshd import Sshd, start_sshd
+
+pytestmark = pytest.mark.ssh
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _keepers(folder: Path) -> list[int]:
+    """Pids of live keeper processes serving ``folder``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"draftops.keeper" in argv and str(folder).encode() in argv:
+                pids.append(int(entry))
+    return pids
+
+
+def wait_for(check, seconds: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.05)
+
+
+class Box:
+    """A project whose default host is this test's own sshd, with keepers in a folder of this test."""
+
+    def __init__(self, project: Path, server: Sshd, folder: Path):
+        self.project, self.server, self.folder = project, server, folder
+        inventory = project_inventory(project)
+        self.inventory = inventory
+        self.spec = inventory.get("box")
+        self.chain = [*inventory.jump_chain(self.spec), self.spec]
+        self.key = keeper_link.keeper_key(self.chain)
+        self.socket = keeper_link.socket_path(folder, self.key)
+
+    def start_keeper(self, persist: float = 30.0) -> None:
+        assert keeper_link.spawn(self.chain, persist, self.folder, self.key)
+        wait_for(lambda: self.socket.exists() and keeper_link._alive(self.socket), what="the keeper's socket")
+
+    def kept(self) -> keeper_link.KeptTransport:
+        transport = keeper_link.open_transport(self.spec, self.inventory)
+        assert isinstance(transport, keeper_link.KeptTransport)
+        return transport
+
+    def invoke(self, *args: str, timing: bool = False) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+        env.pop("DRAFTOPS_HOST", None)
+        if timing:
+            env["DRAFTOPS_TIMING"] = "1"
+        return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=self.project, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    def standbys(self) -> list[int]:
+        """Pids of standby agents on the host (its processes are this machine's): pythons running
+        ``-S <agent> --standby``, not the shells that start them."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[:-1]
+                except OSError:
+                    continue
+                if len(argv) == 4 and argv[1] == b"-S" and argv[3] == b"--standby" and \
+                        argv[2].startswith(self.spec.root.encode()):
+                    found.append(int(entry))
+        return found
+
+
+@pytest.fixture
+def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
+    folder = Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))      # short: a socket path holds 108 bytes
+    folder.chmod(0o700)
+    server = start_sshd(tmp_path / "sshd", client_key)
+    monkeypatch.setenv("DRAFTOPS_PERSIST", "30")
+    monkeypatch.setenv("DRAFTOPS_KEEPER_DIR", str(folder))
+    project = make_project({"box": ssh_entry(server, tmp_path)}, default="box")
+    shutil.copy(REPO / "tasks.py", project / "tasks.py")
+    try:
+        yield Box(project, server, folder)
+    finally:
+        host_module.close_all()
+        keeper_link.PENDING.clear()               # no keeper for this sshd when pytest exits
+        keeper_link.disconnect_all()
+        wait_for(lambda: not _keepers(folder), what="the keepers to stop")
+        for pid in _children(server.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_second_invoke_call_goes_through_the_keeper_and_its_standby_agent(box: Box) -> None:
+    first = box.invoke("sync", timing=True)
+    assert first.returncode == 0, first.stderr
+    assert "took handshake" in first.stderr and "took keeper" not in first.stderr
+    wait_for(lambda: box.socket.exists(), what="the keeper the first call left")   # spawned as it exited
+    second = box.invoke("sync", timing=True)
+    assert second.returncode == 0, second.stderr
+    assert "took keeper" in second.stderr and "took handshake" not in second.stderr
+    # The second call's boot told the keeper which agent to start ahead, and its apply already ran in it.
+    wait_for(lambda: len(box.standbys()) == 1, what="a standby agent")
+    (standby,) = box.standbys()
+    (box.project / "remote" / "job.py").write_text("print('changed')\n")
+    third = box.invoke("sync", timing=True)
+    assert third.returncode == 0, third.stderr
+    code = Path(box.spec.root) / "code" / "remote" / "job.py"
+    assert code.read_text() == "print('changed')\n"
+    assert standby not in box.standbys()          # it ran the third call's boot, then ended
+    wait_for(lambda: len(box.standbys()) == 1, what="the next standby")
+
+
+def test_commands_through_a_keeper_behave_as_direct_ones(box: Box) -> None:
+    box.start_keeper()
+    kept = box.kept()
+    result = kept.run("echo out; echo 'it''s' >&2; exit 3", check=False)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"its\n")
+    with pytest.raises(RemoteError, match="exited 3"):
+        kept.run("exit 3")
+    blob = os.urandom(3 << 20)
+    assert kept.run("cat", input=blob).stdout == blob
+    seen: list[bytes] = []
+    assert kept.stream("echo a; echo b >&2; exit 4", seen.append) == 4
+    assert b"".join(seen).split() == [b"a", b"b"]
+    with pytest.raises(RemoteError, match="timed out"):
+        kept.run("sleep 5", timeout=0.5)
+    results: dict[int, bytes] = {}
+
+    def one(i: int) -> None:
+        results[i] = kept.run(f"sleep 0.2; echo {i}").stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {i: f"{i}\n".encode() for i in range(8)}
+    assert kept.direct is None                     # all of it went through the keeper
+
+
+def test_agent_calls_use_a_standby_and_a_broken_one_is_never_used(box: Box) -> None:
+    box.start_keeper()
+    host = open_host("box", box.project)
+    assert isinstance(host.transport, keeper_link.KeptTransport)
+    host.prepare()                                 # boots by exec; then tells the keeper
+    wait_for(lambda: len(box.standbys()) == 2, what="standby agents")
+    first = box.standbys()
+    host_module.close_all()
+    again = open_host("box", box.project)
+    again.prepare()                                # the boot is run by a standby
+    assert again.agent.info is not None and again.agent.info.root == host.agent.info.root
+    wait_for(lambda: len(set(first) - set(box.standbys())) == 1 and len(box.standbys()) == 2,
+             what="a fresh standby in place of the one used")
+    assert again.agent.runs() == []                # a call after the boot, by the next standby
+    # A standby that cannot start (its agent path is wrong) is dropped; calls go by exec meanwhile.
+    for pid in box.standbys():
+        os.kill(pid, signal.SIGKILL)
+    again.transport.standby_ready(again.agent.python, AGENT_NAME, "/nonexistent/agent.pyc")  # type: ignore[attr-defined]
+    assert again.agent.runs() == []
+    host_module.close_all()
+    third = open_host("box", box.project)
+    third.prepare()
+    assert third.agent.runs() == []
+
+
+def test_a_dead_missing_or_foreign_keeper_means_a_direct_connection(box: Box) -> None:
+    box.start_keeper()
+    (pid,) = _keepers(box.folder)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _keepers(box.folder), what="the keeper to die")
+    assert box.socket.exists()                     # stale: nobody answers it
+    direct = keeper_link.open_transport(box.spec, box.inventory)
+    assert isinstance(direct, SSHTransport)
+    assert direct.run("echo ok").stdout == b"ok\n"
+    direct.close()
+    box.socket.unlink()
+    box.socket.write_text("not a socket")
+    direct = keeper_link.open_transport(box.spec, box.inventory)
+    assert isinstance(direct, SSHTransport)
+    direct.close()
+    box.socket.unlink()
+    box.folder.chmod(0o755)                        # readable by others: not used at all
+    assert keeper_link.keeper_dir() is None
+    assert isinstance(keeper_link.open_transport(box.spec, box.inventory), SSHTransport)
+    box.folder.chmod(0o700)
+
+
+def test_a_keeper_gone_between_calls_means_the_next_command_runs_directly(box: Box) -> None:
+    box.start_keeper()
+    kept = box.kept()
+    assert kept.run("echo one").stdout == b"one\n" and kept.direct is None
+    (pid,) = _keepers(box.folder)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _keepers(box.folder), what="the keeper to die")
+    keeper_link.PENDING.clear()
+    assert kept.run("echo two").stdout == b"two\n"       # nothing had started: run directly instead
+    assert isinstance(kept.direct, SSHTransport)
+    assert [entry[3] for entry in keeper_link.PENDING] == [box.key]   # a new keeper as this process exits
+    keeper_link.spawn_pending()
+    wait_for(lambda: box.socket.exists() and keeper_link._alive(box.socket), what="the new keeper")
+    kept.close()
+
+
+def test_a_command_in_flight_when_the_keeper_dies_fails_clearly(box: Box) -> None:
+    box.start_keeper()
+    kept = box.kept()
+    (pid,) = _keepers(box.folder)
+    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    result = kept.run("sleep 3; echo done", check=False)
+    assert result.exit_code == -1
+    assert b"kept connection to the host was lost" in result.stderr
+    assert b"done" not in result.stdout
+
+
+def test_a_dropped_link_stops_the_keeper_and_calls_connect_directly(box: Box) -> None:
+    box.start_keeper()
+    box.kept().run("true")
+    for child in _children(box.server.proc.pid):   # the sshd side of the kept connection
+        os.kill(child, signal.SIGKILL)
+    wait_for(lambda: not _keepers(box.folder) and not box.socket.exists(), what="the keeper to stop")
+    direct = keeper_link.open_transport(box.spec, box.inventory)
+    assert isinstance(direct, SSHTransport) and direct.run("echo back").stdout == b"back\n"
+    direct.close()
+
+
+def test_an_idle_keeper_stops_and_disconnect_stops_one_now(box: Box) -> None:
+    box.start_keeper(persist=1)
+    wait_for(lambda: not box.socket.exists() and not _keepers(box.folder), seconds=10,
+             what="the idle keeper to stop")
+    box.start_keeper()
+    out = box.invoke("disconnect")
+    assert out.returncode == 0 and "kept connection closed" in out.stdout, out.stderr
+    wait_for(lambda: not _keepers(box.folder), what="the keeper to stop")
+    assert not box.socket.exists()
+    again = box.invoke("disconnect")
+    assert again.returncode == 0 and "no kept connection" in again.stdout
+
+
+def test_a_keeper_that_cannot_connect_backs_off(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    for child in _children(box.server.proc.pid):
+        os.kill(child, signal.SIGKILL)
+    box.server.stop()
+    assert keeper_link.spawn([box.spec], 30, box.folder, box.key)
+    failed = box.folder / f"{box.key}.failed"
+    wait_for(failed.exists, seconds=30, what="the failed keeper's marker")
+    assert not keeper_link.spawn([box.spec], 30, box.folder, box.key)    # not again for a minute
+    assert "could not connect" in (box.folder / f"{box.key}.log").read_text()
+
+
+def test_persist_from_the_environment_is_checked(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRAFTOPS_PERSIST", "soon")
+    with pytest.raises(InventoryError, match="DRAFTOPS_PERSIST"):
+        keeper_link.persist_seconds(box.spec)
+    monkeypatch.setenv("DRAFTOPS_PERSIST", "0")
+    assert isinstance(keeper_link.open_transport(box.spec, box.inventory), SSHTransport)
+    monkeypatch.delenv("DRAFTOPS_PERSIST")
+    assert keeper_link.persist_seconds(box.spec) == 600.0           # hosts.yaml's default
+    other = box.spec.model_copy(update={"port": box.spec.port + 1})
+    assert keeper_link.keeper_key([other]) != box.key
+
+
+def test_a_keeper_holds_a_connection_through_a_jump_host(box: Box, jump_sshd: Sshd, tmp_path: Path) -> None:
+    from tests.test_connection_ssh import _forwarded_to
+
+    (box.project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {
+        "bastion": ssh_entry(jump_sshd, tmp_path), "box": ssh_entry(box.server, tmp_path, jump="bastion")}}))
+    behind = Box(box.project, box.server, box.folder)
+    assert behind.key != box.key                   # another way to the host: another keeper
+    before = _forwarded_to(jump_sshd, box.server.port)
+    behind.start_keeper()
+    assert _forwarded_to(jump_sshd, box.server.port) > before   # the keeper went through the bastion
+    assert behind.kept().run("echo via-jump").stdout == b"via-jump\n"

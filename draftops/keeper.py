@@ -280,13 +280,18 @@ class _Relay:
 
 
 def main(argv: list[str]) -> int:
+    """``FOLDER KEY [LOCK_FD]``: LOCK_FD is the key's lock file, already locked by the spawner (so a
+    keeper is seen as starting from the moment it is spawned); without it the lock is taken here."""
     folder, key = Path(argv[0]), argv[1]
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0                                   # another keeper holds this connection
+    if len(argv) > 2:
+        lock = int(argv[2])
+    else:
+        lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0                               # another keeper holds this connection
     config = json.loads(sys.stdin.read())
     chain = [HostSpec.model_validate(doc) for doc in config["chain"]]
     try:

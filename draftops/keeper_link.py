@@ -263,19 +263,46 @@ def _alive(path: Path) -> bool:
     return _ask(path, "ping")
 
 
+def _starting(folder: Path, key: str) -> bool:
+    """Whether a keeper of ``key`` holds its lock (it is starting, or stopping) without answering yet."""
+    try:
+        lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(lock)
+
+
+def _stop(folder: Path, key: str) -> bool:
+    """Stop the keeper of ``key``, waiting for one that is still connecting (a call that just exited
+    may have left it); whether one was stopped."""
+    deadline = time.monotonic() + 30
+    while True:
+        if _ask(socket_path(folder, key), "stop"):
+            return True
+        if not _starting(folder, key) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def disconnect(spec: HostSpec, inventory: Inventory | None = None) -> bool:
     """Stop the keeper of ``spec``'s connection (as ``ssh -O exit``); whether one was running."""
     folder = keeper_dir()
     if folder is None or spec.transport != "ssh":
         return False
     chain = [*(inventory.jump_chain(spec) if inventory else []), spec]
-    return _ask(socket_path(folder, keeper_key(chain)), "stop")
+    return _stop(folder, keeper_key(chain))
 
 
 def disconnect_all() -> int:
-    """Stop every keeper of this user; how many were running."""
+    """Stop every keeper of this user, starting ones too; how many were running."""
     folder = keeper_dir()
-    return sum(_ask(path, "stop") for path in sorted(folder.glob("*.sock"))) if folder else 0
+    return sum(_stop(folder, lock.stem) for lock in sorted(folder.glob("*.lock"))) if folder else 0
 
 
 def open_transport(spec: HostSpec, inventory: Inventory | None = None) -> Transport:
@@ -333,9 +360,15 @@ def spawn(chain: list[HostSpec], persist: float, folder: Path, key: str) -> bool
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)    # held by a live or starting keeper
     except OSError:
-        return False
-    finally:
         os.close(lock)
+        return False
+    try:
+        return _start(chain, persist, folder, key, lock)
+    finally:
+        os.close(lock)        # the keeper holds the lock from here: it inherited the locked file
+
+
+def _start(chain: list[HostSpec], persist: float, folder: Path, key: str, lock: int) -> bool:
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     env.pop("DRAFTOPS_TIMING", None)
@@ -346,9 +379,9 @@ def spawn(chain: list[HostSpec], persist: float, folder: Path, key: str) -> bool
     except OSError:
         fresh = False
     with open(log_path, "wb" if fresh else "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "draftops.keeper", str(folder), key],
+        proc = subprocess.Popen([sys.executable, "-m", "draftops.keeper", str(folder), key, str(lock)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, cwd=folder,
-                                env=env, start_new_session=True, close_fds=True)
+                                env=env, start_new_session=True, close_fds=True, pass_fds=(lock,))
     assert proc.stdin is not None
     try:
         proc.stdin.write(json.dumps(config).encode())

@@ -267,6 +267,17 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
         delay *= 2
 
 
+def _no_delay(sock: object) -> None:
+    """Send small SSH packets at once (TCP_NODELAY, as OpenSSH does): a command's last bytes and its
+    end-of-input are two small packets, and with Nagle's rule the second waited for the host's delayed
+    ACK (40 ms), which an agent already waiting for its input (a kept connection's standby) shows.
+    A hop behind a jump host is a channel, not a socket: its jump host's socket carries it."""
+    import socket
+
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class SSHTransport:
     """A Fabric connection behind its chain of jump hosts (Fabric gateways), opened once, with
     keepalive and retries. Every hop is opened in turn, so an error names the hop that failed."""
@@ -289,6 +300,7 @@ class SSHTransport:
                 _open_one(conn, hop, self._role(index))
                 assert conn.transport is not None
                 conn.transport.set_keepalive(KEEPALIVE_S)
+                _no_delay(conn.transport.sock)
                 if index + 1 < len(chain):   # this hop makes the next one's TCP connection: bound it
                     conn.transport.channel_timeout = chain[index + 1].connect_timeout
         except BaseException:

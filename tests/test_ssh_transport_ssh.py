@@ -25,6 +25,17 @@ def test_gcm_is_chosen_when_the_server_offers_it(make_project, sshd, tmp_path, n
     assert negotiated(host) == ("aes128-gcm@openssh.com", "aes128-gcm@openssh.com", "none")
 
 
+def test_small_packets_are_sent_at_once(make_project, sshd, tmp_path, no_inventory_env):
+    """TCP_NODELAY on the connection's socket: a command's input and its end-of-input are two small
+    packets, and with Nagle's rule the second waited 40 ms for the host's delayed ACK."""
+    import socket
+
+    host = open_host(None, make_project({"box": ssh_entry(sshd, tmp_path)}, "box"))
+    sock = host.transport.connection.transport.sock
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert host.transport.run("cat", input=b"x" * 1000).stdout == b"x" * 1000
+
+
 def test_a_server_without_gcm_or_etm_still_syncs(make_project, client_key, tmp_path, no_inventory_env):
     old = start_sshd(tmp_path / "old-sshd", client_key,
                      extra_config="Ciphers aes256-ctr\nMACs hmac-sha2-512\n")

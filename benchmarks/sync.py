@@ -4,8 +4,11 @@ Tree: about 2,000 files / 50 MB (mostly small source-like files plus a few large
 Cases: first sync, no-op, one file changed. Prints seconds and bytes sent for each, the ratio
 draftops/rsync measured side by side in the same run, where `invoke sync`'s time goes stage by stage
 (from its DRAFTOPS_TIMING=1 stamps on stderr, see draftops/timing.py), and `invoke --list`'s wall time.
-Both tools pay for their own SSH connection in each case: draftops as a user runs it
-(`invoke sync`, a new process), rsync with its usual ssh transport.
+Both tools run as new processes in each case: draftops as a user runs it (`invoke sync`), rsync with its
+usual ssh transport. draftops is measured twice: through the connection its earlier calls left open
+(hosts.yaml `persist:`, the default) and connecting afresh in every call (DRAFTOPS_PERSIST=0); rsync
+connects afresh. Every measured run starts after os.sync(): rsync never flushes what it writes, and
+draftops' fdatasync of its own files would otherwise also wait for rsync's writeback.
 
     python benchmarks/sync.py [--files 2000] [--mb 50] [--repeat 3]
 """
@@ -73,6 +76,7 @@ SPLITS: dict[str, list[dict[str, float]]] = {}
 
 
 def run_invoke_sync(project: Path, env: dict[str, str], case: str = "") -> tuple[float, int]:
+    os.sync()              # start with no dirty pages: neither tool pays for the other's writeback
     spawned = time.time()
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "invoke", "sync"], cwd=project,
@@ -86,9 +90,13 @@ def run_invoke_sync(project: Path, env: dict[str, str], case: str = "") -> tuple
     return seconds, sent
 
 
-def run_rsync(src: Path, dest: str, port: int, key: Path) -> tuple[float, int]:
+def run_rsync(src: Path, dest: str, port: int, key: Path, control: Path | None = None) -> tuple[float, int]:
+    """One `rsync -a --delete` over ssh; ``control``: through an OpenSSH ControlPersist master there."""
     ssh = (f"ssh -p {port} -i {key} -o IdentitiesOnly=yes -o StrictHostKeyChecking=no "
            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    if control is not None:
+        ssh += f" -o ControlMaster=auto -o ControlPath={control} -o ControlPersist=60"
+    os.sync()
     started = time.perf_counter()
     out = subprocess.run(["rsync", "-a", "--delete", "--stats", "-e", ssh, f"{src}/", f"root@127.0.0.1:{dest}/"],
                          check=True, capture_output=True, text=True).stdout
@@ -121,34 +129,56 @@ def main() -> None:
             f"default: bench\nhosts:\n  bench:\n    address: 127.0.0.1\n    port: {server.port}\n"
             f"    user: root\n    key: {key}\n    host_key: accept-new\n    known_hosts: {work}/known_hosts\n"
             f"    root: {work}/hostroot\n")
+        keepers = work / "k"                # this run's kept connections (hosts.yaml `persist:`)
+        os.environ["DRAFTOPS_KEEPER_DIR"] = str(keepers)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("DRAFTOPS_HOST", None)
+        env.pop("DRAFTOPS_PERSIST", None)          # each host's `persist:` (default 600 s): as a user has it
         env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: draftops' modules load from .pyc
+        fresh = {**env, "DRAFTOPS_PERSIST": "0"}   # every call connects afresh (no kept connection)
         rsync_dest = str(work / "rsync-dest")
         total = sum(p.stat().st_size for p in (project / "remote").rglob("*") if p.is_file())
         nfiles = sum(1 for p in (project / "remote").rglob("*") if p.is_file())
         print(f"tree: {nfiles} files, {total / 2**20:.1f} MiB; sshd on 127.0.0.1:{server.port}")
         results: dict[str, dict[str, tuple[float, int]]] = {}
-        first_d, first_r = [], []
-        for _ in range(args.repeat):
-            for stale in (work / "hostroot", project / ".draftops", Path(rsync_dest)):
-                shutil.rmtree(stale, ignore_errors=True)
-            first_d.append(run_invoke_sync(project, env, "first sync"))
-            first_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
-        results["first sync"] = {"draftops": median(first_d), "rsync": median(first_r)}
-        noop_d, noop_r = [], []
-        for _ in range(args.repeat):       # interleaved, so a burst of load hits both tools alike
-            noop_d.append(run_invoke_sync(project, env, "no-op"))
-            noop_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
-        results["no-op"] = {"draftops": median(noop_d), "rsync": median(noop_r)}
-        change_d, change_r, changed = [], [], 0
         target = project / "remote" / "pkg3" / "mod_3.py"
+        changed = 0
+        # Each case twice: as a user has it (the connection kept by an earlier call's keeper, and a host
+        # agent started ahead), and with every call connecting afresh (DRAFTOPS_PERSIST=0).
+        for label, case_env in (("", env), (FRESH, fresh)):
+            if case_env is env:
+                warm_up_keeper(project, env, keepers)
+            first_d, first_r = [], []
+            for _ in range(args.repeat):
+                for stale in (work / "hostroot", project / ".draftops", Path(rsync_dest)):
+                    shutil.rmtree(stale, ignore_errors=True)
+                first_d.append(run_invoke_sync(project, case_env, "first sync" + label))
+                first_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
+            results["first sync" + label] = {"draftops": median(first_d), "rsync": median(first_r)}
+            noop_d, noop_r = [], []
+            for _ in range(args.repeat):       # interleaved, so a burst of load hits both tools alike
+                noop_d.append(run_invoke_sync(project, case_env, "no-op" + label))
+                noop_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
+            results["no-op" + label] = {"draftops": median(noop_d), "rsync": median(noop_r)}
+            change_d, change_r = [], []
+            for i in range(args.repeat):
+                target.write_text(target.read_text() + f"\nX{i} = {i}\n")
+                changed = target.stat().st_size
+                change_d.append(run_invoke_sync(project, case_env, "one file changed" + label))
+                change_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
+            results["one file changed" + label] = {"draftops": median(change_d), "rsync": median(change_r)}
+        # rsync through a connection kept the same way (OpenSSH ControlPersist), for reference: the
+        # kept draftops rows above against it
+        control = work / "cm"
+        run_rsync(project / "remote", rsync_dest, server.port, key, control)
+        mux_noop = [run_rsync(project / "remote", rsync_dest, server.port, key, control)
+                    for _ in range(args.repeat)]
+        mux_change = []
         for i in range(args.repeat):
-            target.write_text(target.read_text() + f"\nX{i} = {i}\n")
-            changed = target.stat().st_size
-            change_d.append(run_invoke_sync(project, env, "one file changed"))
-            change_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
-        results["one file changed"] = {"draftops": median(change_d), "rsync": median(change_r)}
+            target.write_text(target.read_text() + f"\nZ{i} = {i}\n")
+            mux_change.append(run_rsync(project / "remote", rsync_dest, server.port, key, control))
+        subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True)
+        os.environ["DRAFTOPS_PERSIST"] = "0"      # the open-session rows below: this process's own connection
         # The same two cases inside one invoke call (the connection already open, as in
         # `invoke sync test-drafter`): what sync itself costs, without Python start-up and imports.
         os.environ.pop("DRAFTOPS_HOST", None)
@@ -165,17 +195,25 @@ def main() -> None:
             warm_change.append((report.seconds, report.bytes_sent))
         results["no-op (open session)"] = {"draftops": median(warm_noop), "rsync": median(noop_r)}
         results["one change (open session)"] = {"draftops": median(warm_change), "rsync": median(change_r)}
-        print(f"{'case':<27} {'draftops s':>11} {'rsync s':>9} {'ratio':>6} {'goal':>5} "
+        print(f"{'case':<36} {'draftops s':>11} {'rsync s':>9} {'ratio':>6} {'goal':>5} "
               f"{'draftops bytes':>15} {'rsync bytes':>12}")
         for case, row in results.items():
             (ds, db), (rs, rb) = row["draftops"], row["rsync"]
             goal = GOALS.get(case)
-            print(f"{case:<27} {ds:>11.3f} {rs:>9.3f} {ds / rs:>5.2f}x {f'{goal:.1f}x' if goal else '':>5} "
+            print(f"{case:<36} {ds:>11.3f} {rs:>9.3f} {ds / rs:>5.2f}x {f'{goal:.1f}x' if goal else '':>5} "
                   f"{db:>15,} {rb:>12,}")
-        print("draftops bytes = the sync payload (tar); rsync bytes = its 'Total bytes sent'. The first three "
-              "rows time `invoke sync` as a new process (Python start-up and imports included).")
+        print("draftops bytes = the sync payload (tar); rsync bytes = its 'Total bytes sent'. The first six "
+              "rows time `invoke sync` as a new process (Python start-up and imports included): first as a "
+              f"user has it, through the connection an earlier call left open (hosts.yaml `persist:`, "
+              f"draftops/keeper.py), then{FRESH}, connecting afresh in every call (DRAFTOPS_PERSIST=0). rsync "
+              "connects afresh every time.")
         print(f"one change: the changed file is {changed:,} bytes; draftops sent "
               f"{results['one file changed']['draftops'][1] / changed:.0%} of it")
+        for case, samples in (("no-op", mux_noop), ("one file changed", mux_change)):
+            kept_s, mux_s = results[case]["draftops"][0], median(samples)[0]
+            print(f"{case}: rsync through an OpenSSH ControlPersist connection {mux_s:.3f} s; draftops through "
+                  f"its kept connection {kept_s:.3f} s = {kept_s / mux_s:.2f}x of that (measured after, not "
+                  "interleaved)")
         print_split()
         print_startup(project, env, args.repeat)
         print("bytecode cache: on for the measured processes (PYTHONDONTWRITEBYTECODE unset, Python's default)")
@@ -183,10 +221,29 @@ def main() -> None:
               f"on {os.cpu_count()} cores")
         server.stop()
     finally:
+        from draftops import keeper_link
+        keeper_link.disconnect_all()
         shutil.rmtree(work, ignore_errors=True)
 
 
+FRESH = " (fresh connection)"
+
+
+def warm_up_keeper(project: Path, env: dict[str, str], keepers: Path) -> None:
+    """Two unmeasured calls: the first leaves a keeper as it exits, the second tells it which host agent
+    to keep started (as any user's earlier calls of the day would have)."""
+    subprocess.run([sys.executable, "-m", "invoke", "sync"], cwd=project, env=env, check=True, capture_output=True)
+    deadline = time.monotonic() + 30
+    while not list(keepers.glob("*.sock")):
+        if time.monotonic() > deadline:
+            sys.exit(f"no keeper appeared in {keepers}; see its .log there")
+        time.sleep(0.05)
+    subprocess.run([sys.executable, "-m", "invoke", "sync"], cwd=project, env=env, check=True, capture_output=True)
+    time.sleep(0.5)
+
+
 GOALS = {"first sync": 1.5, "no-op": 1.2, "one file changed": 1.2}   # issue 13, as whole processes
+GOALS.update({case + FRESH: goal for case, goal in GOALS.items()})
 
 
 def print_split() -> None:
@@ -197,12 +254,12 @@ def print_split() -> None:
         print("\n(no stage split: this checkout's `invoke sync` prints no DRAFTOPS_TIMING stamps)")
         return
     print("\nwhere `invoke sync` spends its time (median seconds per stage, DRAFTOPS_TIMING=1):")
-    print(f"{'stage':<22}" + "".join(f"{case:>18}" for case in cases))
+    print(f"{'stage':<22}" + "".join(f"{case.replace(FRESH, ' (fresh)'):>25}" for case in cases))
     for stage in (*STAGES, *PARALLEL):
-        print(f"{stage:<22}" + "".join(f"{statistics.median(s[stage] for s in SPLITS[c]):>18.3f}"
+        print(f"{stage:<22}" + "".join(f"{statistics.median(s[stage] for s in SPLITS[c]):>25.3f}"
                                         for c in cases))
     print(f"{'total':<22}" + "".join(
-        f"{statistics.median(sum(v for k, v in s.items() if k not in PARALLEL) for s in SPLITS[c]):>18.3f}"
+        f"{statistics.median(sum(v for k, v in s.items() if k not in PARALLEL) for s in SPLITS[c]):>25.3f}"
         for c in cases))
     print("interpreter + invoke: process start until draftops is first imported (invoke's own import and "
           "task loading); imports: until the task body starts; host shell start-up: exec request sent until "

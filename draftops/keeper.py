@@ -130,7 +130,10 @@ class Keeper:
             standby = next((s for s in starting if s.ready.is_set()), starting[0])
             pool.remove(standby)
         standby.settled.wait(STANDBY_START_S)
-        return standby if standby.usable else None
+        if standby.usable:
+            return standby
+        standby.channel.close()          # died while waiting, or too slow to start: not used again
+        return None
 
     # ---------------------------------------------------------------- requests
     def serve(self) -> None:
@@ -143,7 +146,11 @@ class Keeper:
                 continue
             except OSError:
                 break
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[1]
+            try:
+                uid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[1]
+            except OSError:                # gone before it was looked at
+                conn.close()
+                continue
             if uid != os.getuid():
                 log(f"refused a client of uid {uid}")
                 conn.close()

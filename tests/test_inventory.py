@@ -225,3 +225,12 @@ def test_jump_through_the_local_host_is_refused(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  a:\n    address: a.example\n    jump: local\n")
     with pytest.raises(InventoryError, match=rf"{path}:4: Host 'a': jump host 'local' is not an ssh host"):
         load_inventory(path, tmp_path)
+
+
+@pytest.mark.parametrize("value", ["-1", ".nan", "soon", "90000"])
+def test_persist_is_a_number_of_seconds_up_to_a_day(tmp_path, no_inventory_env, value):
+    path = write(tmp_path, f"hosts:\n  gpu:\n    address: gpu.example\n    persist: {value}\n")
+    with pytest.raises(InventoryError, match=rf"{path}:4: host 'gpu', field `persist`"):
+        load_inventory(path, tmp_path)
+    ok = write(tmp_path, "hosts:\n  gpu:\n    address: gpu.example\n    persist: 0\n")
+    assert load_inventory(ok, tmp_path).get("gpu").persist == 0

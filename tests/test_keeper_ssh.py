@@ -315,3 +315,28 @@ def test_a_keeper_holds_a_connection_through_a_jump_host(box: Box, jump_sshd: Ss
     behind.start_keeper()
     assert _forwarded_to(jump_sshd, box.server.port) > before   # the keeper went through the bastion
     assert behind.kept().run("echo via-jump").stdout == b"via-jump\n"
+
+
+def test_a_job_started_followed_read_and_pulled_through_a_keeper(box: Box) -> None:
+    """The streaming agent calls (follow, tail, pack) and a job's start, through the keeper and its
+    standby agents: the same results as over a direct connection (tests/test_jobs_ssh.py)."""
+    from draftops import jobs
+
+    box.start_keeper()
+    host = open_host("box", box.project)
+    assert isinstance(host.transport, keeper_link.KeptTransport)
+    host.prepare()
+    wait_for(lambda: box.standbys(), what="a standby agent")
+    emit = 'echo "@@draftops {\\"event\\": \\"progress\\", \\"done\\": 1, \\"total\\": 2}"'
+    job = jobs.start(host, "kept", f"echo one; {emit}; sleep 0.5; echo two; echo it\\'s > \"$DRAFTOPS_RUN_DIR/out.txt\"")
+    lines: list[str] = []
+    seen: list[dict] = []
+    final = jobs.follow(host, job.id, lines.append, seen.append)
+    assert lines == ["one", "two"] and seen[0]["done"] == 1
+    assert final["state"] == "succeeded" and final["exit_code"] == 0
+    read: list[str] = []
+    jobs.read_log(host, job.id, read.append)
+    assert read == ["one", "two"]
+    pulled = jobs.pull(host, job.id, box.project / "runs")
+    assert (pulled / "out.txt").read_text() == "it's\n"
+    assert host.transport.direct is None          # every call went through the keeper

@@ -102,5 +102,6 @@ def copy_remote_package(dest_root: Path) -> None:
 os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
 # Each test connects afresh, in its own process and every `invoke` it runs: a kept connection
 # (hosts.yaml `persist:`) would carry state from one test into the next. tests/test_keeper_ssh.py turns
-# it on, with keepers of its own.
-os.environ["DRAFTOPS_PERSIST"] = "0"
+# it on, with keepers of its own. DRAFTOPS_TEST_PERSIST=SECONDS runs the suite through keepers instead
+# (a probe of that path; tests that count connections or host processes then see the keeper's).
+os.environ["DRAFTOPS_PERSIST"] = os.environ.get("DRAFTOPS_TEST_PERSIST", "0")

@@ -340,3 +340,26 @@ def test_a_job_started_followed_read_and_pulled_through_a_keeper(box: Box) -> No
     pulled = jobs.pull(host, job.id, box.project / "runs")
     assert (pulled / "out.txt").read_text() == "it's\n"
     assert host.transport.direct is None          # every call went through the keeper
+
+
+def test_a_job_started_through_a_keeper_survives_the_keepers_link_dropping(box: Box) -> None:
+    from draftops import jobs
+
+    box.start_keeper()
+    host = open_host("box", box.project)
+    host.prepare()
+    wait_for(lambda: box.standbys(), what="a standby agent")
+    job = jobs.start(host, "survivor", "sleep 1.5; echo finished > \"$DRAFTOPS_RUN_DIR/out.txt\"; exit 7")
+    for child in _children(box.server.proc.pid):   # the sshd side of the kept connection, standbys too
+        os.kill(child, signal.SIGKILL)
+    wait_for(lambda: not _keepers(box.folder), what="the keeper to stop")
+    host_module.close_all()
+    again = open_host("box", box.project)         # a direct connection now
+    assert isinstance(again.transport, SSHTransport)
+    deadline = time.monotonic() + 20
+    while (row := jobs.status(again, job.id))["state"] in ("starting", "running"):
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
+    assert row["state"] == "failed" and row["exit_code"] == 7
+    out = Path(host.agent.info.root) / "runs" / job.id / "out.txt"   # type: ignore[union-attr]
+    assert out.read_text() == "finished\n"

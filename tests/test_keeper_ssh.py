@@ -328,7 +328,8 @@ def test_a_job_started_followed_read_and_pulled_through_a_keeper(box: Box) -> No
     host.prepare()
     wait_for(lambda: box.standbys(), what="a standby agent")
     emit = 'echo "@@draftops {\\"event\\": \\"progress\\", \\"done\\": 1, \\"total\\": 2}"'
-    job = jobs.start(host, "kept", f"echo one; {emit}; sleep 0.5; echo two; echo it\\'s > \"$DRAFTOPS_RUN_DIR/out.txt\"")
+    out = '"$DRAFTOPS_RUN_DIR/out.txt"'
+    job = jobs.start(host, "kept", f"echo one; {emit}; sleep 0.5; echo two; echo it\\'s > {out}")
     lines: list[str] = []
     seen: list[dict] = []
     final = jobs.follow(host, job.id, lines.append, seen.append)

@@ -299,22 +299,18 @@ def main(argv: list[str]) -> int:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0                               # another keeper holds this connection
-    config = json.loads(sys.stdin.read())
-    chain = [HostSpec.model_validate(doc) for doc in config["chain"]]
     try:
+        config = json.loads(sys.stdin.read())
+        chain = [HostSpec.model_validate(doc) for doc in config["chain"]]
         transport = SSHTransport(chain[-1], hops=chain[:-1])
     except Exception as exc:   # noqa: BLE001 - every failure: calls go direct for a while
-        log(f"could not connect: {exc}")
-        (folder / f"{key}.failed").touch()
-        return 1
+        return _failed(folder, key, f"could not connect: {exc}")
     path = socket_path(folder, key)
-    staging = folder / f"{key}.sock.{os.getpid()}"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(staging))
-    os.chmod(staging, 0o600)
-    listener.listen(64)
-    os.replace(staging, path)                      # a dead keeper's socket is replaced at once
-    inode = os.stat(path).st_ino
+    try:
+        listener, inode = _listen(folder, key, path)
+    except OSError as exc:                         # a full disk, a folder made read-only ...
+        transport.close()
+        return _failed(folder, key, f"could not listen on {path}: {exc}")
     (folder / f"{key}.failed").unlink(missing_ok=True)
     log(f"holding {chain[-1].describe()} for {config['persist']:g}s idle")
     keeper = Keeper(transport, listener, float(config["persist"]))
@@ -329,6 +325,33 @@ def main(argv: list[str]) -> int:
         listener.close()
         transport.close()
     return 0
+
+
+def _listen(folder: Path, key: str, path: Path) -> tuple[socket.socket, int]:
+    """The keeper's socket, made under a staging name and renamed into place (a dead keeper's socket
+    is replaced at once); its inode, to remove it at the end only if it is still ours."""
+    staging = folder / f"{key}.sock.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(staging))
+        os.chmod(staging, 0o600)
+        listener.listen(64)
+        os.replace(staging, path)
+        return listener, os.stat(path).st_ino
+    except OSError:
+        listener.close()
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def _failed(folder: Path, key: str, why: str) -> int:
+    """Note the failure (calls connect directly, and no keeper is tried, for a while) and end."""
+    log(why)
+    try:
+        (folder / f"{key}.failed").touch()
+    except OSError:
+        pass
+    return 1
 
 
 if __name__ == "__main__":

@@ -65,12 +65,15 @@ def persist_seconds(spec: HostSpec) -> float:
 def keeper_dir() -> Path | None:
     """This user's keeper folder, created 0700; None when it is not safely ours (then nothing is kept)."""
     base = os.environ.get(DIR_ENV)
-    if base:
-        folder = Path(base)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        folder = Path(os.environ["XDG_RUNTIME_DIR"]) / "draftops-keepers"
-    else:
-        folder = Path.home() / ".cache" / "draftops" / "keepers"
+    try:
+        if base:
+            folder = Path(base)
+        elif os.environ.get("XDG_RUNTIME_DIR"):
+            folder = Path(os.environ["XDG_RUNTIME_DIR"]) / "draftops-keepers"
+        else:
+            folder = Path.home() / ".cache" / "draftops" / "keepers"
+    except RuntimeError:                           # no home directory to be found
+        return None
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(folder)

@@ -364,3 +364,17 @@ def test_a_job_started_through_a_keeper_survives_the_keepers_link_dropping(box: 
     assert row["state"] == "failed" and row["exit_code"] == 7
     out = Path(host.agent.info.root) / "runs" / job.id / "out.txt"   # type: ignore[union-attr]
     assert out.read_text() == "finished\n"
+
+
+def test_a_keeper_that_cannot_listen_leaves_nothing_and_calls_go_direct(box: Box) -> None:
+    box.socket.mkdir()
+    (box.socket / "in the way").write_text("")    # its socket cannot be renamed over this
+    assert keeper_link.spawn(box.chain, 30, box.folder, box.key)
+    failed = box.folder / f"{box.key}.failed"
+    wait_for(failed.exists, what="the keeper's failure marker")
+    wait_for(lambda: not _keepers(box.folder), what="the keeper to end")
+    assert "could not listen" in (box.folder / f"{box.key}.log").read_text()
+    assert not list(box.folder.glob(f"{box.key}.sock.*"))         # no staging socket left
+    direct = keeper_link.open_transport(box.spec, box.inventory)
+    assert isinstance(direct, SSHTransport) and direct.run("echo ok").stdout == b"ok\n"
+    direct.close()

@@ -90,15 +90,18 @@ def run_invoke_sync(project: Path, env: dict[str, str], case: str = "") -> tuple
     return seconds, sent
 
 
-def run_rsync(src: Path, dest: str, port: int, key: Path, control: Path | None = None) -> tuple[float, int]:
-    """One `rsync -a --delete` over ssh; ``control``: through an OpenSSH ControlPersist master there."""
+def run_rsync(src: Path, dest: str, port: int, key: Path, control: Path | None = None,
+              durable: bool = False) -> tuple[float, int]:
+    """One `rsync -a --delete` over ssh; ``control``: through an OpenSSH ControlPersist master there;
+    ``durable``: with --fsync (every file flushed, as draftops' apply does)."""
     ssh = (f"ssh -p {port} -i {key} -o IdentitiesOnly=yes -o StrictHostKeyChecking=no "
            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
     if control is not None:
         ssh += f" -o ControlMaster=auto -o ControlPath={control} -o ControlPersist=60"
     os.sync()
     started = time.perf_counter()
-    out = subprocess.run(["rsync", "-a", "--delete", "--stats", "-e", ssh, f"{src}/", f"root@127.0.0.1:{dest}/"],
+    flags = ["-a", "--delete", "--stats", *(["--fsync"] if durable else [])]
+    out = subprocess.run(["rsync", *flags, "-e", ssh, f"{src}/", f"root@127.0.0.1:{dest}/"],
                          check=True, capture_output=True, text=True).stdout
     seconds = time.perf_counter() - started
     found = re.search(r"Total bytes sent: ([\d,]+)", out)
@@ -167,17 +170,8 @@ def main() -> None:
                 change_d.append(run_invoke_sync(project, case_env, "one file changed" + label))
                 change_r.append(run_rsync(project / "remote", rsync_dest, server.port, key))
             results["one file changed" + label] = {"draftops": median(change_d), "rsync": median(change_r)}
-        # rsync through a connection kept the same way (OpenSSH ControlPersist), for reference: the
-        # kept draftops rows above against it
-        control = work / "cm"
-        run_rsync(project / "remote", rsync_dest, server.port, key, control)
-        mux_noop = [run_rsync(project / "remote", rsync_dest, server.port, key, control)
-                    for _ in range(args.repeat)]
-        mux_change = []
-        for i in range(args.repeat):
-            target.write_text(target.read_text() + f"\nZ{i} = {i}\n")
-            mux_change.append(run_rsync(project / "remote", rsync_dest, server.port, key, control))
-        subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True)
+        rsync_refs = rsync_references(project / "remote", rsync_dest, server.port, key, work / "cm", target,
+                                      args.repeat)
         os.environ["DRAFTOPS_PERSIST"] = "0"      # the open-session rows below: this process's own connection
         # The same two cases inside one invoke call (the connection already open, as in
         # `invoke sync test-drafter`): what sync itself costs, without Python start-up and imports.
@@ -209,11 +203,7 @@ def main() -> None:
               "connects afresh every time.")
         print(f"one change: the changed file is {changed:,} bytes; draftops sent "
               f"{results['one file changed']['draftops'][1] / changed:.0%} of it")
-        for case, samples in (("no-op", mux_noop), ("one file changed", mux_change)):
-            kept_s, mux_s = results[case]["draftops"][0], median(samples)[0]
-            print(f"{case}: rsync through an OpenSSH ControlPersist connection {mux_s:.3f} s; draftops through "
-                  f"its kept connection {kept_s:.3f} s = {kept_s / mux_s:.2f}x of that (measured after, not "
-                  "interleaved)")
+        print_references(results, rsync_refs)
         print_split()
         print_startup(project, env, args.repeat)
         print("bytecode cache: on for the measured processes (PYTHONDONTWRITEBYTECODE unset, Python's default)")
@@ -227,6 +217,38 @@ def main() -> None:
 
 
 FRESH = " (fresh connection)"
+
+
+def rsync_references(src: Path, dest: str, port: int, key: Path, control: Path, target: Path,
+                     repeat: int) -> dict[str, list[tuple[float, int]]]:
+    """rsync as a kept draftops call should also be held against: through a connection kept the same
+    way (OpenSSH ControlPersist: no-op, one change), and a first sync as durable as draftops' apply
+    (--fsync, rsync >= 3.2.4). Measured after the main cases, not interleaved with them."""
+    refs: dict[str, list[tuple[float, int]]] = {"no-op": [], "one file changed": [], "first sync": []}
+    run_rsync(src, dest, port, key, control)
+    for _ in range(repeat):
+        refs["no-op"].append(run_rsync(src, dest, port, key, control))
+    for i in range(repeat):
+        target.write_text(target.read_text() + f"\nZ{i} = {i}\n")
+        refs["one file changed"].append(run_rsync(src, dest, port, key, control))
+    subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "x"], capture_output=True)
+    if "--fsync" in subprocess.run(["rsync", "--help"], capture_output=True, text=True).stdout:
+        for _ in range(repeat):
+            shutil.rmtree(dest, ignore_errors=True)
+            refs["first sync"].append(run_rsync(src, dest, port, key, durable=True))
+    return refs
+
+
+def print_references(results: dict[str, dict[str, tuple[float, int]]],
+                     refs: dict[str, list[tuple[float, int]]]) -> None:
+    what = {"first sync": "rsync --fsync (every file flushed, as draftops' apply does)",
+            "no-op": "rsync through an OpenSSH ControlPersist connection",
+            "one file changed": "rsync through an OpenSSH ControlPersist connection"}
+    for case, samples in refs.items():
+        if samples:
+            kept_s, ref_s = results[case]["draftops"][0], median(samples)[0]
+            print(f"{case}: {what[case]} {ref_s:.3f} s; draftops through its kept connection {kept_s:.3f} s = "
+                  f"{kept_s / ref_s:.2f}x of that (measured after, not interleaved)")
 
 
 def warm_up_keeper(project: Path, env: dict[str, str], keepers: Path) -> None:

@@ -110,8 +110,9 @@ def pull(c: Context, run_id: str, host: str | None = None) -> None:
 @task(help={"host": HOST_HELP, "all": "every kept connection of this user, to any host"})
 @friendly
 def disconnect(c: Context, host: str | None = None, all: bool = False) -> None:
-    """Close the kept SSH connection to the host (hosts.yaml `persist:`), as `ssh -O exit` would; the
-    next call connects afresh (and keeps that connection again)."""
+    """Close the kept SSH connection to the host (hosts.yaml `persist:`), as `ssh -O exit` would.
+
+    The next call connects afresh (and keeps that connection again)."""
     from draftops import keeper_link
 
     if all:

@@ -32,6 +32,7 @@ from draftops.keeper_link import ERR, EXIT, OUT, REFUSED, STARTED, read_exact, s
 
 MAX_REQUEST = 1 << 22
 STANDBY_START_S = 30.0
+MAX_BANNER = 1 << 16                 # what shell start-up files may print before a standby's ready line
 ACCEPT_S = 0.25                      # how often an idle keeper looks at the clock and the connection
 PEERCRED = struct.Struct("3i")
 
@@ -51,13 +52,16 @@ class Standby:
         self.failed = False
 
     def wait_ready(self) -> None:
+        """Read up to the ready line. What the host's shell start-up files print before it (a banner
+        from ~/.bashrc) is skipped, as the agent's framing skips it; the standby itself prints
+        nothing after it until it has a request, so nothing of the call's output is read here."""
         seen = b""
         self.channel.settimeout(STANDBY_START_S)
         try:
             while not seen.endswith(STANDBY_READY):
-                chunk = self.channel.recv(len(STANDBY_READY) - len(seen))
-                if not chunk or not STANDBY_READY.startswith(seen + chunk):
-                    raise OSError(f"standby said {(seen + chunk)[:200]!r}")
+                chunk = self.channel.recv(4096) if len(seen) <= MAX_BANNER else b""
+                if not chunk:
+                    raise OSError(f"no ready line from the standby; it said {seen[-200:]!r}")
                 seen += chunk
             self.channel.settimeout(None)
             self.ready.set()

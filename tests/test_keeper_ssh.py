@@ -111,10 +111,21 @@ class Box:
 
 
 @pytest.fixture
-def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
+def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> Iterator[Box]:
+    """A project and sshd of this test's own; a test marked ``banner`` gets an sshd whose SSH user's
+    ~/.bashrc prints (tests/test_agent_framing_ssh.py's NOISY_BASHRC)."""
     folder = Path(tempfile.mkdtemp(prefix="dk-", dir="/tmp"))      # short: a socket path holds 108 bytes
     folder.chmod(0o700)
-    server = start_sshd(tmp_path / "sshd", client_key)
+    extra = ""
+    if request.node.get_closest_marker("banner"):
+        from tests.test_agent_framing_ssh import NOISY_BASHRC
+
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / ".bashrc").write_text(NOISY_BASHRC)
+        extra = f"SetEnv HOME={home}\n"
+    server = start_sshd(tmp_path / "sshd", client_key, extra_config=extra)
     monkeypatch.setenv("DRAFTOPS_PERSIST", "30")
     monkeypatch.setenv("DRAFTOPS_KEEPER_DIR", str(folder))
     project = make_project({"box": ssh_entry(server, tmp_path)}, default="box")
@@ -378,3 +389,20 @@ def test_a_keeper_that_cannot_listen_leaves_nothing_and_calls_go_direct(box: Box
     direct = keeper_link.open_transport(box.spec, box.inventory)
     assert isinstance(direct, SSHTransport) and direct.run("echo ok").stdout == b"ok\n"
     direct.close()
+
+
+@pytest.mark.banner
+def test_standby_agents_start_behind_a_banner_printing_shell(box: Box) -> None:
+    """The SSH user's ~/.bashrc prints on stdout before every command, the standby's ready line too."""
+    box.start_keeper()
+    host = open_host("box", box.project)
+    assert host.transport.run("true").stdout.startswith(b"hello from bashrc")    # the banner is real
+    host.prepare()
+    wait_for(lambda: box.standbys(), what="a standby agent")
+    standby = box.standbys()
+    host_module.close_all()
+    again = open_host("box", box.project)
+    again.prepare()                                # through a standby, behind the banner
+    assert again.agent.runs() == []
+    wait_for(lambda: set(standby) - set(box.standbys()), what="the standby to be used")
+    assert "did not start" not in (box.folder / f"{box.key}.log").read_text()

@@ -191,6 +191,11 @@ class AgentClient:
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
         return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
 
+    def standby_request(self, header: dict[str, Any]) -> dict[str, Any]:
+        """A request for a standby of this session's agent and python (draftops/keeper.py): ``header``
+        is what the standby is told (docs/protocol.md § Kept connections)."""
+        return {"python": self.python, "agent": AGENT_NAME, "header": header}
+
     def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any] | None:
         """The same call for a standby agent (draftops/keeper.py), when the transport keeps them: which
         agent it needs, and what it is told in place of a command line (the boot's source included)."""
@@ -201,7 +206,7 @@ class AgentClient:
             header = {"boot": True, "source": AGENT_SOURCE, "argv": [self.spec.root, AGENT_NAME, *args], "env": env}
         else:
             header = {"argv": [self.info.root, *args], "env": env}
-        return {"python": self.python, "agent": AGENT_NAME, "header": header}
+        return self.standby_request(header)
 
     def _call(self, args: tuple[str, ...], *, input: bytes | None = None, run_id: str | None = None,
               retried: bool = False) -> dict[str, Any]:

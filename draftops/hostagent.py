@@ -1561,7 +1561,8 @@ MAX_STANDBY_REQUEST = 1 << 22
 def standby():
     """Wait, loaded, for one call (``agent.pyc --standby``, started ahead by a kept connection,
     draftops/keeper.py): say ready on stdout, read one JSON line ``{"argv", "env", "boot", "source"}``
-    from stdin, then run it exactly as a fresh exec would (the boot when ``boot`` is set). The call's
+    (or ``{"tool": ...}``: a quick stdlib tool, see _run_tool) from stdin, then run it exactly as a
+    fresh exec would (the boot when ``boot`` is set). The call's
     input follows that line on stdin. The host's shell and this python's start-up were paid before
     the call was made; EOF before a request (the connection closed) ends it quietly."""
     out = sys.stdout.buffer
@@ -1572,6 +1573,9 @@ def standby():
         return
     try:
         request = json.loads(line)
+        if isinstance(request, dict) and request.get("tool"):
+            _run_tool(request["tool"])
+            return
         env, argv = request["env"], request["argv"]
         if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
             raise TypeError("env must be an object and argv a list of strings")
@@ -1583,6 +1587,26 @@ def standby():
         return
     _stamp("agent-start")
     main(argv)
+
+
+def _run_tool(tool):
+    """A quick stdlib tool of the synced code, run in this process as ``cd CWD && env ENV python -S -m
+    MODULE ARGV`` would run it (draftops.tools.module_command): the module as ``__main__`` with that
+    argv, working folder, environment and import path; its exit code is this process's."""
+    import runpy
+    try:
+        module, argv, cwd, env = tool["module"], tool["argv"], tool["cwd"], tool["env"]
+        if not (isinstance(module, str) and isinstance(cwd, str) and isinstance(env, dict)
+                and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise TypeError("module and cwd must be strings, argv a list of strings, env an object")
+        os.chdir(cwd)
+    except (KeyError, TypeError, OSError) as exc:
+        _fail(f"standby agent: unusable tool request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd(), *extra, *sys.path[1:]]       # [0] was this agent's own folder
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,9 @@ class KeptTransport:
             self.direct = None
 
     # -- agent calls (draftops/agent.py): a standby agent where the keeper has one, else ``command``
-    def run_standby(self, standby: dict[str, Any], command: str, input: bytes | None) -> CommandResult:
-        return self._run({"op": "agent", "command": command, **standby}, command, input, None, False)
+    def run_standby(self, standby: dict[str, Any], command: str, input: bytes | None,
+                    timeout: float | None = None) -> CommandResult:
+        return self._run({"op": "agent", "command": command, **standby}, command, input, timeout, False)
 
     def stream_standby(self, standby: dict[str, Any], command: str, on_output: Callable[[bytes], None]) -> int:
         request = {"op": "agent", "command": command, "combine": True, **standby}

@@ -267,13 +267,28 @@ def module_command(host: Host, module: str, args: list[str], *, python: str | No
 
     An ``env`` PYTHONPATH (a serve profile's) goes after the synced code folder. ``-S`` only for a
     stdlib tool run by the agent's python: an engine's python keeps its site-packages."""
-    variables = dict(env or {})
-    extra = variables.pop("PYTHONPATH", "")
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**variables, "PYTHONPATH": "." + (
-        ":" + extra if extra else "")}.items())
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in _tool_env(env).items())
     no_site = " -S" if python is None and module in STDLIB_TOOLS else ""
     return (f"cd {jobs.shell_path(host.code_dir)} && env {assigns} {jobs.shell_path(python or host.agent_python)}"
             f"{no_site} -m {module} " + " ".join(shlex.quote(a) for a in args)).rstrip()
+
+
+def _tool_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A quick tool's environment: ``env`` with the synced code folder first on PYTHONPATH."""
+    variables = dict(env or {})
+    extra = variables.pop("PYTHONPATH", "")
+    return {**variables, "PYTHONPATH": "." + (":" + extra if extra else "")}
+
+
+def _standby_tool(host: Host, module: str, args: list[str], python: str | None,
+                  env: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """The same call for a kept connection's standby agent (the agent's python, already started on the
+    host: docs/protocol.md § Kept connections), when the transport keeps them and the tool is one of
+    the stdlib tools that the agent's python runs; None otherwise (then it is one exec)."""
+    if python is not None or module not in STDLIB_TOOLS or not hasattr(host.transport, "run_standby"):
+        return None
+    header = {"tool": {"module": module, "argv": list(args), "cwd": host.code_dir, "env": _tool_env(env)}}
+    return host.agent.standby_request(header)
 
 
 def call_tool(host: Host, module: str, args: list[str], *, python: str | None = None,
@@ -299,8 +314,13 @@ def ask_tool(host: Host, module: str, args: list[str], *, python: str | None = N
              env: Mapping[str, str] | None = None, input: bytes | None = None,
              timeout: float | None = None) -> Answer:
     """Run a quick tool and return what it said, whatever its exit code (see :func:`call_tool`)."""
-    done = host.transport.run(module_command(host, module, args, python=python, env=env), input=input,
-                              timeout=timeout, check=False)
+    command = module_command(host, module, args, python=python, env=env)
+    standby = _standby_tool(host, module, args, python, env)
+    run_standby = getattr(host.transport, "run_standby", None)
+    if standby is not None and run_standby is not None:
+        done = run_standby(standby, command, input, timeout)
+    else:
+        done = host.transport.run(command, input=input, timeout=timeout, check=False)
     lines = done.text.strip().splitlines()
     error = None
     data: Any = None

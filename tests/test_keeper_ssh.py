@@ -406,3 +406,36 @@ def test_standby_agents_start_behind_a_banner_printing_shell(box: Box) -> None:
     assert again.agent.runs() == []
     wait_for(lambda: set(standby) - set(box.standbys()), what="the standby to be used")
     assert "did not start" not in (box.folder / f"{box.key}.log").read_text()
+
+
+def test_quick_stdlib_tools_run_in_a_standby_as_they_would_by_exec(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -S -m remote.serve ...` (draftops.tools.STDLIB_TOOLS) through a standby: the same
+    answers, exit codes, errors and input as the exec the direct connection makes."""
+    from draftops.serve import hosttool
+    from draftops.sync import sync
+    from draftops.tools import ask_tool
+    from tests.conftest import copy_remote_package
+
+    copy_remote_package(box.project)
+    box.start_keeper()
+    host = open_host("box", box.project)
+    sync(host)
+    # two: one for `python3` (what this new project's first boot asked for), one for the interpreter
+    # it resolved to (what every later call, tools included, asks for)
+    wait_for(lambda: len(box.standbys()) == 2, what="the standby agents")
+    before = set(box.standbys())
+    entry = {"token": "t0k'en", "run_id": None, "engine": "vllm", "created": "2026-12-01T00:00:00Z"}
+    assert hosttool.register(host, 8123, entry, exclusive=True)           # input on stdin
+    wait_for(lambda: before - set(box.standbys()), what="a standby to be used")
+    entries, now = hosttool.servers(host)
+    assert [e["port"] for e in entries] == [8123] and entries[0]["token"] == "t0k'en" and now > 0
+    assert not hosttool.register(host, 8123, entry, exclusive=True)       # refused: already claimed
+    kept = ask_tool(host, "remote.serve", ["servers", "--state", host.state_dir, "nonsense"])
+    host_module.close_all()
+    monkeypatch.setenv("DRAFTOPS_PERSIST", "0")
+    direct = open_host("box", box.project)
+    assert isinstance(direct.transport, SSHTransport)
+    same = ask_tool(direct, "remote.serve", ["servers", "--state", direct.state_dir, "nonsense"])
+    assert hosttool.servers(direct)[0] == entries
+    assert (kept.exit_code, kept.data, kept.error) == (same.exit_code, same.data, same.error)
+    assert kept.exit_code != 0 and "nonsense" in kept.stderr

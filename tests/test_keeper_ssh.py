@@ -43,6 +43,14 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` if it is still there (a listed process may have ended since)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _keepers(folder: Path) -> list[int]:
     """Pids of live keeper processes serving ``folder``."""
     pids = []
@@ -138,7 +146,7 @@ def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.Monk
         keeper_link.disconnect_all()
         wait_for(lambda: not _keepers(folder), what="the keepers to stop")
         for pid in _children(server.proc.pid):
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -207,7 +215,7 @@ def test_agent_calls_use_a_standby_and_a_broken_one_is_never_used(box: Box) -> N
     assert again.agent.runs() == []                # a call after the boot, by the next standby
     # A standby that cannot start (its agent path is wrong) is dropped; calls go by exec meanwhile.
     for pid in box.standbys():
-        os.kill(pid, signal.SIGKILL)
+        _kill(pid)
     again.transport.standby_ready(again.agent.python, AGENT_NAME, "/nonexistent/agent.pyc")  # type: ignore[attr-defined]
     assert again.agent.runs() == []
     host_module.close_all()
@@ -219,7 +227,7 @@ def test_agent_calls_use_a_standby_and_a_broken_one_is_never_used(box: Box) -> N
 def test_a_dead_missing_or_foreign_keeper_means_a_direct_connection(box: Box) -> None:
     box.start_keeper()
     (pid,) = _keepers(box.folder)
-    os.kill(pid, signal.SIGKILL)
+    _kill(pid)
     wait_for(lambda: not _keepers(box.folder), what="the keeper to die")
     assert box.socket.exists()                     # stale: nobody answers it
     direct = keeper_link.open_transport(box.spec, box.inventory)
@@ -243,7 +251,7 @@ def test_a_keeper_gone_between_calls_means_the_next_command_runs_directly(box: B
     kept = box.kept()
     assert kept.run("echo one").stdout == b"one\n" and kept.direct is None
     (pid,) = _keepers(box.folder)
-    os.kill(pid, signal.SIGKILL)
+    _kill(pid)
     wait_for(lambda: not _keepers(box.folder), what="the keeper to die")
     keeper_link.PENDING.clear()
     assert kept.run("echo two").stdout == b"two\n"       # nothing had started: run directly instead
@@ -258,7 +266,7 @@ def test_a_command_in_flight_when_the_keeper_dies_fails_clearly(box: Box) -> Non
     box.start_keeper()
     kept = box.kept()
     (pid,) = _keepers(box.folder)
-    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    threading.Timer(0.5, _kill, (pid,)).start()
     result = kept.run("sleep 3; echo done", check=False)
     assert result.exit_code == -1
     assert b"kept connection to the host was lost" in result.stderr
@@ -269,7 +277,7 @@ def test_a_dropped_link_stops_the_keeper_and_calls_connect_directly(box: Box) ->
     box.start_keeper()
     box.kept().run("true")
     for child in _children(box.server.proc.pid):   # the sshd side of the kept connection
-        os.kill(child, signal.SIGKILL)
+        _kill(child)
     wait_for(lambda: not _keepers(box.folder) and not box.socket.exists(), what="the keeper to stop")
     direct = keeper_link.open_transport(box.spec, box.inventory)
     assert isinstance(direct, SSHTransport) and direct.run("echo back").stdout == b"back\n"
@@ -294,7 +302,7 @@ def test_an_idle_keeper_stops_and_disconnect_stops_one_now(box: Box) -> None:
 
 def test_a_keeper_that_cannot_connect_backs_off(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
     for child in _children(box.server.proc.pid):
-        os.kill(child, signal.SIGKILL)
+        _kill(child)
     box.server.stop()
     assert keeper_link.spawn([box.spec], 30, box.folder, box.key)
     failed = box.folder / f"{box.key}.failed"
@@ -363,7 +371,7 @@ def test_a_job_started_through_a_keeper_survives_the_keepers_link_dropping(box: 
     wait_for(lambda: box.standbys(), what="a standby agent")
     job = jobs.start(host, "survivor", "sleep 1.5; echo finished > \"$DRAFTOPS_RUN_DIR/out.txt\"; exit 7")
     for child in _children(box.server.proc.pid):   # the sshd side of the kept connection, standbys too
-        os.kill(child, signal.SIGKILL)
+        _kill(child)
     wait_for(lambda: not _keepers(box.folder), what="the keeper to stop")
     host_module.close_all()
     again = open_host("box", box.project)         # a direct connection now

@@ -143,12 +143,14 @@ def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.Monk
     finally:
         host_module.close_all()
         keeper_link.PENDING.clear()               # no keeper for this sshd when pytest exits
-        keeper_link.disconnect_all()
-        wait_for(lambda: not _keepers(folder), what="the keepers to stop")
-        for pid in _children(server.proc.pid):
-            _kill(pid)
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            keeper_link.disconnect_all()
+            wait_for(lambda: not _keepers(folder), what="the keepers to stop")
+        finally:                                  # whatever failed above, no sshd or keeper is left
+            for pid in [*_keepers(folder), *_children(server.proc.pid)]:
+                _kill(pid)
+            server.stop()
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_second_invoke_call_goes_through_the_keeper_and_its_standby_agent(box: Box) -> None:

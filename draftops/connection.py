@@ -316,9 +316,13 @@ class SSHTransport:
             role += f" via {self.hops[index - 1].name!r}"
         return role
 
-    def _channel(self, command: str) -> paramiko.Channel:
+    def _channel(self, command: str, reconnect: bool = True) -> paramiko.Channel:
+        """A channel running ``command``; a dropped connection is opened again first, unless
+        ``reconnect`` is False (the keeper: it never reconnects), then it is an OSError."""
         transport = self.connection.transport
         if transport is None or not transport.is_active():
+            if not reconnect:
+                raise OSError("the SSH connection is closed")
             self.close()
             self._open()
             transport = self.connection.transport

@@ -93,12 +93,7 @@ class Keeper:
         return link is not None and link.is_active()
 
     def channel(self, command: str) -> Any:
-        link = self.transport.connection.transport
-        if link is None or not link.is_active():
-            raise OSError("the SSH connection is closed")
-        channel = link.open_session()
-        channel.exec_command(f"sh -c {shlex.quote(command)}")
-        return channel
+        return self.transport._channel(command, reconnect=False)
 
     # ---------------------------------------------------------------- standbys
     def refill(self, key: tuple[str, str]) -> None:

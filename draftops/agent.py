@@ -111,11 +111,13 @@ class AgentClient:
     0.17 s an exec). A remembered interpreter that fails the boot is forgotten and the default
     (``python3``) is used again."""
 
-    def __init__(self, spec: HostSpec, transport: Transport, memory: Path | None = None):
-        self.spec, self.transport, self.memory = spec, transport, memory
+    def __init__(self, spec: HostSpec, transport: Transport, memory: Path | None = None,
+                 installed: Path | None = None):
+        self.spec, self.transport, self.memory, self.installed = spec, transport, memory, installed
         self.default_python = sys.executable if spec.transport == "local" else "python3"
         self.python = self._remembered() or self.default_python
         self.info: HostInfo | None = None
+        self.warm = self._warm_run()
 
     # ------------------------------------------------------------------ the commands
     def prepare(self) -> HostInfo:
@@ -184,6 +186,9 @@ class AgentClient:
     def command_line(self, args: tuple[str, ...], nonce: str) -> str:
         """The shell command for one call: the installed agent, or the inline boot before the first."""
         env = _env_prefix(nonce)
+        if self.info is None and self.warm is not None:
+            quoted = " ".join(shlex.quote(a) for a in (self.spec.root, AGENT_NAME, *args))
+            return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.warm)} {hostagent.WARM_FLAG} {quoted}"
         if self.info is None:
             boot = _BOOT.format(src=AGENT_SOURCE)
             return " ".join([env, shlex.quote(self.python), "-S", "-c", shlex.quote(boot), shlex.quote(self.spec.root),
@@ -212,6 +217,7 @@ class AgentClient:
               retried: bool = False) -> dict[str, Any]:
         nonce = secrets.token_hex(8)
         booting = self.info is None
+        warm = booting and self.warm is not None
         command = self.command_line(args, nonce)
         sent_at = time.time()
         standby = self._standby(args, nonce)
@@ -227,10 +233,14 @@ class AgentClient:
         except FramingError as exc:
             raise self._failure(AgentError, what, result.exit_code, result.stdout, result.stderr,
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
+        if warm and not replies:           # the remembered copy refused or is gone: nothing ran; boot
+            self._drop_warm()
+            return self._call(args, input=input, run_id=run_id, retried=retried)
         if booting and replies:
             self.info = self._host_info(replies.pop(0), result)
             asked = self.python
             self._remember(self.info.python)
+            self._note_warm(self.info.python, self.info.run or self.info.agent)
             standby_ready = getattr(self.transport, "standby_ready", None)
             if standby_ready is not None:         # a kept connection starts the next agent ahead
                 standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
@@ -310,7 +320,39 @@ class AgentClient:
             except OSError:
                 pass                                  # only a shortcut: the default still works
 
+    # ------------------------------------------------------------------ the installed copy (warm boot)
+    def _warm_run(self) -> str | None:
+        """The installed agent a session's first call can run instead of the inline boot (hostagent
+        warm_boot), as ``installed`` (a file, or None) remembers it: only for this agent version and
+        this session's python. A stale note costs one refused exec, then the boot runs."""
+        try:
+            note = json.loads(self.installed.read_text()) if self.installed else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(note, dict) or note.get("agent") != AGENT_NAME or note.get("python") != self.python:
+            return None
+        run = note.get("run")
+        return run if isinstance(run, str) and run.startswith("/") and "\0" not in run else None
+
+    def _note_warm(self, python: str, run: str) -> None:
+        """Remember where the boot says this agent is installed (best effort; see _warm_run)."""
+        if self.installed is None or (self.warm == run and python == self.python):
+            return
+        try:
+            self.installed.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.installed, json.dumps({"agent": AGENT_NAME, "python": python,
+                                                           "run": run}).encode())
+        except OSError:
+            pass
+        self.warm = run
+
+    def _drop_warm(self) -> None:
+        self.warm = None
+        if self.installed is not None:
+            self.installed.unlink(missing_ok=True)
+
     def _forget(self) -> None:
+        self._drop_warm()
         self.python = self.default_python
         if self.memory is not None:
             self.memory.unlink(missing_ok=True)

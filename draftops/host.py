@@ -36,7 +36,8 @@ class Host:
         # over SSH, the interpreter the agent reported is remembered and called directly next time
         # (no pyenv shim or PATH search in every exec); the local host runs this process's own python
         memory = host_cache_file(self.spec, self.project_root, "agent-python") if self.spec.transport == "ssh" else None
-        self.agent = AgentClient(self.spec, self.transport, memory)
+        installed = host_cache_file(self.spec, self.project_root, "agent-run")   # the warm boot's copy
+        self.agent = AgentClient(self.spec, self.transport, memory, installed)
 
     @property
     def name(self) -> str:

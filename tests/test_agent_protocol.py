@@ -331,3 +331,98 @@ def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_ma
     pyc.mkdir()                                                       # cannot be written: the .py is run
     host = local_host()
     assert host.agent.runs() == [] and host.agent.info.run == str(installed(tmp_path))
+
+
+# ---------------------------------------------------------------- the warm boot (hostagent.warm_boot)
+def recorded(host) -> list[str]:
+    """The commands ``host`` runs from now on (its transport's run, wrapped)."""
+    commands: list[str] = []
+    run = host.transport.run
+
+    def recording(command: str, **kwargs):
+        commands.append(command)
+        return run(command, **kwargs)
+    host.transport.run = recording
+    return commands
+
+
+def is_warm(command: str) -> bool:
+    return f" {hostagent.WARM_FLAG} " in command and " -c " not in command
+
+
+def is_boot(command: str) -> bool:
+    return " -c " in command and "def boot(" in command
+
+
+def test_a_new_session_boots_through_the_installed_copy_without_the_source(local_host, tmp_path):
+    from draftops.host import close_all
+    first = local_host().agent.prepare()
+    close_all()
+    host = local_host()
+    assert host.agent.warm == first.run                              # remembered from the last boot
+    commands = recorded(host)
+    assert host.agent.runs() == []
+    assert len(commands) == 1 and is_warm(commands[0]) and len(commands[0]) < 2000
+    assert host.agent.info is not None and host.agent.info.run == first.run and host.agent.info.installed is False
+    assert host.agent.info.root == first.root and host.agent.runs() == []
+    assert not is_warm(commands[1]) and first.run in commands[1]     # later calls: the installed copy, as before
+
+
+def start_once(host, tmp_path: Path) -> None:
+    """Start a job that appends to a file: run exactly once whichever way the session booted."""
+    spec = {"name": "once", "command": f"echo ran >> {tmp_path / 'ran.txt'}", "cwd": "."}
+    host.agent.start("20260101-000000-once-aaaa", spec)
+    for _ in range(200):
+        if host.agent.status("20260101-000000-once-aaaa").get("state") not in ("running", "starting"):
+            break
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stale", ["edited", "removed", "damaged", "foreign", "other-python"])
+def test_a_stale_warm_note_costs_one_refused_exec_then_the_boot_and_nothing_runs_twice(local_host, tmp_path, stale):
+    from draftops.host import close_all
+    first = local_host().agent.prepare()
+    close_all()
+    pyc = Path(first.run)
+    note = next((tmp_path).rglob("agent-run-*.json"))
+    if stale == "edited":                 # the installed source changed in place: not this version any more
+        installed(tmp_path).write_text(AGENT_SOURCE + "\n# edited by hand\n")
+    elif stale == "removed":
+        pyc.unlink()
+    elif stale == "damaged":
+        pyc.write_bytes(pyc.read_bytes()[:40])
+    elif stale == "foreign":              # a valid copy of this agent somewhere else: not the installed one
+        elsewhere = tmp_path / "elsewhere.pyc"
+        elsewhere.write_bytes(pyc.read_bytes())
+        note.write_text(json.dumps({**json.loads(note.read_text()), "run": str(elsewhere)}))
+    else:                                 # noted for another interpreter: not even tried
+        note.write_text(json.dumps({**json.loads(note.read_text()), "python": "/opt/other/bin/python3"}))
+    host = local_host()
+    commands = recorded(host)
+    start_once(host, tmp_path)
+    if stale == "other-python":
+        assert is_boot(commands[0])
+    else:
+        assert is_warm(commands[0]) and is_boot(commands[1])       # refused, then booted with the source
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"            # the job started once
+    assert installed(tmp_path).read_text() == AGENT_SOURCE and host.agent.info.run == first.run
+    assert json.loads(note.read_text())["run"] == first.run         # noted afresh: the next session is warm
+    close_all()
+    host = local_host()
+    again = recorded(host)
+    assert host.agent.runs() and len(again) == 1 and is_warm(again[0])
+
+
+def test_the_installed_copy_refuses_a_warm_boot_it_cannot_prove_and_replies_nothing(local_host, tmp_path):
+    info = local_host().agent.prepare()
+    env = {"PATH": os.environ["PATH"], hostagent.FRAME_ENV: "n",
+           hostagent.PROTOCOL_ENV: str(hostagent.PROTOCOL_VERSION)}
+
+    def warm(run: str, name: str = AGENT_NAME) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-S", run, hostagent.WARM_FLAG, str(tmp_path / "hostroot"), name,
+                               "runs", "runs"], capture_output=True, env=env, check=False)
+    good = warm(info.run)
+    assert good.returncode == 0 and good.stdout.count(b"@@draftops-reply") == 2, good.stderr
+    for proc in (warm(info.run, "agent-000000000000.py"), warm(str(installed(tmp_path)))):
+        assert proc.returncode == Exit.PROTOCOL_MISMATCH and b"warm boot refused" in proc.stderr
+        assert b"@@draftops-reply" not in proc.stdout

@@ -1595,6 +1595,10 @@ def main(argv):
 STANDBY_FLAG = "--standby"
 STANDBY_READY = b"@@draftops-standby ready\n"
 MAX_STANDBY_REQUEST = 1 << 22
+#: stdlib modules the quick tools (draftops.tools.STDLIB_TOOLS) import, loaded by a standby before it
+#: says ready: about 10 ms of each tool call (python -X importtime). Only the stdlib: the synced code
+#: may change between calls, so it is imported by the call.
+STANDBY_IMPORTS = ("argparse", "dataclasses", "pathlib", "runpy", "shutil", "typing", "urllib.parse")
 
 
 def standby():
@@ -1604,6 +1608,11 @@ def standby():
     fresh exec would (the boot when ``boot`` is set). The call's
     input follows that line on stdin. The host's shell and this python's start-up were paid before
     the call was made; EOF before a request (the connection closed) ends it quietly."""
+    for name in STANDBY_IMPORTS:     # what the quick tools import, loaded while nobody waits
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     out = sys.stdout.buffer
     out.write(STANDBY_READY)
     out.flush()

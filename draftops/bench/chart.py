@@ -17,8 +17,11 @@ COLOURS = {"baseline": "#7f7f7f", "speculative": "#1f77b4", "predicted": "#ff7f0
 
 
 def _label(cmp: Comparison, which: str) -> str:
+    """``A: speculative`` over the run id, broken after its date and time so two labels never overlap."""
     res = cmp.a if which == "a" else cmp.b
-    return f"{which.upper()}: {res.mode}\n{res.run_id[:24]}"
+    parts = res.run_id.split("-", 2)
+    run = "-".join(parts[:2]) + "\n" + parts[2] if len(parts) == 3 else res.run_id
+    return f"{which.upper()}: {res.mode}\n{run[:60]}"
 
 
 def draw(cmp: Comparison, path: Path) -> Path:
@@ -58,7 +61,8 @@ def draw(cmp: Comparison, path: Path) -> Path:
     accept.set_title("accept length")
     accept.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
     accept.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    # fixed margins that fit these labels: tight_layout measured every text first (~30 ms of a compare)
+    fig.subplots_adjust(left=0.08, right=0.985, bottom=0.2, top=0.9, wspace=0.28)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fig.savefig(tmp, format="png")

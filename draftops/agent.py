@@ -233,8 +233,8 @@ class AgentClient:
         except FramingError as exc:
             raise self._failure(AgentError, what, result.exit_code, result.stdout, result.stderr,
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
-        if warm and not replies:           # the remembered copy refused or is gone: nothing ran; boot
-            self._drop_warm()
+        if warm and not replies and result.exit_code not in (Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE):
+            self._drop_warm()              # the remembered copy refused or is gone: nothing ran; boot
             return self._call(args, input=input, run_id=run_id, retried=retried)
         if booting and replies:
             self.info = self._host_info(replies.pop(0), result)

@@ -426,3 +426,24 @@ def test_the_installed_copy_refuses_a_warm_boot_it_cannot_prove_and_replies_noth
     for proc in (warm(info.run, "agent-000000000000.py"), warm(str(installed(tmp_path)))):
         assert proc.returncode == Exit.PROTOCOL_MISMATCH and b"warm boot refused" in proc.stderr
         assert b"@@draftops-reply" not in proc.stdout
+
+
+def test_a_warm_boot_refused_for_its_root_is_that_error_at_once_not_a_second_boot(make_project, tmp_path,
+                                                                                 no_inventory_env):
+    """Root's fault (here: a root that resolves to $HOME) would fail the boot the same way: one exec, the
+    RootError, and the note stays for when root is fixed."""
+    from draftops.host import close_all, host_cache_file
+    good = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
+    run = open_host(None, good).agent.prepare().run
+    close_all()
+    (tmp_path / "homelink").symlink_to(os.path.expanduser("~"))          # only the agent resolves it
+    home = make_project({"here": {"transport": "local", "root": str(tmp_path / "homelink")}}, default="here")
+    note = host_cache_file(open_host(None, home).spec, home, "agent-run")
+    close_all()
+    note.parent.mkdir(parents=True, exist_ok=True)
+    note.write_text(json.dumps({"agent": AGENT_NAME, "python": sys.executable, "run": run}))
+    host = open_host(None, home)
+    commands = recorded(host)
+    with pytest.raises(RootError, match="home directory"):
+        host.agent.runs()
+    assert len(commands) == 1 and is_warm(commands[0]) and note.exists()

@@ -12,14 +12,13 @@ seconds and may need a GPU), so the answer is instant and version-independent:
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .. import events, exitcodes
+from .. import distinfo, events, exitcodes
 
 FLAGS = ("--temperature", "--flush-cache", "--warmup-requests", "--num-warmups", "--seed",
          "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file")
@@ -29,10 +28,7 @@ CLIENTS = {"sglang": (("sglang.benchmark.serving", "benchmark/serving.py"),
 
 
 def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return distinfo.version(dist)
 
 
 def probe(engine: str) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """What the server would load: the target's and the draft's configs as the chosen engine reads them."""
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from .. import distinfo
 from ..draft_config.capture import capture_status
 from ..draft_config.errors import ConfigFormatError
 from ..draft_config.target import TargetInfo, load_target
@@ -36,12 +36,7 @@ def engine_info(engine: str) -> dict[str, Any]:
         except PatchError:
             pass
     elif location is not None:
-        for dist in DISTRIBUTIONS[engine]:
-            try:
-                version = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
+        version = next((v for v in map(distinfo.version, DISTRIBUTIONS[engine]) if v is not None), None)
     return {"name": engine, "python": sys.executable, "importable": location is not None,
             "version": version, "location": str(location) if location else None}
 

@@ -7,7 +7,6 @@ from the distribution metadata next to it, or from the literal in ``_version.py`
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,8 @@ def read_version(root: Path) -> tuple[str, str]:
     The metadata must sit in the same folder as the package: a global
     ``importlib.metadata.version("sglang")`` could describe another copy on sys.path.
     """
+    import importlib.metadata  # here: `remote.serve inspect` of a vLLM host never needs it (14 ms)
+
     for dist in importlib.metadata.distributions(path=[str(root.parent)]):
         if (dist.metadata.get_all("Name") or [""])[0].lower().replace("_", "-") == "sglang":
             return dist.version, "metadata"

@@ -156,8 +156,11 @@ class AgentClient:
     def status(self, run_id: str) -> RunRow:
         return self._row("status", self._call(("status", _run_dir(run_id)), run_id=run_id))
 
-    def runs(self) -> list[RunRow]:
-        reply = self._call(("runs", "runs"))
+    def runs(self, ids: list[str] | None = None) -> list[RunRow]:
+        """Every run's row, or only those of ``ids`` (that exist)."""
+        if ids is not None and not ids:
+            return []
+        reply = self._call(("runs", "runs") if ids is None else ("runs", "runs", ",".join(ids)))
         rows = self._typed("runs", lambda: list(reply["runs"]))
         return [self._row("runs", row) for row in rows]
 

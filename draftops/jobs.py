@@ -48,8 +48,14 @@ def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug[:32]}-{secrets.token_hex(2)}"
 
 
+def is_run_id(run_id: object) -> bool:
+    """Whether ``run_id`` can name a run folder (a name, never a path; no comma, which separates ids)."""
+    return (isinstance(run_id, str) and bool(run_id) and "/" not in run_id and "," not in run_id
+            and not run_id.startswith(".") and "\0" not in run_id)
+
+
 def _check_id(run_id: str) -> str:
-    if not run_id or "/" in run_id or run_id.startswith(".") or "\0" in run_id:
+    if not is_run_id(run_id):
         raise JobError(f"{run_id!r} is not a run id; `invoke runs` lists them.")
     return run_id
 
@@ -108,8 +114,9 @@ def status(host: Host, run_id: str) -> dict[str, Any]:
     return host.agent.status(_check_id(run_id))
 
 
-def list_runs(host: Host) -> list[dict[str, Any]]:
-    return host.agent.runs()
+def list_runs(host: Host, ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """The host's runs, or only those of ``ids`` (each checked to be a run id)."""
+    return host.agent.runs(None if ids is None else [_check_id(i) for i in ids])
 
 
 def kill(host: Host, run_id: str, grace_s: float = 10.0) -> dict[str, Any]:

@@ -447,3 +447,41 @@ def test_a_warm_boot_refused_for_its_root_is_that_error_at_once_not_a_second_boo
     with pytest.raises(RootError, match="home directory"):
         host.agent.runs()
     assert len(commands) == 1 and is_warm(commands[0]) and note.exists()
+
+
+# ---------------------------------------------------------------- runs of a few ids
+def finished_runs(host, tmp_path: Path, count: int) -> list[str]:
+    ids = [f"20260101-00000{i}-quick-aaa{i}" for i in range(count)]
+    for run_id in ids:
+        host.agent.start(run_id, {"name": "quick", "command": "true", "cwd": "."})
+    for run_id in ids:
+        for _ in range(200):
+            if host.agent.status(run_id).get("state") == "succeeded":
+                break
+            time.sleep(0.05)
+    return ids
+
+
+def test_runs_of_given_ids_read_only_those_and_never_a_path(local_host, tmp_path):
+    host = local_host()
+    ids = finished_runs(host, tmp_path, 3)
+    assert [r["id"] for r in host.agent.runs()] == ids
+    picked = host.agent.runs([ids[2], ids[0], "no-such-run", ids[0]])
+    assert [r["id"] for r in picked] == [ids[0], ids[2]] and all(r["state"] == "succeeded" for r in picked)
+    assert host.agent.runs([]) == []
+    (tmp_path / "hostroot" / "outside").mkdir()
+    proc = agent_run(tmp_path, "runs", "runs", f"..,../outside,{ids[1]}/..,{ids[1]}")
+    assert proc.returncode == 0 and proc.stdout.count(b'"id"') == 1 and ids[1].encode() in proc.stdout
+
+
+def test_servers_are_joined_with_their_own_runs_not_the_whole_history(local_host, tmp_path):
+    from draftops.serve import lifecycle
+    host = local_host()
+    ids = finished_runs(host, tmp_path, 3)
+    commands = recorded(host)
+    entries = [{"port": 8000, "run_id": ids[1], "engine": "vllm"},
+               {"port": 8001, "run_id": "../outside", "engine": "vllm"},
+               {"port": 8002, "run_id": None, "engine": "vllm", "created": "2020-01-01T00:00:00Z"}]
+    servers = lifecycle._joined(host, entries, time.time())
+    assert [(s.port, s.state) for s in servers] == [(8000, "succeeded"), (8001, "dead"), (8002, "dead")]
+    assert len(commands) == 1 and commands[0].rstrip().endswith(f"runs runs {ids[1]}")

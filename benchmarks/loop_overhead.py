@@ -87,12 +87,11 @@ def task_ends(stderr: str, spawned: float) -> list[float]:
     return [float(line[len(mark):]) - spawned for line in stderr.splitlines() if line.startswith(mark)]
 
 
-def trace_of(call: str, stderr: str, spawned: float, seconds: float) -> dict[str, Any]:
+def trace_of(call: str, stderr: str, spawned: float, seconds: float, ends: list[float]) -> dict[str, Any]:
     """Start-up (interpreter, invoke, imports) and every command run on the host (count, seconds per
-    tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py)."""
+    tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py); ``ends``: task_ends."""
     moments, _, execs = timing.read(stderr)
     start_up = moments.get("task-start", spawned) - spawned
-    ends = task_ends(stderr, spawned)
     exit_ = seconds - ends[-1] if ends else 0.0
     return {"call": call, "wall": seconds, "start_up": start_up, "exit": exit_, "execs": execs}
 
@@ -109,9 +108,10 @@ def invoke(project: Path, *args: str) -> tuple[float, list[float]]:
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"`invoke {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    ends = task_ends(done.stderr, spawned)
     if TRACE:
-        TRACES.append(trace_of(" ".join(args[:3]), done.stderr, spawned, seconds))
-    return seconds, task_ends(done.stderr, spawned)
+        TRACES.append(trace_of(" ".join(args[:3]), done.stderr, spawned, seconds, ends))
+    return seconds, ends
 
 
 def print_traces() -> None:
@@ -168,7 +168,10 @@ def loop(project: Path, prompts: int, repeats: int, port: int) -> list[dict[str,
     stages: list[dict[str, Any]] = []
     # one call, as the brief has users type it; the sync stage ends where the sync task does
     wall, ends = invoke(project, "sync", "test-drafter")
-    synced = ends[0] if len(ends) == 2 else wall / 2
+    if len(ends) != 2:
+        raise SystemExit(f"`invoke sync test-drafter` reported {len(ends)} task ends, not 2: the stages "
+                         "cannot be split (draftops/cli/common.py writes them with DRAFTOPS_TIMING=1)")
+    synced = ends[0]
     stages.append({"stage": "sync", "wall": synced, "work": 0.0,
                    "what": "nothing but draftops (`invoke sync test-drafter`: start-up and the sync task)"})
     run = newest(project / "runs", "*-test-drafter-*")

@@ -103,6 +103,11 @@ def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
     return {str(rel): (str(v[0]), str(v[1]), int(v[2])) for rel, v in raw.items()}
 
 
+def _absolute(path: object) -> bool:
+    """Whether a remembered ``path`` (from a cache file) is an absolute path a command line can carry."""
+    return isinstance(path, str) and path.startswith("/") and "\0" not in path
+
+
 class AgentClient:
     """The agent on one host. ``info`` is None until the first call (or ``prepare``) has run.
 
@@ -309,7 +314,7 @@ class AgentClient:
             python = json.loads(self.memory.read_text())["python"] if self.memory else None
         except (OSError, ValueError, TypeError, KeyError):
             return None
-        return python if isinstance(python, str) and python.startswith("/") and "\0" not in python else None
+        return python if _absolute(python) else None
 
     def _remember(self, python: str) -> None:
         """Use ``python`` for the rest of the session and remember it for the next (best effort)."""
@@ -335,7 +340,7 @@ class AgentClient:
         if not isinstance(note, dict) or note.get("agent") != AGENT_NAME or note.get("python") != self.python:
             return None
         run = note.get("run")
-        return run if isinstance(run, str) and run.startswith("/") and "\0" not in run else None
+        return run if _absolute(run) else None
 
     def _note_warm(self, python: str, run: str) -> None:
         """Remember where the boot says this agent is installed (best effort; see _warm_run)."""

@@ -115,10 +115,10 @@ def _now():
 
 
 # ---------------------------------------------------------------- root
-def cmd_prepare(root, agent_name, source=None, warm=False):
+def cmd_prepare(root, agent_name, source=None):
     """Expand ``root``, refuse / and $HOME, create code/runs/state, prove it is writable, and
     install this script's ``source`` as ``state/<agent_name>`` when it is not there yet.
-    ``warm``: this process is the installed copy itself (see warm_boot), which must prove it."""
+    ``source`` None: this process is the installed copy itself (warm_boot), which must prove it."""
     home = os.path.realpath(os.path.expanduser("~"))
     resolved = os.path.realpath(os.path.expanduser(os.path.expandvars(root)))
     if resolved in ("/", home):
@@ -142,11 +142,11 @@ def cmd_prepare(root, agent_name, source=None, warm=False):
             _atomic_write(agent, data)
     except OSError as exc:
         _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", Exit.ROOT_UNWRITABLE)
-    if warm:
-        _check_warm(agent, agent_name, None)    # before anything is compiled from that file
+    if source is None and not _holds_named_source(agent, agent_name):   # before anything compiles it
+        _refuse_warm(agent, agent_name)
     run = _compiled(agent, installed, data) or agent
-    if warm:
-        _check_warm(agent, agent_name, run)
+    if source is None and os.path.realpath(sys.argv[0]) != os.path.realpath(run):
+        _refuse_warm(run, agent_name)                                     # a copy of it, run elsewhere
     _AGENT_PATH = run                 # the runners this call starts load the bytecode too
     _out({"protocol": PROTOCOL_VERSION, "root": resolved, "home": home, "python": sys.executable,
           "python_version": "{}.{}.{}".format(*sys.version_info[:3]), "platform": sys.platform,
@@ -154,24 +154,21 @@ def cmd_prepare(root, agent_name, source=None, warm=False):
     return resolved
 
 
-def _check_warm(agent, agent_name, run):
-    """Refuse a warm boot (nothing replied, exit PROTOCOL_MISMATCH: the caller boots with the source
-    instead) unless ``agent`` still holds the source ``agent_name`` names (its sha256 prefix; checked
-    with ``run`` None) and this process runs ``run``, its bytecode: an installed copy that was edited,
-    replaced or removed since is never trusted to be this version."""
-    if run is None:
-        try:
-            with open(agent, "rb") as fh:
-                digest = hashlib.sha256(fh.read()).hexdigest()
-        except OSError:
-            digest = ""
-        expected = agent_name[len("agent-"):-len(".py")] if agent_name.startswith("agent-") else ""
-        good = bool(expected) and digest.startswith(expected)
-    else:
-        good = os.path.realpath(sys.argv[0]) == os.path.realpath(run)
-    if not good:
-        _fail(f"warm boot refused: {run} is not the installed {agent_name}; boot with the source",
-              Exit.PROTOCOL_MISMATCH)
+def _holds_named_source(agent, agent_name):
+    """Whether ``agent`` still holds the source ``agent_name`` names (``agent-<sha256 prefix>.py``): an
+    installed copy edited, replaced or removed since is never trusted to be this version."""
+    expected = agent_name[len("agent-"):-len(".py")] if agent_name.startswith("agent-") else ""
+    try:
+        with open(agent, "rb") as fh:
+            return bool(expected) and hashlib.sha256(fh.read()).hexdigest().startswith(expected)
+    except OSError:
+        return False
+
+
+def _refuse_warm(path, agent_name):
+    """Nothing replied, exit PROTOCOL_MISMATCH: the caller boots with the source instead."""
+    _fail(f"warm boot refused: {path} is not the installed {agent_name}; boot with the source",
+          Exit.PROTOCOL_MISMATCH)
 
 
 def _compiled(agent, rewritten, source=None):
@@ -229,13 +226,13 @@ def _same_file(path, data):
         return False
 
 
-def boot(source, argv, warm=False):
+def boot(source, argv):
     """First call of a session (run inline with ``python3 -c``): prepare, then run ``argv[2:]`` if given.
 
     Folding the root check and agent install into the first real command saves an SSH exec, which is
-    most of the cost of a no-op sync. ``warm``: see warm_boot."""
+    most of the cost of a no-op sync. ``source`` None: see warm_boot."""
     _stamp("agent-start", globals().get("_T0"))
-    root = cmd_prepare(argv[0], argv[1], source, warm)
+    root = cmd_prepare(argv[0], argv[1], source)
     if len(argv) > 2:
         main([root] + list(argv[2:]))
 
@@ -251,7 +248,7 @@ def warm_boot(argv):
     boots with the source (docs/protocol.md § Boot)."""
     if len(argv) < 2:
         _fail("usage: agent.pyc --warm ROOT AGENT_NAME [COMMAND ARGS...]", Exit.USAGE)
-    boot(None, argv, warm=True)
+    boot(None, argv)
 
 
 # ---------------------------------------------------------------- sync

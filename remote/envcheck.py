@@ -12,18 +12,12 @@ import platform
 import shutil
 import subprocess
 import sys
-from importlib import metadata
 from typing import Any
+
+from . import distinfo
 
 # torch is listed for env.json's package versions; the env.check table shows it once, in its own row
 PACKAGES = ("torch", "safetensors", "numpy", "sglang", "speculators", "transformers", "flashinfer-python")
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _torch_info() -> dict[str, Any]:
@@ -60,7 +54,7 @@ def _nvidia_smi() -> list[dict[str, str]] | None:
 def collect() -> dict[str, Any]:
     return {"schema": "draftops.env/1", "python": sys.version.split()[0], "executable": sys.executable,
             "platform": platform.platform(), "hostname": platform.node(),
-            "packages": {name: _version(name) for name in PACKAGES},
+            "packages": {name: distinfo.version(name) for name in PACKAGES},
             "torch": _torch_info(), "nvidia_smi": _nvidia_smi()}
 
 

@@ -93,6 +93,18 @@ def no_inventory_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DRAFTOPS_INVENTORY", raising=False)
 
 
+def recorded_commands(host: Any) -> list[str]:
+    """The commands ``host`` runs from now on: its transport's ``run``, wrapped to note each one."""
+    commands: list[str] = []
+    run = host.transport.run
+
+    def record(command: str, **kwargs: Any) -> Any:
+        commands.append(command)
+        return run(command, **kwargs)
+    host.transport.run = record
+    return commands
+
+
 def copy_remote_package(dest_root: Path) -> None:
     """Put the real remote/ package into a test project (for tests that run remote modules)."""
     shutil.copytree(REPO / "remote", dest_root / "remote", dirs_exist_ok=True,

@@ -35,6 +35,7 @@ from draftops.errors import (
 from draftops.host import open_host
 from draftops.hostagent import Exit
 from draftops.inventory import HostSpec
+from tests.conftest import recorded_commands
 
 # what each exit code must raise: written out here, not read from draftops.agent.ERRORS
 EXPECTED = {
@@ -334,18 +335,6 @@ def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_ma
 
 
 # ---------------------------------------------------------------- the warm boot (hostagent.warm_boot)
-def recorded(host) -> list[str]:
-    """The commands ``host`` runs from now on (its transport's run, wrapped)."""
-    commands: list[str] = []
-    run = host.transport.run
-
-    def recording(command: str, **kwargs):
-        commands.append(command)
-        return run(command, **kwargs)
-    host.transport.run = recording
-    return commands
-
-
 def is_warm(command: str) -> bool:
     return f" {hostagent.WARM_FLAG} " in command and " -c " not in command
 
@@ -360,7 +349,7 @@ def test_a_new_session_boots_through_the_installed_copy_without_the_source(local
     close_all()
     host = local_host()
     assert host.agent.warm == first.run                              # remembered from the last boot
-    commands = recorded(host)
+    commands = recorded_commands(host)
     assert host.agent.runs() == []
     assert len(commands) == 1 and is_warm(commands[0]) and len(commands[0]) < 2000
     assert host.agent.info is not None and host.agent.info.run == first.run and host.agent.info.installed is False
@@ -398,7 +387,7 @@ def test_a_stale_warm_note_costs_one_refused_exec_then_the_boot_and_nothing_runs
     else:                                 # noted for another interpreter: not even tried
         note.write_text(json.dumps({**json.loads(note.read_text()), "python": "/opt/other/bin/python3"}))
     host = local_host()
-    commands = recorded(host)
+    commands = recorded_commands(host)
     start_once(host, tmp_path)
     if stale == "other-python":
         assert is_boot(commands[0])
@@ -409,7 +398,7 @@ def test_a_stale_warm_note_costs_one_refused_exec_then_the_boot_and_nothing_runs
     assert json.loads(note.read_text())["run"] == first.run         # noted afresh: the next session is warm
     close_all()
     host = local_host()
-    again = recorded(host)
+    again = recorded_commands(host)
     assert host.agent.runs() and len(again) == 1 and is_warm(again[0])
 
 
@@ -443,7 +432,7 @@ def test_a_warm_boot_refused_for_its_root_is_that_error_at_once_not_a_second_boo
     note.parent.mkdir(parents=True, exist_ok=True)
     note.write_text(json.dumps({"agent": AGENT_NAME, "python": sys.executable, "run": run}))
     host = open_host(None, home)
-    commands = recorded(host)
+    commands = recorded_commands(host)
     with pytest.raises(RootError, match="home directory"):
         host.agent.runs()
     assert len(commands) == 1 and is_warm(commands[0]) and note.exists()
@@ -478,7 +467,7 @@ def test_servers_are_joined_with_their_own_runs_not_the_whole_history(local_host
     from draftops.serve import lifecycle
     host = local_host()
     ids = finished_runs(host, tmp_path, 3)
-    commands = recorded(host)
+    commands = recorded_commands(host)
     entries = [{"port": 8000, "run_id": ids[1], "engine": "vllm"},
                {"port": 8001, "run_id": "../outside", "engine": "vllm"},
                {"port": 8002, "run_id": None, "engine": "vllm", "created": "2020-01-01T00:00:00Z"}]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from draftops.host import close_all, host_cache_file, open_host
-from tests.conftest import ssh_entry
+from tests.conftest import recorded_commands, ssh_entry
 
 pytestmark = pytest.mark.ssh
 
@@ -66,31 +66,20 @@ def test_a_remembered_interpreter_that_stopped_working_is_forgotten(project, tmp
     assert json.loads(open(memory).read()) == {"python": real}  # and the memory is mended
 
 
-def recording(host) -> list[str]:
-    commands: list[str] = []
-    run = host.transport.run
-
-    def record(command: str, **kwargs):
-        commands.append(command)
-        return run(command, **kwargs)
-    host.transport.run = record
-    return commands
-
-
 def test_the_next_session_boots_through_the_installed_copy_and_a_lost_one_costs_one_exec(project):
     """The warm boot over SSH (docs/protocol.md § Boot): no 60 kB source on the session's first
     command line; a copy the host lost since is refused before anything runs, then booted."""
     info = open_host(None, project).agent.prepare()
     close_all()
     host = open_host(None, project)
-    commands = recording(host)
+    commands = recorded_commands(host)
     assert host.agent.runs() == []
     assert len(commands) == 1 and " --warm " in commands[0] and len(commands[0]) < 2000
     assert host.agent.info is not None and host.agent.info.run == info.run
     close_all()
     os.unlink(info.run)                                         # the host lost the bytecode
     host = open_host(None, project)
-    commands = recording(host)
+    commands = recorded_commands(host)
     assert host.agent.runs() == []
     assert len(commands) == 2 and " --warm " in commands[0] and " -c " in commands[1]
     assert os.path.exists(info.run)                             # the boot made it again

@@ -71,7 +71,7 @@ def _joined(host: Host, entries: list[dict[str, Any]], now: float) -> list[Serve
     """Registry ``entries`` joined with the state of their runs (``now``: the host's clock)."""
     if not entries:
         return []
-    wanted = sorted({str(e["run_id"]) for e in entries if jobs.is_run_id(e.get("run_id"))})
+    wanted = sorted({e["run_id"] for e in entries if jobs.is_run_id(e.get("run_id"))})
     runs = {row["id"]: row for row in jobs.list_runs(host, wanted)}     # not the whole history
     out = []
     for entry in entries:

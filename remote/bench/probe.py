@@ -27,16 +27,12 @@ CLIENTS = {"sglang": (("sglang.benchmark.serving", "benchmark/serving.py"),
            "vllm": (("vllm bench serve", "benchmarks/serve.py"),)}
 
 
-def _version(dist: str) -> str | None:
-    return distinfo.version(dist)
-
-
 def probe(engine: str) -> dict[str, Any]:
     """The client module or command, its source file and the flags it accepts."""
     if engine not in CLIENTS:
         raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(CLIENTS)}")
     spec = importlib.util.find_spec(engine)          # top-level: locates without importing
-    out: dict[str, Any] = {"engine": engine, "version": _version(engine) or _version(f"{engine}-cpu"),
+    out: dict[str, Any] = {"engine": engine, "version": distinfo.version(engine) or distinfo.version(f"{engine}-cpu"),
                            "client": None, "source": None, "flags": {}}
     if spec is None or not spec.submodule_search_locations:
         out["error"] = f"{engine} is not importable by {sys.executable}"

@@ -103,6 +103,12 @@ def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
     return {str(rel): (str(v[0]), str(v[1]), int(v[2])) for rel, v in raw.items()}
 
 
+#: a warm boot's exits with no reply that prove nothing ran: the copy refused (9), Python could not
+#: load or find it (1, 2), the shell could not run it (126, 127). Others (a dropped link's -1, a
+#: signal, root's 3 and 4) are the call's own error: booting again could run a command twice.
+WARM_UNSTARTED = frozenset({Exit.CRASHED, Exit.USAGE, Exit.PROTOCOL_MISMATCH, 126, Exit.NO_PYTHON})
+
+
 def _absolute(path: object) -> bool:
     """Whether a remembered ``path`` (from a cache file) is an absolute path a command line can carry."""
     return isinstance(path, str) and path.startswith("/") and "\0" not in path
@@ -241,7 +247,7 @@ class AgentClient:
         except FramingError as exc:
             raise self._failure(AgentError, what, result.exit_code, result.stdout, result.stderr,
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
-        if warm and not replies and result.exit_code not in (Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE):
+        if warm and not replies and result.exit_code in WARM_UNSTARTED:
             self._drop_warm()              # the remembered copy refused or is gone: nothing ran; boot
             return self._call(args, input=input, run_id=run_id, retried=retried)
         if booting and replies:

@@ -474,3 +474,22 @@ def test_servers_are_joined_with_their_own_runs_not_the_whole_history(local_host
     servers = lifecycle._joined(host, entries, time.time())
     assert [(s.port, s.state) for s in servers] == [(8000, "succeeded"), (8001, "dead"), (8002, "dead")]
     assert len(commands) == 1 and commands[0].rstrip().endswith(f"runs runs {ids[1]}")
+
+
+@pytest.mark.parametrize("code", [-1, 137])
+def test_a_warm_boot_cut_off_by_a_dropped_link_or_a_signal_is_not_run_again(local_host, tmp_path, code):
+    """No reply and exit -1 (the SSH link dropped) or a kill: the command may have run on the host, so
+    it is that call's error; booting again could start a job twice. The note stays."""
+    from draftops.host import close_all
+    local_host().agent.prepare()
+    close_all()
+    host = local_host()
+    commands = recorded_commands(host)
+    real = host.transport.run
+    host.transport.run = lambda command, **kwargs: (commands.append(command),
+                                                    CommandResult(command, code, b"", b""))[1]
+    with pytest.raises(RemoteError):
+        start_once(host, tmp_path)
+    assert len(commands) == 1 and is_warm(commands[0]) and host.agent.warm is not None
+    host.transport.run = real
+    assert host.agent.runs() == []                     # the next call is warm again, and works

@@ -259,8 +259,9 @@ class AgentClient:
             if standby_ready is not None:         # a kept connection starts the next agent ahead
                 standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
         unprepared = booting and self.info is None       # the boot failed before prepare answered
-        if unprepared and result.exit_code not in (0, Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
-                and self.python != self.default_python:
+        if unprepared and 0 < result.exit_code < 128 \
+                and result.exit_code not in (Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
+                and self.python != self.default_python:   # not a dropped link (-1) or a signal (WARM_UNSTARTED)
             self._forget()                            # the remembered interpreter stopped working
             return self._call(args, input=input, run_id=run_id, retried=retried)
         if result.exit_code == Exit.PROTOCOL_MISMATCH and not booting and not retried:

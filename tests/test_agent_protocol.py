@@ -310,6 +310,19 @@ def test_a_remembered_interpreter_is_forgotten_only_when_it_fails_to_run_the_age
         assert transport.pythons == ["/opt/py/bin/python3", "python3"] and not memory.exists()
 
 
+@pytest.mark.parametrize("code", [-1, 137])
+def test_a_boot_cut_off_by_a_dropped_link_or_a_signal_keeps_the_interpreter_and_is_not_run_again(tmp_path, code):
+    """No prepare reply because the link dropped (-1) or the boot was killed: it may have run its
+    command, so it is that call's error, not a sign the remembered interpreter stopped working."""
+    memory = tmp_path / "agent-python.json"
+    memory.write_text(json.dumps({"python": "/opt/py/bin/python3"}))
+    transport = BootRefused(code)
+    agent = AgentClient(transport.spec, transport, memory)    # type: ignore[arg-type]
+    with pytest.raises(RemoteError):
+        agent.runs()
+    assert transport.pythons == ["/opt/py/bin/python3"] and memory.exists()
+
+
 def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_made_again(local_host, tmp_path):
     from draftops.host import close_all
     host = local_host()

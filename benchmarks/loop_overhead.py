@@ -87,10 +87,13 @@ def task_ends(stderr: str, spawned: float) -> list[float]:
     return [float(line[len(mark):]) - spawned for line in stderr.splitlines() if line.startswith(mark)]
 
 
-def trace_of(call: str, stderr: str, spawned: float, seconds: float, ends: list[float]) -> dict[str, Any]:
+def trace_of(call: str, stderr: str, spawned: float, seconds: float,
+             ends: list[float] | None = None) -> dict[str, Any]:
     """Start-up (interpreter, invoke, imports) and every command run on the host (count, seconds per
-    tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py); ``ends``: task_ends."""
+    tool) of one invoke call, from its DRAFTOPS_TIMING lines (draftops/timing.py); ``ends``: its
+    task_ends when the caller has them already."""
     moments, _, execs = timing.read(stderr)
+    ends = task_ends(stderr, spawned) if ends is None else ends
     start_up = moments.get("task-start", spawned) - spawned
     exit_ = seconds - ends[-1] if ends else 0.0
     return {"call": call, "wall": seconds, "start_up": start_up, "exit": exit_, "execs": execs}

@@ -175,6 +175,12 @@ class AgentClient:
         rows = self._typed("runs", lambda: list(reply["runs"]))
         return [self._row("runs", row) for row in rows]
 
+    def recent(self, count: int) -> tuple[list[RunRow], int]:
+        """The last ``count`` runs by id, and how many runs the host has."""
+        reply = self._call(("recent", "runs", str(int(count))))
+        rows, total = self._typed("recent", lambda: (list(reply["runs"]), int(reply["total"])))
+        return [self._row("recent", row) for row in rows], total
+
     def kill(self, run_id: str, grace_s: float) -> RunRow:
         """TERM the run's process group, KILL it after ``grace_s``; the final status."""
         return self._row("kill", self._call(("kill", _run_dir(run_id), str(float(grace_s))), run_id=run_id))

@@ -161,6 +161,12 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
     out.print(table)
 
 
+def show_not_shown(total: int | None, shown: int, out: Console) -> None:
+    """A dim line saying how many earlier runs a bounded listing left out, and how to see them."""
+    if total is not None and total > shown:
+        out.print(f"[dim]({total - shown} earlier run(s) not shown: `--last N` or `--all`)[/]")
+
+
 class _LiveView:
     """What a live tail shows: the progress bar, and in window mode the last lines of the log."""
 

@@ -1296,6 +1296,23 @@ def cmd_runs(runs_dir, ids=None):
     _out({"runs": rows})
 
 
+def cmd_recent(runs_dir, count):
+    """The last ``count`` runs by id (an id starts with its start time) and how many runs there are:
+    `invoke runs` shows the end of a long history without reading every run's status."""
+    count = int(count)
+    names = []
+    if os.path.isdir(runs_dir):
+        for name in sorted(os.listdir(runs_dir)):
+            try:
+                if stat.S_ISDIR(os.lstat(os.path.join(runs_dir, name)).st_mode):
+                    names.append(name)
+            except OSError:                    # removed while listed
+                pass
+    table = _proc_table() if names else None
+    rows = [_status(os.path.join(runs_dir, name), table) for name in names[max(0, len(names) - count):]]
+    _out({"runs": rows, "total": len(names)})
+
+
 def cmd_kill(run_dir, grace):
     """TERM the job's whole process group, KILL what is left after ``grace`` seconds; works when the
     runner itself is gone too (then this records the kill)."""
@@ -1563,8 +1580,8 @@ def cmd_pack(run_dir):
 
 # what the local side may call (docs/protocol.md); "runner" is started by "start" only
 COMMANDS = {"manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start, "runner": cmd_runner,
-            "status": cmd_status, "runs": cmd_runs, "kill": cmd_kill, "tail": cmd_tail, "follow": cmd_follow,
-            "pack": cmd_pack}  # type: dict
+            "status": cmd_status, "runs": cmd_runs, "recent": cmd_recent, "kill": cmd_kill, "tail": cmd_tail,
+            "follow": cmd_follow, "pack": cmd_pack}  # type: dict
 
 
 def _check_call(argv):

@@ -30,6 +30,7 @@ from remote import events, exitcodes
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
+RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last
 MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
 
 
@@ -117,6 +118,13 @@ def status(host: Host, run_id: str) -> dict[str, Any]:
 def list_runs(host: Host, ids: list[str] | None = None) -> list[dict[str, Any]]:
     """The host's runs, or only those of ``ids`` (each checked to be a run id)."""
     return host.agent.runs(None if ids is None else [_check_id(i) for i in ids])
+
+
+def recent_runs(host: Host, count: int) -> tuple[list[dict[str, Any]], int]:
+    """The host's last ``count`` runs (oldest first) and how many it has in all."""
+    if count < 1:
+        raise JobError(f"the number of runs to show must be 1 or more, not {count}.")
+    return host.agent.recent(count)
 
 
 def kill(host: Host, run_id: str, grace_s: float = 10.0) -> dict[str, Any]:

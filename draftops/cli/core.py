@@ -14,6 +14,7 @@ from draftops.console import (
     err_console,
     human_bytes,
     safe,
+    show_not_shown,
     show_runs,
     show_skipped,
     show_sync,
@@ -51,16 +52,25 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
     show_sync(report, console, verbose)
 
 
-@task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP})
+@task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP,
+            "last": f"how many of the latest runs to show (default {jobs.RUNS_SHOWN})", "all": "every run"})
 @friendly
 def runs(c: Context, host: str | None = None, local: bool = False, kind: str | None = None,
-         draft: str | None = None, since: str | None = None) -> None:
-    """List the host's runs: what each was (task and arguments), its state, exit code and outcome;
+         draft: str | None = None, since: str | None = None, last: int = jobs.RUNS_SHOWN, all: bool = False) -> None:
+    """List the host's latest runs: what each was (task and arguments), its state, exit code and outcome;
     --local: the local history."""
+    if last < 1:
+        raise Exit(f"error: --last must be 1 or more, not {last}; --all shows every run.", code=1)
+    count = None if all else last
     if local:
-        return show_local_runs(c, host=host, kind=kind, draft=draft, since=since)
+        return show_local_runs(c, host=host, kind=kind, draft=draft, since=since, last=count)
     target = connect(c, host)
-    show_runs(jobs.list_runs(target), target.name, console)
+    if count is None:
+        rows, total = jobs.list_runs(target), None
+    else:
+        rows, total = jobs.recent_runs(target, count)
+    show_runs(rows, target.name, console)
+    show_not_shown(total, len(rows), err_console)
 
 
 @task(help={"host": HOST_HELP, "follow": "keep streaming until the job ends (Ctrl-C detaches)",

@@ -9,7 +9,7 @@ from invoke import Context
 
 from draftops import history, jobs, records
 from draftops.cli.common import project_root
-from draftops.console import console, escape
+from draftops.console import console, err_console, escape, show_not_shown
 from draftops.errors import DraftopsError, HistoryError
 from draftops.host import Host
 from draftops.tools import ToolResult
@@ -68,14 +68,16 @@ def _short(path: str | None, width: int = 28) -> str:
 
 
 def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = None, draft: str | None = None,
-                    since: str | None = None) -> None:
-    """`invoke runs --local`: the history table, newest first."""
+                    since: str | None = None, last: int | None = None) -> None:
+    """`invoke runs --local`: the history table, newest first (the ``last`` newest; None: all)."""
     root = project_root(c)
     found = history.for_project(root).query(kind=kind, host=host, draft=draft,
                                             since=history.parse_since(since) if since else None)
     filters = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("host", host), ("draft", draft),
                                                   ("since", since)) if v)
-    show_history(found, f"local run history ({root / 'runs' / history.DB_NAME})", filters, console)
+    shown = found if last is None else found[:last]
+    show_history(shown, f"local run history ({root / 'runs' / history.DB_NAME})", filters, console)
+    show_not_shown(len(found), len(shown), err_console)
 
 
 def show_history(found: list[history.RunRecord], title: str, filters: str, out: Console) -> None:

@@ -1614,6 +1614,9 @@ def main(argv):
 
 STANDBY_FLAG = "--standby"
 STANDBY_READY = b"@@draftops-standby ready\n"
+#: written as soon as a request is read, before anything runs: a keeper that sees the standby's channel
+#: end without it knows nothing ran, and runs the call on a fresh channel instead
+STANDBY_TOOK = b"@@draftops-standby took\n"
 MAX_STANDBY_REQUEST = 1 << 22
 #: stdlib modules the quick tools (draftops.tools.STDLIB_TOOLS) import, loaded by a standby before it
 #: says ready: about 10 ms of each tool call (python -X importtime). Only the stdlib: the synced code
@@ -1624,8 +1627,8 @@ STANDBY_IMPORTS = ("argparse", "dataclasses", "pathlib", "runpy", "shutil", "typ
 def standby():
     """Wait, loaded, for one call (``agent.pyc --standby``, started ahead by a kept connection,
     draftops/keeper.py): say ready on stdout, read one JSON line ``{"argv", "env", "boot", "source"}``
-    (or ``{"tool": ...}``: a quick stdlib tool, see _run_tool) from stdin, then run it exactly as a
-    fresh exec would (the boot when ``boot`` is set). The call's
+    (or ``{"tool": ...}``: a quick stdlib tool, see _run_tool) from stdin, say it took it, then run it
+    exactly as a fresh exec would (the boot when ``boot`` is set). The call's
     input follows that line on stdin. The host's shell and this python's start-up were paid before
     the call was made; EOF before a request (the connection closed) ends it quietly."""
     for name in STANDBY_IMPORTS:     # what the quick tools import, loaded while nobody waits
@@ -1639,6 +1642,11 @@ def standby():
     line = sys.stdin.buffer.readline(MAX_STANDBY_REQUEST)
     if not line.endswith(b"\n"):
         return
+    try:
+        out.write(STANDBY_TOOK)
+        out.flush()
+    except OSError:          # the keeper gave up on this standby and may run the call elsewhere
+        os._exit(0)
     try:
         request = json.loads(line)
         if isinstance(request, dict) and request.get("tool"):

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from draftops.connection import SSHTransport
-from draftops.hostagent import STANDBY_FLAG, STANDBY_READY
+from draftops.hostagent import STANDBY_FLAG, STANDBY_READY, STANDBY_TOOK
 from draftops.inventory import HostSpec
 from draftops.keeper_link import ERR, EXIT, OUT, REFUSED, STARTED, read_exact, send_frame, socket_path
 
 MAX_REQUEST = 1 << 22
 STANDBY_START_S = 30.0
+TAKE_S = 30.0                        # a live standby says it took a call at once; a host this slow is in trouble
 MAX_BANNER = 1 << 16                 # what shell start-up files may print before a standby's ready line
 ACCEPT_S = 0.25                      # how often an idle keeper looks at the clock and the connection
 PEERCRED = struct.Struct("3i")
@@ -208,6 +209,15 @@ class Keeper:
             if standby is not None:
                 channel = standby.channel
                 channel.sendall(json.dumps(request["header"]).encode() + b"\n")
+                taken = _taken(channel)
+                if taken is None:          # it may have run: the client reports the call lost
+                    channel.close()
+                    send_frame(conn, STARTED)
+                    return
+                if not taken:              # it ended before reading the call: nothing ran
+                    log("a standby agent ended before taking its call; running the call by exec")
+                    channel.close()
+                    channel = self.channel(str(request["command"]))
             else:
                 channel = self.channel(str(request["command"]))
         except Exception as exc:   # noqa: BLE001 - nothing ran: the client runs it directly
@@ -219,6 +229,24 @@ class Keeper:
             self.refill(key)       # the next call finds the next standby starting or ready
         send_frame(conn, STARTED)
         _Relay(conn, channel).run(bool(request.get("combine")))
+
+
+def _taken(channel: Any) -> bool | None:
+    """Whether a standby took the call it was sent: True (its took line came first), False (its output
+    ended first: it died before reading the call, as one killed after the keeper's look at it does, so
+    nothing ran), None (no answer in TAKE_S, or other bytes: whether it ran is unknown)."""
+    seen = b""
+    channel.settimeout(TAKE_S)
+    try:
+        while len(seen) < len(STANDBY_TOOK):
+            chunk = channel.recv(len(STANDBY_TOOK) - len(seen))
+            if not chunk:
+                return False if not seen else None
+            seen += chunk
+    except OSError:          # socket.timeout included
+        return None
+    channel.settimeout(None)
+    return True if seen == STANDBY_TOOK else None
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:

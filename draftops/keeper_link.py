@@ -38,7 +38,7 @@ CONNECT_S = 2.0                      # a live keeper answers its socket at once
 MAX_SOCKET_PATH = 100                # sun_path holds 108 bytes
 HEADER = struct.Struct(">cI")        # a frame: kind, length
 STARTED, OUT, ERR, EXIT, REFUSED = b"S", b"O", b"E", b"X", b"R"
-WIRE_VERSION = 1                     # in every keeper's key: a draftops speaking another wire never meets it
+WIRE_VERSION = 2                     # in every keeper's key: a draftops speaking another wire never meets it
 MAX_LOG = 1 << 20                    # a keeper's log is started afresh past this size
 CONNECTION_FIELDS = ("transport", "address", "user", "port", "key", "jump", "host_key", "known_hosts",
                      "connect_timeout")

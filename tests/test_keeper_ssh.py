@@ -5,6 +5,7 @@ falls back to a direct connection whenever the keeper is missing, dead, not safe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -221,14 +222,46 @@ def test_agent_calls_use_a_standby_and_a_broken_one_is_never_used(box: Box) -> N
     for pid in box.standbys():
         _kill(pid)
     wait_for(lambda: not box.standbys(), what="the standbys to end")
-    time.sleep(0.5)     # and the keeper to see their channels close (a standby killed between the
-    #                     keeper's look at it and its use fails that one call, by design: not retried)
+    time.sleep(0.5)     # and the keeper to see their channels close
     again.transport.standby_ready(again.agent.python, AGENT_NAME, "/nonexistent/agent.pyc")  # type: ignore[attr-defined]
     assert again.agent.runs() == []
     host_module.close_all()
     third = open_host("box", box.project)
     third.prepare()
     assert third.agent.runs() == []
+
+
+def test_a_standby_killed_after_the_keepers_look_at_it_costs_nothing_and_runs_nothing_twice(box: Box) -> None:
+    """The keeper sees a stopped standby as usable and hands it the call; it is killed before it reads
+    the call. Its channel ends without the standby's took line, so the keeper runs the call by exec."""
+    box.start_keeper()
+    host = open_host("box", box.project)
+    host.prepare()
+    wait_for(lambda: len(box.standbys()) == 2, what="standby agents")
+    stopped = box.standbys()
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    marker = box.project / "ran"
+    outcome: dict[str, object] = {}
+
+    def start() -> None:
+        try:
+            outcome["pid"] = host.agent.start("20260101-000000-once-aaaa", {
+                "name": "once", "command": f"echo ran >> {shlex.quote(str(marker))}", "cwd": "."})
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=start)
+    caller.start()
+    time.sleep(1.0)                                # the keeper is waiting for a stopped standby
+    assert caller.is_alive()
+    for pid in stopped:
+        _kill(pid)
+    caller.join(30)
+    assert "error" not in outcome, outcome
+    wait_for(lambda: host.agent.status("20260101-000000-once-aaaa").get("state") == "succeeded", what="the job")
+    assert marker.read_text() == "ran\n"           # once
+    assert host.agent.runs() != [] and host.transport.direct is None  # type: ignore[attr-defined]
 
 
 def test_a_dead_missing_or_foreign_keeper_means_a_direct_connection(box: Box) -> None:

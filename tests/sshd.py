@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -44,11 +45,35 @@ class Sshd:
     user: str = "root"
 
     def stop(self) -> None:
+        """Stop the listener and its per-connection processes: a test's client that did not close its
+        connection would otherwise keep a session (and its shell) after the test. Detached jobs are in
+        sessions of their own and are left to the test that started them."""
+        sessions = children(self.proc.pid)
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        for pid in sessions:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
 
 
 def keygen(path: Path) -> Path:

@@ -26,22 +26,9 @@ from draftops.connection import SSHTransport
 from draftops.errors import InventoryError, RemoteError
 from draftops.host import open_host, project_inventory
 from tests.conftest import REPO, ssh_entry
-from tests.sshd import Sshd, start_sshd
+from tests.sshd import Sshd, children, start_sshd
 
 pytestmark = pytest.mark.ssh
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def _kill(pid: int) -> None:
@@ -150,7 +137,7 @@ def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.Monk
             keeper_link.disconnect_all()
             wait_for(lambda: not _keepers(folder), what="the keepers to stop")
         finally:                                  # whatever failed above, no sshd or keeper is left
-            for pid in [*_keepers(folder), *_children(server.proc.pid)]:
+            for pid in [*_keepers(folder), *children(server.proc.pid)]:
                 _kill(pid)
             server.stop()
             shutil.rmtree(folder, ignore_errors=True)
@@ -316,7 +303,7 @@ def test_a_command_in_flight_when_the_keeper_dies_fails_clearly(box: Box) -> Non
 def test_a_dropped_link_stops_the_keeper_and_calls_connect_directly(box: Box) -> None:
     box.start_keeper()
     box.kept().run("true")
-    for child in _children(box.server.proc.pid):   # the sshd side of the kept connection
+    for child in children(box.server.proc.pid):   # the sshd side of the kept connection
         _kill(child)
     wait_for(lambda: not _keepers(box.folder) and not box.socket.exists(), what="the keeper to stop")
     direct = keeper_link.open_transport(box.spec, box.inventory)
@@ -343,7 +330,7 @@ def test_an_idle_keeper_stops_and_disconnect_stops_one_now(box: Box) -> None:
 
 
 def test_a_keeper_that_cannot_connect_backs_off(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
-    for child in _children(box.server.proc.pid):
+    for child in children(box.server.proc.pid):
         _kill(child)
     box.server.stop()
     assert keeper_link.spawn([box.spec], 30, box.folder, box.key)
@@ -412,7 +399,7 @@ def test_a_job_started_through_a_keeper_survives_the_keepers_link_dropping(box: 
     host.prepare()
     wait_for(lambda: box.standbys(), what="a standby agent")
     job = jobs.start(host, "survivor", "sleep 1.5; echo finished > \"$DRAFTOPS_RUN_DIR/out.txt\"; exit 7")
-    for child in _children(box.server.proc.pid):   # the sshd side of the kept connection, standbys too
+    for child in children(box.server.proc.pid):   # the sshd side of the kept connection, standbys too
         _kill(child)
     wait_for(lambda: not _keepers(box.folder), what="the keeper to stop")
     host_module.close_all()

@@ -205,21 +205,26 @@ class Keeper:
         if request["op"] == "agent":
             key = (str(request["python"]), str(request["agent"]))
             standby = self.take(key)
+        relay = _Relay(conn)
         try:
             if standby is not None:
-                channel = standby.channel
-                channel.sendall(json.dumps(request["header"]).encode() + b"\n")
-                taken = _taken(channel)
+                standby.channel.sendall(json.dumps(request["header"]).encode() + b"\n")
+                relay.start_input(standby.channel, replay=True)     # the input travels while it answers
+                taken = _taken(standby.channel)
                 if taken is None:          # it may have run: the client reports the call lost
-                    channel.close()
+                    standby.channel.close()
                     send_frame(conn, STARTED)
                     return
-                if not taken:              # it ended before reading the call: nothing ran
+                if taken:
+                    relay.took()
+                else:                      # it ended before reading the call: nothing ran
+                    standby.channel.close()
+                    if relay.gone:             # (closed because the client went away): nobody waits
+                        return
                     log("a standby agent ended before taking its call; running the call by exec")
-                    channel.close()
-                    channel = self.channel(str(request["command"]))
+                    relay.switch(self.channel(str(request["command"])))
             else:
-                channel = self.channel(str(request["command"]))
+                relay.start_input(self.channel(str(request["command"])))
         except Exception as exc:   # noqa: BLE001 - nothing ran: the client runs it directly
             send_frame(conn, REFUSED, str(exc).encode())
             if not self.alive():
@@ -228,7 +233,7 @@ class Keeper:
         if key is not None:
             self.refill(key)       # the next call finds the next standby starting or ready
         send_frame(conn, STARTED)
-        _Relay(conn, channel).run(bool(request.get("combine")))
+        relay.run(bool(request.get("combine")))
 
 
 def _taken(channel: Any) -> bool | None:
@@ -269,23 +274,67 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
 
 class _Relay:
     """One command's streams: the client's input to the channel; the channel's output, errors and exit
-    code to the client. A client that goes away closes the channel, as a dropped SSH link would."""
+    code to the client. A client that goes away closes the channel, as a dropped SSH link would.
 
-    def __init__(self, conn: socket.socket, channel: Any):
-        self.conn, self.channel = conn, channel
+    Input given to a standby is also kept until the standby says it took the call, so that a standby
+    that died before reading it can be replaced by an exec channel that gets the same bytes."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
         self.write = threading.Lock()
+        self.lock = threading.Lock()           # the channel the input goes to, the replay and EOF
+        self.channel: Any = None
+        self.replay: bytearray | None = None
+        self.ended = False                     # the client's input ended
+        self.gone = False                      # the client went away
 
     def frame(self, kind: bytes, data: bytes = b"") -> None:
         with self.write:
             send_frame(self.conn, kind, data)
 
+    def start_input(self, channel: Any, replay: bool = False) -> None:
+        self.channel, self.replay = channel, bytearray() if replay else None
+        threading.Thread(target=self.pump_input, daemon=True).start()
+
+    def took(self) -> None:
+        """The standby took the call: its input need not be kept any longer."""
+        with self.lock:
+            self.replay = None
+
+    def switch(self, channel: Any) -> None:
+        """Send the input to ``channel`` from now on, starting with all of it sent so far."""
+        with self.lock:            # holds the pump back, so the bytes keep their order
+            sent, self.replay, self.channel = bytes(self.replay or b""), None, channel
+            channel.sendall(sent)
+            if self.ended:
+                channel.shutdown_write()
+
     def pump_input(self) -> None:
-        try:
-            while chunk := self.conn.recv(1 << 20):
-                self.channel.sendall(chunk)
-            self.channel.shutdown_write()
-        except OSError:
-            self.channel.close()
+        while True:
+            try:
+                chunk = self.conn.recv(1 << 20)
+            except OSError:
+                chunk = None                   # the client went away
+            with self.lock:
+                target, kept = self.channel, self.replay is not None
+                if chunk and self.replay is not None:
+                    self.replay += chunk
+                self.ended, self.gone = chunk == b"", chunk is None
+            if not chunk:
+                try:
+                    if chunk is None:
+                        target.close()
+                    else:
+                        target.shutdown_write()    # (switch() does it for a channel that replaces this)
+                except OSError:
+                    pass
+                return
+            try:
+                target.sendall(chunk)
+            except OSError:
+                if not kept:                   # (a standby not yet answering: switch() resends it)
+                    target.close()
+                    return
 
     def pump_errors(self) -> None:
         try:
@@ -297,7 +346,6 @@ class _Relay:
     def run(self, combine: bool) -> None:
         if combine:
             self.channel.set_combine_stderr(True)
-        threading.Thread(target=self.pump_input, daemon=True).start()
         errors = None if combine else threading.Thread(target=self.pump_errors, daemon=True)
         if errors is not None:
             errors.start()

@@ -107,6 +107,15 @@ class Box:
                     found.append(int(entry))
         return found
 
+    def waiting_standbys(self) -> list[int]:
+        """Standbys that said ready: blocked reading their call on stdin (syscall 0, read, on fd 0)."""
+        def reading(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/syscall").read_text().startswith("0 0x0 ")
+            except OSError:
+                return False
+        return [pid for pid in self.standbys() if reading(pid)]
+
 
 @pytest.fixture
 def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -224,7 +233,7 @@ def test_a_standby_killed_after_the_keepers_look_at_it_costs_nothing_and_runs_no
     box.start_keeper()
     host = open_host("box", box.project)
     host.prepare()
-    wait_for(lambda: len(box.standbys()) == 2, what="standby agents")
+    wait_for(lambda: len(box.waiting_standbys()) == 2, what="standby agents")
     stopped = box.standbys()
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -249,6 +258,23 @@ def test_a_standby_killed_after_the_keepers_look_at_it_costs_nothing_and_runs_no
     wait_for(lambda: host.agent.status("20260101-000000-once-aaaa").get("state") == "succeeded", what="the job")
     assert marker.read_text() == "ran\n"           # once
     assert host.agent.runs() != [] and host.transport.direct is None  # type: ignore[attr-defined]
+    # 3 MB of input, more than the stopped standby's channel takes in: all of it reaches the exec, in order.
+    wait_for(lambda: box.waiting_standbys() and box.waiting_standbys() == box.standbys(), what="a standby again")
+    stopped = box.standbys()
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    blob = os.urandom(3 << 20)
+    request = host.agent.standby_request({"argv": [host.agent.info.root, "runs", "runs"], "env": {}})
+    got: dict[str, object] = {}
+    caller = threading.Thread(target=lambda: got.update(
+        done=host.transport.run_standby(request, "cat", blob)))  # type: ignore[attr-defined]
+    caller.start()
+    time.sleep(1.0)
+    for pid in stopped:
+        _kill(pid)
+    caller.join(30)
+    done = got["done"]
+    assert done.exit_code == 0 and done.stdout == blob       # type: ignore[attr-defined]
 
 
 def test_a_dead_missing_or_foreign_keeper_means_a_direct_connection(box: Box) -> None:

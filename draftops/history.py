@@ -128,12 +128,18 @@ def _row(row: sqlite3.Row) -> RunRecord:
 
 
 def parse_time(text: str) -> datetime:
-    """An ISO date or date-time (naive = local time) as an aware datetime."""
+    """An ISO date or date-time (naive = local time) as an aware datetime that also exists in UTC
+    (the table's form: year 1 local or 9999-12-31 behind UTC would overflow when stored)."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except (ValueError, AttributeError):
         raise HistoryError(f"{text!r} is not a date or time; write 2026-11-30 or 2026-11-30T14:05.") from None
-    return moment if moment.tzinfo else moment.astimezone()
+    try:
+        moment = moment if moment.tzinfo else moment.astimezone()
+        moment.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
+        raise HistoryError(f"{text!r} is out of range in UTC; give a date between the years 2 and 9998.") from None
+    return moment
 
 
 def parse_since(text: str, now: datetime | None = None) -> str:
@@ -142,10 +148,16 @@ def parse_since(text: str, now: datetime | None = None) -> str:
     age = re.fullmatch(r"(\d+)\s*([mhdw])", text)
     if age:
         unit = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[age.group(2)]
-        return to_iso((now or datetime.now(timezone.utc)) - timedelta(**{unit: int(age.group(1))}))
+        try:
+            return to_iso((now or datetime.now(timezone.utc)) - timedelta(**{unit: int(age.group(1))}))
+        except OverflowError:
+            raise HistoryError(f"--since {text!r} reaches back before the year 1; give a shorter age, or a "
+                               "date (2026-11-30).") from None
     try:
         return to_iso(parse_time(text))
-    except HistoryError:
+    except HistoryError as exc:
+        if "out of range" in str(exc):
+            raise HistoryError(f"--since {exc}") from None
         raise HistoryError(f"--since {text!r} is neither a date (2026-11-30), a date-time (2026-11-30T14:05) "
                            "nor an age (90m, 12h, 7d, 2w).") from None
 

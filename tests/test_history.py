@@ -84,6 +84,20 @@ def test_parse_since_forms() -> None:
             parse_since(bad)
 
 
+@pytest.mark.parametrize("since", ["99999999d", "999999999999999999999w", "0001-01-01",
+                                   "9999-12-31T23:59:59-05:00"])
+def test_parse_since_out_of_range_is_a_clear_error(since: str) -> None:
+    """Ages and dates past what a datetime holds: the --since message, not an OverflowError."""
+    with pytest.raises(HistoryError, match="--since"):
+        parse_since(since)
+
+
+def test_record_time_out_of_range_is_refused(tmp_path: Path) -> None:
+    hist = History(tmp_path / "h.sqlite")
+    with pytest.raises(HistoryError, match="run r: .*out of range"):
+        hist.record(RunRecord(run_id="r", kind="bench", host="local", time="9999-12-31T23:59:59-05:00"))
+
+
 @pytest.mark.parametrize("bad,needle", [
     ({"run_id": ""}, "run id"), ({"run_id": "a\nb"}, "run id"), ({"kind": "Bench; DROP"}, "kind"),
     ({"host": ""}, "host"), ({"time": "noon"}, "not a date"), ({"metrics": [1, 2]}, "metrics"),

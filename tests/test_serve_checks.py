@@ -56,6 +56,14 @@ def test_sglang_partial_speculative_flags_are_refused():
     assert not refusals(plan_for("sglang", draft="/d")).refusals       # none: SGLang's auto choice
 
 
+@pytest.mark.parametrize("port", [0, -1, 65536])
+def test_port_outside_tcp_range_is_refused_not_replaced(port: int) -> None:
+    """--port 0 is a port the user typed, not "no port": it must not fall back to the profile's."""
+    with pytest.raises(ServeRefused, match=f"--port {port} is not a TCP port"):
+        plan_for("sglang", draft="/d", port=port)
+    assert plan_for("sglang", draft="/d", port=1).launch.port == 1
+
+
 def test_sglang_topk1_override_is_refused_unless_allowed():
     found = refusals(plan_for("sglang", draft="/d", steps=1, topk=1, draft_tokens=16))
     text = found.refusals[0]

@@ -76,7 +76,7 @@ def resolve(request: Request, profile: Profile, demo_dir: str) -> Plan:
             f"No target model: serve profile {profile.name!r} of host {profile.host!r} has no `target:`. "
             "Add `target: /path/to/model` to the profile in hosts.yaml, or pass --target PATH "
             "(--target demo for the generated demo's target).")
-    port = request.port or profile.port
+    port = profile.port if request.port is None else request.port     # --port 0 is refused, not the default
     if not 1 <= port <= 65535:
         raise ServeRefused(f"--port {port} is not a TCP port (1-65535).")
     steps, topk, draft_tokens = request.steps, request.topk, request.draft_tokens

@@ -68,6 +68,15 @@ def test_argv_is_what_a_user_types(tmp_path):
     ("hosts: [box\n", None, ["not valid YAML"]),
     ("- just a list\n", 1, ["a mapping"]),
     (GOOD.replace("task: sync", "task: nightly"), 4, ["recurse"]),
+    # booleans and quoted text are not numbers (pydantic's lax mode would read `true` as 1)
+    (GOOD + "thresholds: {'*tok_s': true}\n", 12, ["field `thresholds.*tok_s`", "valid number"]),
+    (GOOD + "thresholds: {'*tok_s': '5%'}\n", 12, ["field `thresholds.*tok_s`", "valid number"]),
+    (GOOD + "thresholds: {'*tok_s': '5'}\n", 12, ["field `thresholds.*tok_s`", "valid number"]),
+    (GOOD + "baseline_window: true\nmin_nights: 1\n", 12, ["field `baseline_window`", "valid integer"]),
+    (GOOD + "baseline_window: 0\n", 12, ["field `baseline_window`", "greater than or equal to 2"]),
+    (GOOD + "min_nights: true\n", 12, ["field `min_nights`", "valid integer"]),
+    (GOOD.replace("    cleanup: true", "    cleanup: true\n    timeout: true"), 12, ["step 3 ('stop')", "`timeout`",
+                                                                                       "valid number"]),
 ])
 def test_bad_playbooks_name_file_line_and_fix(tmp_path, text, line, words):
     path = tmp_path / "bad.yaml"

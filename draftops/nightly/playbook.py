@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, field_validator, model_validator
 
 from draftops import yamlfile
 from draftops.errors import PlaybookError
@@ -30,6 +30,8 @@ _STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 _TASK = re.compile(r"[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)?")
 _ARG = re.compile(r"[a-z][a-z0-9_-]{0,47}")
 Scalar = str | int | float | bool
+# Numbers are strict (pydantic's lax mode reads `true` as 1 and "5" as 5): a threshold, window or
+# timeout written as a boolean or text is a mistake to name, not a value to guess.
 
 
 class _Located(ValueError):
@@ -50,7 +52,7 @@ class Step(BaseModel):
     args: dict[str, Scalar] = Field(default_factory=dict)
     needs: list[str] = Field(default_factory=list)
     cleanup: bool = False
-    timeout: float = Field(default=7200.0, gt=0, le=86400)
+    timeout: float = Field(default=7200.0, gt=0, le=86400, strict=True)
 
     @field_validator("name")
     @classmethod
@@ -112,10 +114,10 @@ class Playbook(BaseModel):
     setup: str = ""                                    # what "the same setup" means across nights
     hosts: list[str] = Field(min_length=1)
     steps: list[Step] = Field(min_length=1)
-    thresholds: dict[str, float] = Field(default_factory=dict)
+    thresholds: dict[str, StrictFloat] = Field(default_factory=dict)
     lower_is_better: list[str] = Field(default_factory=lambda: list(LOWER_IS_BETTER))
-    baseline_window: int = Field(default=7, ge=2, le=100)
-    min_nights: int = Field(default=3, ge=1, le=100)
+    baseline_window: int = Field(default=7, ge=2, le=100, strict=True)
+    min_nights: int = Field(default=3, ge=1, le=100, strict=True)
 
     @field_validator("hosts")
     @classmethod

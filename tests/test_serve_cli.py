@@ -1,0 +1,31 @@
+"""`serve.stop` and `serve.logs` refuse option values they cannot honour before touching the host: a
+grace period that is not a finite number of seconds, a negative line count."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_env_ssh import invoke
+
+
+@pytest.fixture
+def project(make_project, tmp_path: Path, no_inventory_env) -> Path:
+    root = make_project({"loc": {"transport": "local", "root": str(tmp_path / "locroot")}}, "loc")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    return root
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-5", "1e9", "soon"])
+def test_stop_grace_must_be_a_sane_number_of_seconds(project: Path, grace: str) -> None:
+    done = invoke(project, "serve.stop", "--grace", grace)
+    text = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1 and "Traceback" not in text, text
+    assert f"--grace {grace!r} is not" in text and "seconds" in text, text
+    assert not (project.parent / "locroot").exists()          # refused before the host was touched
+
+
+def test_logs_lines_must_not_be_negative(project: Path) -> None:
+    done = invoke(project, "serve.logs", "--lines", "-3")
+    assert done.returncode == 1 and "--lines must be 0 or more, not -3" in done.stderr, done.stdout + done.stderr

@@ -252,6 +252,11 @@ class History:
         if "readonly" in text or "unable to open" in text or isinstance(exc, OSError):
             return HistoryError(f"cannot open the run history {self.path} for writing ({text}); make it and "
                                 "its folder writable, or run from a project checkout you own.")
+        if "locked" in text or "busy" in text:
+            return HistoryError(f"the run history {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s: another "
+                                f"process holds a write transaction on it (a stuck draftops run, or a sqlite3 "
+                                f"shell inside BEGIN; `fuser {self.path}` names it where fuser is installed). "
+                                "Let it finish or stop it, then run again; nothing was changed.")
         if "disk is full" in text or "disk I/O" in text:
             return HistoryError(f"the run history {self.path} could not be written ({text}); nothing was "
                                 "changed. Free disk space and record again.")

@@ -243,6 +243,26 @@ def test_killed_inside_an_open_transaction_rolls_back(tmp_path: Path) -> None:
     assert _integrity(db) == "ok" and len(hist.query()) == 2
 
 
+def test_a_writer_holding_its_lock_too_long_is_named_with_the_fix(tmp_path: Path, monkeypatch) -> None:
+    """A write lock held past the busy timeout (a stuck run, a sqlite3 shell inside BEGIN): the
+    message says who may hold it and what to do, not just SQLite's "database is locked"."""
+    db = tmp_path / "h.sqlite"
+    hist = History(db)
+    hist.record(_rec("first"))
+    monkeypatch.setattr("draftops.history.BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(HistoryError) as info:
+            hist.record(_rec("second"))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    message = str(info.value)
+    assert str(db) in message and "another process" in message and "run again" in message, message
+    assert [r.run_id for r in hist.query()] == ["first"]
+
+
 def test_two_writers_at_once(tmp_path: Path) -> None:
     db = tmp_path / "h.sqlite"
     count = 60

@@ -252,6 +252,10 @@ class History:
         if "readonly" in text or "unable to open" in text or isinstance(exc, OSError):
             return HistoryError(f"cannot open the run history {self.path} for writing ({text}); make it and "
                                 "its folder writable, or run from a project checkout you own.")
+        if "no such column" in text or "no such table" in text or "has no column named" in text:
+            return HistoryError(f"{self.path} is not a draftops run history (schema {SCHEMA_VERSION} has a `runs` "
+                                f"table with other columns; {text}). Move it aside (mv {self.path} {self.path}.bad); "
+                                "the next run starts a new history.")
         if "locked" in text or "busy" in text:
             return HistoryError(f"the run history {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s: another "
                                 f"process holds a write transaction on it (a stuck draftops run, or a sqlite3 "

@@ -128,6 +128,21 @@ def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     assert path.read_bytes().startswith(b"this is a text file")               # left as it was
 
 
+@pytest.mark.parametrize("make", ["CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT)", "CREATE TABLE other (x)"])
+def test_a_foreign_table_layout_is_named_with_the_fix(tmp_path: Path, make: str) -> None:
+    """A file claiming schema 1 whose `runs` table is not ours (or missing): say so, not "no such column"."""
+    db = tmp_path / "h.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute(make)
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    for call in (lambda: History(db).query(), lambda: History(db).record(_rec("r"))):
+        with pytest.raises(HistoryError) as info:
+            call()
+        message = str(info.value)
+        assert "not a draftops run history" in message and f"mv {db} {db}.bad" in message, message
+
+
 def test_newer_schema_refused(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     conn = sqlite3.connect(path)

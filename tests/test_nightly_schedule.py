@@ -115,3 +115,31 @@ def test_odd_paths_are_quoted_and_percent_escaped(tmp_path):
     assert line.startswith("2 1 * * * ") and "100\\%" in line and "'/opt/py thon/bin/python'" in line
     with pytest.raises(Exception, match="line break"):
         schedule.block(tmp_path / "a\nb", "1:02", "p.yaml")
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_the_cron_line_runs_from_a_folder_with_quotes_and_dollar_parens(tmp_path, busy):
+    """The line as cron hands it to sh (`\\%` back to `%`), from a project folder holding `'`, `"`, `%`
+    and `$(...)`: it runs, nothing in the path is executed, and a held lock logs the skip."""
+    root = tmp_path / "it's a \"p%th\" $(touch PWNED) dir"
+    (root / "runs").mkdir(parents=True)
+    python = root / "fake python"
+    python.write_text("#!/bin/sh\necho ran: \"$@\"\n")
+    python.chmod(0o755)
+    line = schedule.command(root, "playbooks/a b's.yaml", str(python)).replace("\\%", "%")
+    lock = (root / "runs" / ".nightly.lock").open("w")
+    if busy:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        done = subprocess.run(["/bin/sh", "-c", line], cwd=tmp_path, capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin"})
+    finally:
+        lock.close()
+    log = (root / "runs" / "nightly.log").read_text()
+    assert not list(tmp_path.rglob("PWNED")), log
+    if busy:
+        assert done.returncode == schedule.BUSY_EXIT, done.stderr + log
+        assert "nightly skipped: the previous night still holds" in log and str(root / "runs") in log, log
+    else:
+        assert done.returncode == 0, done.stderr + log
+        assert "ran: -m invoke nightly --playbook playbooks/a b's.yaml" in log, log

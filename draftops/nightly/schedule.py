@@ -44,15 +44,17 @@ def _cron_safe(text: str, what: str) -> str:
 
 
 def command(project_root: Path, playbook: str, python: str = sys.executable) -> str:
-    """The shell command the crontab line runs (also what a user can paste to run it by hand)."""
+    """The shell command the crontab line runs (also what a user can paste to run it by hand). Every
+    path is its own shell-quoted word, never inside double quotes, where a `'` in it would end the
+    string and a `$(...)` in it would run."""
     root = _cron_safe(str(project_root), "the project folder")
     lock = _cron_safe(str(project_root / "runs" / ".nightly.lock"), "the lock file")
     log = _cron_safe(str(project_root / "runs" / "nightly.log"), "the log file")
     py = _cron_safe(python, "the python interpreter")
     book = _cron_safe(playbook, "--playbook")
     return (f"cd {root} && mkdir -p runs && {{ flock -n -E {BUSY_EXIT} {lock} {py} -m invoke nightly --playbook "
-            f"{book}; rc=$?; [ $rc -eq {BUSY_EXIT} ] && echo \"$(date -u) nightly skipped: the previous night "
-            f"still holds {lock}\"; exit $rc; }} >> {log} 2>&1")
+            f"{book}; rc=$?; [ $rc -eq {BUSY_EXIT} ] && echo \"$(date -u)\" nightly skipped: the previous night "
+            f"still holds {lock}; exit $rc; }} >> {log} 2>&1")
 
 
 def block(project_root: Path, at: str, playbook: str, python: str = sys.executable) -> list[str]:

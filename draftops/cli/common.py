@@ -5,6 +5,7 @@ passes it ``live(...)`` to show the job on its console."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -90,6 +91,24 @@ def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | Non
         return int(str(value))
     except ValueError:
         raise error(f"{flag} {value!r} is not a whole number.") from None
+
+
+GRACE_S, MAX_GRACE_S = 10.0, 3600.0
+
+
+def grace_seconds(value: Any, error: type[DraftopsError], what: str) -> float:
+    """--grace as seconds: Invoke hands it over as text (its default is None, so that `soon` is our
+    error, not Invoke's traceback); NaN, inf and negatives would crash or hang the stop."""
+    if value is None:
+        return GRACE_S
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_GRACE_S:
+        raise error(f"--grace {str(value)!r} is not a number of seconds from 0 to {MAX_GRACE_S:.0f} "
+                    f"(default {GRACE_S:.0f}): how long {what} gets between SIGTERM and SIGKILL.")
+    return seconds
 
 
 def host_path(target: Host, path: str | None) -> str | None:

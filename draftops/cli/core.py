@@ -7,7 +7,7 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from draftops import jobs, timing, tools
-from draftops.cli.common import HOST_HELP, connect, friendly, live, project_root
+from draftops.cli.common import GRACE_S, HOST_HELP, connect, friendly, grace_seconds, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
     console,
@@ -20,6 +20,7 @@ from draftops.console import (
     show_sync,
     state_text,
 )
+from draftops.errors import JobError
 from draftops.host import project_inventory
 from draftops.sync import scan
 from draftops.sync import sync as sync_code
@@ -98,12 +99,13 @@ def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False,
                           "or `--all`)[/]")
 
 
-@task(help={"host": HOST_HELP, "grace": "seconds between SIGTERM and SIGKILL"})
+@task(help={"host": HOST_HELP, "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})"})
 @friendly
-def kill(c: Context, run_id: str, host: str | None = None, grace: float = 10.0) -> None:
+def kill(c: Context, run_id: str, host: str | None = None, grace: float | None = None) -> None:
     """Stop a run: SIGTERM to its process group, SIGKILL after the grace period."""
+    seconds = grace_seconds(grace, JobError, "the run")
     target = connect(c, host)
-    final = jobs.kill(target, run_id, grace)
+    final = jobs.kill(target, run_id, seconds)
     console.print(f"run {safe(run_id)}: {state_text(final.get('state'))}")
 
 

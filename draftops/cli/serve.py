@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,11 +15,13 @@ from invoke.exceptions import Exit
 
 from draftops import tools
 from draftops.cli.common import (
+    GRACE_S,
     HOST_HELP,
     connect,
     ensure_code,
     ensure_demo,
     friendly,
+    grace_seconds,
     host_path,
     live,
     project_root,
@@ -242,31 +243,13 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
     out.print(table)
 
 
-GRACE_S, MAX_GRACE_S = 10.0, 3600.0
-
-
-def _grace(value: Any) -> float:
-    """--grace as seconds: Invoke hands it over as text (its default is None, so that `soon` is our
-    error, not Invoke's traceback); NaN, inf and negatives would crash or hang the stop."""
-    if value is None:
-        return GRACE_S
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= MAX_GRACE_S:
-        raise ServeError(f"--grace {str(value)!r} is not a number of seconds from 0 to {MAX_GRACE_S:.0f} "
-                         f"(default {GRACE_S:.0f}): how long the server gets between SIGTERM and SIGKILL.")
-    return seconds
-
-
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",
             "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})", "host": HOST_HELP})
 @friendly
 def stop(c: Context, port: int | None = None, all: bool = False, grace: float | None = None,
          host: str | None = None) -> None:
     """Stop a server: SIGTERM to its process group, SIGKILL after the grace period."""
-    seconds, wanted = _grace(grace), _whole("--port", port)
+    seconds, wanted = grace_seconds(grace, ServeError, "the server"), _whole("--port", port)
     box = connect(c, host)
     ensure_code(box)
     targets = lifecycle.servers(box) if all else [lifecycle.find(box, wanted)]

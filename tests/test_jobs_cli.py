@@ -1,0 +1,32 @@
+"""`invoke kill` refuses a grace period it cannot honour (NaN, inf, negative, text) before it touches
+the host, as `serve.stop` does."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.test_env_ssh import invoke
+
+
+@pytest.fixture
+def project(make_project, tmp_path: Path, no_inventory_env) -> Path:
+    root = make_project({"loc": {"transport": "local", "root": str(tmp_path / "locroot")}}, "loc")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    return root
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-5", "1e9", "soon"])
+def test_kill_grace_must_be_a_sane_number_of_seconds(project: Path, grace: str) -> None:
+    done = invoke(project, "kill", "20260101-000000-x-aaaa", "--grace", grace)
+    text = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1 and "Traceback" not in text, text
+    assert f"--grace {grace!r} is not" in text and "the run gets" in text, text
+    assert not (project.parent / "locroot").exists()          # refused before the host was touched
+
+
+def test_kill_with_a_good_grace_reaches_the_host(project: Path) -> None:
+    done = invoke(project, "kill", "20260101-000000-x-aaaa", "--grace", "0.5")
+    assert done.returncode == 1 and "--grace" not in done.stderr       # an unknown run, named by the host
+    assert "20260101-000000-x-aaaa" in done.stdout + done.stderr and (project.parent / "locroot").exists()

@@ -1,5 +1,5 @@
-"""`invoke kill` refuses a grace period it cannot honour (NaN, inf, negative, text) before it touches
-the host, as `serve.stop` does."""
+"""`serve.stop`, `kill` and `serve.logs` refuse option values they cannot honour before touching the
+host: a grace period that is not a finite number of seconds, a negative line count."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +9,9 @@ import pytest
 from tests.conftest import REPO
 from tests.test_env_ssh import invoke
 
+STOPS = {"serve.stop": (["serve.stop"], "the server gets"),
+         "kill": (["kill", "20260101-000000-x-aaaa"], "the run gets")}
+
 
 @pytest.fixture
 def project(make_project, tmp_path: Path, no_inventory_env) -> Path:
@@ -17,12 +20,14 @@ def project(make_project, tmp_path: Path, no_inventory_env) -> Path:
     return root
 
 
+@pytest.mark.parametrize("task", list(STOPS))
 @pytest.mark.parametrize("grace", ["nan", "inf", "-5", "1e9", "soon"])
-def test_kill_grace_must_be_a_sane_number_of_seconds(project: Path, grace: str) -> None:
-    done = invoke(project, "kill", "20260101-000000-x-aaaa", "--grace", grace)
+def test_grace_must_be_a_sane_number_of_seconds(project: Path, task: str, grace: str) -> None:
+    args, what = STOPS[task]
+    done = invoke(project, *args, "--grace", grace)
     text = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1 and "Traceback" not in text, text
-    assert f"--grace {grace!r} is not" in text and "the run gets" in text, text
+    assert f"--grace {grace!r} is not" in text and what in text, text
     assert not (project.parent / "locroot").exists()          # refused before the host was touched
 
 
@@ -30,3 +35,8 @@ def test_kill_with_a_good_grace_reaches_the_host(project: Path) -> None:
     done = invoke(project, "kill", "20260101-000000-x-aaaa", "--grace", "0.5")
     assert done.returncode == 1 and "--grace" not in done.stderr       # an unknown run, named by the host
     assert "20260101-000000-x-aaaa" in done.stdout + done.stderr and (project.parent / "locroot").exists()
+
+
+def test_logs_lines_must_not_be_negative(project: Path) -> None:
+    done = invoke(project, "serve.logs", "--lines", "-3")
+    assert done.returncode == 1 and "--lines must be 0 or more, not -3" in done.stderr, done.stdout + done.stderr

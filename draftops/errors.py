@@ -181,5 +181,9 @@ class PlaybookError(DraftopsError):
     """A playbook cannot be used as it is (the message names file, line and field)."""
 
 
+class NightBusy(PlaybookError):
+    """A host of the night is in use by another night of the same project; nothing ran."""
+
+
 class ScheduleError(DraftopsError):
     """The user's crontab could not be read or changed."""

@@ -1,10 +1,7 @@
-"""Faults around a night on the local host (cheap steps only): two nights started at once, a history
+"""Faults around a night on the local host (cheap steps only): a night on a host another night holds, a history
 that cannot be written, a host the inventory does not know, a task that does not exist."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,16 +28,23 @@ def playbook(root: Path, **book) -> str:
     return "playbooks/p.yaml"
 
 
-def test_two_nights_at_once_keep_their_own_folders(project):
-    path = playbook(project)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("DRAFTOPS_HOST", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "invoke", "nightly", "--playbook", path], cwd=project, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    folders = sorted((project / "runs").glob("nightly-*"))
-    assert len(folders) == 2 and all((f / "report.html").exists() for f in folders)
+def test_a_night_on_a_host_another_night_holds_is_refused_and_runs_once_it_ended(project):
+    from draftops.errors import NightBusy
+    from draftops.nightly import hostlock
+    runs = project / "runs"
+    with hostlock.hold(runs, ["loc"], "playbooks/p.yaml"):
+        with hostlock.hold(runs, ["other"], "playbooks/q.yaml"):      # another host: no wait
+            pass
+        with pytest.raises(NightBusy, match=r"host 'loc' is in use .*pid \d+, playbook playbooks/p.yaml"):
+            with hostlock.hold(runs, ["other", "loc"], "playbooks/q.yaml"):
+                pass
+        with hostlock.hold(runs, ["other"], "playbooks/q.yaml"):      # the refused night let go of 'other'
+            pass
+        busy = invoke(project, "nightly", "--playbook", playbook(project))
+        assert busy.returncode == 75 and "in use by another night" in busy.stderr, busy.stdout + busy.stderr
+        assert not list(runs.glob("nightly-*"))
+    done = invoke(project, "nightly", "--playbook", playbook(project))
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_history_that_cannot_be_written_still_gives_a_report(project):

@@ -9,9 +9,11 @@ from invoke.exceptions import Exit
 
 from draftops.cli.common import friendly, project_root
 from draftops.console import console, safe
+from draftops.nightly.schedule import BUSY_EXIT
 
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
 EXIT_FAILED, EXIT_REGRESSION = 1, 2
+EXIT_BUSY = BUSY_EXIT      # another night holds one of the hosts: as cron's flock says the project is busy
 
 
 def _playbook_path(root: Path, playbook: str) -> Path:
@@ -24,10 +26,12 @@ def _playbook_path(root: Path, playbook: str) -> Path:
 @friendly
 def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) -> None:
     """Run a playbook on its hosts in parallel, compare with earlier nights, write the report.
-    Exit 1 when a step failed, 2 when a metric regressed, 0 otherwise."""
+    Exit 1 when a step failed, 2 when a metric regressed, 75 when another night of this project holds
+    one of its hosts (nothing ran), 0 otherwise."""
+    from draftops.errors import NightBusy
+    from draftops.nightly import hostlock, report
     from draftops.nightly import night as nights
     from draftops.nightly import playbook as books
-    from draftops.nightly import report
     root = project_root(c)
     path = _playbook_path(root, playbook)
     book = books.load(path)
@@ -37,8 +41,12 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     from draftops.inventory import default_inventory_path, load_inventory
     inventory = load_inventory(default_inventory_path(root), root)
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
-    console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
-    night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
+    try:
+        with hostlock.hold(root / "runs", chosen, str(path)):
+            console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
+            night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
+    except NightBusy as exc:
+        raise Exit(f"error: {safe(str(exc))}", code=EXIT_BUSY) from None
     written = report.write(night)
     for line in report.health(night):
         console.print(safe(line))

@@ -10,9 +10,10 @@ from pathlib import Path
 from invoke import Collection
 
 from draftops.cli import bench, core, drafter, env, nightly, serve, sglang
-from draftops.cli.common import adopt_callwide_host
+from draftops.cli.common import adopt_callwide_host, friendly_option_casts
 
 adopt_callwide_host(sys.argv)
+friendly_option_casts()
 # At exit, the interpreter's last garbage collection walks every object of every imported library
 # (pydantic, paramiko, rich): ~0.1 s of each call. Frozen, they are skipped; connections are closed by
 # their own atexit hook and draftops leaves no file open for the collector to flush.

@@ -1,5 +1,6 @@
-"""`serve.stop`, `kill` and `serve.logs` refuse option values they cannot honour before touching the
-host: a grace period that is not a finite number of seconds, a negative line count."""
+"""Option values a task cannot honour are refused in one line before the host is touched: a grace
+period that is not a finite number of seconds (`serve.stop`, `kill`), a negative line count, and any
+number option given text (Invoke's own cast would print a traceback)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,3 +41,15 @@ def test_kill_with_a_good_grace_reaches_the_host(project: Path) -> None:
 def test_logs_lines_must_not_be_negative(project: Path) -> None:
     done = invoke(project, "serve.logs", "--lines", "-3")
     assert done.returncode == 1 and "--lines must be 0 or more, not -3" in done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["runs", "--last", "abc"], "--last 'abc' is not a whole number."),
+    (["logs", "x", "--lines", "1.5"], "--lines '1.5' is not a whole number."),
+    (["serve.logs", "--lines", "many"], "--lines 'many' is not a whole number."),
+])
+def test_an_option_of_the_wrong_type_is_a_one_line_error_not_a_traceback(project: Path, args: list[str],
+                                                                         needle: str) -> None:
+    done = invoke(project, *args)
+    assert done.returncode == 1 and done.stderr.strip() == f"error: {needle}", done.stdout + done.stderr
+    assert not (project.parent / "locroot").exists()

@@ -83,6 +83,29 @@ def adopt_callwide_host(argv: list[str]) -> None:
         os.environ["DRAFTOPS_HOST"] = named.pop()
 
 
+def friendly_option_casts() -> None:
+    """Invoke casts an option typed int or float with int()/float() and lets the ValueError of
+    `--lines abc` out as a traceback; make it the one-line parse error (exit 1) Invoke prints for
+    other bad command lines. Idempotent."""
+    from invoke.exceptions import ParseError
+    from invoke.parser.argument import Argument
+
+    original = Argument.set_value
+    if getattr(original, "_draftops", False):
+        return
+
+    def set_value(self: Argument, value: Any, cast: bool = True) -> None:
+        try:
+            original(self, value, cast)
+        except ValueError:
+            wanted = {int: "a whole number", float: "a number"}.get(self.kind, f"a {self.kind.__name__}")
+            flag = (self.name or "").replace("_", "-")
+            raise ParseError(f"error: --{flag} {value!r} is not {wanted}.") from None
+
+    set_value._draftops = True  # type: ignore[attr-defined]
+    Argument.set_value = set_value  # type: ignore[method-assign]
+
+
 def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | None:
     """Invoke passes options whose default is None as strings; counts and ports must be integers."""
     if value is None:

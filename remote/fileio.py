@@ -60,12 +60,23 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> N
 
 
 def write_exclusive(path: Path, data: bytes) -> None:
-    """Create ``path`` with ``data``; raise FileExistsError rather than overwrite anything."""
+    """Create ``path`` with ``data``; raise FileExistsError rather than overwrite anything.
+
+    A write that fails part way (a full disk) removes the file it created: a cut-off backup would
+    later pass for the original, and its name would block the next attempt.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def write_json(path: Path, payload: Any) -> Path:

@@ -265,3 +265,30 @@ def test_sglang_status_flags_the_cuda_graph_override(tmp_path):
     graph = [w for w in result["warnings"] if "CUDA-graph mode" in w]
     assert len(graph) == 2 and "--disable-cuda-graph" in graph[0]
     assert not any("qwen3.py is" in w for w in result["warnings"]), "qwen3 captures -1 natively"
+
+
+def _file_size_limit(limit: int) -> Any:
+    """preexec_fn: files this process writes stop at ``limit`` bytes (EFBIG, like a full disk)."""
+    def apply() -> None:
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_backup_cut_off_by_a_full_disk_is_not_left_behind(tmp_path):
+    config = {**FLAT_CONFIG, "pad": "x" * 20000}
+    ckpt = make_ckpt(tmp_path / "draft", config)
+    original = (ckpt / "config.json").read_bytes()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    proc = subprocess.run([sys.executable, "-m", "remote.draft_config", "--ckpt", str(ckpt),
+                           "--layer-ids", "-1,2,30"], cwd=REPO, env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=120, preexec_fn=_file_size_limit(8192))
+    assert proc.returncode == exitcodes.REFUSED and "Cannot write the backup" in proc.stderr
+    assert (ckpt / "config.json").read_bytes() == original
+    # a half-written backup would pass for the original later (and a rerun would name its own -2)
+    assert not _backups(ckpt)
+    proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", out=tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert [b.read_bytes() for b in _backups(ckpt)] == [original]

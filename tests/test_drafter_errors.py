@@ -185,3 +185,22 @@ def test_dump_files_that_disagree(tmp_path: Path) -> None:
     with pytest.raises(ShapeMismatchError) as exc:
         run_eval(tmp_path / "out", data=data, limit=16, layout_samples=4)
     _one_paragraph(exc.value, "hs_7.safetensors", "hidden_states", "[T, 5, 64]", "[10, 4, 64]")
+
+
+def _data_with_config(tmp_path: Path, **changes: object) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(demo().data, data)
+    cfg = json.loads((data / "data_config.json").read_text())
+    cfg.update(changes)
+    (data / "data_config.json").write_text(json.dumps(cfg))
+    return data
+
+
+def test_a_vllm_convention_id_below_the_embedding_is_a_clear_error(tmp_path: Path) -> None:
+    # vLLM ids start at 0 (the embedding); -1 became SGLang id -2 and a fix of [-2, 0, 2]
+    data = _data_with_config(tmp_path, layer_id_convention="vllm")
+    with pytest.raises(ConfigError) as exc:
+        DumpSet.open(data)
+    _one_paragraph(exc.value, "data_config.json", "layer_ids", ">= 0", "vllm")
+    data = _data_with_config(tmp_path / "ok", layer_id_convention="vllm", layer_ids=[0, 2, 4, 5, 6])
+    assert DumpSet.open(data).slots.layer_ids == (-1, 1, 3, 4, 5)

@@ -77,9 +77,12 @@ class SlotInfo:
                               field="layer_id_convention", expected=" or ".join(CONVENTIONS), found=conv,
                               fix="use 'sglang' (output of layer id, -1 = embedding) or 'vllm'")
         ids = cfg.get("layer_ids")
+        # the embedding is -1 in SGLang ids and 0 in vLLM's: nothing lies below it
+        lowest = convention.convert([-1], convention.SGLANG, conv)[0]
         if ids is not None and (not isinstance(ids, list) or not ids
-                                or not all(is_integral(i) and int(i) >= -1 for i in ids)):
-            raise fields.bad("layer_ids", "a non-empty list of integer layer ids >= -1, one per slot", ids)
+                                or not all(is_integral(i) and int(i) >= lowest for i in ids)):
+            raise fields.bad("layer_ids", f"a non-empty list of integer layer ids >= {lowest} "
+                             f"({conv} convention), one per slot", ids)
         layer_ids = (tuple(convention.convert([int(i) for i in ids], conv, convention.SGLANG))
                      if ids is not None else None)
         final = fields.integer("final_slot", minimum=0)

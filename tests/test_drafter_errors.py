@@ -196,6 +196,14 @@ def _data_with_config(tmp_path: Path, **changes: object) -> Path:
     return data
 
 
+def test_a_layer_named_twice_in_data_config_is_a_clear_error(tmp_path: Path) -> None:
+    # two slots cannot hold one layer; taken as given, the verdict told to serve [-1, 1, 1]
+    data = _data_with_config(tmp_path, layer_ids=[-1, 1, 1, 4, 5])
+    with pytest.raises(ConfigError) as exc:
+        DumpSet.open(data)
+    _one_paragraph(exc.value, "data_config.json", "layer_ids", "[-1, 1, 1, 4, 5]", "distinct")
+
+
 def test_a_vllm_convention_id_below_the_embedding_is_a_clear_error(tmp_path: Path) -> None:
     # vLLM ids start at 0 (the embedding); -1 became SGLang id -2 and a fix of [-2, 0, 2]
     data = _data_with_config(tmp_path, layer_id_convention="vllm")

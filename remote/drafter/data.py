@@ -83,6 +83,12 @@ class SlotInfo:
                                 or not all(is_integral(i) and int(i) >= lowest for i in ids)):
             raise fields.bad("layer_ids", f"a non-empty list of integer layer ids >= {lowest} "
                              f"({conv} convention), one per slot", ids)
+        if ids is not None and len({int(i) for i in ids}) != len(ids):
+            # two slots cannot hold one layer's output; the verdict would name a layout with a repeat
+            raise ConfigError("data_config.json names a layer for two slots", path=file, field="layer_ids",
+                              expected="distinct layer ids, one per slot of hidden_states", found=ids,
+                              fix="list the layer each slot was captured from, in slot order (the "
+                                  "hidden-state generator's layer_ids)")
         layer_ids = (tuple(convention.convert([int(i) for i in ids], conv, convention.SGLANG))
                      if ids is not None else None)
         final = fields.integer("final_slot", minimum=0)

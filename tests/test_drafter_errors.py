@@ -212,3 +212,13 @@ def test_a_vllm_convention_id_below_the_embedding_is_a_clear_error(tmp_path: Pat
     _one_paragraph(exc.value, "data_config.json", "layer_ids", ">= 0", "vllm")
     data = _data_with_config(tmp_path / "ok", layer_id_convention="vllm", layer_ids=[0, 2, 4, 5, 6])
     assert DumpSet.open(data).slots.layer_ids == (-1, 1, 3, 4, 5)
+
+
+def test_a_bad_data_config_value_points_at_the_dump_not_the_draft_config(tmp_path: Path) -> None:
+    # --config replaces the draft's config.json, never data_config.json
+    data = _data_with_config(tmp_path, final_slot=-1)
+    with pytest.raises(ConfigError) as exc:
+        DumpSet.open(data)
+    msg = _one_paragraph(exc.value, "data_config.json", "final_slot", ">= 0")
+    fix = msg.split("Fix:")[1]
+    assert "--config" not in fix and "trained with" not in fix and "hidden-state generator" in fix

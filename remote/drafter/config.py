@@ -149,11 +149,16 @@ def check_layer_ids(config: DraftConfig, num_aux: int, fc_shape: tuple[int, ...]
         )
 
 
+#: where a bad value's right one comes from, per file (an error's Fix names the draft's own config
+#: only for the draft's config: --config replaces neither data_config.json nor the verifier's)
+DRAFT_SOURCE = "the value the draft was trained with (or pass --config with the draft's own config)"
+
+
 class Fields:
     """Typed, range-checked reads from one JSON object; errors name ``prefix + key``."""
 
-    def __init__(self, obj: dict[str, Any], path: Path, prefix: str) -> None:
-        self.obj, self.path, self.prefix = obj, path, prefix
+    def __init__(self, obj: dict[str, Any], path: Path, prefix: str, source: str = DRAFT_SOURCE) -> None:
+        self.obj, self.path, self.prefix, self.source = obj, path, prefix, source
 
     def name(self, key: str) -> str:
         return self.prefix + key
@@ -165,8 +170,7 @@ class Fields:
         return ConfigError(
             problem or f"The config value {self.name(key)} is invalid", path=self.path, field=self.name(key),
             expected=expected, found=_show(found),
-            fix=f"set {self.name(key)} to {expected}, the value the draft was trained with (or pass --config "
-                "with the draft's own config)",
+            fix=f"set {self.name(key)} to {expected}, {self.source}",
         )
 
     def mapping(self, key: str) -> dict[str, Any]:
@@ -230,7 +234,7 @@ def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dic
     """Aux ids as the format's own engine reads them, the field they came from, the ids in fields
     that engine does not read, and the ids each engine reads (``convention.READS``). Every ids field
     is validated: the other engine may read it."""
-    eagle = Fields(top.mapping(EAGLE_CONFIG), top.path, f"{EAGLE_CONFIG}.")
+    eagle = Fields(top.mapping(EAGLE_CONFIG), top.path, f"{EAGLE_CONFIG}.", top.source)
     found: dict[str, list[int]] = {}
     for fields in (top, eagle):
         raw = fields.get(IDS_KEY)
@@ -255,7 +259,7 @@ def _rope(layer: Fields) -> RopeSpec:
     key, params, dotted = RopeSpec.source(layer.obj)
     if key is not None and not isinstance(params, dict):
         raise layer.bad(key, "a JSON object (or null)", params)
-    sub = Fields(params, layer.path, layer.prefix + dotted)
+    sub = Fields(params, layer.path, layer.prefix + dotted, layer.source)
     rope_type = params.get("rope_type", params.get("type")) or "default"
     type_key = "rope_type" if "rope_type" in params else "type"
     if rope_type not in SUPPORTED_TYPES:

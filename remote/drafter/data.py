@@ -70,7 +70,8 @@ class SlotInfo:
     def parse(cls, file: Path) -> SlotInfo:
         cfg = json_object(file, "data_config.json", "repair the file ({\"layer_ids\": [...], \"final_slot\": "
                           "...}) or remove it (slot layer ids are then unknown)")
-        fields = Fields(cfg, file, "")
+        fields = Fields(cfg, file, "", "matching the slots the hidden-state generator wrote (docs/drafter.md, "
+                        "data_config.json), or remove the file (slot layer ids are then unknown)")
         conv = (fields.text("layer_id_convention") or "sglang").lower()
         if conv not in CONVENTIONS:
             raise ConfigError("Unknown layer_id_convention in data_config.json", path=file,

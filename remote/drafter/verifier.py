@@ -77,6 +77,10 @@ def _pick(names: list[str], suffix: str) -> str | None:
     return min(hits, key=len) if hits else None
 
 
+#: a bad verifier config value: the fix is the target's own config, not the draft's --config
+VERIFIER_SOURCE = "as in the target model's own config.json (pass --verifier the target's folder)"
+
+
 def _read_config(path: Path) -> tuple[dict[str, Any], Fields | None]:
     """The target's text config (``text_config`` of a multimodal one), with checked reads of it."""
     file = path / "config.json" if path.is_dir() else path.parent / "config.json"
@@ -85,5 +89,5 @@ def _read_config(path: Path) -> tuple[dict[str, Any], Fields | None]:
     cfg = json_object(file, "The verifier config.json", "repair or remove the file")
     text = cfg.get("text_config")
     if isinstance(text, dict):
-        return text, Fields(text, file, "text_config.")
-    return cfg, Fields(cfg, file, "")
+        return text, Fields(text, file, "text_config.", VERIFIER_SOURCE)
+    return cfg, Fields(cfg, file, "", VERIFIER_SOURCE)

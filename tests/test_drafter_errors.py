@@ -222,3 +222,23 @@ def test_a_bad_data_config_value_points_at_the_dump_not_the_draft_config(tmp_pat
     msg = _one_paragraph(exc.value, "data_config.json", "final_slot", ">= 0")
     fix = msg.split("Fix:")[1]
     assert "--config" not in fix and "trained with" not in fix and "hidden-state generator" in fix
+
+
+def test_two_weight_files_holding_one_tensor_are_refused(tmp_path: Path) -> None:
+    # no model.safetensors and no index: every *.safetensors is a shard; two saves of the draft
+    # (step100 and step200) were merged tensor by tensor, the later name winning silently
+    ckpt = tmp_path / "draft"
+    ckpt.mkdir()
+    shutil.copy(demo().draft / "config.json", ckpt)
+    shutil.copy(demo().draft / "model.safetensors", ckpt / "step100.safetensors")
+    shutil.copy(demo().draft / "model.safetensors", ckpt / "step200.safetensors")
+    _edit_weights_file(ckpt / "step200.safetensors", lambda t: t["fc.weight"].mul_(0.5))
+    with pytest.raises(ConfigError) as exc:
+        load_checkpoint(ckpt)
+    _one_paragraph(exc.value, "step100.safetensors", "step200.safetensors", "same tensor", "Tensor: ")
+
+
+def _edit_weights_file(file: Path, edit) -> None:
+    tensors = load_file(str(file))
+    edit(tensors)
+    save_file(tensors, str(file))

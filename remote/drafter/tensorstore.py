@@ -75,7 +75,10 @@ class TensorStore:
             )
         infos: dict[str, TensorInfo] = {}
         for file in files:
-            infos.update(read_header(file))
+            header = read_header(file)
+            if not (path / INDEX_NAME).is_file():
+                _refuse_duplicates(infos, header, path)
+            infos.update(header)
         return cls(infos, files)
 
     def names(self) -> list[str]:
@@ -159,3 +162,17 @@ def _files_from_index(index: Path) -> list[Path]:
                 expected="file present", found="absent", fix="copy every shard named in the index",
             )
     return files
+
+
+def _refuse_duplicates(seen: dict[str, TensorInfo], header: dict[str, TensorInfo], folder: Path) -> None:
+    """Without an index every file is taken for a shard: one tensor in two files means two saves
+    (e.g. two training steps) in one folder, and merging them would evaluate neither."""
+    name = next((n for n in header if n in seen), None)
+    if name is None:
+        return
+    first, second = seen[name].path, header[name].path
+    raise ConfigError(
+        "Two weight files in the checkpoint folder hold the same tensor", path=f"{first}, {second}",
+        tensor=name, expected="each tensor in one file (shards of one save)", found="the tensor in both files",
+        fix=f"keep one save per folder (move the others aside) or pass --ckpt the weight file itself; "
+            f"{folder} has no {SINGLE_NAME} or {INDEX_NAME} to say which file is the draft")

@@ -292,3 +292,25 @@ def test_a_backup_cut_off_by_a_full_disk_is_not_left_behind(tmp_path):
     proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", out=tmp_path / "o")
     assert proc.returncode == 0, proc.stderr
     assert [b.read_bytes() for b in _backups(ckpt)] == [original]
+
+
+def test_a_report_on_another_checkpoint_says_so(tmp_path):
+    # the fix holds for the draft the report evaluated; written into another folder (a copy is
+    # fine: the seed loop fixes copies) it must not pass for a checked draft
+    evaluated = make_ckpt(tmp_path / "evaluated", FLAT_CONFIG)
+    other = make_ckpt(tmp_path / "other", FLAT_CONFIG)
+    report = _report(tmp_path / "report.json", "MISMATCH", [-1, 2, 30])
+    data = json.loads(report.read_text())
+    data["checkpoint"] = {"path": str(evaluated), "config_path": str(evaluated / "config.json")}
+    report.write_text(json.dumps(data))
+    proc, result = run_cli("--ckpt", str(other), "--from-report", str(report), out=tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert result["written_ids"] == [-1, 2, 30]
+    warning = result["warnings"][0]
+    assert str(evaluated) in warning and str(other) in warning and "copy" in warning
+    # the same folder by another name (a symlink, its config.json) is the evaluated draft
+    (tmp_path / "link").symlink_to(evaluated)
+    proc, result = run_cli("--ckpt", str(tmp_path / "link" / "config.json"), "--from-report", str(report),
+                           out=tmp_path / "o2")
+    assert proc.returncode == 0, proc.stderr
+    assert not any("evaluated the draft at" in w for w in result["warnings"])

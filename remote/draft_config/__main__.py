@@ -18,7 +18,7 @@ from ..fileio import write_json
 from . import config_file, validate
 from .capture import sglang_warnings
 from .errors import DraftConfigError
-from .report import read_fix
+from .report import ReportFix, other_checkpoint_warning, read_fix
 from .rewrite import write_config
 from .target import load_target
 
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    fix: ReportFix | None = None
     if args.from_report:
         fix = read_fix(args.from_report)
         requested, report_patch = fix.ids, fix.needs_capture_patch
@@ -102,6 +103,9 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
                    target=target.to_json() if target else None)
     checked = validate.check(requested, cfg, target)
     warnings = list(checked.warnings)
+    elsewhere = other_checkpoint_warning(fix, cfg.path) if fix is not None else None
+    if elsewhere:
+        warnings.insert(0, elsewhere)
     written = cfg.to_file(checked.ids)
     needs_patch = validate.needs_capture_patch(checked.ids) or report_patch
     if cfg.format == SPECULATORS:

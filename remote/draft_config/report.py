@@ -18,6 +18,7 @@ class ReportFix:
     status: str
     ids: list[int]
     needs_capture_patch: bool
+    ckpt: str | None = None  # the checkpoint the report evaluated (``checkpoint.path``)
 
 
 def read_fix(path: Path) -> ReportFix:
@@ -50,5 +51,24 @@ def read_fix(path: Path) -> ReportFix:
         raise ReportError(
             f"{path}: verdict.fix_layer_ids is {ids!r}, not a non-empty list of integers."
         )
+    evaluated = data.get("checkpoint")
+    ckpt = evaluated.get("path") if isinstance(evaluated, dict) else None
     return ReportFix(path=str(path), status=status, ids=list(ids),
-                     needs_capture_patch=bool(verdict.get("needs_capture_patch")))
+                     needs_capture_patch=bool(verdict.get("needs_capture_patch")),
+                     ckpt=ckpt if isinstance(ckpt, str) else None)
+
+
+def other_checkpoint_warning(fix: ReportFix, config: Path) -> str | None:
+    """A warning when the report evaluated another folder than the one at ``config``: its fix holds
+    for that draft, and for this one only if it is a copy (the seed loop fixes copies, and the
+    flat-format twin, of the draft it evaluated). Links are resolved, so the folder, its
+    config.json or a weight file name the same checkpoint."""
+    if fix.ckpt is None:
+        return None
+    evaluated = Path(fix.ckpt)
+    folder = evaluated if evaluated.is_dir() else evaluated.parent
+    if folder.resolve() == config.parent.resolve():
+        return None
+    return (f"the report {fix.path} evaluated the draft at {fix.ckpt}, not this one ({config.parent}): "
+            "its ids hold here only if this is a copy of that draft (same weights); otherwise restore the "
+            "backup and run test-drafter on this draft")

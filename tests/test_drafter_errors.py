@@ -242,3 +242,22 @@ def _edit_weights_file(file: Path, edit) -> None:
     tensors = load_file(str(file))
     edit(tensors)
     save_file(tensors, str(file))
+
+
+def _target_with(tmp_path: Path, edit) -> Path:
+    target = tmp_path / "target"
+    shutil.copytree(demo().target, target)
+    _edit_weights_file(target / "model.safetensors", edit)
+    return target
+
+
+@pytest.mark.parametrize("tensor", ["lm_head.weight", "model.norm.weight"])
+def test_a_verifier_head_or_norm_of_another_width_is_a_clear_error(tmp_path: Path, tensor: str) -> None:
+    # the embedding has the draft's width, so only these tensors show that the target is another
+    # model; the lm_head crashed the run with a RuntimeError, the norm broadcast or crashed later
+    def narrow(t: dict[str, torch.Tensor]) -> None:
+        t[tensor] = t[tensor][..., :32].contiguous()
+    target = _target_with(tmp_path, narrow)
+    with pytest.raises(ShapeMismatchError) as exc:
+        run_eval(tmp_path / "out", verifier=target, limit=8, layout_samples=4)
+    _one_paragraph(exc.value, str(target / "model.safetensors"), tensor, "64", "32", "--verifier")

@@ -149,6 +149,7 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
                                  tensor=verifier.embed_name, expected=f"[V, {arch.hidden_size}]",
                                  found=f"[V, {verifier.hidden_size}]",
                                  fix="pass --verifier the target model the draft was trained for")
+    verifier.check_head_width(arch.hidden_size)
     targets = draft.draft_to_target(torch.arange(arch.draft_vocab_size, device=draft.device)).cpu()
     order = torch.argsort(targets)
     rows = torch.empty(arch.draft_vocab_size, arch.hidden_size)

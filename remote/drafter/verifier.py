@@ -47,6 +47,19 @@ class Verifier:
                                      fix="pass --verifier the target model folder in HF layout")
         return shape[1]
 
+    def check_head_width(self, hidden: int) -> None:
+        """``model.norm`` [H] and ``lm_head`` [V, H] must have the embedding's width: a verifier
+        assembled from two models would otherwise fail inside torch, or score with a broadcast norm."""
+        for wanted, found_name in (("model.norm.weight", self.norm_name), ("lm_head.weight", self.head_name)):
+            name = self._require(found_name, wanted)
+            shape = self.store.shape(name)
+            expected = [hidden] if wanted == "model.norm.weight" else f"[V, {hidden}]"
+            if len(shape) != (1 if wanted == "model.norm.weight" else 2) or shape[-1] != hidden:
+                raise ShapeMismatchError(
+                    "A verifier tensor's width differs from its embedding's and the draft's",
+                    path=self.store.info(name).path, tensor=name, expected=expected, found=list(shape),
+                    fix="pass --verifier one complete target model folder, the one the draft was trained for")
+
     def embed_tokens(self) -> torch.Tensor:
         return self.store.get(self._require(self.embed_name, "model.embed_tokens.weight"))
 

@@ -30,6 +30,13 @@ class Verifier:
         self.norm_name = _pick([n for n in names if n.endswith("model.norm.weight") or n == "norm.weight"],
                                "norm.weight")
         head = _pick(names, "lm_head.weight")
+        if head is None and self.config.get("tie_word_embeddings") is False:
+            # the embedding would stand in for the head and every verifier target would be wrong
+            raise MissingTensorError(
+                "The verifier has no lm_head and its config says the head is not the embedding "
+                "(tie_word_embeddings false)", path=self.path, tensor="lm_head.weight",
+                expected="present", found="absent",
+                fix="copy the target's complete weights (the shard holding lm_head.weight is missing)")
         self.head_name = head or self.embed_name
         self.tied = head is None
 

@@ -271,3 +271,35 @@ def test_a_verifier_without_lm_head_whose_config_says_untied_is_a_clear_error(tm
     with pytest.raises(MissingTensorError) as exc:
         run_eval(tmp_path / "out", verifier=target, limit=8, layout_samples=4)
     _one_paragraph(exc.value, str(target), "lm_head.weight", "tie_word_embeddings")
+
+
+def _eval_cli(out: Path, limit: int = 4) -> subprocess.CompletedProcess[str]:
+    d = demo()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    return subprocess.run([sys.executable, "-m", "remote.drafter", "eval", "--ckpt", str(d.draft), "--data",
+                           str(d.data), "--device", "cpu", "--limit", str(limit), "--layout-samples", "2",
+                           "--out", str(out)], cwd=REPO, env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=_file_size_limit(4096))
+
+
+def _file_size_limit(limit: int):
+    """preexec_fn: files the process writes stop at ``limit`` bytes (EFBIG, as on a full disk)."""
+    def apply() -> None:
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_report_that_cannot_be_written_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    # report.json (~13 kB) on a disk that takes 4 kB: a traceback (exit 4) and a cut-off report.json.tmp
+    proc = _eval_cli(tmp_path / "out")
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "report.json" in proc.stderr and "--out" in proc.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+    # --out naming a file, not a folder
+    (tmp_path / "file").write_text("x")
+    proc = _eval_cli(tmp_path / "file")
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr and "--out" in proc.stderr, proc.stderr

@@ -5,8 +5,8 @@ renaming or removing one bumps ``SCHEMA``.
 """
 from __future__ import annotations
 
+import errno
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 from ..eagle import convention
+from ..fileio import atomic_write_bytes
 from . import layouts
 from .context import EvalContext
+from .errors import OptionError, ResourceError
 from .layouts import Interpretation, Verdict
 from .options import EvalOptions
 from .scoring import LayoutScore
@@ -142,10 +144,16 @@ def _expected_note(e: dict[str, Any]) -> str:
 
 
 def write(doc: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``report.json`` atomically (a reader never sees half a file)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``report.json`` atomically (a reader never sees half a file; a failed write leaves
+    nothing behind, and two runs sharing ``--out`` never share a temporary file)."""
     path = out_dir / REPORT_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        kind = ResourceError if full else OptionError
+        raise kind(f"The report cannot be written ({exc.strerror or exc})", path=path, field="--out",
+                   fix=("free space there or pass --out a folder on another disk" if full else
+                        "pass --out a folder this user can create and write")) from exc
     return path

@@ -188,6 +188,23 @@ def test_a_legacy_dump_whose_ids_are_not_a_tensor_is_a_clear_error(ckpt: Path, t
     assert "not a tensor" in str(exc.value) and "data_0.pt" in str(exc.value)
 
 
+def test_a_dump_link_to_nothing_is_named_not_skipped(tmp_path: Path) -> None:
+    from remote.drafter.data import DumpSet
+    from remote.drafter.errors import CorruptFileError
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        (data / f"hs_{i}.safetensors").symlink_to(lab().data / f"hs_{i}.safetensors")
+    (data / "hs_3.safetensors").symlink_to(tmp_path / "unmounted" / "hs_3.safetensors")
+    (data / "notes.txt").symlink_to(tmp_path / "gone.txt")          # not a dump: not our business
+    with pytest.raises(CorruptFileError) as exc:
+        DumpSet.open(data)
+    text = str(exc.value)
+    assert "1 dump file(s) are links to nothing" in text and "hs_3.safetensors" in text and "unmounted" in text
+    (data / "hs_3.safetensors").unlink()
+    assert [f.name for f in DumpSet.open(data).files] == [f"hs_{i}.safetensors" for i in range(3)]
+
+
 def test_the_trained_layout_on_clean_dumps_is_still_a_verdict(tmp_path: Path) -> None:
     """Control for the tests above: the same draft and data, unmodified, give a real verdict."""
     ck = save(tmp_path / "ck", trained_weights(WELL_TRAINED), TRAINED)

@@ -145,10 +145,25 @@ class DumpSet:
 
 
 def _dump_files(folder: Path) -> list[Path]:
+    """The folder's dump files in natural order. A dump-named link whose target is gone is an error:
+    skipping it would evaluate fewer samples than the user has, and say nothing."""
     if not folder.is_dir():
         return []
-    files = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".pt") and f.is_file()]
-    return sorted(files, key=_natural_key)
+    named = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".pt")]
+    dangling = sorted((f for f in named if f.is_symlink() and not f.exists()), key=_natural_key)
+    if dangling:
+        raise CorruptFileError(
+            f"{len(dangling)} dump file(s) are links to nothing (first: -> {_link_target(dangling[0])})",
+            path=dangling[0], fix="restore what the links point to (a moved or unmounted dump folder), or remove "
+                                  "the links to evaluate without those samples")
+    return sorted((f for f in named if f.is_file()), key=_natural_key)
+
+
+def _link_target(link: Path) -> str:
+    try:
+        return str(link.readlink())
+    except OSError:
+        return "?"
 
 
 def _natural_key(path: Path) -> list[Any]:

@@ -140,3 +140,26 @@ def test_cli_eval_reuses_the_demo_and_streams_events(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["data"]["samples"] == 64
     assert report["verdict"]["expected_acc"]["flagged"] is True  # demo passes its val accuracy
+
+
+def test_a_damaged_demo_file_names_the_demo_and_how_to_build_it_again(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    from remote.drafter.cli import main
+    copy = tmp_path / "demo dir"
+    shutil.copytree(demo().root, copy)
+    weights = copy / demo().draft.relative_to(demo().root) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])                  # a cut-off copy
+    rel = {name: copy / getattr(demo(), name).relative_to(demo().root) for name in ("draft", "data", "target")}
+    code = main(["eval", "--ckpt", str(rel["draft"]), "--data", str(rel["data"]), "--verifier", str(rel["target"]),
+                 "--out", str(tmp_path / "out"), "--limit", "4"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0 and "truncated" in err and str(weights) in err
+    assert f"part of the generated demo in {copy}" in err and f"rm -r '{copy}'" in err
+    assert "invoke test-drafter` builds the demo again" in err
+    # the same error in files that are not the demo's says nothing of a demo
+    (copy / "DEMO.json").unlink()
+    assert main(["eval", "--ckpt", str(rel["draft"]), "--data", str(rel["data"]), "--verifier", str(rel["target"]),
+                 "--out", str(tmp_path / "out"), "--limit", "4"]) != 0
+    assert "generated demo" not in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from .. import events, exitcodes
 from .demo import MARKER, ensure_demo
+from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
 from .evaluation import evaluate
 from .options import EvalOptions
@@ -122,12 +124,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 fix="lower --batch-tokens (padded tokens per forward), --steps or --max-len, "
                                     "or use a machine with more memory") from exc
     except DrafterError as exc:
+        _name_the_demo(exc)
         events.emit("error", **exc.to_dict())
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_DRAFTER_ERROR
     for line in summary(report):
         print(line)
     return exitcodes.OK
+
+
+def _name_the_demo(exc: DrafterError) -> None:
+    """A damaged file of the generated demo (a cut-off copy, a full disk while it was built) is fixed
+    by building the demo again: say how, in the error's fix."""
+    root = demo_root_of(exc.path.split(", ")[0]) if exc.path else None
+    if root is None:
+        return
+    exc.fix = (f"{exc.fix.rstrip('.')}; " if exc.fix else "") + (
+        f"this file is part of the generated demo in {root}: remove that folder on the host "
+        f"(rm -r {shlex.quote(str(root))}) and the next `invoke test-drafter` builds the demo again")
+    exc.args = (exc._compose(),)
 
 
 def _out_of_memory(exc: BaseException) -> bool:

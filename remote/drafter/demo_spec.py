@@ -107,6 +107,16 @@ def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
     return isinstance(meta, dict) and meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)
 
 
+def demo_root_of(path: str | Path) -> Path | None:
+    """The generated demo folder holding ``path`` (a folder up the path with the demo's marker), if any:
+    an error in the demo's files is fixed by generating it again, not by repairing them."""
+    here = Path(path).absolute()
+    for folder in [here, *here.parents][:6]:
+        if (folder / MARKER).is_file():
+            return folder
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m remote.drafter.demo_spec",
                                      description="say whether DIR holds a complete demo of this version")

@@ -46,6 +46,15 @@ def _host_path(value: str, what: str, *, command_ok: bool = False) -> str:
                      "the command happens to start in")
 
 
+def _not_a_bool(value: Any) -> Any:
+    """YAML reads true/false/yes/no as booleans, and pydantic would take them as 1 and 0: `port: true`
+    would silently mean port 1. A number field must be written as a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"write a number, not {str(value).lower()} (YAML reads true/false/yes/no/on/off "
+                         "as booleans)")
+    return value
+
+
 def check_host_name(name: object) -> str:
     """The name as a string, or ValueError saying what a host name may hold."""
     text = str(name) if isinstance(name, (str, int)) and not isinstance(name, bool) else None
@@ -99,6 +108,9 @@ class ServeProfile(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="environment of the server")
     ready_timeout: float = Field(default=900.0, gt=0, le=24 * 3600, description="seconds to wait for readiness")
 
+    _numbers_not_bools = field_validator("tp", "mem_fraction", "max_running_requests", "port",
+                                         "context_length", "ready_timeout", mode="before")(_not_a_bool)
+
     @field_validator("extra_args", mode="before")
     @classmethod
     def _args_are_strings(cls, value: Any) -> Any:
@@ -144,6 +156,8 @@ class HostSpec(BaseModel):
     engine: Engine | None = None
     engine_python: str | None = None
     serve: dict[str, ServeProfile] = Field(default_factory=dict)
+
+    _numbers_not_bools = field_validator("port", "connect_timeout", "persist", mode="before")(_not_a_bool)
 
     @field_validator("root")
     @classmethod

@@ -234,3 +234,17 @@ def test_persist_is_a_number_of_seconds_up_to_a_day(tmp_path, no_inventory_env, 
         load_inventory(path, tmp_path)
     ok = write(tmp_path, "hosts:\n  gpu:\n    address: gpu.example\n    persist: 0\n")
     assert load_inventory(ok, tmp_path).get("gpu").persist == 0
+
+
+@pytest.mark.parametrize("field, value", [("port", "true"), ("connect_timeout", "yes"), ("persist", "on"),
+                                          ("serve.p.port", "true"), ("serve.p.tp", "true")])
+def test_a_boolean_is_not_taken_for_a_number(tmp_path, no_inventory_env, field, value):
+    """YAML's true/yes/on are booleans; pydantic alone would read `port: true` as port 1."""
+    if field.startswith("serve."):
+        text = f"hosts:\n  gpu:\n    address: gpu.example\n    serve:\n      p:\n        {field[8:]}: {value}\n"
+        where = f":6: host 'gpu', serve profile 'p', field `{field[8:]}`"
+    else:
+        text = f"hosts:\n  gpu:\n    address: gpu.example\n    {field}: {value}\n"
+        where = f":4: host 'gpu', field `{field}`"
+    with pytest.raises(InventoryError, match=rf"{where}: write a number, not true"):
+        load_inventory(write(tmp_path, text), tmp_path)

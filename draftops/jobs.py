@@ -50,9 +50,11 @@ def new_run_id(name: str) -> str:
 
 
 def is_run_id(run_id: object) -> bool:
-    """Whether ``run_id`` can name a run folder (a name, never a path; no comma, which separates ids)."""
+    """Whether ``run_id`` can name a run folder (a name, never a path; no comma, which separates ids;
+    printable, so no control character reaches a message and no undecodable byte (a surrogate) reaches
+    the SSH library, which cannot encode it)."""
     return (isinstance(run_id, str) and bool(run_id) and "/" not in run_id and "," not in run_id
-            and not run_id.startswith(".") and "\0" not in run_id)
+            and not run_id.startswith(".") and run_id.isprintable())
 
 
 def _check_id(run_id: str) -> str:

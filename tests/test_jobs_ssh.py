@@ -186,9 +186,17 @@ def test_a_reused_pid_is_not_taken_for_the_job(project):
 
 def test_kill_and_status_of_unknown_runs_are_clear_errors(project):
     host = open_host(None, project)
-    for bad in ("nope", "../etc", ".hidden", ""):
+    for bad in ("nope", "../etc", ".hidden", "", "a\nb", "\x1b[31m"):
         with pytest.raises(JobError):
             jobs.kill(host, bad)
+
+
+def test_a_run_id_with_an_undecodable_byte_is_refused_before_it_reaches_the_host(project):
+    """`invoke logs $'\\xff'` gives Python the surrogate '\\udcff', which the SSH library cannot encode."""
+    host = open_host(None, project)
+    for call in (jobs.status, jobs.kill, lambda h, i: jobs.read_log(h, i, print), jobs.pull):
+        with pytest.raises(JobError, match="is not a run id"):
+            call(host, "run-\udcff")
 
 
 def test_a_job_whose_folder_vanished_cannot_start_is_recorded_failed(project):

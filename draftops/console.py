@@ -89,12 +89,19 @@ def show_sync(report: SyncReport, out: Console, verbose: bool = False) -> None:
                       f"{escape(', '.join(report.busy_runs))} (--force); they may mix old and new code")
     if report.dry_run or verbose:
         for rel in report.upload[:50]:
-            out.print(f"  [cyan]+[/] {escape(rel)}")
+            out.print(f"  [cyan]+[/] {_file_name(rel)}")
         for rel in report.delete[:50]:
-            out.print(f"  [red]-[/] {escape(rel)}")
+            out.print(f"  [red]-[/] {_file_name(rel)}")
         hidden = max(0, len(report.upload) - 50) + max(0, len(report.delete) - 50)
         if hidden:
             out.print(f"  … and {hidden} more")
+
+
+def _file_name(rel: str) -> str:
+    """A synced path for one line of the list: the names to delete come from the host, and any name
+    may hold an escape sequence or a newline, so one that is not printable is shown quoted, with its
+    control characters as escapes (``'new\\nline'``), never sent to the terminal as they are."""
+    return safe(rel if rel.isprintable() else repr(rel))
 
 
 def escape(text: str) -> str:

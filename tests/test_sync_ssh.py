@@ -240,3 +240,26 @@ def test_host_bytecode_cache_is_kept_and_follows_deleted_modules(ssh_project, tm
     assert list((code / "remote/__pycache__").glob("__init__.*.pyc")), "the cache of a kept module stays"
     assert not (code / "remote/pkg").exists()
     assert sync(host).noop
+
+
+def test_verbose_list_shows_odd_names_quoted_never_their_escape_sequences(ssh_project, tmp_path):
+    """A name on the host (to be deleted) or here may hold an escape sequence or a newline: the list
+    shows it quoted, with visible escapes, and sends no control character to the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from draftops.console import show_sync
+
+    host = open_host(None, ssh_project)
+    sync(host)
+    planted = tmp_path / "hostroot" / "code" / "remote" / "evil\x1b]0;pwned\x07\x1b[2J.py"
+    planted.write_text("on the host only\n")
+    (ssh_project / "remote" / "new\nline.py").write_text("here\n")
+    report = sync(host, dry_run=True)
+    out = io.StringIO()
+    show_sync(report, Console(file=out, width=300, color_system=None), verbose=True)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "- 'remote/evil\\x1b]0;pwned\\x07\\x1b[2J.py'" in text
+    assert "+ 'remote/new\\nline.py'" in text

@@ -32,6 +32,7 @@ RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
 RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last
 MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
+PULLED_LIST = ".draftops-pulled.json"   # in a pulled copy: the names that came from the host
 
 
 def shell_path(path: str) -> str:
@@ -280,6 +281,9 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
         tree = work / "tree"
         tree.mkdir()
         skipped = _extract(archive, tree)
+        _note_pulled(tree)
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            _carry_local_files(dest, tree)
         _rename_into_place(tree, dest, work / "previous")
         return Pulled(dest, skipped)
     except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
@@ -345,6 +349,49 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
     if member.issym() and (member.linkname.startswith("/") or ".." in member.linkname.split("/")):
         return f"symlink to {member.linkname} may lead out of the run folder"
     return None
+
+
+def _entries(top: Path) -> list[str]:
+    """The files and links under ``top`` (relative POSIX paths; links to folders are not entered)."""
+    found = []
+    for folder, dirs, files in os.walk(top):
+        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+            found.append(os.path.relpath(os.path.join(folder, name), top).replace(os.sep, "/"))
+    return found
+
+
+def _note_pulled(tree: Path) -> None:
+    """Record in the copy which names came from the host, so the next pull can tell them from files
+    written here later."""
+    (tree / PULLED_LIST).write_text(json.dumps(sorted(_entries(tree))))
+
+
+def _carry_local_files(old: Path, tree: Path) -> None:
+    """Keep, in the new copy, the files of the earlier copy that were written here after it was pulled
+    (``bench-result.json``, built from the pulled files; a note): a pull refreshes the host's files
+    and never deletes ours. A name an earlier pull brought that the host no longer has goes (the
+    copy mirrors the host); where the host now has the same name, its version wins. Files are hard
+    linked (copied across file systems), so the earlier copy stays whole until the rename."""
+    try:
+        pulled = set(json.loads((old / PULLED_LIST).read_text()))
+    except (OSError, ValueError, TypeError):
+        pulled = set()          # a copy from before the list existed: keep whatever is only here
+    for rel in _entries(old):
+        target = tree / rel
+        if rel == PULLED_LIST or rel in pulled or os.path.lexists(target):
+            continue
+        folders = [tree.joinpath(*Path(rel).parts[:i]) for i in range(1, len(Path(rel).parts))]
+        if any(os.path.islink(f) or (os.path.lexists(f) and not f.is_dir()) for f in folders):
+            continue            # the host has a file or link where our folder was: its version wins
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = old / rel
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        else:
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copy2(source, target)
 
 
 def _rename_into_place(tree: Path, dest: Path, previous: Path) -> None:

@@ -79,8 +79,10 @@ def test_pull_of_a_run_folder_with_links_fifos_and_sockets(project, tmp_path):
 
 def test_pull_replaces_an_earlier_copy_whole(project):
     host, job = finished_job(project)
+    (Path(job.run_dir) / "stale-local-file").write_text("from an earlier pull")
     first = jobs.pull(host, job.id)
-    (first / "stale-local-file").write_text("from an earlier pull")
+    assert (first / "stale-local-file").exists()
+    (Path(job.run_dir) / "stale-local-file").unlink()              # gone on the host since
     (Path(job.run_dir) / "new-on-host").write_text("new")
     second = jobs.pull(host, job.id)
     assert second == first and (second / "new-on-host").read_text() == "new"
@@ -209,3 +211,21 @@ def test_unreadable_entries_are_left_out_with_a_note(tmp_path):
         assert "secret.txt" in notes and "Permission denied" in notes and "closed" in notes
     finally:
         shutil.rmtree(base)
+
+
+def test_pull_again_keeps_files_written_here_after_the_earlier_pull(project):
+    """`invoke bench` writes bench-result.json into runs/<id>/ after pulling it; pulling that run again
+    (to see its log) must not delete it, nor a note of ours, while the host's files are refreshed."""
+    host, job = finished_job(project)
+    first = jobs.pull(host, job.id)
+    (first / "bench-result.json").write_text('{"schema": "draftops.bench-result/1"}')
+    (first / "notes").mkdir()
+    (first / "notes" / "mine.md").write_text("looked fine")
+    (first / "log").write_text("edited here")
+    (Path(job.run_dir) / "new-on-host").write_text("new")
+    second = jobs.pull(host, job.id)
+    assert (second / "bench-result.json").read_text() == '{"schema": "draftops.bench-result/1"}'
+    assert (second / "notes" / "mine.md").read_text() == "looked fine"
+    assert (second / "log").read_text() == "done\n"                  # the host's file wins
+    assert (second / "new-on-host").read_text() == "new"
+    assert sorted(p.name for p in (project / "runs").iterdir()) == [job.id]

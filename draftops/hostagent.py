@@ -102,6 +102,31 @@ def _atomic_write(path, data, mode=0o644):
         raise
 
 
+def _write_status(path, data):
+    """A run's status.json, atomically; on a full disk, where the temp copy has no room, rewritten in
+    place instead (the running status already holds a block, and the new one fits in it), so a job that
+    filled the disk is recorded with its exit and outcome, not left to look `dead`. False if neither
+    worked (the caller goes on: a later write may find room)."""
+    try:
+        _atomic_write(path, data)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, data)
+        os.ftruncate(fd, len(data))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _stamp(name, when=None):
     """With ``DRAFTOPS_TIMING=1`` (set by the local side for benchmarks/sync.py), note on stderr when
     ``name`` happened; see draftops/timing.py."""
@@ -1197,7 +1222,7 @@ def cmd_runner(run_dir, run_id):
     except (OSError, KeyError) as exc:
         print(f"draftops: cannot start the job in {cwd}: {exc}", flush=True)
         final = dict(base, state="failed", exit_code=127, ended=_now(), outcome={"error": str(exc)[:300]})
-        _atomic_write(status_path, json.dumps(final).encode())
+        _write_status(status_path, json.dumps(final).encode())
         return
     got = {}
 
@@ -1222,7 +1247,7 @@ def cmd_runner(run_dir, run_id):
         final["outcome"] = scanner.outcome
     if got:
         final["signal"] = got["signal"]
-    _atomic_write(status_path, json.dumps(final).encode())
+    _write_status(status_path, json.dumps(final).encode())
 
 
 def _wait_for(child, scanner, status_path, base):
@@ -1241,7 +1266,7 @@ def _wait_for(child, scanner, status_path, base):
                 except subprocess.TimeoutExpired:
                     pass
             if scanner.scan():
-                _atomic_write(status_path, json.dumps(dict(base, state="running",
+                _write_status(status_path, json.dumps(dict(base, state="running",
                                                            outcome=scanner.outcome)).encode())
     finally:
         if exit_fd is not None:

@@ -239,3 +239,33 @@ def test_result_events_while_running_show_as_the_outcome_before_the_end(project)
         assert jobs.status(host, job.id)["state"] == "running"
     finally:
         jobs.kill(host, job.id, grace_s=2)
+
+
+@pytest.fixture
+def full_runs(project):
+    """``<root>/runs`` on the host is a 64 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN)."""
+    host = open_host(None, project)
+    runs = Path(host.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
+    try:
+        yield project
+    finally:
+        host_module.close_all()
+        subprocess.run(["umount", "-l", str(runs)], check=True)
+
+
+def test_a_job_that_fills_the_disk_is_recorded_failed_with_its_outcome_not_dead(full_runs):
+    """The job prints a result event, then fills the disk and fails. The runner's status.json updates
+    (its outcome, then the exit) cannot make a temp copy; they must still be recorded, not leave a
+    crashed runner and a run shown as `dead` ("the runner was killed, or the host restarted")."""
+    host = open_host(None, full_runs)
+    event = '@@draftops {"event": "result", "path": "r.json", "headline": "half done"}'
+    job = jobs.start(host, "filler", f"echo '{event}'; sleep 0.3; "
+                     'head -c 1000000 /dev/zero > "$DRAFTOPS_RUN_DIR/fill"; sleep 2.5; exit 3')
+    row = wait_state(full_runs, job.id, {"failed", "succeeded", "dead", "killed"}, timeout=30)
+    assert row["state"] == "failed" and row["exit_code"] == 3, row
+    assert row["outcome"]["headline"] == "half done"

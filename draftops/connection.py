@@ -191,6 +191,35 @@ def _fast_transport(sock: object, **kwargs: object) -> paramiko.Transport:
     return transport
 
 
+def _check_key_file(spec: HostSpec) -> None:
+    """Load ``key:`` as paramiko's authentication will (the same key classes; a ``-cert.pub`` names its
+    private key), so a file that is no private key, or one locked by a passphrase, is named as such.
+    paramiko's own failure would read "could not be reached" after three attempts, or "rejected key"
+    though the host never saw it."""
+    import paramiko
+
+    assert spec.key is not None
+    path = spec.key.removesuffix("-cert.pub")
+    locked = False
+    for key_class in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
+        try:
+            key_class.from_private_key_file(path)
+            return
+        except paramiko.PasswordRequiredException:
+            locked = True
+        except (paramiko.SSHException, ValueError, TypeError, IndexError, OSError):
+            continue
+    where = host_prefix(spec.name)
+    if locked:
+        raise InventoryError(
+            f"{where}: key file {path} is protected by a passphrase, and draftops cannot ask for it. Load the "
+            "key into your ssh-agent (ssh-add) and remove `key:` from the entry in hosts.yaml (then the "
+            "agent's keys are used), or name a key without a passphrase.")
+    raise InventoryError(
+        f"{where}: key file {path} is not a private key draftops can read (RSA, ECDSA or Ed25519, OpenSSH "
+        "or PEM format); `key:` in hosts.yaml names the private half (id_ed25519, not id_ed25519.pub).")
+
+
 def _make_connection(spec: HostSpec, gateway: Connection | None) -> Connection:
     import paramiko
     from fabric import Config, Connection
@@ -198,6 +227,8 @@ def _make_connection(spec: HostSpec, gateway: Connection | None) -> Connection:
     if spec.key and not Path(spec.key).is_file():
         raise InventoryError(f"{host_prefix(spec.name)}: key file {spec.key} does not exist; fix `key:` in "
                              "hosts.yaml or create the key with ssh-keygen.")
+    if spec.key:
+        _check_key_file(spec)
     config = Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
     # No SSH compression: sync payloads are gzipped already where that pays (small, text-heavy ones),
     # and big binaries do not shrink; compressing again only costs CPU at both ends.

@@ -114,6 +114,34 @@ def test_missing_key_file_is_an_inventory_error(make_project, sshd, tmp_path, no
         open_host(None, project, prepare=True)
 
 
+@pytest.mark.parametrize("which", ["public half", "not a key", "empty"])
+def test_a_key_file_that_is_not_a_private_key_is_named_not_called_unreachable(make_project, sshd, tmp_path,
+                                                                             no_inventory_env, which):
+    """`key:` naming the .pub (or any file that is no private key) was reported as "could not be reached
+    ... check that the box is up", after three attempts against a box that was up all along."""
+    key = {"public half": sshd.key.with_suffix(".pub"), "not a key": tmp_path / "notes.txt",
+           "empty": tmp_path / "empty"}[which]
+    if which != "public half":
+        key.write_text("" if which == "empty" else "hello\n")
+    project = make_project({"box": ssh_entry(sshd, tmp_path, key=str(key))}, "box")
+    started = time.monotonic()
+    with pytest.raises(InventoryError, match=rf"Host 'box': key file {key} is not a private key .*`key:`"):
+        open_host(None, project, prepare=True)
+    assert time.monotonic() - started < 2
+
+
+def test_a_key_with_a_passphrase_is_named_not_called_rejected(make_project, sshd, tmp_path, no_inventory_env):
+    """A passphrase-protected key was reported as "rejected key ... put its .pub into authorized_keys",
+    though the host never saw it: draftops cannot ask for the passphrase."""
+    import subprocess
+
+    key = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(key)], check=True)
+    project = make_project({"box": ssh_entry(sshd, tmp_path, key=str(key))}, "box")
+    with pytest.raises(InventoryError, match=rf"Host 'box': key file {key} is protected by a passphrase.*ssh-add"):
+        open_host(None, project, prepare=True)
+
+
 def test_strict_host_key_refuses_unknown_then_accepts_known(make_project, sshd, tmp_path, no_inventory_env):
     known = tmp_path / "strict_known_hosts"
     project = make_project({"box": ssh_entry(sshd, tmp_path, host_key="strict", known_hosts=str(known))}, "box")

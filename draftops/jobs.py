@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftops import hostagent
-from draftops.errors import JobError, RemoteError, UnknownRun
+from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.host import Host
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
@@ -98,8 +98,32 @@ def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None 
     spec = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
             "cwd": cwd or "code", "env": dict(env or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    job.pid = host.agent.start(job.id, spec)
+    try:
+        job.pid = host.agent.start(job.id, spec)
+    except RemoteError as exc:
+        if exc.result is None or exc.result.exit_code not in (None, -1):
+            raise                                   # the agent answered: a refusal, nothing started
+        job.pid = _started_anyway(host, job, exc)
     return job
+
+
+def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:
+    """The start's answer was lost (the link dropped): the job may be running on the host, and starting
+    it again would run it twice. Ask the host (the transport reconnects) whether the run exists."""
+    where = f"Host {host.name!r}"
+    try:
+        row = host.agent.status(job.id)
+    except UnknownRun:
+        raise JobError(f"{where}: run {job.id} did not start: the link dropped before the host created it "
+                       f"(no answer came back). Nothing runs there; "
+                       "start it again.") from lost
+    except (DraftopsError, OSError, EOFError) as exc:
+        raise JobError(f"{where}: the link dropped while starting run {job.id}, and the host could not be asked "
+                       f"whether it started ({exc}). It may be running: check with `invoke runs --host "
+                       f"{host.name}` or `invoke logs {job.id} --host {host.name}` before starting it again."
+                       ) from lost
+    pid = row.get("pid")
+    return int(pid) if isinstance(pid, int) else None
 
 
 def python_module_command(host: Host, module: str, args: list[str]) -> str:

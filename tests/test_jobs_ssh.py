@@ -269,3 +269,40 @@ def test_a_job_that_fills_the_disk_is_recorded_failed_with_its_outcome_not_dead(
     row = wait_state(full_runs, job.id, {"failed", "succeeded", "dead", "killed"}, timeout=30)
     assert row["state"] == "failed" and row["exit_code"] == 3, row
     assert row["outcome"]["headline"] == "half done"
+
+
+def lose_start_reply(host, *, run_it: bool) -> None:
+    """The link drops around the agent's `start`: after it ran on the host (``run_it``) or before it
+    was sent; either way no answer comes back (exit -1, as paramiko and the keeper report it)."""
+    from draftops.connection import CommandResult
+
+    real = host.transport.run
+
+    def dropped(command, **kwargs):
+        if " start " not in command:
+            return real(command, **kwargs)
+        if run_it:
+            real(command, **kwargs)
+        return CommandResult(command, -1, b"", b"")
+    host.transport.run = dropped
+
+
+def test_a_start_whose_answer_is_lost_finds_the_job_running_and_never_starts_it_twice(project, tmp_path):
+    host = open_host(None, project)
+    host.prepare()
+    lose_start_reply(host, run_it=True)
+    count = tmp_path / "ran"
+    job = jobs.start(host, "once", f"echo ran >> {count}; sleep 0.5")
+    row = wait_state(project, job.id, {"succeeded", "failed", "dead"})
+    assert row["state"] == "succeeded" and count.read_text() == "ran\n"
+    assert [r["id"] for r in jobs.list_runs(host)] == [job.id]
+
+
+def test_a_start_lost_before_it_reached_the_host_says_nothing_started(project, tmp_path):
+    host = open_host(None, project)
+    host.prepare()
+    lose_start_reply(host, run_it=False)
+    with pytest.raises(JobError, match=r"did not start: the link dropped before .*start it again") as err:
+        jobs.start(host, "never", f"touch {tmp_path / 'ran'}")
+    assert "Traceback" not in str(err.value)
+    assert not (tmp_path / "ran").exists() and jobs.list_runs(host) == []

@@ -353,7 +353,8 @@ def _explain(exc: ValidationError, path: Path, root_node: yaml.Node | None) -> s
         keys = loc[1:] if loc and loc[0] == "hosts" else loc
         host = keys[0] if loc and loc[0] == "hosts" and keys else None
         field = ".".join(keys[1:]) if host else ".".join(keys)
-        what = f"host {host!r}, field `{field}`" if host else f"field `{field}`"
+        what = (f"host {host!r}, field `{field}`" if host and field else f"host {host!r}" if host
+                else f"field `{field}`")   # a check of the whole entry (ssh needs address) has no field
         model: type[BaseModel] = HostSpec
         if host and len(keys) > 3 and keys[1] == "serve":
             what = f"host {host!r}, serve profile {keys[2]!r}, field `{'.'.join(keys[3:])}`"

@@ -66,7 +66,7 @@ def test_host_key_policy_must_be_known(tmp_path, no_inventory_env):
 
 def test_ssh_host_without_address_and_bad_default(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  gpu:\n    user: root\n")
-    with pytest.raises(InventoryError, match="needs `address`"):
+    with pytest.raises(InventoryError, match=rf"{path}:2: host 'gpu': an ssh host needs `address`"):
         load_inventory(path, tmp_path)
     path = write(tmp_path, "default: nowhere\nhosts:\n  gpu:\n    address: g.example\n")
     with pytest.raises(InventoryError, match=r":1: default host 'nowhere' is not defined; known hosts: gpu, local"):

@@ -8,6 +8,7 @@ and reach the terminal only through :mod:`draftops.terminal`.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -33,6 +34,7 @@ TAIL_LINES = 50                    # what `invoke logs` shows without --all / --
 RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last
 MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
 PULLED_LIST = ".draftops-pulled.json"   # in a pulled copy: the names that came from the host
+PULL_MARK = ".pull-"                     # in the name of a pull's temp folder: runs/.<id>.pull-XXXX
 
 
 def shell_path(path: str) -> str:
@@ -289,7 +291,8 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
     dest = dest_root / run_id
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{run_id}.pull-", dir=dest_root))
+        _remove_dead_pulls(dest_root)
+        work, held = _work_folder(dest_root, run_id)
     except OSError as exc:
         raise JobError(f"Cannot pull run {run_id} into {dest}: {exc}.") from None
     try:
@@ -315,6 +318,47 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
                        "left as it was.") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(held)
+
+
+def _work_folder(dest_root: Path, run_id: str) -> tuple[Path, int]:
+    """A pull's temp folder under ``dest_root``, with a lock held on it for as long as the pull lives
+    (its descriptor is returned): :func:`_remove_dead_pulls` tells a live pull's folder by that lock.
+    Made under a shared lock on ``dest_root``, so no clean-up runs between its creation and its lock."""
+    root_fd = os.open(dest_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(root_fd, fcntl.LOCK_SH)
+        work = Path(tempfile.mkdtemp(prefix=f".{run_id}{PULL_MARK}", dir=dest_root))
+        held = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return work, held
+    finally:
+        os.close(root_fd)
+
+
+def _remove_dead_pulls(dest_root: Path) -> None:
+    """Remove the temp folders of pulls that were killed (SIGKILL, a power cut) before their own
+    clean-up ran: they would stay in runs/ for good, as big as what had arrived. A live pull holds a
+    lock on its folder and keeps it."""
+    root_fd = os.open(dest_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(root_fd, fcntl.LOCK_EX)
+        for entry in os.scandir(dest_root):
+            if not (entry.name.startswith(".") and PULL_MARK in entry.name) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue                          # a live pull's
+            finally:
+                os.close(fd)
+            shutil.rmtree(entry.path, ignore_errors=True)
+    finally:
+        os.close(root_fd)
 
 
 def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:

@@ -229,3 +229,46 @@ def test_pull_again_keeps_files_written_here_after_the_earlier_pull(project):
     assert (second / "log").read_text() == "done\n"                  # the host's file wins
     assert (second / "new-on-host").read_text() == "new"
     assert sorted(p.name for p in (project / "runs").iterdir()) == [job.id]
+
+
+PULL_WORKER = """
+import sys
+from pathlib import Path
+from draftops import jobs
+from draftops.host import open_host
+host = open_host(None, Path(sys.argv[1]))
+real = host.agent.pack
+def slow(run_id, write):                      # half the tar, then hang: the test kills us here
+    def part(chunk):
+        write(chunk)
+        print("writing", flush=True)
+        import time; time.sleep(600)
+    real(run_id, part)
+host.agent.pack = slow
+jobs.pull_run(host, sys.argv[2])
+"""
+
+
+def test_a_pull_killed_mid_transfer_leaves_no_temp_folder_behind_the_next_pull(project):
+    """SIGKILL (or a power cut) skips the pull's clean-up: its temp folder stayed in runs/ for good, as
+    big as what had arrived. The next pull removes what a dead pull left, never a live pull's folder."""
+    host, job = finished_job(project)
+    (Path(job.run_dir) / "big.bin").write_bytes(os.urandom(1 << 20))
+    runs = project / "runs"
+    live = subprocess.Popen([sys.executable, "-c", PULL_WORKER, str(project), job.id], stdout=subprocess.PIPE,
+                            text=True)
+    dead = subprocess.Popen([sys.executable, "-c", PULL_WORKER, str(project), job.id], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert live.stdout.readline().strip() == "writing" and dead.stdout.readline().strip() == "writing"
+        dead.kill()
+        dead.wait()
+        assert len(list(runs.glob(f".{job.id}.pull-*"))) == 2
+        pulled = jobs.pull_run(host, job.id)
+        assert (pulled.path / "big.bin").stat().st_size == 1 << 20
+        assert len(list(runs.glob(f".{job.id}.pull-*"))) == 1, "the live pull's folder must stay"
+    finally:
+        live.kill()
+        live.wait()
+    jobs.pull_run(host, job.id)
+    assert sorted(p.name for p in runs.iterdir()) == [job.id]

@@ -158,17 +158,29 @@ class LocalTransport:
         pass
 
 
-def _accept_new_policy(known_hosts: str) -> paramiko.MissingHostKeyPolicy:
-    """Trust on first use, as OpenSSH's StrictHostKeyChecking=accept-new: record the key, never replace one."""
+def _accept_new_policy(spec: HostSpec) -> paramiko.MissingHostKeyPolicy:
+    """Trust on first use, as OpenSSH's StrictHostKeyChecking=accept-new: record the key, never replace one.
+
+    A key that cannot be recorded is refused: trusted only in memory, the connect's retry would take it,
+    and every later call would trust whatever key the host showed, with nothing to compare against."""
     import paramiko
+
+    known_hosts = spec.known_hosts
 
     class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-            client.get_host_keys().add(hostname, key.get_name(), key)
             path = Path(known_hosts)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            except OSError as exc:
+                raise HostKeyRejected(
+                    f"{host_prefix(spec.name, spec.describe())}: cannot record its host key ({key.get_name()} "
+                    f"{key.fingerprint}) in {known_hosts} ({exc.strerror or exc}), and `host_key: accept-new` "
+                    "trusts a key on first use only by recording it. Fix `known_hosts:` in hosts.yaml (a file "
+                    "in a folder you can write), then connect again.") from None
+            client.get_host_keys().add(hostname, key.get_name(), key)
             log.warning("accepted new host key %s %s for %s into %s", key.get_name(),
                         key.fingerprint, hostname, path)
 
@@ -242,7 +254,7 @@ def _make_connection(spec: HostSpec, gateway: Connection | None) -> Connection:
                       connect_kwargs=connect_kwargs, inline_ssh_env=False)
     if Path(spec.known_hosts).is_file():
         conn.client.load_host_keys(spec.known_hosts)
-    policy = (_accept_new_policy(spec.known_hosts) if spec.host_key == "accept-new"
+    policy = (_accept_new_policy(spec) if spec.host_key == "accept-new"
               else paramiko.RejectPolicy())
     conn.client.set_missing_host_key_policy(policy)
     return conn

@@ -142,6 +142,23 @@ def test_a_key_with_a_passphrase_is_named_not_called_rejected(make_project, sshd
         open_host(None, project, prepare=True)
 
 
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_accept_new_with_a_known_hosts_it_cannot_write_refuses_the_key(make_project, sshd, tmp_path,
+                                                                      no_inventory_env, where):
+    """accept-new trusts a key on first use only because it is recorded; a key that cannot be recorded
+    was added in memory before the write failed, so the connect's retry found it and went ahead: every
+    call trusted whatever key the host showed, silently."""
+    if where == "a folder":
+        known = tmp_path / "kh-folder"
+        known.mkdir()
+    else:
+        (tmp_path / "plain-file").write_text("")
+        known = tmp_path / "plain-file" / "known_hosts"
+    project = make_project({"box": ssh_entry(sshd, tmp_path, known_hosts=str(known))}, "box")
+    with pytest.raises(HostKeyRejected, match=rf"Host 'box' .*cannot record .* in {known} .*`known_hosts:`"):
+        open_host(None, project, prepare=True)
+
+
 def test_strict_host_key_refuses_unknown_then_accepts_known(make_project, sshd, tmp_path, no_inventory_env):
     known = tmp_path / "strict_known_hosts"
     project = make_project({"box": ssh_entry(sshd, tmp_path, host_key="strict", known_hosts=str(known))}, "box")

@@ -986,12 +986,49 @@ MAX_EVENT = 1 << 16
 HAVE_PROC = os.path.exists("/proc/self/stat")
 
 
-def _read_json(path):
+MAX_RECORD = 16 << 20                 # job.json, status.json, pid: far more than the agent ever writes
+
+
+def _open_regular(path):
+    """A descriptor of ``path`` if it is a regular file (no link followed), else None. A run folder is
+    the job's to write in: its job.json, status.json, pid or log may have become a FIFO (an open would
+    wait forever), a link to /dev/zero (a read would never end) or a folder."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _read_small(path, limit=MAX_RECORD):
+    """The bytes of a regular file of at most ``limit`` bytes, else None."""
+    fd = _open_regular(path)
+    if fd is None:
+        return None
+    try:
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
+def _read_json(path):
+    """The JSON object in ``path``; None when there is none (missing, not a regular file, too big, not
+    JSON, or JSON that is not an object: every caller reads fields from it)."""
+    data = _read_small(path)
+    try:
+        value = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _proc_info(pid):
@@ -1065,11 +1102,16 @@ def _group_state(pgid, start_ticks, run_id, table=None):
     return "orphaned" if members else None
 
 
+def _pid_in(value):
+    """``value`` if it can be a pid (a status.json some job wrote over may hold anything), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _read_pid(run_dir):
+    data = _read_small(os.path.join(run_dir, "pid"), 64)
     try:
-        with open(os.path.join(run_dir, "pid")) as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
+        return _pid_in(int(data.strip())) if data is not None else None
+    except ValueError:
         return None
 
 
@@ -1084,8 +1126,8 @@ def _status(run_dir, table=None):
     row.update(status)
     if status.get("state") not in LIVE_STATES:
         return row
-    pid = status.get("pid") or _read_pid(run_dir)
-    group = _group_state(int(pid), status.get("start_ticks"), run_id, table) if pid else None
+    pid = _pid_in(status.get("pid")) or _read_pid(run_dir)
+    group = _group_state(pid, status.get("start_ticks"), run_id, table) if pid else None
     if group == "running":
         row["state"] = "running"
     elif group == "orphaned":
@@ -1346,7 +1388,7 @@ def cmd_kill(run_dir, grace):
     if row["state"] != "running":
         _out(row)
         return
-    pgid = int(row.get("pgid") or row["pid"])
+    pgid = _pid_in(row.get("pgid")) or _pid_in(row.get("pid")) or _read_pid(run_dir)
 
     def live():
         return _group_state(pgid, row.get("start_ticks"), row["id"]) is not None
@@ -1381,9 +1423,8 @@ def _tail_offset(path, lines):
     """Where the last ``lines`` text lines of the log start (event lines not counted), reading
     backwards in blocks and never more than ``lines`` × MAX_LINE bytes: memory and time stay bounded
     whatever the size of the log."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    fd = _open_regular(path)
+    if fd is None:
         return 0
     try:
         size = os.fstat(fd).st_size
@@ -1414,13 +1455,16 @@ def _tail_offset(path, lines):
 
 
 def _read_at(path, pos, size=BLOCK):
-    """Up to ``size`` bytes of ``path`` from ``pos`` (nothing when it cannot be read)."""
+    """Up to ``size`` bytes of ``path`` from ``pos`` (nothing when it cannot be read, or is no regular file)."""
+    fd = _open_regular(path)
+    if fd is None:
+        return b""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(pos)
-            return fh.read(size)
+        return os.pread(fd, size, pos)
     except OSError:
         return b""
+    finally:
+        os.close(fd)
 
 
 def _copy_range(path, start, end, out):
@@ -1439,10 +1483,11 @@ def cmd_tail(run_dir, lines):
     """The log's last ``lines`` lines (or "all") as a framed raw stream, copied in blocks."""
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     path = os.path.join(_run_dir_or_fail(run_dir), "log")
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = 0
+    fd = _open_regular(path)
+    size = 0
+    if fd is not None:
+        size = os.fstat(fd).st_size
+        os.close(fd)
     start = 0 if lines == "all" else _tail_offset(path, int(lines))
     _raw_start({"offset": start, "size": size})
     _copy_range(path, start, size, sys.stdout.buffer)

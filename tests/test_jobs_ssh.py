@@ -306,3 +306,68 @@ def test_a_start_lost_before_it_reached_the_host_says_nothing_started(project, t
         jobs.start(host, "never", f"touch {tmp_path / 'ran'}")
     assert "Traceback" not in str(err.value)
     assert not (tmp_path / "ran").exists() and jobs.list_runs(host) == []
+
+
+def within(seconds: float, call, *args, **kwargs):
+    """``call(*args, **kwargs)``'s result, or an AssertionError if it still runs after ``seconds`` (a hang)."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = call(*args, **kwargs)
+        except BaseException as exc:          # noqa: BLE001 - handed to the test below
+            box["error"] = exc
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds}s: a hang"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_run_folders_a_job_wrote_over_never_hang_crash_or_exhaust_the_agent(project):
+    """A run folder is the job's to write in: its job.json, status.json, pid or log may become a FIFO
+    (the agent's open waited forever: `invoke runs` and `invoke sync` hung), a link to /dev/zero (the
+    read never ended and took all memory), JSON that is not an object or a pid that is not a number
+    (the agent crashed with a traceback, and one such folder broke `invoke runs` for every run)."""
+    host = open_host(None, project)
+    good = jobs.start(host, "good", "echo fine")
+    wait_state(project, good.id, {"succeeded"})
+    runs = Path(host.runs_dir)
+    odd = {"fifo-job": {"job.json": "fifo"}, "fifo-status": {"status.json": "fifo"},
+           "zero-job": {"job.json": "/dev/zero"}, "zero-status": {"status.json": "/dev/zero"},
+           "zero-pid": {"status.json": '{"state": "running"}', "pid": "/dev/zero"},
+           "string-job": {"job.json": '"just a string"', "status.json": "[1, 2]"},
+           "bad-pid": {"status.json": '{"state": "running", "pid": "x", "pgid": "y"}', "pid": "nope"},
+           "log-dir": {"status.json": '{"state": "succeeded", "exit_code": 0}', "log": "dir"},
+           "log-fifo": {"status.json": '{"state": "succeeded", "exit_code": 0}', "log": "fifo"},
+           "log-zero": {"status.json": '{"state": "succeeded", "exit_code": 0}', "log": "/dev/zero"}}
+    for name, files in odd.items():
+        folder = runs / f"20990101-000000-{name}"
+        folder.mkdir()
+        os.utime(folder, (1, 1))                       # long past its start: not "starting"
+        for file, what in files.items():
+            if what == "fifo":
+                os.mkfifo(folder / file)
+            elif what == "dir":
+                (folder / file).mkdir()
+            elif what.startswith("/"):
+                os.symlink(what, folder / file)
+            else:
+                (folder / file).write_text(what)
+            os.utime(folder, (1, 1))
+    rows = {row["id"]: row for row in within(20, jobs.list_runs, host)}
+    assert rows[good.id]["state"] == "succeeded"
+    assert {f"20990101-000000-{name}" for name in odd} <= set(rows)
+    for name in odd:
+        run_id = f"20990101-000000-{name}"
+        assert within(20, jobs.status, host, run_id)["id"] == run_id
+        within(20, jobs.read_log, host, run_id, print)
+        assert within(20, jobs.kill, host, run_id, grace_s=1)["state"] != "running"
+        if name.startswith("log-"):
+            assert within(20, jobs.follow, host, run_id, print)["state"] == "succeeded"
+    from draftops.sync import sync
+    within(30, sync, host)                     # the sync looks for live runs in every folder

@@ -145,3 +145,22 @@ def test_a_file_the_apply_wrote_is_cached_under_its_stat_only_while_it_is_the_on
     finally:
         os.close(parent)
     assert scan()["x.py"][0] == "l"
+
+
+@pytest.mark.parametrize("entry", [5, "x", None, [], {"a": 1}, "key, int hash", "key, short hash",
+                                   "key, no hash"])
+@pytest.mark.parametrize("side", ["local", "host"])
+def test_a_corrupt_cache_entry_means_hashing_again_not_a_crash_or_a_wrong_hash(
+        side: str, entry: object, request: pytest.FixtureRequest) -> None:
+    """The cache is a file on disk (ours, written atomically, but a disk error or an edit can leave
+    anything in it): an entry of another shape crashed the scan with a TypeError (a traceback from
+    `invoke sync`, or the host agent's), and a hash that is not one was taken as the file's."""
+    path, cache, scan = request.getfixturevalue(side)
+    rel = "remote/x.py" if side == "local" else "x.py"
+    scan()
+    stored = json.loads(cache.read_text())
+    key = stored[rel][0]
+    stored[rel] = {"key, int hash": [key, 7], "key, short hash": [key, "abc"],
+                   "key, no hash": [key]}.get(entry, entry) if isinstance(entry, str) else entry
+    cache.write_text(json.dumps(stored))
+    assert scan()[rel][1] == sha(b"A" * 10)

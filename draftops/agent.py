@@ -393,8 +393,8 @@ class AgentClient:
         text = clean(error_text(stderr, nonce)).strip()
         known = Exit(code) if code in Exit._value2member_map_ else None
         cls = ERRORS.get(known, AgentError) if known is not None else AgentError
-        if cls is RootError:
-            message = f"{text}. Fix `root:` in hosts.yaml."
+        if cls is RootError:    # the agent's text names the fix when it is not `root:` itself
+            message = text.rstrip(".") + "." if "`root:`" in text else f"{text}. Fix `root:` in hosts.yaml."
         elif cls is UnknownRun and run_id is not None:
             return cls(f"{host_prefix(self.spec.name)} has no run {run_id!r}; `invoke runs` lists the runs there.",
                        FailedCommand.of(self.spec.name, what, code, stdout, stderr))

@@ -166,6 +166,9 @@ def cmd_prepare(root, agent_name, source=None):
         if installed:         # missing, or changed in place (an edit, a truncated copy): the name is ours
             _atomic_write(agent, data)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):        # the root is right; its disk is not
+            _fail(f"root {root!r} ({resolved}) is on a full disk ({exc.strerror}): free space there, or point "
+                  "`root:` in hosts.yaml at a folder on another disk", Exit.ROOT_UNWRITABLE)
         _fail(f"root {root!r} ({resolved}) is not writable: {exc.strerror or exc}", Exit.ROOT_UNWRITABLE)
     if source is None and not _holds_named_source(agent, agent_name):   # before anything compiles it
         _refuse_warm(agent, agent_name)

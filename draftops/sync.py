@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from draftops import timing
 from draftops.agent import ApplyResult, Entry, Manifest
-from draftops.errors import RemoteError, SyncError
+from draftops.errors import RemoteError, RootError, SyncError
 from draftops.host import Host, host_cache_file
 from draftops.hostagent import OWNER_MARK, SYNC_META
 from draftops.hostagent import digest as tree_digest
@@ -279,7 +279,7 @@ def _agent(host: Host, call: Callable[[], T]) -> T:
     link_errors = (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
     try:
         return call()
-    except SyncError:
+    except (SyncError, RootError):      # a refusal, or the root itself: the host's own one paragraph
         raise
     except (RemoteError, *link_errors) as exc:
         raise SyncError(f"Host {host.name!r}: sync failed: {exc or type(exc).__name__}. The files on the host "

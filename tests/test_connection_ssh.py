@@ -217,6 +217,33 @@ def test_root_on_read_only_filesystem_is_refused(make_project, sshd, tmp_path, n
     assert not Path("/proc/draftops").exists()
 
 
+def test_a_root_on_a_full_disk_says_to_free_space_not_to_fix_root(make_project, sshd, tmp_path, no_inventory_env):
+    """The agent cannot be installed on a full disk: that was "not writable: No space left on device.
+    Fix `root:` in hosts.yaml.", the wrong fix for a root that is right; and `invoke sync` wrapped it
+    again ("sync failed: Host 'box' (...): ... hosts.yaml.. The files on the host were ...")."""
+    import subprocess
+
+    from draftops.sync import sync
+
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
+    try:
+        project = make_project({"box": ssh_entry(sshd, tmp_path, root=str(disk / "draftops"))}, "box")
+        with pytest.raises(RootError) as err:
+            open_host(None, project, prepare=True)
+        text = str(err.value)
+        assert "full" in text and "free space" in text and "not writable" not in text, text
+        with pytest.raises(RootError) as err:
+            sync(open_host(None, project))
+        assert str(err.value) == text
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
 # --- R7: jump chains ---------------------------------------------------------------------------
 
 def test_two_hop_chain_goes_through_both_jump_hosts(make_project, sshd, jump_sshd, outer_jump_sshd, tmp_path,

@@ -1112,6 +1112,14 @@ def _group_state(pgid, start_ticks, run_id, table=None):
     return "orphaned" if members else None
 
 
+def _age(path):
+    """Seconds since ``path`` last changed; infinite when it is gone."""
+    try:
+        return time.time() - os.path.getmtime(path)
+    except OSError:
+        return float("inf")
+
+
 def _pid_in(value):
     """``value`` if it can be a pid (a status.json some job wrote over may hold anything), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -1148,8 +1156,11 @@ def _status(run_dir, table=None):
         again = _read_json(status_path) or {}
         if again.get("state") not in LIVE_STATES:            # it ended while we looked
             row.update(again)
-        elif not pid and time.time() - os.path.getmtime(run_dir) < 30:
+        elif not pid and _age(run_dir) < 30:
             row["state"] = "starting"
+        elif not os.path.isdir(run_dir):
+            row.update(state="dead", note="its run folder is gone (removed or moved while draftops read it), "
+                                          "so nothing tells how the job went")
         else:
             row.update(state="dead", note="every process of the job is gone and none recorded an exit code "
                                           "(the runner was killed, or the host restarted)")

@@ -371,3 +371,27 @@ def test_run_folders_a_job_wrote_over_never_hang_crash_or_exhaust_the_agent(proj
             assert within(20, jobs.follow, host, run_id, print)["state"] == "succeeded"
     from draftops.sync import sync
     within(30, sync, host)                     # the sync looks for live runs in every folder
+
+
+def test_a_run_folder_removed_while_it_is_followed_ends_the_follow_with_a_note(project, tmp_path):
+    """`rm -rf` (or a move) of the run folder during `invoke logs --follow`: the agent crashed reading
+    its mtime, the traceback went out as log lines and the follow ended as if the link had dropped."""
+    host = open_host(None, project)
+    job = jobs.start(host, "vanish", "echo first; sleep 0.6; echo second; sleep 20")
+    wait_state(project, job.id, {"running"})
+    lines: list[str] = []
+
+    def move_it():
+        time.sleep(0.3)
+        os.rename(job.run_dir, tmp_path / "moved")
+    import threading
+    mover = threading.Thread(target=move_it)
+    mover.start()
+    try:
+        final = within(20, jobs.follow, host, job.id, lines.append)
+    finally:
+        mover.join()
+        os.rename(tmp_path / "moved", job.run_dir)
+        jobs.kill(host, job.id, grace_s=1)
+    assert not any("Traceback" in line for line in lines), lines
+    assert final["state"] == "dead" and "run folder is gone" in final["note"]

@@ -291,10 +291,23 @@ def _apply(host: Host, local: dict[str, Entry], upload: list[str], delete: list[
            expected_tree: str, force: bool) -> tuple[ApplyResult, int, int]:
     """Send the changes; returns (host's answer, bytes sent, bytes of changed files)."""
     sizes = _file_sizes(host.project_root, upload, local)
-    payload = _payload(host.project_root, upload, local, delete, sizes) if upload or delete else b""
+    try:
+        payload = _payload(host.project_root, upload, local, delete, sizes) if upload or delete else b""
+    except MemoryError:
+        raise SyncError(_too_big(host, sizes)) from None
     answer = _agent(host, lambda: host.agent.apply("code", STATE_FILE, payload, expected_tree=expected_tree,
                                                    force=force))
     return answer, len(payload), sum(sizes.values())
+
+
+def _too_big(host: Host, sizes: dict[str, int]) -> str:
+    """Why changes that do not fit in memory were not sent (they travel as one tar held in memory)."""
+    biggest = sorted(sizes, key=lambda rel: -sizes[rel])[:3]
+    named = ", ".join(f"{rel} ({sizes[rel] / 2**30:.1f} GiB)" for rel in biggest)
+    return (f"Host {host.name!r}: the changed files ({sum(sizes.values()) / 2**30:.1f} GiB) do not fit in memory "
+            f"here, and a sync sends them as one tar held in memory; the biggest: {named}. Nothing was sent. "
+            "Sync is for code: list big files (weights, data) in .gitignore and copy them to the host with "
+            "scp or rsync.")
 
 
 def scan(project_root: Path, spec: HostSpec, paths: list[str] | None = None) -> dict[str, Entry]:

@@ -379,3 +379,31 @@ def test_file_names_that_are_not_utf8_round_trip(project):
     sync(host)
     assert (code_dir(host) / odd).read_text() == "odd = True\n"
     assert sync(host).noop
+
+
+BOUNDED_SYNC = """
+import resource, sys
+from pathlib import Path
+from draftops.errors import DraftopsError
+from draftops.host import open_host
+from draftops.sync import sync
+host = open_host(None, Path(sys.argv[1]), prepare=True)
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), resource.RLIM_INFINITY))
+try:
+    sync(host)
+except DraftopsError as exc:
+    print("error:", exc)
+"""
+
+
+def test_changes_too_big_for_memory_are_a_clear_error_not_a_memory_error_traceback(box):
+    """The changes travel as one tar held in memory: a weights file bigger than the memory left made
+    `invoke sync` end in a MemoryError traceback. It is one paragraph naming the file and the fix."""
+    open_host(None, box).prepare()                     # the host key is known before the worker connects
+    with open(box / "remote" / "weights.bin", "wb") as fh:   # sparse: no disk, but 1.5 GiB to read
+        fh.truncate(3 << 29)
+    done = subprocess.run([sys.executable, "-c", BOUNDED_SYNC, str(box), str(1200 << 20)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "do not fit in memory" in done.stdout and "remote/weights.bin" in done.stdout, done.stdout
+    assert ".gitignore" in done.stdout

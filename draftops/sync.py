@@ -80,9 +80,13 @@ class _Ignore:
     def _spec(self, folder: str) -> pathspec.PathSpec | None:
         if folder not in self.specs:
             path = Path(folder, ".gitignore")
-            self.specs[folder] = (self.gitignore.from_lines(path.read_text().splitlines())
-                                  if path.is_file() else None)
+            self.specs[folder] = self._read(path) if path.is_file() else None
         return self.specs[folder]
+
+    def _read(self, path: Path) -> pathspec.PathSpec:
+        """A .gitignore's patterns, read as git reads them: bytes (a name that is not UTF-8 decodes as
+        os.walk decodes it)."""
+        return self.gitignore.from_lines(path.read_bytes().decode("utf-8", "surrogateescape").splitlines())
 
     def _chain(self, folder: str) -> list[tuple[int, pathspec.PathSpec]]:
         """The .gitignore specs that apply in ``folder`` (its own and those of every folder up to the

@@ -407,3 +407,14 @@ def test_changes_too_big_for_memory_are_a_clear_error_not_a_memory_error_traceba
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "do not fit in memory" in done.stdout and "remote/weights.bin" in done.stdout, done.stdout
     assert ".gitignore" in done.stdout
+
+
+def test_a_gitignore_that_is_not_utf8_is_read_as_git_reads_it(tmp_path):
+    """git reads .gitignore as bytes: a Latin-1 name in it (or any byte) made the scan end in a
+    UnicodeDecodeError traceback. Its patterns match the names os.walk gives for those bytes."""
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "keep.py").write_text("K = 1\n")
+    (tmp_path / "remote" / os.fsdecode(b"caf\xe9.bin")).write_bytes(b"x")
+    (tmp_path / "remote" / ".gitignore").write_bytes(b"caf\xe9.bin\n")
+    assert set(local_manifest(tmp_path, ["remote"])) == {"remote/keep.py", "remote/.gitignore"}
+

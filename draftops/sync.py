@@ -85,8 +85,20 @@ class _Ignore:
 
     def _read(self, path: Path) -> pathspec.PathSpec:
         """A .gitignore's patterns, read as git reads them: bytes (a name that is not UTF-8 decodes as
-        os.walk decodes it)."""
-        return self.gitignore.from_lines(path.read_bytes().decode("utf-8", "surrogateescape").splitlines())
+        os.walk decodes it). A pattern pathspec cannot read is an error naming its line: left out, it
+        could send what it was written to keep home."""
+        lines = path.read_bytes().decode("utf-8", "surrogateescape").splitlines()
+        try:
+            return self.gitignore.from_lines(lines)
+        except ValueError:
+            for number, line in enumerate(lines, 1):
+                try:
+                    self.gitignore.from_lines([line])
+                except ValueError as exc:
+                    raise SyncError(f"{path}:{number}: {line!r} is not a .gitignore pattern draftops can read "
+                                    f"({exc}), so it cannot tell what the sync should leave out. Fix or remove "
+                                    "that line, then sync again.") from None
+            raise
 
     def _chain(self, folder: str) -> list[tuple[int, pathspec.PathSpec]]:
         """The .gitignore specs that apply in ``folder`` (its own and those of every folder up to the

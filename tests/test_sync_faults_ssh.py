@@ -418,3 +418,12 @@ def test_a_gitignore_that_is_not_utf8_is_read_as_git_reads_it(tmp_path):
     (tmp_path / "remote" / ".gitignore").write_bytes(b"caf\xe9.bin\n")
     assert set(local_manifest(tmp_path, ["remote"])) == {"remote/keep.py", "remote/.gitignore"}
 
+
+def test_a_gitignore_pattern_pathspec_cannot_read_is_named_with_its_line(tmp_path):
+    """An invalid pattern (a lone backslash) ended the scan in pathspec's traceback; it is a SyncError
+    naming the file and line, before anything is sent (a pattern left out could send a secret)."""
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "keep.py").write_text("K = 1\n")
+    (tmp_path / "remote" / ".gitignore").write_text("*.log\nsecret.txt\n\\\n")
+    with pytest.raises(SyncError, match=r"remote/\.gitignore:3: '\\\\' is not a \.gitignore pattern"):
+        local_manifest(tmp_path, ["remote"])

@@ -90,6 +90,29 @@ def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tmp_path: Path) -> None:
+    write_two_shards(demo().draft, tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    name = sorted(index)[0]
+    named, other = index[name], next(f for f in set(index.values()) if f != index[name])
+    stale = load_file(str(tmp_path / other))
+    stale[name] = torch.zeros_like(load_file(str(tmp_path / named))[name])      # an old copy in the other shard
+    save_file(stale, str(tmp_path / other))
+    assert named < other                            # the stale copy is in the shard read last
+    store = TensorStore.open(tmp_path)
+    assert store.info(name).path == tmp_path / named
+    assert torch.equal(store.get(name), load_file(str(tmp_path / named))[name])
+
+
+def test_a_weights_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
+    from remote.drafter.errors import ConfigError
+    with pytest.raises(ConfigError, match="does not exist.*nothing there"):
+        TensorStore.open(tmp_path / "no-such-model")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(ConfigError, match=r"a link to nothing"):
+        TensorStore.open(tmp_path / "link")
+
+
 def test_verifier_reads_only_what_it_needs_from_shards(tmp_path: Path) -> None:
     write_two_shards(demo().target, tmp_path)
     v = Verifier(tmp_path)

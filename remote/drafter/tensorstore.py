@@ -59,10 +59,16 @@ class TensorStore:
     def open(cls, path: Path) -> TensorStore:
         """Open a file or folder; with an index, trust its weight map but check every shard."""
         path = Path(path)
+        if not path.exists():
+            raise ConfigError(
+                "The weights path does not exist", path=path, expected="a checkpoint folder or weight file",
+                found="nothing there" + (" (a link to nothing)" if path.is_symlink() else ""),
+                fix="check the path for a typo, and that the checkpoint was copied to this host")
+        weight_map: dict[str, str] = {}
         if path.is_file():
             files = [path]
         elif (path / INDEX_NAME).is_file():
-            files = _files_from_index(path / INDEX_NAME)
+            files, weight_map = _files_from_index(path / INDEX_NAME)
         elif (path / SINGLE_NAME).is_file():
             files = [path / SINGLE_NAME]
         else:
@@ -76,9 +82,12 @@ class TensorStore:
         infos: dict[str, TensorInfo] = {}
         for file in files:
             header = read_header(file)
-            if not (path / INDEX_NAME).is_file():
+            if not weight_map:
                 _refuse_duplicates(infos, header, path)
-            infos.update(header)
+            for name, info in header.items():
+                # with an index, a tensor in two shards is read from the one the index names
+                if name not in weight_map or path / weight_map[name] == file or name not in infos:
+                    infos[name] = info
         return cls(infos, files)
 
     def names(self) -> list[str]:
@@ -149,7 +158,8 @@ def require_finite(tensor: torch.Tensor, path: Path | str, name: str) -> torch.T
             "one) or re-copy the file")
 
 
-def _files_from_index(index: Path) -> list[Path]:
+def _files_from_index(index: Path) -> tuple[list[Path], dict[str, str]]:
+    """The shards an index names, each checked to be there, and its map (tensor name -> shard)."""
     try:
         weight_map = headers.index_map(index)
     except HeaderError as exc:
@@ -161,7 +171,7 @@ def _files_from_index(index: Path) -> list[Path]:
                 "A shard listed in the index is missing", path=file,
                 expected="file present", found="absent", fix="copy every shard named in the index",
             )
-    return files
+    return files, dict(weight_map)
 
 
 def _refuse_duplicates(seen: dict[str, TensorInfo], header: dict[str, TensorInfo], folder: Path) -> None:

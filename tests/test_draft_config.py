@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -314,3 +315,14 @@ def test_a_report_on_another_checkpoint_says_so(tmp_path):
                            out=tmp_path / "o2")
     assert proc.returncode == 0, proc.stderr
     assert not any("evaluated the draft at" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("-1,,2,30", "empty entry (entry 2)"), ("-1,2,30,", "empty entry (entry 4)"), ("", "is empty"),
+    (" , ", "is empty"), ("-1,two,30", "not a comma-separated")])
+def test_layer_ids_text_with_a_gap_or_a_word_is_refused(text: str, needle: str) -> None:
+    from remote.draft_config.errors import InvalidLayerIds
+    from remote.draft_config.validate import parse_ids
+    with pytest.raises(InvalidLayerIds, match=re.escape(needle)):
+        parse_ids(text)
+    assert parse_ids(" -1, 2 ,30 ") == [-1, 2, 30]

@@ -26,16 +26,21 @@ class Checked:
 
 
 def parse_ids(text: str) -> list[int]:
-    """``"-1,2,30"`` -> ``[-1, 2, 30]``."""
+    """``"-1,2,30"`` -> ``[-1, 2, 30]``. An empty entry (``-1,,2,30``, a trailing comma) is refused:
+    it is a typo for a missing id more often than a stray comma, and the ids would be one short."""
+    parts = text.replace(" ", "").split(",")
+    if not any(parts):
+        raise InvalidLayerIds("--layer-ids is empty; give at least one id, e.g. -1,2,30.")
+    if not all(parts):
+        raise InvalidLayerIds(
+            f"--layer-ids {text!r} has an empty entry (entry {parts.index('') + 1}); give each id once "
+            "between commas, e.g. -1,2,30.")
     try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+        return [int(part) for part in parts]
     except ValueError as exc:
         raise InvalidLayerIds(
             f"--layer-ids {text!r} is not a comma-separated list of integers (e.g. -1,2,30)."
         ) from exc
-    if not ids:
-        raise InvalidLayerIds("--layer-ids is empty; give at least one id, e.g. -1,2,30.")
-    return ids
 
 
 def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checked:

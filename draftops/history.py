@@ -213,9 +213,23 @@ class History:
                                f"reads {SCHEMA_VERSION}); update draftops, or point it at another project.")
         return version
 
+    def _unwritten(self, conn: sqlite3.Connection) -> bool:
+        """Whether no draftops run was ever recorded here (schema 0: a new, empty file). A schema-0
+        file that holds tables was written by something else: its rows must not read as no runs."""
+        # one statement, one snapshot: a first writer committing between two reads would look foreign
+        version, tables = conn.execute("SELECT (SELECT user_version FROM pragma_user_version), "
+                                       "(SELECT count(*) FROM sqlite_master WHERE type = 'table')").fetchone()
+        if version != 0:
+            return False
+        if tables:
+            raise HistoryError(f"{self.path} is not a draftops run history (it holds tables but no draftops schema "
+                               f"version). Move it aside (mv {self.path} {self.path}.bad); the next run starts "
+                               "a new history.")
+        return True
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        if self._check_version(conn) == SCHEMA_VERSION:
-            return
+        if self._check_version(conn) == SCHEMA_VERSION or not self._unwritten(conn):
+            return                     # (a file of something else is refused before anything changes in it)
         self._ensure_wal(conn)
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -315,7 +329,7 @@ class History:
             args.append(int(limit))
         try:
             with self._connect(write=False) as conn:
-                if self._check_version(conn) == 0:
+                if self._unwritten(conn):              # (after _connect's check of a newer schema)
                     return []
                 return [_row(r) for r in conn.execute(sql, args)]
         except FileNotFoundError:
@@ -329,7 +343,7 @@ class History:
     def get(self, run_id: str) -> RunRecord | None:
         try:
             with self._connect(write=False) as conn:
-                if self._check_version(conn) == 0:
+                if self._unwritten(conn):
                     return None
                 row = conn.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).fetchone()
                 return _row(row) if row else None

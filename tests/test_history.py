@@ -143,6 +143,34 @@ def test_a_foreign_table_layout_is_named_with_the_fix(tmp_path: Path, make: str)
         assert "not a draftops run history" in message and f"mv {db} {db}.bad" in message, message
 
 
+@pytest.mark.parametrize("make", ["CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT, host TEXT, time TEXT)",
+                                  "CREATE TABLE other (x)"])
+def test_a_database_of_something_else_is_never_read_as_empty_nor_changed(tmp_path: Path, make: str) -> None:
+    """Schema version 0 with tables in it: written by something else. Its rows must not read as "no runs
+    recorded", and recording must not turn it into a draftops history (WAL, our tables, version 1)."""
+    db = tmp_path / "h.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute(make)
+        conn.execute("INSERT INTO " + make.split()[2] + (" VALUES ('x', 'bench', 'gpu', '2026')" if "runs" in make
+                                                          else " VALUES (1)"))
+    conn.close()
+    before = db.read_bytes()
+    for call in (lambda: History(db).query(), lambda: History(db).get("x"), lambda: History(db).record(_rec("r"))):
+        with pytest.raises(HistoryError) as info:
+            call()
+        message = str(info.value)
+        assert "not a draftops run history" in message and f"mv {db} {db}.bad" in message, message
+    assert db.read_bytes() == before and not db.with_name("h.sqlite-wal").exists()
+
+
+def test_a_new_empty_file_reads_as_no_runs_and_records(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite"
+    db.write_bytes(b"")
+    assert History(db).query() == [] and History(db).get("r") is None
+    History(db).record(_rec("r"))
+    assert [r.run_id for r in History(db).query()] == ["r"]
+
+
 def test_newer_schema_refused(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     conn = sqlite3.connect(path)

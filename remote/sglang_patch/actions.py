@@ -6,12 +6,15 @@ restores the files already written, so SGLang is never left half patched.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import py_compile
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,6 +24,7 @@ from .. import events
 from ..fileio import atomic_write_bytes, sha256_bytes, writable
 from . import shapes, simulate
 from .errors import (
+    Busy,
     CompileFailed,
     ModifiedFile,
     NotWritable,
@@ -39,6 +43,8 @@ from .template import ENV_LAYER_IDS, PATCH_VERSION
 PROBE_IDS = [-1, 2, 30]
 PROBE_LOOP_INDICES = [0, 3, 31]
 PROBE_NUM_LAYERS = 61
+#: how long apply/revert wait for another run on the same install before refusing
+LOCK_WAIT_S = 120.0
 
 
 @dataclass
@@ -61,6 +67,11 @@ def status(install: SglangInstall, store: StateStore, models: list[str] | None =
 
 def apply(install: SglangInstall, store: StateStore, models: list[str] | None = None) -> Outcome:
     """Patch every selected file that needs it; a second run changes nothing."""
+    with install_lock(install):
+        return _apply(install, store, models)
+
+
+def _apply(install: SglangInstall, store: StateStore, models: list[str] | None) -> Outcome:
     rows = survey(install, store)
     selected = _select(rows, models)
     _refuse_unknown(selected, install)
@@ -88,6 +99,11 @@ def apply(install: SglangInstall, store: StateStore, models: list[str] | None = 
 
 def revert(install: SglangInstall, store: StateStore, models: list[str] | None = None) -> Outcome:
     """Restore every selected file draftops patched, byte for byte."""
+    with install_lock(install):
+        return _revert(install, store, models)
+
+
+def _revert(install: SglangInstall, store: StateStore, models: list[str] | None) -> Outcome:
     rows = survey(install, store)
     selected = _select(rows, models)
     plans: list[tuple[FileRow, bytes]] = []
@@ -144,6 +160,35 @@ def verify(install: SglangInstall, store: StateStore, models: list[str] | None =
     if import_check:
         checks.extend(_import_checks(install, selected))
     return Outcome(rows, ok=all(c["ok"] for c in checks), checks=checks)
+
+
+@contextlib.contextmanager
+def install_lock(install: SglangInstall, wait_s: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on the ``sglang/`` folder itself for one apply or revert.
+
+    Two runs on one install would otherwise survey, save originals and write records over each
+    other (a patched file saved as the "original", a record lost). Locking the folder (not a file
+    in the state dir) covers runs with different state dirs and writes nothing into site-packages.
+    """
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    fd = os.open(install.root, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Busy(
+                        f"Another sglang-patch apply/revert has held {install.root} for over "
+                        f"{wait_s:.0f} s. Wait for it to finish (or stop it), then run this "
+                        "again. Nothing was changed."
+                    ) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------ refusals

@@ -11,7 +11,8 @@ without having changed any file.
     ├── ModifiedFile        a file differs from what draftops recorded (someone else edited it)
     ├── NotWritable         site-packages (or a file in it) cannot be replaced by this user
     ├── CompileFailed       a patched file would not byte-compile
-    └── StateError          the state folder is missing a record or holds a corrupt backup
+    ├── StateError          the state folder is missing a record or holds a corrupt backup
+    └── Busy                another apply/revert holds the install's lock
 """
 from __future__ import annotations
 
@@ -51,3 +52,7 @@ class CompileFailed(PatchError):
 
 class StateError(PatchError):
     """The state folder lacks the record or backup needed for the action."""
+
+
+class Busy(PatchError):
+    """Another apply or revert on the same SGLang install is still running."""

@@ -1,0 +1,55 @@
+"""Faults around the patcher's writes: concurrent runs, symlinked files, hand edits."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from remote import events
+from remote.sglang_patch import actions, locate
+from remote.sglang_patch.errors import Busy
+from remote.sglang_patch.state import StateStore
+from tests.sglang_wheels import REPO, extract, originals, run_patcher, tree_bytes
+
+
+def test_a_second_apply_waits_for_the_first_instead_of_racing_it(tmp_path, monkeypatch):
+    root = extract("0.5.10", tmp_path / "site")
+    state = tmp_path / "state"
+    monkeypatch.syspath_prepend(str(root))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    env.update(PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    second: list[subprocess.Popen[str]] = []
+    real = events.progress
+
+    def start_second_mid_apply(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        if not second:  # one file of several written: the install is half patched right now
+            second.append(subprocess.Popen(
+                [sys.executable, "-m", "remote.sglang_patch", "apply", "--state-dir", str(state)],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            time.sleep(2.0)
+
+    monkeypatch.setattr(events, "progress", start_second_mid_apply)
+    install = locate.locate()
+    outcome = actions.apply(install, StateStore(state, install.version))
+    assert len(outcome.changed) > 1
+    out, err = second[0].communicate(timeout=120)
+    assert second[0].returncode == 0, err
+    assert "changed: nothing" in out
+    assert len(list((state / "0.5.10").glob("*.orig"))) == len(outcome.changed)
+    assert run_patcher(root, "revert", state_dir=state).returncode == 0
+    assert tree_bytes(root) == originals("0.5.10")
+
+
+def test_apply_refuses_while_another_run_holds_the_install(tmp_path, monkeypatch):
+    root = extract("0.5.10", tmp_path / "site")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(actions, "LOCK_WAIT_S", 0.3)
+    install = locate.locate()
+    with actions.install_lock(install), pytest.raises(Busy, match="Another sglang-patch"):
+        actions.apply(install, StateStore(tmp_path / "state", install.version))
+    assert tree_bytes(root) == originals("0.5.10")
+    assert not (tmp_path / "state").exists()

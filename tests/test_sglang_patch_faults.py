@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from remote import events
+from remote import events, exitcodes
 from remote.sglang_patch import actions, locate
 from remote.sglang_patch.errors import Busy
 from remote.sglang_patch.state import StateStore
@@ -52,4 +54,21 @@ def test_apply_refuses_while_another_run_holds_the_install(tmp_path, monkeypatch
     with actions.install_lock(install), pytest.raises(Busy, match="Another sglang-patch"):
         actions.apply(install, StateStore(tmp_path / "state", install.version))
     assert tree_bytes(root) == originals("0.5.10")
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_a_symlink_into_a_shared_install_is_refused(tmp_path, link):
+    shared = extract("0.5.13", tmp_path / "shared")
+    root = extract("0.5.13", tmp_path / "site")
+    rel = Path("srt/models/deepseek_v2.py")
+    linked = root / "sglang" / (rel if link == "file" else rel.parent)
+    shutil.rmtree(linked) if linked.is_dir() else linked.unlink()
+    linked.symlink_to(shared / "sglang" / (rel if link == "file" else rel.parent))
+    before = tree_bytes(shared)
+    proc = run_patcher(root, "apply", state_dir=tmp_path / "state", out=tmp_path / "out")
+    assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
+    assert "symlink" in proc.stderr and str(shared / "sglang" / rel) in proc.stderr
+    assert linked.is_symlink()
+    assert tree_bytes(shared) == before
     assert not (tmp_path / "state").exists()

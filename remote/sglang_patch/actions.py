@@ -81,6 +81,7 @@ def _apply(install: SglangInstall, store: StateStore, models: list[str] | None) 
     if not todo:
         return Outcome(rows, notes=["nothing to patch: every selected file is native or patched"])
     plans = [(row, _patched_bytes(row)) for row in todo]
+    _refuse_symlinked([row for row, _ in plans], install)
     _refuse_unwritable([row for row, _ in plans], install)
     records = {}
     for row, _ in plans:
@@ -233,6 +234,24 @@ def _refuse_unsupported(rows: list[FileRow], install: SglangInstall, explicit: b
             f"requested model(s): {listing}. Install an SGLang that supports EAGLE-3 for this "
             "model (0.4.10 or later; DeepSeek/Kimi need 0.5.5 or later) and run "
             "`python -m remote.sglang_patch apply` again. Nothing was changed."
+        )
+
+
+def _refuse_symlinked(rows: list[FileRow], install: SglangInstall) -> None:
+    """Refuse files reached through a symlink below the package folder.
+
+    Replacing a linked file cuts the link (revert writes back a plain file, not the link); a linked
+    folder would have the patch land in the shared copy every other environment imports.
+    """
+    root = install.root.resolve()
+    linked = [(r, r.path.resolve()) for r in rows if r.path.resolve() != root / r.target.rel]
+    if linked:
+        listing = "; ".join(f"{r.path} -> {real}" for r, real in linked)
+        raise NotWritable(
+            f"Refusing to patch through a symlink ({listing}): the patch would either replace the "
+            "link by a plain file or change the shared copy other environments use. Patch the "
+            "install the link points into (with that environment's python), or replace the link "
+            "by a copy of its target (cp --remove-destination TARGET LINK). Nothing was changed."
         )
 
 

@@ -1,6 +1,7 @@
 """Faults around the patcher's writes: concurrent runs, symlinked files, hand edits."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -72,3 +73,18 @@ def test_a_symlink_into_a_shared_install_is_refused(tmp_path, link):
     assert linked.is_symlink()
     assert tree_bytes(shared) == before
     assert not (tmp_path / "state").exists()
+
+
+def test_a_capture_guarded_by_hand_is_native_not_patched_by_draftops(tmp_path):
+    root = extract("0.5.13", tmp_path / "site")
+    llama = root / "sglang" / "srt/models/llama.py"
+    bare = b"aux_hidden_states.append(hidden_states + residual)"
+    guarded = b"aux_hidden_states.append(hidden_states if residual is None else hidden_states + residual)"
+    assert llama.read_bytes().count(bare) == 1
+    llama.write_bytes(llama.read_bytes().replace(bare, guarded))
+    proc = run_patcher(root, "verify", "--models", "llama", state_dir=tmp_path / "state",
+                       out=tmp_path / "out")
+    payload = json.loads((tmp_path / "out" / "patch.json").read_text())
+    [row] = [f for f in payload["files"] if f["model"] == "llama"]
+    assert row["state"] == "native", row
+    assert proc.returncode == 0, proc.stdout + proc.stderr

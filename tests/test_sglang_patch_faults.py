@@ -88,3 +88,31 @@ def test_a_capture_guarded_by_hand_is_native_not_patched_by_draftops(tmp_path):
     [row] = [f for f in payload["files"] if f["model"] == "llama"]
     assert row["state"] == "native", row
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+KILL_AFTER_FIRST_WRITE = """
+import os, signal, sys
+from remote.sglang_patch import __main__ as cli, actions
+actions._byte_compile = lambda path: os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(cli.main(["apply", "--state-dir", sys.argv[1]]))
+"""
+
+
+def test_an_apply_killed_after_its_first_write_can_be_reverted_and_reapplied(tmp_path):
+    root = extract("0.5.10", tmp_path / "site")
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    env.update(PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_WRITE, str(state)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9
+    assert tree_bytes(root) != originals("0.5.10"), "the first file was written before the kill"
+    revert = run_patcher(root, "revert", state_dir=state)
+    assert revert.returncode == 0, revert.stderr
+    assert tree_bytes(root) == originals("0.5.10")
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_WRITE, str(state)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9
+    apply = run_patcher(root, "apply", state_dir=state)
+    assert apply.returncode == 0, apply.stderr
+    assert run_patcher(root, "verify", state_dir=state).returncode == 0

@@ -89,12 +89,14 @@ def _apply(install: SglangInstall, store: StateStore, models: list[str] | None) 
         records[row.target.rel] = keep or store.save_original(
             row.target.rel, row.data or b"", sglang_dir=install.root, version=install.version,
             mode=row.path.stat().st_mode & 0o7777)
-    _replace_files(plans, progress_label="apply")
+    # records name the patched sha256 before any file changes: a run killed between two writes
+    # leaves each file either original (record ignored) or exactly as recorded (revertable)
     for row, new in plans:
         record = records[row.target.rel]
         record.patched_sha256 = sha256_bytes(new)
         record.patch_version = PATCH_VERSION
         store.write(record)
+    _replace_files(plans, progress_label="apply")
     return Outcome(survey(install, store), changed=[row.target.rel for row, _ in plans])
 
 

@@ -116,3 +116,18 @@ def test_an_apply_killed_after_its_first_write_can_be_reverted_and_reapplied(tmp
     apply = run_patcher(root, "apply", state_dir=state)
     assert apply.returncode == 0, apply.stderr
     assert run_patcher(root, "verify", state_dir=state).returncode == 0
+
+
+def test_a_write_that_runs_out_of_space_is_refused_and_rolled_back(tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk: the last (largest) patched file cannot be written."""
+    root = extract("0.5.10", tmp_path / "site")
+    largest = max(len(data) for data in originals("0.5.10").values())
+    proc = run_patcher(root, "apply", state_dir=tmp_path / "state", out=tmp_path / "out",
+                       prefix=("prlimit", f"--fsize={largest + 1}"))
+    assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "model_runner.py" in proc.stderr and "put back" in proc.stderr
+    assert tree_bytes(root) == originals("0.5.10")
+    assert run_patcher(root, "apply", state_dir=tmp_path / "state").returncode == 0
+    assert run_patcher(root, "revert", state_dir=tmp_path / "state").returncode == 0
+    assert tree_bytes(root) == originals("0.5.10")

@@ -293,14 +293,37 @@ def _replace_files(plans: list[tuple[FileRow, bytes]], progress_label: str) -> N
     written: list[FileRow] = []
     try:
         for done, (row, new) in enumerate(plans, start=1):
-            atomic_write_bytes(row.path, new)
+            try:
+                atomic_write_bytes(row.path, new)
+            except OSError as exc:  # a full disk, a quota, a file-size limit
+                raise NotWritable(
+                    f"Cannot write {row.path} ({exc}); every file was put back as it was. Free "
+                    f"space on that filesystem (or fix what the error names) and run "
+                    f"{progress_label} again."
+                ) from exc
             written.append(row)
             _byte_compile(row.path)
             events.progress(done, len(plans), f"{progress_label} {row.target.rel}")
-    except BaseException:
-        for row in reversed(written):
-            atomic_write_bytes(row.path, row.data or b"")
+    except BaseException as exc:
+        stuck = _put_back(written)
+        if stuck:
+            raise NotWritable(
+                f"{exc} Putting back {', '.join(stuck)} failed as well; each holds exactly what "
+                f"{progress_label} wrote, which `status` reports and `revert` undoes once the "
+                "filesystem accepts writes again."
+            ) from exc
         raise
+
+
+def _put_back(rows: list[FileRow]) -> list[str]:
+    """Restore each row's previous bytes, newest first; the paths that could not be restored."""
+    stuck = []
+    for row in reversed(rows):
+        try:
+            atomic_write_bytes(row.path, row.data or b"")
+        except OSError as err:
+            stuck.append(f"{row.path} ({err})")
+    return stuck
 
 
 def _byte_compile(path: Path) -> None:

@@ -131,3 +131,16 @@ def test_a_write_that_runs_out_of_space_is_refused_and_rolled_back(tmp_path):
     assert run_patcher(root, "apply", state_dir=tmp_path / "state").returncode == 0
     assert run_patcher(root, "revert", state_dir=tmp_path / "state").returncode == 0
     assert tree_bytes(root) == originals("0.5.10")
+
+
+def test_a_record_that_cannot_be_written_is_a_refusal(tmp_path):
+    """Backups kept from an earlier apply/revert, then a file-size limit below a record's size."""
+    root = extract("0.5.10", tmp_path / "site")
+    state = tmp_path / "state"
+    assert run_patcher(root, "apply", state_dir=state).returncode == 0
+    assert run_patcher(root, "revert", state_dir=state).returncode == 0
+    proc = run_patcher(root, "apply", state_dir=state, prefix=("prlimit", "--fsize=64"))
+    assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "record" in proc.stderr
+    assert str(state / "0.5.10") in proc.stderr
+    assert tree_bytes(root) == originals("0.5.10")

@@ -96,7 +96,13 @@ class StateStore:
     def write(self, record: Record) -> None:
         """Store ``record`` (atomically)."""
         path = self._record_path(record.file)
-        atomic_write_bytes(path, (json.dumps(asdict(record), indent=2) + "\n").encode("utf-8"))
+        try:
+            atomic_write_bytes(path, (json.dumps(asdict(record), indent=2) + "\n").encode("utf-8"))
+        except OSError as exc:  # every caller writes records before touching SGLang
+            raise StateError(
+                f"Cannot write the draftops record {path} ({exc}); SGLang was not changed. Free "
+                "space there, or pass a writable --state-dir (DRAFTOPS_STATE_DIR), and run again."
+            ) from exc
 
     def forget(self, rel: str) -> None:
         """Drop the record of ``rel`` after a revert (its backup stays)."""

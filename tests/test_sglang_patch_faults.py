@@ -144,3 +144,19 @@ def test_a_record_that_cannot_be_written_is_a_refusal(tmp_path):
     assert "Traceback" not in proc.stderr and "record" in proc.stderr
     assert str(state / "0.5.10") in proc.stderr
     assert tree_bytes(root) == originals("0.5.10")
+
+
+def test_the_version_of_another_sglang_copy_on_sys_path_is_not_borrowed(tmp_path):
+    """The first sglang has no version of its own; the metadata found belongs to the second."""
+    first = extract("0.5.10", tmp_path / "first", metadata=False)
+    for name in ("version.py", "_version.py"):
+        (first / "sglang" / name).unlink(missing_ok=True)
+    second = extract("0.5.13", tmp_path / "second")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    env.update(PYTHONPATH=f"{first}{os.pathsep}{second}", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "-m", "remote.sglang_patch", "status", "--state-dir",
+                           str(tmp_path / "state")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
+    assert "0.5.13" in proc.stderr and str(second / "sglang") in proc.stderr
+    assert str(first / "sglang") in proc.stderr

@@ -60,9 +60,20 @@ def read_version(root: Path) -> tuple[str, str]:
         if literal:
             return literal, name
     try:
-        return importlib.metadata.version("sglang"), "metadata (global)"
+        found = importlib.metadata.distribution("sglang")
     except importlib.metadata.PackageNotFoundError:
-        pass
+        found = None
+    if found is not None:
+        other = Path(str(found.locate_file("sglang")))
+        if not other.is_dir() or other.resolve() == root.resolve():
+            return found.version, "metadata (global)"  # an editable install's metadata
+        raise SglangNotFound(
+            f"The sglang imported from {root} carries no version of its own (no dist-info in "
+            f"{root.parent}, no `__version__` literal in its version.py), and the sglang "
+            f"{found.version} metadata on sys.path belongs to another copy, {other}. Two SGLang "
+            "packages are on sys.path: remove the stray one (check PYTHONPATH and .pth files) or "
+            "reinstall sglang with pip."
+        )
     raise SglangNotFound(
         f"Cannot tell which SGLang version is installed at {root}: there is no sglang dist-info "
         f"in {root.parent} and neither {root / '_version.py'} nor {root / 'version.py'} holds a "

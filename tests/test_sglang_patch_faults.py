@@ -160,3 +160,25 @@ def test_the_version_of_another_sglang_copy_on_sys_path_is_not_borrowed(tmp_path
     assert proc.returncode == exitcodes.REFUSED, proc.stdout + proc.stderr
     assert "0.5.13" in proc.stderr and str(second / "sglang") in proc.stderr
     assert str(first / "sglang") in proc.stderr
+
+
+@pytest.mark.parametrize("rel", ["srt/models/deepseek_v2.py", "srt/model_executor/model_runner.py"])
+@pytest.mark.parametrize("damage", ["syntax-error", "nul-byte", "folder"])
+def test_a_file_that_does_not_parse_is_reported_not_a_traceback(tmp_path, rel, damage):
+    root = extract("0.5.10", tmp_path / "site")
+    path = root / "sglang" / rel
+    if damage == "folder":
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_bytes(path.read_bytes() + (b"\ndef (\n" if damage == "syntax-error" else b"\0"))
+    before = {p: p.read_bytes() for p in root.rglob("*.py") if p.is_file()}
+    status = run_patcher(root, "status", state_dir=tmp_path / "state", out=tmp_path / "s")
+    assert status.returncode == 0, status.stderr
+    rows = json.loads((tmp_path / "s" / "patch.json").read_text())["files"]
+    [row] = [r for r in rows if r["file"] == rel]
+    assert row["known_shape"] is False and "reinstall" in row["detail"], row
+    apply = run_patcher(root, "apply", state_dir=tmp_path / "state", out=tmp_path / "a")
+    assert apply.returncode == exitcodes.REFUSED, apply.stdout + apply.stderr
+    assert "Traceback" not in apply.stderr and str(path) in apply.stderr
+    assert {p: p.read_bytes() for p in root.rglob("*.py") if p.is_file()} == before

@@ -62,17 +62,28 @@ class FileRow:
 
 def survey(install: SglangInstall, store: StateStore) -> list[FileRow]:
     """Analyse every target file of ``install``."""
-    runner_sources: dict[str, Source] = {}
+    runner_sources: dict[str, Source | str] = {}
     for target in TARGETS:
         path = install.path(target.rel)
         if target.kind == RUNNER and path.exists():
-            runner_sources[target.rel] = Source(path.read_bytes(), str(path))
-    passes_ids = any(shapes.passes_configured_ids(src) for src in runner_sources.values())
+            runner_sources[target.rel] = _parse(path, install.version)
+    passes_ids = any(shapes.passes_configured_ids(src) for src in runner_sources.values()
+                     if isinstance(src, Source))
     return [_row(install, store, target, runner_sources, passes_ids) for target in TARGETS]
 
 
+def _parse(path: Path, version: str) -> Source | str:
+    """The parsed file, or why it cannot be read or parsed (a broken install, a hand edit)."""
+    try:
+        return Source(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        return (f"cannot be read or parsed ({type(exc).__name__}{where}: {exc}); reinstall sglang "
+                f"(pip install --force-reinstall --no-deps sglang=={version}) or fix the file")
+
+
 def _row(install: SglangInstall, store: StateStore, target: Target,
-         runner_sources: dict[str, Source], passes_ids: bool) -> FileRow:
+         runner_sources: dict[str, Source | str], passes_ids: bool) -> FileRow:
     path = install.path(target.rel)
     record = store.record(target.rel)
     if not path.exists():
@@ -84,8 +95,11 @@ def _row(install: SglangInstall, store: StateStore, target: Target,
             analysis = Analysis(parts=[absent], marker_versions=[])
         return FileRow(target, path, analysis, None, record, _public(analysis.state),
                        analysis.detail)
-    data = path.read_bytes()
-    src = runner_sources.get(target.rel) or Source(data, str(path))
+    src = runner_sources.get(target.rel) or _parse(path, install.version)
+    if isinstance(src, str):
+        broken = Analysis(parts=[shapes.Part("file", shapes.UNKNOWN, src)], marker_versions=[])
+        return FileRow(target, path, broken, None, record, shapes.UNSUPPORTED, src)
+    data = src.data
     analysis = (shapes.analyze_model(src) if target.kind == MODEL
                 else shapes.analyze_runner(src, passes_ids))
     state, detail = _public(analysis.state), analysis.detail

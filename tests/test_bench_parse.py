@@ -336,3 +336,11 @@ def test_the_runner_converts_the_dataset_in_process_and_reports_a_bad_one(tmp_pa
     deep.write_text("[" * 100_000 + "\n")
     code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(deep), str(tmp_path / "o3.json")])
     assert code == 1 and "RecursionError" in (tmp_path / "prepare.log").read_text()
+
+
+def test_an_integer_too_big_for_a_float_is_not_measured() -> None:
+    big = "1" + "0" * 400                                  # json.loads gives an int; float() overflows
+    text = '{"completed": 3, "output_throughput": 80.0, "mean_ttft_ms": ' + big + "}\n"
+    for engine in ("sglang", "vllm"):
+        rec = client_output.parse(engine, text).records[0]
+        assert rec.mean_ttft_ms is None and rec.output_throughput == pytest.approx(80.0)

@@ -344,3 +344,12 @@ def test_an_integer_too_big_for_a_float_is_not_measured() -> None:
     for engine in ("sglang", "vllm"):
         rec = client_output.parse(engine, text).records[0]
         assert rec.mean_ttft_ms is None and rec.output_throughput == pytest.approx(80.0)
+
+
+@pytest.mark.parametrize("bad", ['{"completed": 1' + "0" * 5000 + "}",     # past Python's int digit limit
+                                 '{"x": ' + "[" * 5000 + "]" * 5000 + "}"])  # past the recursion limit
+def test_a_record_json_cannot_hold_is_a_problem_and_the_others_count(bad: str) -> None:
+    good = json.dumps({"completed": 3, "output_throughput": 80.0})
+    for engine in ("sglang", "vllm"):
+        out = client_output.parse(engine, good + "\n" + bad + "\n" + good + "\n")
+        assert len(out.records) == 2 and out.problems[0]["line"] == 2

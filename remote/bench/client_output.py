@@ -103,9 +103,11 @@ def iter_json_objects(text: str) -> Iterator[tuple[int, dict[str, Any] | None, s
         lineno = text.count("\n", 0, pos) + 1
         try:
             value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
+            # beyond JSONDecodeError: an integer past Python's digit limit, nesting past the recursion limit
             nxt = text.find("\n{", pos)
-            where = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            where = (f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError)
+                     else str(exc).split(";")[0])
             yield lineno, None, (f"the last record is cut off or broken ({where})" if nxt < 0
                                  else f"not JSON ({where}); the records after it still count")
             if nxt < 0:

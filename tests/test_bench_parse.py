@@ -353,3 +353,11 @@ def test_a_record_json_cannot_hold_is_a_problem_and_the_others_count(bad: str) -
     for engine in ("sglang", "vllm"):
         out = client_output.parse(engine, good + "\n" + bad + "\n" + good + "\n")
         assert len(out.records) == 2 and out.problems[0]["line"] == 2
+
+
+@pytest.mark.parametrize("decode", [[3], ["speculative_algorithm"], [None], []])
+def test_sglang_server_info_whose_decode_entry_is_not_an_object_is_read_as_the_top_level(decode: list) -> None:
+    raw = {"completed": 3, "output_throughput": 80.0,
+           "server_info": {"decode": decode, "speculative_algorithm": "EAGLE3"}}
+    rec = client_output.parse_sglang(json.dumps(raw) + "\n").records[0]
+    assert rec.server_settings == {"speculative_algorithm": "EAGLE3"}

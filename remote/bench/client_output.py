@@ -152,7 +152,8 @@ def parse_sglang(text: str) -> ClientOutput:
         rec.accept_length = accept if accept and accept > 0 else None   # the client prints it only if non-zero
         info = raw.get("server_info")
         if isinstance(info, dict):
-            info = info["decode"][0] if isinstance(info.get("decode"), list) and info["decode"] else info
+            decode = info.get("decode")       # a disaggregated server nests it; anything else is the top level
+            info = decode[0] if isinstance(decode, list) and decode and isinstance(decode[0], dict) else info
             rec.server_settings = {k: info.get(k) for k in (*SPEC_SETTING_KEYS, "version") if k in info}
         rec.label = raw.get("tag") if isinstance(raw.get("tag"), str) else None
         return rec

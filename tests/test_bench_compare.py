@@ -328,3 +328,17 @@ def test_seed_story_on_the_real_demo_report(tmp_path: Path, hist: History) -> No
 def test_task_default_tolerance_is_the_compare_modules() -> None:
     from draftops.cli import bench as bench_task
     assert bench_task.TOLERANCE == comparing.TOLERANCE
+
+
+@pytest.mark.parametrize("run_id", ["run-$\\frac{1}{$-x", "a$^$b", "a$b$c"])
+def test_chart_draws_a_run_id_with_dollar_signs_as_text_not_math(tmp_path: Path, run_id: str) -> None:
+    """A run id read from an edited or foreign result may hold `$`: matplotlib would parse it as math."""
+    from draftops.bench import chart
+    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
+    spec = runs.vllm_run(run_id, tok_s=[46.7, 47.0, 46.1], accept=1.55,
+                         draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
+    cmp = comparing.compare(base, spec, {base.run_id: None, spec.run_id: None})
+    paths = outputs.write(cmp, tmp_path / "cmp")
+    assert _png_size(paths["chart"]) == (900, 400)
+    label = chart._label(cmp, "b")
+    assert label.count("$") == label.count("\\$") == run_id.count("$")      # every one escaped

@@ -17,11 +17,12 @@ COLOURS = {"baseline": "#7f7f7f", "speculative": "#1f77b4", "predicted": "#ff7f0
 
 
 def _label(cmp: Comparison, which: str) -> str:
-    """``A: speculative`` over the run id, broken after its date and time so two labels never overlap."""
+    """``A: speculative`` over the run id, broken after its date and time so two labels never overlap.
+    A ``$`` is escaped: matplotlib reads ``$...$`` as math, and bad math fails the whole chart."""
     res = cmp.a if which == "a" else cmp.b
     parts = res.run_id.split("-", 2)
     run = "-".join(parts[:2]) + "\n" + parts[2] if len(parts) == 3 else res.run_id
-    return f"{which.upper()}: {res.mode}\n{run[:60]}"
+    return f"{which.upper()}: {res.mode}\n{run[:60]}".replace("$", "\\$")
 
 
 def draw(cmp: Comparison, path: Path) -> Path:

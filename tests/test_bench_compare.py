@@ -342,3 +342,17 @@ def test_chart_draws_a_run_id_with_dollar_signs_as_text_not_math(tmp_path: Path,
     assert _png_size(paths["chart"]) == (900, 400)
     label = chart._label(cmp, "b")
     assert label.count("$") == label.count("\\$") == run_id.count("$")      # every one escaped
+
+
+@pytest.mark.parametrize("served", [0.0, -1.0, 0.5])
+def test_a_recorded_prediction_below_one_token_is_not_a_prediction(hist: History, served: float) -> None:
+    """An accept length counts the verified token too, so it is at least 1; a history row below that
+    (an edited or broken record) must not be divided by, nor judged against."""
+    report = runs.drafter_report(status="MATCH", served=served, best=3.60, configured=[1, 4, 7],
+                                 fix=[-1, 0, 2], fix_vllm=[0, 1, 3])
+    runs.record_prediction(hist, "td-bad", report, "sha256:aaaa000000000000")
+    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
+    spec = runs.vllm_run("spec", tok_s=[46.7, 47.0, 46.1], accept=1.55,
+                         draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
+    cmp = _compare(hist, base, spec)
+    assert cmp.predictions["spec"] is None and "no-prediction" in _codes(cmp)

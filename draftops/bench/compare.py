@@ -108,7 +108,7 @@ def find_prediction(history: History, result: BenchResult) -> Prediction | None:
 
     def make(r: RunRecord, role: str, how: str) -> Prediction | None:
         value = finite(r.metrics.get("predicted_served" if role == "served" else "predicted_best"))
-        if value is None:
+        if value is None or value < 1:      # an accept length counts the verified token: below 1 is no prediction
             return None
         return Prediction(value=value, role=role, steps=steps, run_id=r.run_id, status=r.verdict,
                           served=finite(r.metrics.get("predicted_served")),

@@ -356,3 +356,16 @@ def test_a_recorded_prediction_below_one_token_is_not_a_prediction(hist: History
                          draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
     cmp = _compare(hist, base, spec)
     assert cmp.predictions["spec"] is None and "no-prediction" in _codes(cmp)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_a_result_with_nan_or_inf_is_refused_naming_the_field(tmp_path: Path, literal: str) -> None:
+    """The writer never writes them (pydantic writes null); an edited NaN throughput read as a number
+    said "speculative is ×nan faster", an infinite accept length failed the chart with a traceback."""
+    res = runs.vllm_run("r1", tok_s=[90.0, 95.0, 100.0], accept=2.0, draft=_draft("sha256:1", [0, 1, 3]))
+    folder = result.write(res, tmp_path / "r1").parent
+    doc = json.loads((folder / result.RESULT_NAME).read_text())
+    doc["accept_length"]["value"] = "@@"
+    (folder / result.RESULT_NAME).write_text(json.dumps(doc).replace('"@@"', literal))
+    with pytest.raises(BenchError, match=r"field 'accept_length.value'.*not a finite number"):
+        result.load(folder)

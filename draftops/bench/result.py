@@ -10,6 +10,7 @@ schema version; renaming or removing one bumps it (docs/bench.md has the full ta
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -170,6 +171,18 @@ def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float 
                         server_source=server_source, value=value, source=source, cross_check=check.to_dict())
 
 
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in a JSON value (json reads them; we never write them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(top level)"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def load(path: Path) -> BenchResult:
     """Read and validate a bench result; the error names the file, the field and the fix."""
     path = Path(path)
@@ -187,6 +200,11 @@ def load(path: Path) -> BenchResult:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise BenchError(f"{path} has schema {found!r}; this draftops reads {SCHEMA}. Use a draftops of the "
                          "same generation as the run, or run the benchmark again.")
+    where = _non_finite(doc)
+    if where is not None:
+        raise BenchError(f"{path}: field '{where}' is not a finite number (NaN or infinity); draftops writes "
+                         "null for a value it did not measure, so the file was edited or is broken. Set it to "
+                         "null or run the benchmark again.")
     try:
         return BenchResult.model_validate(doc)
     except ValidationError as exc:

@@ -68,8 +68,9 @@ def setup_command(host: Host, env_plan: EnvPlan) -> str:
     flags = ["--system-site-packages"] if env.system_site_packages else []
     return " && ".join([
         "set -e",
-        f"if [ ! -x {shell_path(python)} ]; then {_words('echo', 'creating venv ' + venv)}; "
-        f"{_words(env.base_python, '-m', 'venv', *flags, venv)}; fi",
+        # a venv cut off before its pip was installed (bin/python comes first) is made again over itself
+        f"if [ ! -x {shell_path(python)} ] || ! {_words(python, '-c', 'import pip')} >/dev/null 2>&1; then "
+        f"{_words('echo', 'creating venv ' + venv)}; {_words(env.base_python, '-m', 'venv', *flags, venv)}; fi",
         f"if grep -qvE '^[[:space:]]*(#.*)?$' {shell_path(req)}; then "
         f"{_words(python, '-m', 'pip', 'install', '--disable-pip-version-check', '-r', req)}; "
         "else echo 'no requirements to install'; fi",

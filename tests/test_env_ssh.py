@@ -164,3 +164,16 @@ def test_a_follow_started_with_sigint_ignored_keeps_following(env_project):
         assert proc.poll() is None, "an ignored SIGINT stopped the follow"
     finally:
         _stop(env_project, run_id, proc)
+
+
+def test_a_venv_cut_off_before_pip_was_installed_is_repaired_by_the_rerun(env_project, tmp_path):
+    """`python -m venv` makes bin/python first and installs pip last (seconds later): a setup
+    interrupted in between left a venv every later setup skipped, then failed in (no module named pip)."""
+    venv = hostile_venv(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # the cut-off state
+    (tmp_path / "reqs.txt").write_text("--no-index\n")      # pip runs, installs nothing
+    result = invoke(env_project, "env.setup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No module named pip" not in result.stdout and "ready" in result.stdout
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    assert_nothing_injected(tmp_path)

@@ -16,6 +16,12 @@ HASH_FILE = ".draftops-env-hash"
 REQ_FILE = ".draftops-requirements.txt"
 
 
+def requirements_file(digest: str) -> str:
+    """The uploaded requirements' name in the venv, one per content hash: a second setup started
+    meanwhile must not replace the list the first one's pip is about to read."""
+    return REQ_FILE.replace(".txt", f"-{digest[:16]}.txt")
+
+
 @dataclass
 class EnvPlan:
     """What env.setup decided: the content hash, and whether the venv is already current."""
@@ -64,7 +70,7 @@ def setup_command(host: Host, env_plan: EnvPlan) -> str:
     assert env is not None
     venv = env_plan.venv
     python = _in_venv(venv, "bin/python")
-    req = _in_venv(venv, REQ_FILE)
+    req = _in_venv(venv, requirements_file(env_plan.digest))
     flags = ["--system-site-packages"] if env.system_site_packages else []
     return " && ".join([
         "set -e",
@@ -81,7 +87,8 @@ def setup_command(host: Host, env_plan: EnvPlan) -> str:
 
 def upload_requirements(host: Host, env_plan: EnvPlan) -> None:
     """Put the requirements file next to the venv (creating its folder), where the setup job reads it."""
-    upload = f"{_words('mkdir', '-p', env_plan.venv)} && cat > {shell_path(_in_venv(env_plan.venv, REQ_FILE))}"
+    req = shell_path(_in_venv(env_plan.venv, requirements_file(env_plan.digest)))
+    upload = f"{_words('mkdir', '-p', env_plan.venv)} && cat > {req}"
     host.transport.run(upload, input=env_plan.requirements)
 
 

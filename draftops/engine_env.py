@@ -106,7 +106,9 @@ def install_script(rec: EngineRecipe, venv: str, base_python: str = "python3") -
          f"{{ echo 'another engine install is running on this venv; wait for it to finish' >&2; "
          f"exit {EXIT_BUSY}; }}; fi"),
         f"rm -f {v}/{HASH_FILE}",
-        (f"if [ ! -x {py} ]; then echo {shlex.quote('creating venv ' + venv)}; "
+        # a venv cut off before ensurepip ran (bin/python is made first) is made again over itself
+        (f"if [ ! -x {py} ] || ! {py} -c 'import pip' >/dev/null 2>&1; then "
+         f"echo {shlex.quote('creating venv ' + venv)}; "
          f"{shell_path(base_python)} -m venv {v}; fi"),
         f"echo {shlex.quote(f'installing {rec.dist}=={rec.version} into {venv}')}",
         f"{pip} install {shlex.quote(f'{rec.dist}=={rec.version}')}",

@@ -51,6 +51,16 @@ def test_install_then_up_to_date_then_reinstall_after_a_cut(recipe, tmp_path, ca
     assert "ready in" in capfd.readouterr().out
 
 
+def test_a_venv_cut_off_before_its_pip_was_installed_is_made_again(recipe, tmp_path, capfd) -> None:
+    """`python -m venv` writes bin/python first and runs ensurepip last: an install stopped in between
+    left a venv every rerun skipped and then failed in, with "No module named pip"."""
+    venv = tmp_path / "engines dir" / "it's here"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)   # the cut-off state
+    assert engine_env.install_locally(recipe.name, str(venv), sys.executable) == 0
+    captured = capfd.readouterr()
+    assert "No module named pip" not in captured.err and "ready in" in captured.out
+
+
 def test_a_failed_install_leaves_no_hash_and_says_why(recipe, tmp_path, capfd, monkeypatch) -> None:
     broken = replace(recipe, version="0.0.0.draftops.never")  # pip cannot find it (no index needed to fail)
     monkeypatch.setitem(engine_env.ENGINES, recipe.name, broken)

@@ -92,3 +92,15 @@ def test_bench_refusals(project, tmp_path):  # noqa: F811
     text = refused(invoke(root, "bench", "--prompts", "0"))
     assert "--prompts 0 must be a whole number ≥ 1" in text
     ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_a_plan_too_long_for_one_command_line_argument_is_refused_before_starting(project, tmp_path):  # noqa: F811
+    """--repeats 200 made an 180 KB --plan-json; Linux refuses one argument over 128 KiB (E2BIG), and
+    the user read that the log stream ended early, as if the connection had dropped."""
+    root = project("loc")
+    ok(invoke(root, "serve", "--baseline"))
+    text = refused(invoke(root, "bench", "--repeats", "200", "--prompts", "1", "--output-len", "4"))
+    assert "--repeats 200" in text and "128 KiB" in text and "at most" in text
+    assert "connection dropped" not in text
+    assert not [p for p in (root / "runs").iterdir() if "-bench-" in p.name]     # nothing was started
+    ok(invoke(root, "serve.stop", "--all"))

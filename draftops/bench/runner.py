@@ -24,12 +24,13 @@ from draftops.bench.result import (
     Settings,
     Speculative,
 )
+from draftops.errors import BenchError
 from draftops.history import now_iso
 from remote.bench import client_output, decode_log, server_metrics
 from remote.bench.errors import BenchParseError
 from remote.bench.runner import CLIENT_PATH_VAR, HOST_FILE, RUN_DIR_TOKEN, RUNNER_FILE
 
-__all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "job_plan"]
+__all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "job_plan", "plan_json"]
 
 #: server snapshots taken once at the start of a run (file -> path), per engine
 SNAPSHOTS = {"vllm": {"server-version.json": "/version", "server-models.json": "/v1/models",
@@ -62,6 +63,26 @@ def job_plan(bench: planning.BenchPlan, served: ServedBy) -> dict[str, Any]:
             "steps": [{**step, "argv": list(step["argv"])} for step in doc["steps"]],
             "snapshots": SNAPSHOTS[served.engine],
             "server": {"base_url": served.base_url, "pid": served.pid, "log": served.log, "run_id": served.run_id}}
+
+
+#: the plan reaches the host as one argument of the job's command line, which Linux caps at 128 KiB
+#: (MAX_ARG_STRLEN); this leaves room for the rest of the line and its quoting
+PLAN_MAX_BYTES = 110_000
+
+
+def plan_json(bench: planning.BenchPlan, served: ServedBy) -> str:
+    """:func:`job_plan` as the ``--plan-json`` text, refused when it cannot be one argument (each repeat
+    adds its steps, so many repeats overflow the limit and the host could not even start the job)."""
+    text = json.dumps(job_plan(bench, served))
+    size = len(text.encode())
+    if size > PLAN_MAX_BYTES:
+        repeats = bench.settings.repeats
+        per_repeat = size / max(repeats + 1, 1)           # the warm-up is one step more
+        fit = max(int(PLAN_MAX_BYTES / per_repeat) - 1, 1)
+        raise BenchError(f"--repeats {repeats} makes a bench plan of {size} bytes, and the job's command line "
+                         f"holds it as one argument, which Linux caps at 128 KiB: at most about {fit} repeats "
+                         "fit. Use fewer repeats (and more --prompts per repeat for the same sample).")
+    return text
 
 
 def _read_json(path: Path) -> Any:

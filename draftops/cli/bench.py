@@ -4,7 +4,6 @@ side with test-drafter's prediction, and what follows from them."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,7 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
         job_env[runner.CLIENT_PATH_VAR] = env["PYTHONPATH"]
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
-    done = run_tool(box, "remote.bench.runner", ["--plan-json", json.dumps(runner.job_plan(bench, served))],
+    done = run_tool(box, "remote.bench.runner", ["--plan-json", runner.plan_json(bench, served)],
                     name=f"bench-{name or server.engine}", view=live("window"), task="bench", given=given, env=job_env)
     run_id = done.run_id
     folder = done.folder or project_root(c) / "runs" / run_id

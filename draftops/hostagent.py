@@ -1555,7 +1555,9 @@ def cmd_follow(run_dir, start):
         last = chunk[-1:]
     if last != b"\n":
         out.write(b"\n")
-    out.write((EVENT_PREFIX + json.dumps(dict(row, event="job-end", offset=pos)) + "\n").encode())
+    # without the command: it can pass MAX_LINE (a bench plan), and a line that long reaches home in pieces
+    end = {k: v for k, v in row.items() if k != "command"}
+    out.write((EVENT_PREFIX + json.dumps(dict(end, event="job-end", offset=pos)) + "\n").encode())
     out.flush()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftops import host as host_module
-from draftops import jobs
+from draftops import hostagent, jobs
 from draftops.errors import JobError
 from draftops.host import open_host
 from tests.conftest import ssh_entry
@@ -72,6 +72,16 @@ def test_follow_streams_log_and_events_then_returns_final_status(project):
     assert lines == ["one", "two"]
     assert seen[0]["event"] == "progress" and seen[0]["done"] == 1
     assert final["state"] == "succeeded" and final["exit_code"] == 0
+
+
+def test_follow_sees_the_end_of_a_job_whose_command_is_longer_than_a_line(project):
+    """The job-end event carried the whole command: past MAX_LINE (64 KiB) it reached home in pieces,
+    no end was seen, and a finished job (`bench --repeats 70`) read as a dropped connection."""
+    host = open_host(None, project)
+    job = jobs.start(host, "long", "echo done # " + "x" * (hostagent.MAX_LINE + 1000))
+    lines: list[str] = []
+    final = jobs.follow(host, job.id, lines.append)
+    assert lines == ["done"] and final["state"] == "succeeded" and final["exit_code"] == 0
 
 
 def test_kill_stops_the_process_group(project):

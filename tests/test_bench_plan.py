@@ -184,3 +184,23 @@ def test_probe_without_the_engine(tmp_path: Path) -> None:
     assert found["client"] is None and "not importable" in found["error"]
     with pytest.raises(BenchError, match="env.check"):
         Client.from_probe(found, python="/p")
+
+
+@pytest.mark.parametrize("body", ["[1, 2]", '"an error page"', "3"])
+def test_a_server_info_snapshot_that_is_not_an_object_still_gives_a_result(tmp_path: Path, body: str) -> None:
+    """Something else answering /get_server_info with 200 and JSON that is no object: building the result
+    after the whole run failed with an AttributeError, and the measured repeats were never written."""
+    from draftops.bench import runner
+    client = Client.from_probe({"engine": "sglang", "client": "sglang.bench_serving", "flags": {}}, python="/py")
+    bench = plan(client, Server("http://127.0.0.1:1", "/m/t", "/m/t", True), BenchSettings(repeats=1),
+                 runner.RUN_DIR_TOKEN)
+    served = runner.ServedBy(engine="sglang", port=1, base_url="http://127.0.0.1:1", python="/py", target="/m/t",
+                             draft="/m/d", pid=None, log="/x", run_id="serve-1", effective={}, asked={})
+    for name in ("server-info.json", "server-info-rep1.json"):
+        (tmp_path / name).write_text(body)
+    (tmp_path / "runner.json").write_text(json.dumps(
+        {"status": "succeeded", "steps": [{"name": "rep1", "exit_code": 0, "server_alive_after": True}]}))
+    (tmp_path / "client-rep1.jsonl").write_text(json.dumps({"completed": 1, "output_throughput": 5.0}) + "\n")
+    res = runner.build(run_id="r", host="h", folder=tmp_path, job=runner.job_plan(bench, served), bench=bench,
+                       served=served, job_state="succeeded")
+    assert res.status == "succeeded" and res.metrics.output_throughput.median == 5.0

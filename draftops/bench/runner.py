@@ -227,6 +227,7 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
                    else f"the bench job ended {job_state}")
     engine_facts = ((facts.get("inspect") or {}).get("engine")) or {}
     info = got.server_info or (_read_json(folder / "server-info.json") if served.engine == "sglang" else None)
+    info = info if isinstance(info, dict) else None     # 200 with JSON that is no object: not SGLang's answer
     settings = bench.settings
     warnings = list(bench.warnings) + got.problems
     accept = (bench_result.build_accept(got.records, got.server, got.source) if served.draft else None)

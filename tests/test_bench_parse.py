@@ -92,6 +92,22 @@ def test_malformed_decode_line_in_the_middle_is_listed_not_fatal() -> None:
     assert len(summary.lines) == 2 and [n for n, _ in summary.malformed] == [2]
 
 
+@pytest.mark.parametrize("field,written", [("gen throughput (token/s): 141.20", "gen throughput (token/s): 1,234.50"),
+                                           ("gen throughput (token/s): 141.20", "gen throughput (token/s): 1.5e+03"),
+                                           ("accept len: 3.00", "accept len: 3.5e+00"),
+                                           ("accept len: 3.00", "accept len: 2,500.00"),
+                                           ("accept len: 3.00", "accept len: nan"),
+                                           ("accept len: 3.00", "accept len: -3.00")])
+def test_a_number_not_written_as_sglang_writes_it_is_malformed_not_cut_short(field: str, written: str) -> None:
+    """SGLang writes every number with ``:.2f``; "1,234.50" was read as 1.0, "3.5e+00" as 3.5 by luck,
+    and an accept length of "nan" made a speculative line count as a baseline one."""
+    good = fmt.sglang_decode_line("0.5.6", running=4, accept_len=3.0)
+    assert field in good
+    summary = decode_log.parse_log(f"{good}\n{good.replace(field, written)}\n{good}\n")
+    assert len(summary.lines) == 2 and [n for n, _ in summary.malformed] == [2]
+    assert summary.gen_throughput == pytest.approx(141.2) and summary.accept_length == pytest.approx(3.0)
+
+
 # --- benchmark clients ---------------------------------------------------------------------------
 
 def _sglang_records(n: int) -> list[dict]:

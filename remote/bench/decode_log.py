@@ -25,14 +25,20 @@ from .numbers import finite
 
 _PREFIX = re.compile(r"^\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?P<ranks>(?: [A-Z]+\d+)*)\] ")
 _HEAD = re.compile(r"Decode batch(?P<sep>\.|,| \[(?P<iter>\d+)\],)\s*#running-req:\s*(?P<running>\d+)")
+# each field's label and its whole value (up to ", " or a space), so "1,234.50" or "1.5e+03" is seen
+# whole and refused, not read as its first digits
+_VALUE = r":\s*([^\s,]*(?:,[^\s,]+)*)"
 _FIELDS = {
-    "tokens": re.compile(r"(?:^|, )#token:\s*(\d+)"),
-    "token_usage": re.compile(r"(?:^|, )token usage:\s*([0-9]+(?:\.[0-9]+)?)"),
-    "accept_len": re.compile(r"(?:^|, )accept len:\s*([0-9]+(?:\.[0-9]+)?)"),
-    "accept_rate": re.compile(r"(?:^|, )accept rate:\s*([0-9]+(?:\.[0-9]+)?)"),
-    "gen_throughput": re.compile(r"gen throughput \(token/s\):\s*([0-9]+(?:\.[0-9]+)?)"),
-    "queue_req": re.compile(r"#queue-req:\s*(\d+)"),
+    "tokens": re.compile(r"(?:^|, )#token" + _VALUE),
+    "token_usage": re.compile(r"(?:^|, )token usage" + _VALUE),
+    "accept_len": re.compile(r"(?:^|, )accept len" + _VALUE),
+    "accept_rate": re.compile(r"(?:^|, )accept rate" + _VALUE),
+    "gen_throughput": re.compile(r"gen throughput \(token/s\)" + _VALUE),
+    "queue_req": re.compile(r"#queue-req" + _VALUE),
 }
+_INT_FIELDS = ("tokens", "queue_req")
+_INT = re.compile(r"\d+")
+_FLOAT = re.compile(r"[0-9]+(?:\.[0-9]+)?")      # SGLang writes every float with :.2f
 _GRAPH = re.compile(r"(?P<kind>cuda|cpu|npu) graph:\s*(?P<on>True|False)")
 
 
@@ -138,7 +144,9 @@ def parse_line(line: str, lineno: int = 0) -> DecodeLine | None:
         if match is None:
             continue
         raw = match.group(1)
-        setattr(out, name, int(raw) if name in ("tokens", "queue_req") else finite(float(raw)))
+        if not (_INT if name in _INT_FIELDS else _FLOAT).fullmatch(raw):
+            raise ValueError(f"decode line with {name} {raw!r}, not a number as SGLang writes it")
+        setattr(out, name, int(raw) if name in _INT_FIELDS else finite(float(raw)))
     return out
 
 

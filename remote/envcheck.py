@@ -16,6 +16,7 @@ from typing import Any
 
 from . import distinfo
 
+NVIDIA_SMI_TIMEOUT_S = 30.0
 # torch is listed for env.json's package versions; the env.check table shows it once, in its own row
 PACKAGES = ("torch", "safetensors", "numpy", "sglang", "speculators", "transformers", "flashinfer-python")
 
@@ -40,8 +41,14 @@ def _nvidia_smi() -> list[dict[str, str]] | None:
     if not exe:
         return None
     fields = "index,name,memory.total,driver_version"
-    proc = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
-                          text=True, timeout=30)
+    try:
+        proc = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:   # a GPU in a bad state hangs it: report that, keep the rest
+        return [{"error": f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_S:g} s (a GPU or driver in a "
+                          "bad state?); run it by hand on the host"}]
+    except OSError as exc:
+        return [{"error": f"nvidia-smi at {exe} cannot run: {exc}"}]
     if proc.returncode != 0:
         return [{"error": proc.stderr.strip()[:300]}]
     rows = []

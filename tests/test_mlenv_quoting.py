@@ -136,3 +136,18 @@ def test_two_setups_at_once_each_install_their_own_requirements(tmp_path, no_inv
     assert not (Path(venv) / mlenv.HASH_FILE).exists()
     b = host.transport.run(mlenv.setup_command(host, plan_b))
     assert b.text.strip().endswith("env ready") and mlenv.plan(host).up_to_date
+
+
+@pytest.mark.parametrize("script", ["#!/bin/sh\nsleep 30\n", "not a program\n"])
+def test_env_check_reports_an_nvidia_smi_that_hangs_or_cannot_run(tmp_path, monkeypatch, script):
+    """A GPU in a bad state makes nvidia-smi hang: env.check failed as an internal error and lost the
+    whole report (python, torch) with it."""
+    from remote import envcheck
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(script)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setattr(envcheck, "NVIDIA_SMI_TIMEOUT_S", 0.5)
+    rows = envcheck._nvidia_smi()
+    assert rows is not None and len(rows) == 1 and "nvidia-smi" in rows[0]["error"]

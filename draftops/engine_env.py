@@ -194,8 +194,11 @@ for dist in sys.argv[2:]:
         versions[dist] = metadata.version(dist)
     except metadata.PackageNotFoundError:
         versions[dist] = None
-print(json.dumps({"hash": digest, "versions": versions}))
+print("@@draftops-engine " + json.dumps({"hash": digest, "versions": versions}))
 """
+#: marks each answer line of the probe, so a host whose shell start-up files print (a banner, perhaps
+#: without a newline) is read right
+PROBE_MARK = "@@draftops-engine "
 
 
 def probe_command(spec: HostSpec) -> str:
@@ -206,8 +209,9 @@ def probe_command(spec: HostSpec) -> str:
     for name, rec in ENGINES.items():
         v = shell_path(engine_venv(spec, name))
         dists = " ".join(shlex.quote(d) for d in (rec.dist, rec.alias_dist) if d)
+        empty = shlex.quote(PROBE_MARK + "{}")
         parts.append(f"if [ -x {v}/bin/python ]; then {v}/bin/python -c {shlex.quote(_PROBE)} "
-                     f"{v}/{HASH_FILE} {dists} 2>/dev/null || echo '{{}}'; else echo '{{}}'; fi")
+                     f"{v}/{HASH_FILE} {dists} 2>/dev/null || echo {empty}; else echo {empty}; fi")
     return "; ".join(parts)
 
 
@@ -215,10 +219,18 @@ def probe(host: Host) -> list[dict[str, Any]]:
     """The engines on the host: venv, installed version (None: not installed), and whether the
     install is current (its stored hash equals this checkout's recipe)."""
     base = _base_python(host.spec)
-    lines = host.transport.run(probe_command(host.spec)).text.splitlines()
+    text = host.transport.run(probe_command(host.spec)).text
+    lines = [line.rpartition(PROBE_MARK)[2] for line in text.splitlines() if PROBE_MARK in line]
+    if len(lines) != len(ENGINES):
+        raise EngineError(f"Host {host.name!r}: the engine probe answered {len(lines)} line(s) for "
+                          f"{len(ENGINES)} engine(s): {text[-300:]!r}. Run `invoke env.check` again; if it "
+                          "persists, the host's shell prints into command output.")
     rows = []
     for (name, rec), line in zip(ENGINES.items(), lines, strict=True):
-        found = json.loads(line)
+        try:
+            found = json.loads(line)
+        except ValueError:
+            found = {}                  # the probe's own line, cut: read as not installed
         venv = engine_venv(host.spec, name)
         versions = found.get("versions") or {}
         rows.append({"engine": name, "venv": venv, "version": versions.get(rec.dist),

@@ -108,3 +108,12 @@ def test_an_unframed_answer_to_a_later_command_is_an_error(noisy_project, banner
     assert isinstance(err.value.__cause__, RemoteError) and err.value.__cause__.result.command == "pack runs/some-run"
     runs = host.project_root / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []      # no partial pull left behind
+
+
+def test_the_engine_probe_of_env_check_survives_a_banner(noisy_project):
+    """env.check's engine rows read one JSON line per engine from a plain command: the banner's lines
+    came first and env.check ended in a JSONDecodeError."""
+    from draftops import engine_env
+    rows = engine_env.probe(open_host(None, noisy_project))
+    assert [r["engine"] for r in rows] == list(engine_env.ENGINES)
+    assert all(r["version"] is None and r["current"] is False for r in rows)

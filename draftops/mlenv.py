@@ -14,6 +14,7 @@ from draftops.jobs import shell_path
 
 HASH_FILE = ".draftops-env-hash"
 REQ_FILE = ".draftops-requirements.txt"
+HASH_MARK = "@@draftops-env-hash:"
 
 
 def requirements_file(digest: str) -> str:
@@ -48,8 +49,10 @@ def plan(host: Host) -> EnvPlan:
     digest = hashlib.sha256(b"\0".join([env.venv.encode(), env.base_python.encode(),
                                         str(env.system_site_packages).encode(), requirements])).hexdigest()
     python, stored = shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE))
-    probe = f"[ -x {python} ] && cat {stored} 2>/dev/null || true"
-    current = host.transport.run(probe).text.strip()
+    # the marker: a host whose shell start-up files print (a banner) must still read as current
+    probe = f"[ -x {python} ] && {{ printf '\\n%s' {HASH_MARK}; cat {stored}; }} 2>/dev/null || true"
+    text = host.transport.run(probe).text
+    current = text.rpartition(HASH_MARK)[2].strip() if HASH_MARK in text else ""
     return EnvPlan(env.venv, digest, requirements, current == digest)
 
 

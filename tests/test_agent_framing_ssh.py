@@ -117,3 +117,21 @@ def test_the_engine_probe_of_env_check_survives_a_banner(noisy_project):
     rows = engine_env.probe(open_host(None, noisy_project))
     assert [r["engine"] for r in rows] == list(engine_env.ENGINES)
     assert all(r["version"] is None and r["current"] is False for r in rows)
+
+
+def test_env_setup_sees_a_current_ml_env_through_a_banner(make_project, noisy_sshd, tmp_path, no_inventory_env,
+                                                            banner_home):
+    """The stored hash is read with a plain command: the banner came with it, so the ml-env never read
+    as current and every env.setup reinstalled it."""
+    import sys
+
+    from draftops import mlenv
+    (banner_home / ".bashrc").write_text(NOISY_BASHRC)
+    (tmp_path / "reqs.txt").write_text("# nothing\n")
+    venv = tmp_path / "ml env"
+    entry = ssh_entry(noisy_sshd, tmp_path, env={"venv": str(venv), "requirements": str(tmp_path / "reqs.txt")})
+    host = open_host(None, make_project({"box": entry}, default="box"))
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / mlenv.HASH_FILE).write_text(mlenv.plan(host).digest)
+    assert mlenv.plan(host).up_to_date

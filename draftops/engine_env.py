@@ -171,7 +171,9 @@ def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
     base = _base_python(host.spec)
     digest = content_hash(rec, chosen, base)
     v = shell_path(chosen)
-    current = host.transport.run(f"[ -x {v}/bin/python ] && cat {v}/{HASH_FILE} 2>/dev/null || true").text.strip()
+    text = host.transport.run(f"[ -x {v}/bin/python ] && {{ printf '\\n%s' {PROBE_MARK.strip()}; "
+                              f"cat {v}/{HASH_FILE}; }} 2>/dev/null || true").text
+    current = text.rpartition(PROBE_MARK.strip())[2].strip() if PROBE_MARK.strip() in text else ""   # past a banner
     return EnginePlan(rec, chosen, base, digest, current == digest)
 
 

@@ -135,3 +135,13 @@ def test_env_setup_sees_a_current_ml_env_through_a_banner(make_project, noisy_ss
     (venv / "bin" / "python").symlink_to(sys.executable)
     (venv / mlenv.HASH_FILE).write_text(mlenv.plan(host).digest)
     assert mlenv.plan(host).up_to_date
+
+
+def test_env_setup_engine_sees_a_current_engine_venv_through_a_banner(noisy_project, tmp_path):
+    from draftops import engine_env
+    host = open_host(None, noisy_project)
+    venv = tmp_path / "engine venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/bin/true")
+    (venv / engine_env.HASH_FILE).write_text(engine_env.plan(host, "vllm", str(venv)).digest)
+    assert engine_env.plan(host, "vllm", str(venv)).up_to_date

@@ -369,3 +369,29 @@ def test_a_result_with_nan_or_inf_is_refused_naming_the_field(tmp_path: Path, li
     (folder / result.RESULT_NAME).write_text(json.dumps(doc).replace('"@@"', literal))
     with pytest.raises(BenchError, match=r"field 'accept_length.value'.*not a finite number"):
         result.load(folder)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A 64 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN), nearly filled."""
+    import subprocess
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
+    try:
+        (disk / "filler").write_bytes(b"x" * (40 * 1024))      # compare.json fits, the chart does not
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_full_disk_while_writing_the_comparison_is_one_paragraph(full_disk: Path, hist: History) -> None:
+    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
+    spec = runs.vllm_run("spec", tok_s=[46.7, 47.0, 46.1], accept=1.55, draft=_draft("sha256:aaaa000000000000", [1]))
+    cmp = _compare(hist, base, spec)
+    with pytest.raises(BenchError, match=r"cannot write the comparison into .*cmp.*No space left.*Free"):
+        outputs.write(cmp, full_disk / "cmp")
+    assert not list((full_disk / "cmp").glob("*.tmp"))

@@ -66,6 +66,10 @@ def draw(cmp: Comparison, path: Path) -> Path:
     fig.subplots_adjust(left=0.08, right=0.985, bottom=0.2, top=0.9, wspace=0.28)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, format="png")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)         # a full disk leaves no half chart behind
+        raise
     return path

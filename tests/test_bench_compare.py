@@ -395,3 +395,10 @@ def test_a_full_disk_while_writing_the_comparison_is_one_paragraph(full_disk: Pa
     with pytest.raises(BenchError, match=r"cannot write the comparison into .*cmp.*No space left.*Free"):
         outputs.write(cmp, full_disk / "cmp")
     assert not list((full_disk / "cmp").glob("*.tmp"))
+
+
+def test_a_full_disk_while_writing_the_bench_result_is_one_paragraph(full_disk: Path) -> None:
+    (full_disk / "more filler").write_bytes(b"x" * (20 * 1024))
+    res = runs.vllm_run("r1", tok_s=[90.0, 95.0, 100.0], accept=2.0, draft=_draft("sha256:1", [0, 1, 3]))
+    with pytest.raises(BenchError, match=r"cannot write bench-result.json into .*r1.*No space left"):
+        result.write(res, full_disk / "r1")

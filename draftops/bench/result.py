@@ -215,8 +215,13 @@ def load(path: Path) -> BenchResult:
 
 
 def write(result: BenchResult, run_dir: Path) -> Path:
-    """Write ``bench-result.json`` atomically into ``run_dir``."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``bench-result.json`` atomically into ``run_dir``; a full disk is a BenchError, not a traceback."""
     path = run_dir / RESULT_NAME
-    atomic_write_bytes(path, (result.to_json() + "\n").encode())
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (result.to_json() + "\n").encode())
+    except OSError as exc:
+        raise BenchError(f"cannot write {RESULT_NAME} into {run_dir}: {exc.strerror or exc}. The run's own files "
+                         "(client results, server logs, runner.json) stay in that folder; free disk space there "
+                         "and run the benchmark again.") from None
     return path

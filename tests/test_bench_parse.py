@@ -343,8 +343,9 @@ def test_the_runner_converts_the_dataset_in_process_and_reports_a_bad_one(tmp_pa
     bad.write_text("{not json\n")
     assert runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(good), str(out)]) == (0, "")
     assert json.loads(out.read_text())[0]["conversations"][0]["value"] == "w05 \"q\" $(x)"
-    code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(bad), str(tmp_path / "o2.json")])
+    code, why = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(bad), str(tmp_path / "o2.json")])
     assert code == 1 and not (tmp_path / "o2.json").exists()
+    assert f"{bad}:1: not JSON" in why            # the reason reaches the user's error, not only prepare.log
     assert "error:" in (tmp_path / "prepare.log").read_text()
     code, _ = runner.prepare(["/no/such/python", "-m", "remote.bench.datasets", str(tmp_path / "gone"), str(out)])
     assert code == 1

@@ -251,7 +251,7 @@ class Runner:
                 except Exception as exc:    # noqa: BLE001 - any failure fails this step, as a python of its own did
                     why = str(exc) if isinstance(exc, (OSError, ValueError, BenchParseError)) else repr(exc)
                     log.write(f"error: {why}\n".encode())
-                    return 1, ""
+                    return 1, why           # the reason (file and line) reaches the user's error
                 log.write(f"{count}\n".encode())
             return 0, ""
         code, _, why = self.run_command(argv, "prepare.log", with_code=True)

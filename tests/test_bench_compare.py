@@ -402,3 +402,14 @@ def test_a_full_disk_while_writing_the_bench_result_is_one_paragraph(full_disk: 
     res = runs.vllm_run("r1", tok_s=[90.0, 95.0, 100.0], accept=2.0, draft=_draft("sha256:1", [0, 1, 3]))
     with pytest.raises(BenchError, match=r"cannot write bench-result.json into .*r1.*No space left"):
         result.write(res, full_disk / "r1")
+
+
+def test_a_result_whose_median_lies_outside_its_range_still_draws(tmp_path: Path, hist: History) -> None:
+    """An edited result (median below its own min): the error bars came out negative and matplotlib
+    refused the whole chart with a ValueError."""
+    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
+    spec = runs.vllm_run("spec", tok_s=[46.7, 47.0, 46.1], accept=1.55, draft=_draft("sha256:aaaa000000000000", [1]))
+    spec.metrics.output_throughput.median = 10.0           # below min 46.1
+    base.metrics.output_throughput.median = 500.0          # above max 91.0
+    paths = outputs.write(_compare(hist, base, spec), tmp_path / "cmp")
+    assert _png_size(paths["chart"]) == (900, 400)

@@ -33,9 +33,11 @@ def draw(cmp: Comparison, path: Path) -> Path:
     labels = [_label(cmp, "a"), _label(cmp, "b")]
     runs = [cmp.a, cmp.b]
     medians = [r.metrics.output_throughput.median or 0.0 for r in runs]
-    lows = [m - (r.metrics.output_throughput.min if r.metrics.output_throughput.min is not None else m)
+    # never below 0: a result edited by hand can hold a median outside its own range, and matplotlib
+    # refuses a negative error bar (and with it the whole chart)
+    lows = [max(0.0, m - (r.metrics.output_throughput.min if r.metrics.output_throughput.min is not None else m))
             for m, r in zip(medians, runs, strict=True)]
-    highs = [(r.metrics.output_throughput.max if r.metrics.output_throughput.max is not None else m) - m
+    highs = [max(0.0, (r.metrics.output_throughput.max if r.metrics.output_throughput.max is not None else m) - m)
              for m, r in zip(medians, runs, strict=True)]
     tput.bar(labels, medians, yerr=[lows, highs], capsize=6, color=[COLOURS[r.mode] for r in runs])
     tput.set_ylabel("output tok/s (median, range of repeats)")

@@ -378,3 +378,20 @@ def test_sglang_server_info_whose_decode_entry_is_not_an_object_is_read_as_the_t
            "server_info": {"decode": decode, "speculative_algorithm": "EAGLE3"}}
     rec = client_output.parse_sglang(json.dumps(raw) + "\n").records[0]
     assert rec.server_settings == {"speculative_algorithm": "EAGLE3"}
+
+
+def test_a_failed_clients_last_words_skip_progress_bars_and_its_own_command_line(tmp_path) -> None:
+    from remote.bench.runner import last_words
+    log = tmp_path / "client-warmup.log"
+    log.write_bytes(b"$ python -m sglang.bench_serving --output-len 99999999999999999999\n"
+                    b"  0%|          | 0/5 [00:00<?, ?it/s]\r 20%|##        | 1/5 [00:01<00:04,  1.02s/it]\n"
+                    b"Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                    b"OverflowError: Python int too large to convert to C long\n\n"
+                    b"100%|##########| 5/5 [00:05<00:00,  1.00it/s]\r\n")
+    assert last_words(log) == "OverflowError: Python int too large to convert to C long"
+    log.write_bytes(b"$ python -m sglang.bench_serving\n" + b"x" * 1000 + b"\x1b[31m\n")
+    said = last_words(log, limit=50)
+    assert len(said) == 50 and said.endswith("...") and "\x1b" not in said
+    assert last_words(tmp_path / "missing.log") == ""
+    log.write_bytes(b"$ python -m sglang.bench_serving --seed 1\n\n")
+    assert last_words(log) == ""

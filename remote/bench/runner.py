@@ -166,6 +166,22 @@ def host_facts(engine: str, python: str, target: str, draft: str | None) -> dict
     return facts
 
 
+def last_words(log: Path, limit: int = 300) -> str:
+    """The last line of a client's log that says something (an error is the client's last word;
+    progress-bar redraws and blank lines are skipped), cut to ``limit`` characters: why a client
+    failed, without opening its log."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16384))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    for line in reversed(tail.replace("\r", "\n").splitlines()):
+        text = "".join(ch for ch in line.strip() if ch.isprintable())
+        if text and not text.startswith("$ ") and "it/s]" not in text and "s/it]" not in text:
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return ""
+
 class Runner:
     """One bench run in the job's folder."""
 
@@ -288,8 +304,9 @@ class Runner:
                       "then are kept")
             return False
         if why or code != 0:
-            self.fail(f"the client {why or f'exited {code}'} in the {label}; its output is in "
-                      f"{record['client_log']}")
+            said = last_words(self.run_dir / record["client_log"])
+            self.fail(f"the client {why or f'exited {code}'} in the {label}"
+                      + (f", saying: {said}" if said else "") + f"; its output is in {record['client_log']}")
             return False
         missing = [c["path"] for c in record.get("after", []) + record.get("before", []) if not c["ok"]]
         if missing:

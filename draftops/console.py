@@ -199,12 +199,14 @@ class LiveJob(JobView):
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their
     result themselves, so it is not shown twice), "hide" shows none. ``note`` follows the "run ID on
-    HOST" line; ``announce=False`` leaves that line out."""
+    HOST" line; ``announce=False`` leaves that line out; ``on_detach`` (with ``{run_id}`` and ``{host}``)
+    is added to what Ctrl-C says, for a task that has more to do once the job ends."""
 
-    def __init__(self, out: Console, log: LogMode = "print", note: str = "", announce: bool = True):
+    def __init__(self, out: Console, log: LogMode = "print", note: str = "", announce: bool = True,
+                 on_detach: str = ""):
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-        self.out, self.mode, self.note, self.announce = out, log, note, announce
+        self.out, self.mode, self.note, self.announce, self.on_detach = out, log, note, announce, on_detach
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TimeElapsedColumn(), console=_real(out), auto_refresh=False)
         self.window: deque[str] = deque(maxlen=WINDOW_LINES)
@@ -265,10 +267,10 @@ class LiveJob(JobView):
             os._exit(130)
         return leave
 
-    @staticmethod
-    def _detached_text(host: str, run_id: str) -> str:
+    def _detached_text(self, host: str, run_id: str) -> str:
+        more = " " + self.on_detach.format(run_id=run_id, host=host) if self.on_detach else ""
         return (f"job {run_id} keeps running on {host}. Re-attach with `invoke logs {run_id} --follow "
-                f"--host {host}`; stop it with `invoke kill {run_id} --host {host}`.")
+                f"--host {host}`; stop it with `invoke kill {run_id} --host {host}`.{more}")
 
     @staticmethod
     def _exit() -> None:

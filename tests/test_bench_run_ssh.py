@@ -104,3 +104,56 @@ def test_a_plan_too_long_for_one_command_line_argument_is_refused_before_startin
     assert "connection dropped" not in text
     assert not [p for p in (root / "runs").iterdir() if "-bench-" in p.name]     # nothing was started
     ok(invoke(root, "serve.stop", "--all"))
+
+
+def test_an_interrupted_bench_is_finished_by_bench_collect(project, tmp_path):  # noqa: F811
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+    root = project("loc")
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    bench = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--prompts", "5", "--repeats", "2",
+                              "--output-len", "16", "--dataset", prompts_file(tmp_path)], cwd=root, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    runs = tmp_path / "locroot" / "runs"
+    deadline, status = time.monotonic() + 60, None
+    while time.monotonic() < deadline and status is None:
+        found = [p for p in runs.glob("*-bench-*") if (p / "status.json").exists()] if runs.exists() else []
+        status = json.loads((found[0] / "status.json").read_text()) if found else None
+        time.sleep(0.05)
+    assert status is not None and status.get("pgid"), status
+    run_id = found[0].name
+    os.killpg(status["pgid"], signal.SIGSTOP)            # the job is held while its `invoke bench` is stopped
+    try:
+        time.sleep(0.5)
+        bench.send_signal(signal.SIGINT)
+        out = " ".join(bench.communicate(timeout=60)[0].split())
+    finally:
+        os.killpg(status["pgid"], signal.SIGCONT)
+    assert bench.returncode == 130 and f"job {run_id} keeps running" in out, out
+    assert f"`invoke bench.collect {run_id} --host loc` builds its result" in out
+    assert not (root / "runs" / run_id / "bench-result.json").exists()
+    text = ok(invoke(root, "bench.collect", run_id))                # follows it to its end, then builds
+    res = json.loads((root / "runs" / run_id / "bench-result.json").read_text())
+    assert res["status"] == "succeeded" and res["settings"]["repeats"] == 2 and res["settings"]["prompts"] == 5
+    assert res["speculative"]["num_steps"] == 3 and res["draft"]["layer_ids"] == [1, 15, 28]
+    assert res["settings"]["dataset_kind"] == "text" and run_id in text
+    row = History(root / "runs" / "history.sqlite").get(run_id)
+    assert row is not None and row.kind == "bench" and row.verdict == "succeeded"
+    again = ok(invoke(root, "bench.collect", run_id))               # an ended run: built again, same row
+    assert run_id in again and History(root / "runs" / "history.sqlite").get(run_id) is not None
+    serve_run = next(p.name for p in runs.iterdir() if "-serve-" in p.name)
+    assert "not a bench run" in refused(invoke(root, "bench.collect", serve_run))
+    plan = root / "runs" / run_id / "plan.json"
+    doc = json.loads(plan.read_text())
+    doc.pop("collect")
+    (runs / run_id / "plan.json").write_text(json.dumps(doc))      # as a draftops before bench.collect wrote it
+    assert "does not hold what its result is built from" in refused(invoke(root, "bench.collect", run_id))
+    ok(invoke(root, "serve.stop", "--all"))

@@ -30,7 +30,7 @@ from remote.bench import client_output, decode_log, server_metrics
 from remote.bench.errors import BenchParseError
 from remote.bench.runner import CLIENT_PATH_VAR, HOST_FILE, RUN_DIR_TOKEN, RUNNER_FILE
 
-__all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "job_plan", "plan_json"]
+__all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "from_plan", "job_plan", "plan_json"]
 
 #: server snapshots taken once at the start of a run (file -> path), per engine
 SNAPSHOTS = {"vllm": {"server-version.json": "/version", "server-models.json": "/v1/models",
@@ -62,7 +62,31 @@ def job_plan(bench: planning.BenchPlan, served: ServedBy) -> dict[str, Any]:
             "repeats": bench.settings.repeats, "prepare": [list(p) for p in bench.prepare],
             "steps": [{**step, "argv": list(step["argv"])} for step in doc["steps"]],
             "snapshots": SNAPSHOTS[served.engine],
-            "server": {"base_url": served.base_url, "pid": served.pid, "log": served.log, "run_id": served.run_id}}
+            "server": {"base_url": served.base_url, "pid": served.pid, "log": served.log, "run_id": served.run_id},
+            # what `invoke bench.collect` needs to build the result later (the runner ignores it)
+            "collect": {"settings": dataclasses.asdict(bench.settings), "dataset_kind": bench.dataset_kind,
+                        "warnings": list(bench.warnings), "served": dataclasses.asdict(served)}}
+
+
+def from_plan(doc: Any, run_id: str) -> tuple[planning.BenchPlan, ServedBy]:
+    """The plan and server of a bench run, read back from its plan.json (``job_plan`` as the host
+    wrote it), for a result built after `invoke bench` was interrupted."""
+    part = doc.get("collect") if isinstance(doc, dict) else None
+    if not isinstance(part, dict):
+        raise BenchError(f"Run {run_id}'s plan.json does not hold what its result is built from (missing, damaged, "
+                         "or written by a draftops from before `bench.collect`); its files are in runs/"
+                         f"{run_id}/, and `invoke bench` measures again.")
+    try:
+        served = ServedBy(**part["served"])
+        bench = planning.BenchPlan(engine=served.engine, settings=planning.BenchSettings(**part["settings"]),  # type: ignore[arg-type]
+                                   dataset_kind=part["dataset_kind"], prepare=[], steps=[],
+                                   warnings=[str(w) for w in part["warnings"]])
+    except (KeyError, TypeError) as exc:
+        raise BenchError(f"Run {run_id}'s plan.json cannot be read back ({type(exc).__name__}: {exc}); its files "
+                         f"are in runs/{run_id}/, and `invoke bench` measures again.") from None
+    if served.engine not in SNAPSHOTS:
+        raise BenchError(f"Run {run_id}'s plan.json names engine {served.engine!r}, not one of {sorted(SNAPSHOTS)}.")
+    return bench, served
 
 
 #: the plan reaches the host as one argument of the job's command line, which Linux caps at 128 KiB

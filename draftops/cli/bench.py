@@ -166,13 +166,50 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
     done = run_tool(box, "remote.bench.runner", ["--plan-json", runner.plan_json(bench, served)],
-                    name=f"bench-{name or server.engine}", view=live("window"), task="bench", given=given, env=job_env)
+                    name=f"bench-{name or server.engine}", view=live("window", on_detach=COLLECT_HINT),
+                    task="bench", given=given, env=job_env)
     run_id = done.run_id
     folder = done.folder or project_root(c) / "runs" / run_id
     res = runner.build(run_id=run_id, host=box.name, folder=folder, job=runner.job_plan(bench, served),
                        bench=bench, served=served, job_state=done.state, runner_doc=done.data)
+    _finish(box, res, folder)
+
+
+COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}` builds its result."
+
+
+@task(help={"run_id": "the bench run (`invoke runs` lists them)", "host": HOST_HELP})
+@friendly
+def collect(c: Context, run_id: str, host: str | None = None) -> None:
+    """Finish a bench run whose `invoke bench` was interrupted (Ctrl-C, a dropped link): follow it to its
+    end, bring its folder home and build its result and history row, as `invoke bench` would have."""
+    import json
+
+    from draftops.bench import runner
+    from draftops.tools import follow
+    box = connect(c, host)
+    row = jobs.status(box, run_id)
+    if row.get("task") != "bench":
+        raise BenchError(f"Run {run_id} on host {box.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
+                         "not a bench run; `invoke runs` shows what each run is.")
+    live_states = ("starting", "running")
+    final = follow(box, run_id, live("window", announce=False)) if row.get("state") in live_states else row
+    folder = jobs.pull_run(box, run_id).path
+    try:
+        doc = json.loads((folder / "plan.json").read_text())
+    except (OSError, ValueError):
+        doc = None
+    bench, served = runner.from_plan(doc, run_id)
+    res = runner.build(run_id=run_id, host=box.name, folder=folder, job=doc, bench=bench, served=served,
+                       job_state=final.get("state"))
+    _finish(box, res, folder)
+
+
+def _finish(box: Host, res: Any, folder: Path) -> None:
+    """Write the result into the run's folder, record it in the local history and show it."""
     from draftops.bench import result as bench_result
     from draftops.bench import summary
+    run_id = res.run_id
     bench_result.write(res, folder)
     try:
         history.for_project(box.project_root).record(records.bench_record(

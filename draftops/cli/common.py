@@ -64,9 +64,9 @@ def ensure_code(target: Host) -> None:
     target.synced = True
 
 
-def live(log: LogMode = "print", note: str = "", announce: bool = True) -> LiveJob:
+def live(log: LogMode = "print", note: str = "", announce: bool = True, on_detach: str = "") -> LiveJob:
     """How a task shows the job it follows: the live tail on the task's console (see ``LiveJob``)."""
-    return LiveJob(console, log, note, announce)
+    return LiveJob(console, log, note, announce, on_detach)
 
 
 def adopt_callwide_host(argv: list[str]) -> None:

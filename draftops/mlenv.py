@@ -42,10 +42,16 @@ def plan(host: Host) -> EnvPlan:
     requirements = b""
     if env.requirements:
         path = Path(env.requirements)
-        if not path.is_file():
-            raise InventoryError(f"Host {host.name!r}: env.requirements {path} does not exist; fix the path "
+        what = "is a folder, not a requirements file" if path.is_dir() else "does not exist"
+        read: bytes | None = None
+        try:
+            read = path.read_bytes() if path.is_file() else None
+        except OSError as exc:
+            what = f"cannot be read ({exc.strerror or exc})"
+        if read is None:
+            raise InventoryError(f"Host {host.name!r}: env.requirements {path} {what}; fix the path "
                                  "in hosts.yaml (relative paths are taken from hosts.yaml's folder).")
-        requirements = path.read_bytes()
+        requirements = read
     digest = hashlib.sha256(b"\0".join([env.venv.encode(), env.base_python.encode(),
                                         str(env.system_site_packages).encode(), requirements])).hexdigest()
     python, stored = shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE))

@@ -151,3 +151,14 @@ def test_env_check_reports_an_nvidia_smi_that_hangs_or_cannot_run(tmp_path, monk
     monkeypatch.setattr(envcheck, "NVIDIA_SMI_TIMEOUT_S", 0.5)
     rows = envcheck._nvidia_smi()
     assert rows is not None and len(rows) == 1 and "nvidia-smi" in rows[0]["error"]
+
+
+def test_a_requirements_path_that_is_a_folder_or_missing_is_named_as_such(tmp_path, no_inventory_env):
+    from draftops.errors import InventoryError
+    project = _local_project(tmp_path, str(tmp_path / "venv"), sys.executable)
+    (tmp_path / "reqs.txt").unlink()
+    with pytest.raises(InventoryError, match=r"reqs.txt does not exist; fix the path"):
+        mlenv.plan(open_host(None, project))
+    (tmp_path / "reqs.txt").mkdir()
+    with pytest.raises(InventoryError, match=r"reqs.txt is a folder, not a requirements file; fix the path"):
+        mlenv.plan(open_host(None, project))

@@ -276,6 +276,7 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
     deadline = time.monotonic() + spec.connect_timeout
     delay = 0.5
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        error: BaseException
         try:
             conn.open()
             return
@@ -285,10 +286,15 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
                 f"({exc.expected_key.get_name()}). Someone may be intercepting the connection, or the host "
                 f"was reinstalled; check with its owner, then remove the old line with `ssh-keygen -R` on "
                 f"{spec.known_hosts}.") from None
-        except paramiko.AuthenticationException:
-            raise AuthFailed(
-                f"{who} rejected key {spec.key or '(agent/default keys)'}. Put its .pub into the host's "
-                f"~/.ssh/authorized_keys for user {spec.user!r}, or fix `key:`/`user:` in hosts.yaml.") from None
+        except paramiko.AuthenticationException as exc:
+            if _link_up(conn):
+                raise AuthFailed(
+                    f"{who} rejected key {spec.key or '(agent/default keys)'}. Put its .pub into the host's "
+                    f"~/.ssh/authorized_keys for user {spec.user!r}, or fix `key:`/`user:` in hosts.yaml."
+                ) from None
+            # paramiko says "Authentication failed." for a link that dropped during authentication too
+            error = EOFError(f"the connection closed during authentication ({_reason(exc)}), so the key "
+                             "was neither accepted nor refused")
         except paramiko.SSHException as exc:
             if "known_hosts" in str(exc):
                 raise HostKeyRejected(
@@ -296,7 +302,7 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
                     f"`host_key: strict`. Verify the key and add it (ssh-keyscan -p {spec.port} "
                     f"{spec.address} >> {spec.known_hosts}), or set `host_key: accept-new` to trust it on "
                     "first use.") from None
-            error: BaseException = exc
+            error = exc
         except (NoValidConnectionsError, TimeoutError, OSError, EOFError) as exc:
             error = exc
         conn.close()
@@ -308,6 +314,12 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
                 "are right (try the same with plain ssh).") from None
         time.sleep(delay)
         delay *= 2
+
+
+def _link_up(conn: Connection) -> bool:
+    """Whether ``conn``'s SSH transport is still connected (a host that refuses a key keeps it open)."""
+    transport = conn.client.get_transport()
+    return transport is not None and transport.is_active()
 
 
 def _no_delay(sock: object) -> None:

@@ -316,6 +316,14 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
         delay *= 2
 
 
+def _link_errors() -> tuple[type[BaseException], ...]:
+    """What paramiko raises when the link drops as a channel opens or takes input (EOFError from its
+    packetizer, SSHException "Unable to open channel", OSError "Socket is closed")."""
+    import paramiko
+
+    return (paramiko.SSHException, EOFError, OSError)
+
+
 def _link_up(conn: Connection) -> bool:
     """Whether ``conn``'s SSH transport is still connected (a host that refuses a key keeps it open)."""
     transport = conn.client.get_transport()
@@ -389,7 +397,10 @@ class SSHTransport:
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
         started = time.monotonic()
-        channel = self._channel(command)
+        try:
+            channel = self._channel(command)
+        except _link_errors() as exc:
+            return _checked(CommandResult(command, -1, b"", self._dropped(exc)), self.spec, check)
         channel.settimeout(timeout)
         out, err = bytearray(), bytearray()
 
@@ -402,9 +413,14 @@ class SSHTransport:
         reader.start()
         try:
             data = input or b""
-            for start in range(0, len(data), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
-                channel.sendall(data[start:start + SEND_CHUNK])
-            channel.shutdown_write()
+            try:
+                for start in range(0, len(data), SEND_CHUNK):   # one big sendall is O(n^2) in paramiko
+                    channel.sendall(data[start:start + SEND_CHUNK])
+                channel.shutdown_write()
+            except TimeoutError:
+                raise
+            except _link_errors():   # it ended without reading all of it, or the link dropped: its exit says
+                pass
             while chunk := channel.recv(1 << 16):
                 out += chunk
             reader.join(timeout)
@@ -414,10 +430,15 @@ class SSHTransport:
         finally:
             channel.close()
             timing.ran(command, time.monotonic() - started)
+        if code == -1 and not self._up():
+            err += self._dropped(None)
         return _checked(CommandResult(command, code, bytes(out), bytes(err)), self.spec, check)
 
     def stream(self, command: str, on_output: Callable[[bytes], None]) -> int:
-        channel = self._channel(command)
+        try:
+            channel = self._channel(command)
+        except _link_errors():
+            return -1                    # the caller says the stream ended early (jobs.follow: how to re-attach)
         channel.set_combine_stderr(True)
         channel.shutdown_write()
         try:
@@ -426,6 +447,17 @@ class SSHTransport:
             return channel.recv_exit_status()
         finally:
             channel.close()
+
+    def _up(self) -> bool:
+        transport = self.connection.transport
+        return transport is not None and transport.is_active()
+
+    def _dropped(self, exc: BaseException | None) -> bytes:
+        """What a command whose link dropped says on stderr (exit -1: no exit status came back)."""
+        when = (f"as the command was being started ({_reason(exc)})" if exc
+                else "before the command's exit status came back")
+        return (f"\ndraftops: the SSH connection to {self.spec.describe()} dropped {when}; "
+                "the next call connects again\n").encode()
 
     def put(self, local: Path, remote: str) -> None:
         self.connection.put(str(local), remote)

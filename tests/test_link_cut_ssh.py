@@ -12,7 +12,8 @@ import pytest
 from draftops.connection import SSHTransport
 from draftops.errors import AuthFailed, DraftopsError
 from draftops.inventory import HostSpec
-from tests.conftest import ssh_entry
+from tests.conftest import REPO, ssh_entry
+from tests.test_env_ssh import invoke
 
 pytestmark = pytest.mark.ssh
 
@@ -82,7 +83,7 @@ def cut_proxy(sshd) -> Iterator[type[CutProxy]]:
         proxy.close()
 
 
-@pytest.mark.parametrize("cut_at", range(2, 7))   # the handshake, then authentication
+@pytest.mark.parametrize("cut_at", range(2, 12))
 def test_a_link_cut_anywhere_in_a_call_is_one_paragraph_not_a_traceback_or_a_rejected_key(
         sshd, cut_proxy, tmp_path, cut_at):
     proxy = cut_proxy(cut_at)
@@ -99,3 +100,13 @@ def test_a_link_cut_anywhere_in_a_call_is_one_paragraph_not_a_traceback_or_a_rej
     # the connection may also drop after the command ran: no exit status came back, and it says so
     assert result.exit_code == -1 and b"dropped" in result.stderr, (result.exit_code, result.stderr[-300:])
 
+
+def test_invoke_through_a_link_that_drops_as_the_channel_opens_has_no_traceback(
+        make_project, sshd, cut_proxy, tmp_path, no_inventory_env):
+    proxy = cut_proxy(7)       # past authentication, as the first command's channel opens
+    project = make_project({"box": ssh_entry(sshd, tmp_path, port=proxy.port, connect_timeout=2)}, "box")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    done = invoke(project, "runs", env={"DRAFTOPS_PERSIST": "0"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "error: Host 'box'" in done.stderr, done.stderr
+    assert "dropped" in done.stderr, done.stderr

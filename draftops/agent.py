@@ -402,6 +402,10 @@ class AgentClient:
             message = text
         elif cls is SyncRefused:
             message = text.rstrip(".") + "."
+        elif code == -1:        # no exit status came back: the link dropped (the boot too: python was not at fault)
+            message = (f"the connection dropped during `{what}`, before its answer came back"
+                       f"{': ' + text if text else ''}. Run the command again; a call that changes the host "
+                       "(a sync, a job start) may have been done: `invoke runs` shows the jobs there.")
         elif known is Exit.NO_PYTHON or (unprepared and known is not Exit.USAGE):
             message = (f"could not start {self.python} there (exit {code}): {text[-500:]}. draftops needs a "
                        "python3 on the host's PATH for its own bookkeeping.")

@@ -110,3 +110,15 @@ def test_invoke_through_a_link_that_drops_as_the_channel_opens_has_no_traceback(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "error: Host 'box'" in done.stderr, done.stderr
     assert "dropped" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("cut_at", [7, 10])   # as the boot's channel opens; after it started
+def test_a_boot_cut_off_by_the_link_is_not_called_a_missing_python(
+        make_project, sshd, cut_proxy, tmp_path, no_inventory_env, cut_at):
+    proxy = cut_proxy(cut_at)
+    project = make_project({"box": ssh_entry(sshd, tmp_path, port=proxy.port, connect_timeout=2)}, "box")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    done = invoke(project, "runs", env={"DRAFTOPS_PERSIST": "0"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "needs a python3" not in done.stderr and "could not start" not in done.stderr, done.stderr
+    assert "dropped" in done.stderr and "invoke runs" in done.stderr, done.stderr

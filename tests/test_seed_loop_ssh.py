@@ -26,7 +26,7 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
     shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")
     first = invoke(project, "sync", "test-drafter")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "MISMATCH" in first.stdout
+    assert "MISMATCH" in first.stdout and "--from-report" in first.stdout
     run_dir = next((project / "runs").glob("*-test-drafter-*"))
     report = json.loads((run_dir / "report.json").read_text())
     verdict = report["verdict"]
@@ -52,3 +52,5 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
                        "--verifier", str(host_demo / "target"))
         assert again.returncode == 0, again.stdout + again.stderr
         assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout, (fmt, again.stdout)
+        # draft-config refuses a MATCH report (nothing to rewrite): the fix hint is not shown for one
+        assert "fix it with" not in again.stdout and "--from-report" not in again.stdout, again.stdout

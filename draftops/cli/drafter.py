@@ -47,7 +47,10 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
         from draftops import report  # rich panels: imported when there is a report to show
 
         report.show(done.data, console)
-        console.print(f"[dim]report: {done.result_file}  (fix it with `invoke draft-config --ckpt "
-                      f"{escape(shlex.quote(ckpt or 'demo'))} --from-report {done.run_id}`)[/]")
+        verdict = done.data.get("verdict")
+        fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
+        fix = (f"  (fix it with `invoke draft-config --ckpt {escape(shlex.quote(ckpt or 'demo'))} --from-report "
+               f"{done.run_id}`)") if fixable else ""   # draft-config refuses a report without a fix
+        console.print(f"[dim]report: {done.result_file}{fix}[/]")
     record_test_drafter(target, done, given)
     done.check()

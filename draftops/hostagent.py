@@ -1384,13 +1384,20 @@ def cmd_runs(runs_dir, ids=None):
     _out({"runs": rows})
 
 
+def _named_by_time(name):
+    """Whether ``name`` starts as draftops.jobs.new_run_id names runs: ``YYYYmmdd-HHMMSS-``."""
+    return name[:8].isdigit() and name[8:9] == "-" and name[9:15].isdigit() and name[15:16] == "-"
+
+
 def cmd_recent(runs_dir, count):
     """The last ``count`` runs by id (an id starts with its start time) and how many runs there are:
     `invoke runs` shows the end of a long history without reading every run's status."""
     count = int(count)
     names = []
     if os.path.isdir(runs_dir):
-        for name in sorted(os.listdir(runs_dir)):
+        # a folder not named as draftops names runs (by the time it started) is counted as the oldest:
+        # it would otherwise sort after every run and always take a place among "the last N"
+        for name in sorted(os.listdir(runs_dir), key=lambda n: (_named_by_time(n), n)):
             try:
                 if stat.S_ISDIR(os.lstat(os.path.join(runs_dir, name)).st_mode):
                     names.append(name)

@@ -68,7 +68,8 @@ class Standby:
             self.ready.set()
         except (OSError, TimeoutError) as exc:
             self.failed = True
-            log(f"a standby agent did not start: {exc}")
+            reason = str(exc) or f"{type(exc).__name__}: no ready line within {STANDBY_START_S:.0f} s"
+            log(f"a standby agent did not start: {reason}")
             self.channel.close()
         finally:
             self.settled.set()

@@ -298,7 +298,7 @@ def _agent(host: Host, call: Callable[[], T]) -> T:
     except (SyncError, RootError):      # a refusal, or the root itself: the host's own one paragraph
         raise
     except (RemoteError, *link_errors) as exc:
-        raise SyncError(f"Host {host.name!r}: sync failed: {exc or type(exc).__name__}. The files on the host "
+        raise SyncError(f"Host {host.name!r}: sync failed: {str(exc) or type(exc).__name__}. The files on the host "
                         "were left as they were (or fully updated, if the failure came after the transfer); "
                         "run `invoke sync` again.") from exc
 

@@ -43,16 +43,17 @@ def project(make_project, no_inventory_env, tmp_path) -> Path:
         fake_run(runs_dir, run_id)
     (runs_dir / "a-link").symlink_to(runs_dir / IDS[0])          # never a run, and not counted
     (runs_dir / "stray-file").write_text("x")
+    (runs_dir / "zz-not-a-run-id").mkdir()        # counted as the oldest, not as the newest run
     return root
 
 
 def test_agent_recent_reads_the_last_runs_and_counts_all(project: Path, tmp_path: Path) -> None:
     agent = open_host(None, project).agent
     rows, total = agent.recent(2)
-    assert [r["id"] for r in rows] == IDS[-2:] and total == len(IDS)
+    assert [r["id"] for r in rows] == IDS[-2:] and total == len(IDS) + 1
     assert all(r["state"] == "succeeded" for r in rows)
     rows, total = agent.recent(100)
-    assert [r["id"] for r in rows] == IDS and total == len(IDS)
+    assert [r["id"] for r in rows] == ["zz-not-a-run-id", *IDS] and total == len(IDS) + 1
 
 
 def test_agent_recent_on_a_host_without_runs(make_project, no_inventory_env, tmp_path: Path) -> None:
@@ -64,7 +65,7 @@ def test_runs_last_all_and_the_note_of_what_was_left_out(project: Path) -> None:
     two = invoke(project, "runs", "--last", "2")
     assert two.returncode == 0, two.stderr
     assert [i for i in IDS if i in two.stdout] == IDS[-2:]
-    assert "3 earlier run(s) not shown" in two.stderr and "--all" in two.stderr
+    assert "4 earlier run(s) not shown" in two.stderr and "--all" in two.stderr
     every = invoke(project, "runs", "--all")
     assert every.returncode == 0 and all(i in every.stdout for i in IDS) and "not shown" not in every.stderr
     default = invoke(project, "runs")                   # 5 runs: fewer than the default bound

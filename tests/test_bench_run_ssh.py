@@ -121,7 +121,9 @@ def test_an_interrupted_bench_is_finished_by_bench_collect(project, tmp_path):  
     env.pop("DRAFTOPS_HOST", None)
     bench = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--prompts", "5", "--repeats", "2",
                               "--output-len", "16", "--dataset", prompts_file(tmp_path)], cwd=root, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             # Ctrl-C as from a terminal, also when the suite runs with SIGINT ignored
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     runs = tmp_path / "locroot" / "runs"
     deadline, status = time.monotonic() + 60, None
     while time.monotonic() < deadline and status is None:

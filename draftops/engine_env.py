@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from draftops.errors import EngineError
 from draftops.host import Host
 from draftops.jobs import shell_path
+from draftops.mlenv import stored_hash
 from remote import exitcodes
 
 if TYPE_CHECKING:
@@ -171,9 +172,7 @@ def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
     base = _base_python(host.spec)
     digest = content_hash(rec, chosen, base)
     v = shell_path(chosen)
-    text = host.transport.run(f"[ -x {v}/bin/python ] && {{ printf '\\n%s' {PROBE_MARK.strip()}; "
-                              f"cat {v}/{HASH_FILE}; }} 2>/dev/null || true").text
-    current = text.rpartition(PROBE_MARK.strip())[2].strip() if PROBE_MARK.strip() in text else ""   # past a banner
+    current = stored_hash(host, f"{v}/bin/python", f"{v}/{HASH_FILE}")
     return EnginePlan(rec, chosen, base, digest, current == digest)
 
 

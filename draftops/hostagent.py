@@ -428,7 +428,7 @@ def _listing(fd):
         return sorted(e.name for e in entries if e.name != PYCACHE or not e.is_dir(follow_symlinks=False))
 
 
-def _cached_sha(old, key):
+def cached_sha(old, key):
     """The stored hash if ``old`` is a well-formed cache entry for ``key`` ([key, sha256 hex]); None for
     any other shape (a disk error or an edit may leave anything in the file): the file is hashed."""
     if isinstance(old, list) and len(old) == 2 and old[0] == key and isinstance(old[1], str) and len(old[1]) == 64:
@@ -471,7 +471,7 @@ def _scan(code_fd, cache):
                     manifest[rel] = ["l", os.readlink(name, dir_fd=fd), 0]
                 elif stat.S_ISREG(st.st_mode):
                     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                    sha = _cached_sha(cache.get(rel), key) or _sha256_at(fd, name)
+                    sha = cached_sha(cache.get(rel), key) or _sha256_at(fd, name)
                     new_cache[rel] = [key, sha]
                     manifest[rel] = ["f", sha, st.st_mode & 0o777]
                 else:

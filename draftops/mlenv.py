@@ -54,12 +54,17 @@ def plan(host: Host) -> EnvPlan:
         requirements = read
     digest = hashlib.sha256(b"\0".join([env.venv.encode(), env.base_python.encode(),
                                         str(env.system_site_packages).encode(), requirements])).hexdigest()
-    python, stored = shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE))
-    # the marker: a host whose shell start-up files print (a banner) must still read as current
-    probe = f"[ -x {python} ] && {{ printf '\\n%s' {HASH_MARK}; cat {stored}; }} 2>/dev/null || true"
-    text = host.transport.run(probe).text
-    current = text.rpartition(HASH_MARK)[2].strip() if HASH_MARK in text else ""
+    current = stored_hash(host, shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE)))
     return EnvPlan(env.venv, digest, requirements, current == digest)
+
+
+def stored_hash(host: Host, python: str, hash_file: str) -> str:
+    """The install hash a venv keeps in ``hash_file`` when its ``python`` exists (both shell-quoted), else
+    "". A marker comes before it: a host whose shell start-up files print (a banner) still reads as
+    current."""
+    probe = f"[ -x {python} ] && {{ printf '\\n%s' {HASH_MARK}; cat {hash_file}; }} 2>/dev/null || true"
+    text = host.transport.run(probe).text
+    return text.rpartition(HASH_MARK)[2].strip() if HASH_MARK in text else ""
 
 
 def _in_venv(venv: str, rel: str) -> str:

@@ -25,7 +25,7 @@ from draftops import timing
 from draftops.agent import ApplyResult, Entry, Manifest
 from draftops.errors import RemoteError, RootError, SyncError
 from draftops.host import Host, host_cache_file
-from draftops.hostagent import OWNER_MARK, SYNC_META
+from draftops.hostagent import OWNER_MARK, SYNC_META, cached_sha
 from draftops.hostagent import digest as tree_digest
 from remote.fileio import atomic_write_bytes
 
@@ -153,14 +153,6 @@ def sync_roots(project_root: Path, paths: list[str]) -> list[str]:
             if not any(other != top and (other == "." or top.startswith(other + "/")) for other in unique)]
 
 
-def _cached_sha(old: object, key: list[int]) -> str | None:
-    """The stored hash if ``old`` is a well-formed cache entry for ``key`` ([key, sha256 hex]); None for
-    any other shape (a disk error or an edit may leave anything in the file): the file is hashed."""
-    if isinstance(old, list) and len(old) == 2 and old[0] == key and isinstance(old[1], str) and len(old[1]) == 64:
-        return old[1]
-    return None
-
-
 def _local_entry(path: str, rel: str, cache: dict[str, list], new_cache: dict[str, list]) -> Entry:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
@@ -169,7 +161,7 @@ def _local_entry(path: str, rel: str, cache: dict[str, list], new_cache: dict[st
         raise SyncError(f"Cannot sync {path}: it is not a regular file, folder or symbolic link (a FIFO, "
                         "socket or device), so it cannot be copied; remove it or list it in .gitignore.")
     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    sha = _cached_sha(cache.get(rel), key) or _hash_file(path)
+    sha = cached_sha(cache.get(rel), key) or _hash_file(path)
     new_cache[rel] = [key, sha]
     return ("f", sha, st.st_mode & 0o777)
 

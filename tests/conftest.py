@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,21 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
 def no_inventory_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DRAFTOPS_HOST", raising=False)
     monkeypatch.delenv("DRAFTOPS_INVENTORY", raising=False)
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """``path`` as a tmpfs of ``size`` (``64k``, ``1m``) for full-disk tests, unmounted afterwards; the
+    test is skipped where mounting is not allowed (it needs root with CAP_SYS_ADMIN, as in CI)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 def recorded_commands(host: Any) -> list[str]:

@@ -374,18 +374,10 @@ def test_a_result_with_nan_or_inf_is_refused_naming_the_field(tmp_path: Path, li
 @pytest.fixture
 def full_disk(tmp_path: Path):
     """A 64 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN), nearly filled."""
-    import subprocess
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
-                             text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
-    try:
+    from tests.conftest import small_tmpfs
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
         (disk / "filler").write_bytes(b"x" * (40 * 1024))      # compare.json fits, the chart does not
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_a_full_disk_while_writing_the_comparison_is_one_paragraph(full_disk: Path, hist: History) -> None:

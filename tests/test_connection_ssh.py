@@ -15,7 +15,7 @@ from draftops import jobs
 from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RootError
 from draftops.host import open_host
 from draftops.sync import sync
-from tests.conftest import REPO, ssh_entry
+from tests.conftest import REPO, small_tmpfs, ssh_entry
 from tests.sshd import free_port, keygen
 from tests.test_env_ssh import invoke
 
@@ -221,17 +221,9 @@ def test_a_root_on_a_full_disk_says_to_free_space_not_to_fix_root(make_project, 
     """The agent cannot be installed on a full disk: that was "not writable: No space left on device.
     Fix `root:` in hosts.yaml.", the wrong fix for a root that is right; and `invoke sync` wrapped it
     again ("sync failed: Host 'box' (...): ... hosts.yaml.. The files on the host were ...")."""
-    import subprocess
-
     from draftops.sync import sync
 
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
-    try:
+    with small_tmpfs(tmp_path / "small", "64k") as disk:
         project = make_project({"box": ssh_entry(sshd, tmp_path, root=str(disk / "draftops"))}, "box")
         with pytest.raises(RootError) as err:
             open_host(None, project, prepare=True)
@@ -240,8 +232,6 @@ def test_a_root_on_a_full_disk_says_to_free_space_not_to_fix_root(make_project, 
         with pytest.raises(RootError) as err:
             sync(open_host(None, project))
         assert str(err.value) == text
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 # --- R7: jump chains ---------------------------------------------------------------------------

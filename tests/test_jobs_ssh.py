@@ -14,7 +14,7 @@ from draftops import host as host_module
 from draftops import hostagent, jobs
 from draftops.errors import JobError
 from draftops.host import open_host
-from tests.conftest import ssh_entry
+from tests.conftest import small_tmpfs, ssh_entry
 
 pytestmark = pytest.mark.ssh
 
@@ -255,17 +255,11 @@ def test_result_events_while_running_show_as_the_outcome_before_the_end(project)
 def full_runs(project):
     """``<root>/runs`` on the host is a 64 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN)."""
     host = open_host(None, project)
-    runs = Path(host.runs_dir)
-    runs.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
-    try:
-        yield project
-    finally:
-        host_module.close_all()
-        subprocess.run(["umount", "-l", str(runs)], check=True)
+    with small_tmpfs(Path(host.runs_dir), "64k"):
+        try:
+            yield project
+        finally:
+            host_module.close_all()
 
 
 def test_a_job_that_fills_the_disk_is_recorded_failed_with_its_outcome_not_dead(full_runs):

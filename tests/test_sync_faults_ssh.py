@@ -19,7 +19,7 @@ from draftops import jobs
 from draftops.errors import SyncError
 from draftops.host import Host, open_host
 from draftops.sync import local_manifest, sync, sync_roots
-from tests.conftest import REPO, ssh_entry
+from tests.conftest import REPO, small_tmpfs, ssh_entry
 
 pytestmark = pytest.mark.ssh
 
@@ -184,17 +184,11 @@ def small_disk(request, make_project, sshd, tmp_path, no_inventory_env):
     """A box whose whole root, or only <root>/code, is a 1 MiB tmpfs (mounting needs root with
     CAP_SYS_ADMIN, as in CI's container)."""
     project = make_project({"box": ssh_entry(sshd, tmp_path)}, default="box", files=FILES)
-    mount_point = tmp_path / "hostroot" / ("code" if request.param == "code" else "")
-    mount_point.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the full-disk test needs root")
-    try:
-        yield project
-    finally:
-        host_module.close_all()
-        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    with small_tmpfs(tmp_path / "hostroot" / ("code" if request.param == "code" else ""), "1m"):
+        try:
+            yield project
+        finally:
+            host_module.close_all()
 
 
 def test_full_disk_recovers_when_pending_deletions_free_the_space(small_disk):

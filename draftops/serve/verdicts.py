@@ -1,10 +1,10 @@
 """The latest `invoke test-drafter` verdict for a draft, from the reports pulled into ``runs/`` here."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from remote import jsonread
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,10 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
         if not path.is_file():
             continue
         try:
-            doc: dict[str, Any] = json.loads(path.read_text())
+            doc = jsonread.loads(path.read_text())
         except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict):
             continue
         ckpt = (doc.get("checkpoint") or {}).get("path")
         verdict = doc.get("verdict") or {}

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from .. import jsonread
+
 PREFIX = "sha256:"
 LENGTH = 16
 
@@ -18,7 +20,7 @@ LENGTH = 16
 def config_digest(data: bytes) -> str:
     """``sha256:<16 hex>`` of the canonical JSON of a draft config (or of the raw bytes)."""
     try:
-        canonical = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":"),
+        canonical = json.dumps(jsonread.loads(data), sort_keys=True, separators=(",", ":"),
                                ensure_ascii=False).encode()
     except (ValueError, UnicodeDecodeError):
         canonical = data

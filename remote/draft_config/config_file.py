@@ -6,11 +6,11 @@ enter and leave in SGLang's output-of-layer convention; ``to_file`` converts for
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import jsonread
 from ..eagle import convention, formats
 from ..eagle.formats import EAGLE_CONFIG, FLAT, IDS_KEY, is_int
 from .errors import ConfigFormatError
@@ -51,7 +51,7 @@ class DraftConfig:
 
     def with_ids(self, sglang_ids: list[int]) -> dict[str, Any]:
         """A copy of the config with the ids replaced (key order kept)."""
-        data = json.loads(self.raw)
+        data = jsonread.loads(self.raw)
         written = self.to_file(sglang_ids)
         if self.format == FLAT:
             eagle = data.get(EAGLE_CONFIG)
@@ -98,7 +98,7 @@ def load(ckpt: Path) -> DraftConfig:
     path = ckpt if ckpt.is_file() else ckpt / "config.json"
     try:
         raw = path.read_bytes()
-        data = json.loads(raw)
+        data = jsonread.loads(raw)
     except (OSError, ValueError) as exc:
         raise ConfigFormatError(
             f"Cannot read the draft config {path} ({exc}). Pass --ckpt the checkpoint folder that "

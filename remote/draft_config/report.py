@@ -5,10 +5,10 @@ The report's top-level ``verdict`` carries ``status`` ("MATCH" / "MISMATCH"), ``
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import jsonread
 from .errors import ReportError
 
 
@@ -24,7 +24,7 @@ class ReportFix:
 def read_fix(path: Path) -> ReportFix:
     """The fix in the report at ``path``; a report without one is refused."""
     try:
-        data = json.loads(path.read_text())
+        data = jsonread.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ReportError(f"Cannot read the drafter report {path} ({exc}).") from exc
     verdict = data.get("verdict") if isinstance(data, dict) else None

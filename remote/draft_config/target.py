@@ -1,11 +1,11 @@
 """What the rewriter needs from the target model's config: layer count, width, architecture."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import jsonread
 from .errors import ConfigFormatError
 
 #: nested configs of multimodal wrappers (Kimi K2.5 keeps DeepSeek's config in text_config)
@@ -28,7 +28,7 @@ def load_target(path: Path) -> TargetInfo:
     """Read the target's config.json (``path`` is the model folder or the file itself)."""
     config = path if path.is_file() else path / "config.json"
     try:
-        data = json.loads(config.read_text())
+        data = jsonread.loads(config.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigFormatError(
             f"Cannot read the target config {config} ({exc}). Pass --target the target model "

@@ -9,7 +9,6 @@ through ``exitcodes.run``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import events, exitcodes
+from .. import events, exitcodes, jsonread
 from .demo import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
@@ -75,7 +74,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         ckpt, data = paths.draft, paths.data
         verifier = verifier or paths.target
         if expected is None:
-            expected = json.loads((paths.root / MARKER).read_text()).get("val_full_acc_0")
+            expected = jsonread.loads((paths.root / MARKER).read_text()).get("val_full_acc_0")
     elif ckpt is None or data is None:
         parser.error("eval: give both --ckpt and --data, or neither (to run the demo)")
     return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,

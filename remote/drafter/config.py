@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import jsonread
 from ..eagle import convention, formats
 from ..eagle.formats import EAGLE_CONFIG, IDS_KEY, LAYER_CONFIG, SPECULATORS
 from .errors import ConfigError, UnsupportedError
@@ -82,7 +83,7 @@ def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any
 def json_object(file: Path, what: str, fix: str) -> dict[str, Any]:
     """The JSON object in ``file``; anything else (unreadable, not JSON, a list) is a ConfigError."""
     try:
-        cfg = json.loads(file.read_text())
+        cfg = jsonread.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{what} is not valid JSON ({exc})", path=file, fix=fix) from exc
     if not isinstance(cfg, dict):

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .. import events
+from .. import events, jsonread
 from ..bench import demo_prompts
 from ..eagle import convention
 from ..eagle.formats import EAGLE_CONFIG, FLAT, IDS_KEY, SPECULATORS
@@ -110,7 +110,7 @@ def serve_info(spec: DemoSpec = DemoSpec()) -> dict[str, Any]:
 def read_serve_info(root: str | Path) -> dict[str, Any]:
     """SERVE.json of a complete demo, with the folders made absolute (``*_path`` keys)."""
     root = Path(root)
-    info = json.loads((root / SERVE_INFO).read_text())
+    info = jsonread.loads((root / SERVE_INFO).read_text())
     for key in ("target", "tokenizer", "draft", "draft_buggy", "draft_flat_buggy"):
         info[f"{key}_path"] = str((root / info[key]).resolve())
     return info

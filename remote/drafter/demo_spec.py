@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import exitcodes
+from .. import exitcodes, jsonread
 
 DEMO_VERSION = 3  # 2: speculators-format ids in the vLLM convention; 3: a standard, servable target
 MARKER = "DEMO.json"
@@ -101,7 +101,7 @@ def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
     """True when ``out`` holds a finished demo of this version and these parameters."""
     marker = Path(out) / MARKER
     try:
-        meta = json.loads(marker.read_text())
+        meta = jsonread.loads(marker.read_text())
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)

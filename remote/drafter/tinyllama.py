@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from .. import jsonread
 from . import layers, rope
 from .errors import ConfigError, MissingTensorError
 from .layers import AttnShape, KVCache, Weights
@@ -259,7 +260,7 @@ def load(folder: str | Path) -> tuple[TinyConfig, Weights]:
     folder = Path(folder)
     file = folder / "config.json"
     try:
-        raw = json.loads(file.read_text())
+        raw = jsonread.loads(file.read_text())
     except OSError as exc:
         raise ConfigError(f"Cannot read the target config ({exc.strerror})", path=file,
                           fix="pass the target model folder (config.json + safetensors)") from exc

@@ -10,11 +10,12 @@ tells how many aux hidden states (A) the draft was trained on, whatever its conf
 """
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .. import jsonread
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -58,8 +59,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
                                   expected=f"header of {n} bytes within the file", found=f"{size} bytes",
                                   fix=f"{_RECOPY}; it is truncated or not a safetensors file")
             raw = f.read(n)
-        header = json.loads(raw)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = jsonread.loads(raw)
+    except (OSError, ValueError) as exc:         # JSONDecodeError, jsonread.TooDeep, UnicodeDecodeError
         raise HeaderError(f"The safetensors header cannot be parsed ({exc})", path,
                           fix=f"{_RECOPY}; its header is damaged") from exc
     if not isinstance(header, dict):
@@ -86,7 +87,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
 def index_map(index: Path) -> dict[str, str]:
     """``weight_map`` of a shard index (tensor -> file name); HeaderError when unreadable."""
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = jsonread.loads(index.read_text())["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
         return {str(k): str(v) for k, v in weight_map.items()}

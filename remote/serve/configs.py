@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from .. import distinfo
+from .. import distinfo, jsonread
 from ..draft_config.capture import capture_status
 from ..draft_config.errors import ConfigFormatError
 from ..draft_config.target import TargetInfo, load_target
@@ -46,7 +45,7 @@ def draft_facts(engine: str, draft: Path, target: TargetInfo | None) -> dict[str
     path = draft if draft.is_file() else draft / "config.json"
     facts: dict[str, Any] = {"path": str(draft), "config": str(path), "error": None}
     try:
-        data = json.loads(path.read_text())
+        data = jsonread.loads(path.read_text())
     except (OSError, ValueError) as exc:
         facts["error"] = f"cannot read the draft config {path} ({exc})"
         return facts

@@ -25,6 +25,13 @@ def _label(cmp: Comparison, which: str) -> str:
     return f"{which.upper()}: {res.mode}\n{run[:60]}".replace("$", "\\$")
 
 
+def title(cmp: Comparison) -> str:
+    """The throughput panel's title: a ratio inside the repeats' spread is no speed-up."""
+    if cmp.speedup is None:
+        return "output throughput"
+    return "no measurable difference" if cmp.within_noise else f"speedup ×{cmp.speedup:.2f}"
+
+
 def draw(cmp: Comparison, path: Path) -> Path:
     """Write the chart to ``path`` (PNG) and return it."""
     fig = Figure(figsize=(9, 4), dpi=100)
@@ -41,8 +48,7 @@ def draw(cmp: Comparison, path: Path) -> Path:
              for m, r in zip(medians, runs, strict=True)]
     tput.bar(labels, medians, yerr=[lows, highs], capsize=6, color=[COLOURS[r.mode] for r in runs])
     tput.set_ylabel("output tok/s (median, range of repeats)")
-    title = f"speedup ×{cmp.speedup:.2f}" if cmp.speedup is not None else "output throughput"
-    tput.set_title(title)
+    tput.set_title(title(cmp))
     width = 0.38
     xs = [0.0, 1.0]
     measured = [r.accept_length.value if r.accept_length and r.accept_length.value is not None else 0.0

@@ -9,6 +9,7 @@ case the server faithfully runs a wrong config and the fix is ``draft-config --f
 """
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -55,6 +56,20 @@ class Comparison:
     rows: list[dict[str, Any]] = field(default_factory=list)
     speedup: float | None = None
     tolerance: float = TOLERANCE
+    noise: float | None = None        # the larger spread of the two runs' repeats (a fraction)
+
+    @property
+    def within_noise(self) -> bool:
+        """The throughput difference is inside the repeats' spread: no measurable difference."""
+        return self.speedup is not None and self.noise is not None and abs(self.speedup - 1) <= self.noise
+
+    def speed_text(self) -> str:
+        """The speed ratio as the table and the chart title say it: never "faster" inside the noise."""
+        if self.speedup is None:
+            return "—"
+        if self.within_noise:
+            return f"no measurable difference (×{self.speedup:.2f}, within the repeats' {self.noise:.0%} spread)"
+        return f"×{self.speedup:.2f}"
 
     @property
     def headline(self) -> Finding | None:
@@ -63,6 +78,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "draftops.bench-compare/1", "a": self.a.run_id, "b": self.b.run_id,
                 "modes": [self.a.mode, self.b.mode], "speedup": self.speedup, "tolerance": self.tolerance,
+                "noise": self.noise, "within_noise": self.within_noise,
                 "predictions": {k: asdict(v) if v else None for k, v in self.predictions.items()},
                 "rows": self.rows, "findings": [asdict(f) for f in self.findings]}
 
@@ -126,10 +142,34 @@ def find_prediction(history: History, result: BenchResult) -> Prediction | None:
         for r in runs:
             if r.draft == draft.path and _ints(r.metrics.get(key)) == draft.layer_ids:
                 found = make(r, "best", f"test-drafter run {r.run_id} recommended the layer ids now served "
-                                        f"({draft.layer_ids}); this is its prediction for them")
+                                        f"({ids_text(draft.layer_ids, draft.layer_id_convention)}); this is "
+                                        "its prediction for them")
                 if found:
                     return found
     return None
+
+
+def current_config(history: History, result: BenchResult) -> tuple[str, str] | None:
+    """(digest, run id) of the newest run of this host that recorded the served draft's config digest
+    (a serve, bench or test-drafter run): what the draft's config is now, as far as this project saw."""
+    draft = result.draft
+    if draft is None or not draft.path:
+        return None
+    for r in history.query(host=result.host.name, draft=draft.path):
+        if r.draft == draft.path and r.draft_digest and r.kind != "compare":
+            return r.draft_digest, r.run_id
+    return None
+
+
+def ids_text(ids: list[int] | None, convention: str | None) -> str:
+    """Layer ids with the engine convention they are written in: SGLang's and vLLM's differ by one."""
+    if ids is None:
+        return "—"
+    if convention == "vllm":
+        return f"{ids} (vLLM ids: 0 = embedding)"
+    if convention == "sglang":
+        return f"{ids} (SGLang ids: -1 = embedding)"
+    return f"{ids} (convention unknown)"
 
 
 # --- findings ------------------------------------------------------------------------------------
@@ -151,10 +191,11 @@ def _wiring_hint(res: BenchResult) -> str:
             "config holds them in")
 
 
-def _accept_findings(label: str, res: BenchResult, pred: Prediction | None, tol: float) -> list[Finding]:
+def _accept_findings(label: str, res: BenchResult, pred: Prediction | None, tol: float,
+                     current: tuple[str, str] | None = None) -> list[Finding]:
     acc = _accept(res)
     steps = res.steps
-    ckpt = res.draft.path if res.draft else "CKPT"
+    ckpt = shlex.quote(res.draft.path) if res.draft else "CKPT"
     if acc is None:
         return [Finding("warn", "no-accept-length",
                         f"{label} has no measured accept length. SGLang reports it only at decode-log time: "
@@ -181,17 +222,33 @@ def _accept_findings(label: str, res: BenchResult, pred: Prediction | None, tol:
                         "the two numbers do not describe the same text: bench with prompts like the draft's data.")]
     if (pred.role == "served" and pred.status == "MISMATCH" and pred.best is not None
             and pred.best > pred.value * (1 + tol)):
-        fix = f"layer ids {pred.fix_layer_ids}" if pred.fix_layer_ids is not None else "its recommended ids"
-        return [Finding("bad", "config-wrong",
-                        f"{label} measured accept length {acc:.2f}, as {source} predicted for this config "
-                        f"({pred.value:.2f}): the server runs exactly what the config says, and the config is "
-                        f"wrong. test-drafter says MISMATCH; with {fix} it predicts {pred.best:.2f}. Run "
-                        f"`invoke draft-config --ckpt {ckpt} --from-report {pred.run_id}`, serve again and bench.")]
+        return [_config_wrong(label, res, pred, acc, current)]
     return [Finding("good", "draft-limit",
                     f"{label} measured accept length {acc:.2f}, within {tol:.0%} of the {pred.value:.2f} "
                     f"{source} predicts{' for its recommended ids' if pred.role == 'best' else ''}: the wiring is "
                     "right, and the draft itself is the limit. A longer accept length needs a better draft "
                     "(more or closer training data, more TTT steps), not a serving fix.")]
+
+
+def _config_wrong(label: str, res: BenchResult, pred: Prediction, acc: float,
+                  current: tuple[str, str] | None) -> Finding:
+    """The run measured what test-drafter predicted for a config it called wrong. The advice depends
+    on whether the draft still has that config: once it changed (draft-config ran), telling this
+    run's user to run draft-config again is stale advice."""
+    fix = ids_text(pred.fix_layer_ids, "sglang") if pred.fix_layer_ids is not None else "its recommended ids"
+    ckpt = shlex.quote(res.draft.path) if res.draft else "CKPT"
+    said = (f"{label} measured accept length {acc:.2f}, as test-drafter run {pred.run_id} predicted for the "
+            f"config it served ({pred.value:.2f}); test-drafter says that config is wrong (MISMATCH) and "
+            f"predicts {pred.best:.2f} with {fix}.")
+    digest = res.draft.digest if res.draft else None
+    if current is not None and digest and current[0] != digest:
+        return Finding("info", "config-changed",
+                       f"{said} The draft's config has changed since this run (digest {digest} then, "
+                       f"{current[0]} in run {current[1]}): this run describes the config before the change. "
+                       "Bench the current config to measure the change.")
+    return Finding("bad", "config-wrong",
+                   f"{said} The server runs exactly what the config says, and the config is wrong. Run "
+                   f"`invoke draft-config --ckpt {ckpt} --from-report {pred.run_id}`, serve again and bench.")
 
 
 def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[Finding]) -> tuple[list[Finding],
@@ -200,6 +257,13 @@ def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[F
     if ta.median is None or tb.median is None or ta.median <= 0:
         return [Finding("warn", "no-throughput", "One of the runs has no output throughput; nothing to compare.")], None
     ratio = tb.median / ta.median
+    noise = max(ta.spread or 0.0, tb.spread or 0.0)
+    if abs(ratio - 1) <= noise:
+        return [Finding("warn", "within-noise",
+                        f"No measurable difference in throughput between {a.run_id} ({a.mode}) and {b.run_id} "
+                        f"({b.mode}): {ta.median:.1f} vs {tb.median:.1f} output tok/s (×{ratio:.2f}) is within "
+                        f"the spread of the repeats ({noise:.0%}); more repeats or more prompts would tell them "
+                        "apart.")], ratio
     out: list[Finding] = []
     if a.mode == "baseline" and b.mode == "speculative":
         acc = _accept(b)
@@ -220,11 +284,6 @@ def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[F
         if a.mode == b.mode == "speculative":
             change += f", accept length {_fmt(_accept(a))} → {_fmt(_accept(b))}"
         out.append(Finding("info", "change", f"From {a.run_id} to {b.run_id}: {change}."))
-    noise = max(ta.spread or 0.0, tb.spread or 0.0)
-    if abs(ratio - 1) <= noise:
-        out.append(Finding("warn", "within-noise",
-                           f"The throughput difference ({abs(ratio - 1):.0%}) is within the spread of the repeats "
-                           f"({noise:.0%}); more repeats or more prompts would tell them apart."))
     return out, ratio
 
 
@@ -297,8 +356,8 @@ def _metric_getter(name: str) -> Getter:
     return lambda r: getattr(r.metrics, name).median
 
 
-def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], speedup: float | None
-          ) -> list[dict[str, Any]]:
+def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], speedup: float | None,
+          speed: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def add(label: str, get: Getter, show: Callable[[Any], str] = str, text: Getter | None = None) -> None:
@@ -311,8 +370,7 @@ def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], s
     add("status", lambda r: r.status)
     add("output tok/s (± half spread)", lambda r: r.metrics.output_throughput.median,
         text=lambda r: _stat_cell(r.metrics.output_throughput))
-    rows.append({"metric": "speedup (b / a)", "a": None, "b": speedup, "a_text": "",
-                 "b_text": "—" if speedup is None else f"×{speedup:.2f}"})
+    rows.append({"metric": "speedup (b / a)", "a": None, "b": speedup, "a_text": "", "b_text": speed})
     for label, name in (("TTFT median ms", "ttft_median_ms"), ("TTFT p99 ms", "ttft_p99_ms"),
                         ("TPOT median ms", "tpot_median_ms"), ("TPOT p99 ms", "tpot_p99_ms"),
                         ("ITL median ms", "itl_median_ms"), ("ITL p99 ms", "itl_p99_ms")):
@@ -345,24 +403,41 @@ def _rows(a: BenchResult, b: BenchResult, preds: dict[str, Prediction | None], s
     add("steps / topk / draft tokens", lambda r: (f"{r.speculative.num_steps} / {r.speculative.topk} / "
                                                   f"{r.speculative.num_draft_tokens}") if r.speculative else None)
     add("draft", lambda r: r.draft.path if r.draft else None)
-    add("draft layer ids", lambda r: r.draft.layer_ids if r.draft else None)
+    add("draft layer ids", lambda r: r.draft.layer_ids if r.draft else None,
+        text=lambda r: ids_text(r.draft.layer_ids, r.draft.layer_id_convention) if r.draft else "—")
     for label, get in SETTINGS[3:]:
         add(label, get)
     return rows
 
 
+def _newer_config(res: BenchResult, other: BenchResult) -> tuple[str, str] | None:
+    """The other run's config when it serves the same draft, later, with another digest."""
+    if (res.draft is None or other.draft is None or other.draft.path != res.draft.path
+            or not other.draft.digest or other.time <= res.time):
+        return None
+    return other.draft.digest, other.run_id
+
+
 def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
-            tolerance: float = TOLERANCE) -> Comparison:
-    """Hold two runs against each other (a baseline is put first) and derive the findings."""
+            tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None) -> Comparison:
+    """Hold two runs against each other (a baseline is put first) and derive the findings.
+
+    ``current``: per run id, the draft's config digest now and the run that recorded it
+    (:func:`current_config`); without it, a later run of the same draft in the pair stands for it."""
     if a.mode == "speculative" and b.mode == "baseline":
         a, b = b, a
     findings: list[Finding] = []
-    for label, res in (("run A", a), ("run B", b)):
+    for label, res, other in (("run A", a, b), ("run B", b, a)):
         findings += _run_findings(f"{label} ({res.run_id})", res)
         if res.mode == "speculative":
-            findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance)
+            now = (current or {}).get(res.run_id) or _newer_config(res, other)
+            findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance,
+                                         now)
     through, speedup = _throughput_findings(a, b, findings)
     findings += through + _settings_findings(a, b)
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
-    return Comparison(a=a, b=b, predictions=predictions, findings=findings,
-                      rows=_rows(a, b, predictions, speedup), speedup=speedup, tolerance=tolerance)
+    noise = max(a.metrics.output_throughput.spread or 0.0, b.metrics.output_throughput.spread or 0.0)
+    cmp = Comparison(a=a, b=b, predictions=predictions, findings=findings, speedup=speedup, tolerance=tolerance,
+                     noise=noise)
+    cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
+    return cmp

@@ -66,7 +66,8 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     if runs[0].run_id == runs[1].run_id:
         raise BenchError(f"--run-a and --run-b are the same run ({runs[0].run_id}); give two different runs.")
     predictions = {r.run_id: comparing.find_prediction(hist, r) for r in runs}
-    cmp = comparing.compare(runs[0], runs[1], predictions, tolerance)
+    current = {r.run_id: comparing.current_config(hist, r) for r in runs}
+    cmp = comparing.compare(runs[0], runs[1], predictions, tolerance, current)
     run_id = jobs.new_run_id("bench-compare")
     paths = outputs.write(cmp, root / "runs" / run_id)
     render.show(cmp, console)

@@ -405,3 +405,86 @@ def test_a_result_whose_median_lies_outside_its_range_still_draws(tmp_path: Path
     base.metrics.output_throughput.median = 500.0          # above max 91.0
     paths = outputs.write(_compare(hist, base, spec), tmp_path / "cmp")
     assert _png_size(paths["chart"]) == (900, 400)
+
+
+# --- issue 22: noise, labelled ids, stale advice, host text in the terminal and in Markdown -------
+
+def test_a_difference_inside_the_repeats_spread_is_no_speed_up(tmp_path: Path, hist: History) -> None:
+    from draftops.bench import chart
+    base = runs.vllm_run("base", tok_s=[35.0, 45.7, 57.0])          # spread 48%
+    spec = runs.vllm_run("spec", tok_s=[52.1, 52.0, 52.2], accept=2.0,
+                         draft=_draft("sha256:1234000000000000", [0, 1, 3]))
+    cmp = _compare(hist, base, spec)
+    assert cmp.within_noise and cmp.speedup == pytest.approx(52.1 / 45.7)
+    texts = " ".join(f.text for f in cmp.findings)
+    assert "spec-faster" not in _codes(cmp) and "faster" not in texts and "No measurable difference" in texts
+    speed = next(r for r in cmp.rows if r["metric"].startswith("speedup"))
+    assert speed["b_text"].startswith("no measurable difference (×1.14")
+    assert chart.title(cmp) == "no measurable difference"
+    outside = _compare(hist, runs.vllm_run("steady", tok_s=[45.7] * 3), spec)
+    assert not outside.within_noise and chart.title(outside) == "speedup ×1.14" and "spec-faster" in _codes(outside)
+
+
+def test_layer_ids_are_labelled_with_their_engine_convention(hist: History, mismatch: dict) -> None:
+    vllm = runs.vllm_run("spec", tok_s=[46.0] * 3, accept=1.5, draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
+    sglang = runs.sglang_run("sg", tok_s=[46.0] * 3, accept=1.5, draft=DraftInfo(
+        path="/m/flat", digest="sha256:0000000000000001", format="flat", layer_ids=[-1, 1, 3],
+        layer_id_convention="sglang"))
+    cmp = _compare(hist, vllm, sglang)
+    ids = next(r for r in cmp.rows if r["metric"] == "draft layer ids")
+    assert ids["a_text"] == "[1, 4, 7] (vLLM ids: 0 = embedding)"
+    assert ids["b_text"] == "[-1, 1, 3] (SGLang ids: -1 = embedding)"
+    wrong = next(f for f in cmp.findings if f.code == "config-wrong")
+    assert "[-1, 0, 2] (SGLang ids: -1 = embedding)" in wrong.text
+
+
+def test_advice_for_a_config_that_was_fixed_since_the_run_is_not_to_fix_it_again(hist: History,
+                                                                                 mismatch: dict) -> None:
+    wrong = runs.vllm_run("wrong", tok_s=[46.0] * 3, accept=1.5, time="2026-11-30T10:00:00Z",
+                          draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
+    fixed = runs.vllm_run("fixed", tok_s=[150.0] * 3, accept=3.5, time="2026-11-30T11:00:00Z",
+                          draft=_draft("sha256:bbbb000000000000", [0, 1, 3]))
+    pair = _compare(hist, wrong, fixed)
+    changed = next(f for f in pair.findings if f.code == "config-changed")
+    assert "wrong" in changed.text and "sha256:bbbb000000000000 in run fixed" in changed.text
+    assert not any("draft-config" in f.text for f in pair.findings)
+    # against a baseline, the draft's current config comes from the history (the serve after the fix)
+    hist.record(runs.records.serve_record("serve-2", "local", engine="vllm", engine_version="0.32.0",
+                                          target="/m/target", draft="/m/draft", draft_digest="sha256:bbbb000000000000",
+                                          asked={}, effective={}, state="ready", ready_s=1.0,
+                                          git_rev=None))
+    base = runs.vllm_run("base", tok_s=[90.0] * 3)
+    current = {r.run_id: comparing.current_config(hist, r) for r in (base, wrong)}
+    later = comparing.compare(base, wrong, {"wrong": comparing.find_prediction(hist, wrong)}, TOL, current)
+    assert "config-changed" in _codes(later) and "config-wrong" not in _codes(later)
+    assert not any("draft-config" in f.text for f in later.findings)
+    still = comparing.compare(base, wrong, {"wrong": comparing.find_prediction(hist, wrong)}, TOL,
+                              {"wrong": ("sha256:aaaa000000000000", "serve-1")})
+    assert "config-wrong" in _codes(still)
+
+
+HOSTILE = ("/m/x\x1b]52;c;ZWNobw==\x07\x1b[2J\n# owned <script>alert(1)</script> | <img src=x onerror=alert(1)> "
+           "[l](javascript:x)")
+
+
+def test_host_text_in_a_comparison_is_cleaned_on_the_terminal_and_escaped_in_markdown(
+        tmp_path: Path, hist: History, mismatch: dict) -> None:
+    from rich.console import Console
+    base = runs.vllm_run("base", tok_s=[90.0] * 3)
+    spec = runs.vllm_run("20261201-101010-bench-vllm-8000-abcd", tok_s=[46.0] * 3, accept=1.5,
+                         draft=_draft("sha256:aaaa000000000000", [1, 4, 7], path=HOSTILE))
+    cmp = _compare(hist, base, spec)
+    assert any(HOSTILE in f.text for f in cmp.findings)            # the finding quotes the path
+    console = Console(record=True, width=80, color_system=None)
+    render.show(cmp, console)
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "A base  vs  B 20261201-101010-bench-vllm-8000-abcd" in shown.splitlines()[0]   # ids whole
+    md = outputs.write(cmp, tmp_path / "cmp")["markdown"].read_text()
+    assert "\x1b" not in md and "<script" not in md and "<img" not in md and "[l](javascript" not in md
+    assert [line for line in md.splitlines() if line.startswith("#")] == [
+        "# bench compare: base vs 20261201-101010-bench-vllm-8000-abcd", "## Findings"]
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert table and all(len(line.replace("\\|", "").split("|")) == 5 for line in table)
+    finding = next(line for line in md.splitlines() if "config-wrong" in line)
+    assert "<code>invoke draft-config --ckpt " in finding           # the command stays code

@@ -7,46 +7,87 @@ from rich.panel import Panel
 from rich.table import Table
 
 from draftops.bench.compare import Comparison
+from draftops.terminal import clean
 
 STYLE = {"bad": "red", "warn": "yellow", "good": "green", "info": "cyan"}
 MARK = {"bad": "✗", "warn": "!", "good": "✓", "info": "·"}
 
 
+def _safe(text: object) -> str:
+    """Text that came (in part) from a host or a result file, ready for rich: escapes stripped,
+    markup escaped."""
+    return escape(clean(str(text)))
+
+
+def _run_ids(cmp: Comparison) -> str:
+    """The two run ids, each whole: a user pastes them into the next command."""
+    return f"A {_safe(cmp.a.run_id)}  vs  B {_safe(cmp.b.run_id)}"
+
+
 def table(cmp: Comparison) -> Table:
-    out = Table(title=f"bench compare: A {cmp.a.run_id}  vs  B {cmp.b.run_id}", title_justify="left")
+    out = Table(title="bench compare", title_justify="left")
     out.add_column("")
     out.add_column("A", justify="right")
     out.add_column("B", justify="right")
     for row in cmp.rows:
-        out.add_row(escape(row["metric"]), escape(row["a_text"]), escape(row["b_text"]),
+        out.add_row(_safe(row["metric"]), _safe(row["a_text"]), _safe(row["b_text"]),
                     style="bold" if row["metric"].startswith(("output tok/s", "speedup", "accept length (")) else "")
     return out
 
 
 def findings_panel(cmp: Comparison) -> Panel:
-    lines = [f"[{STYLE.get(f.severity, 'white')}]{MARK.get(f.severity, '-')} {escape(f.text)}[/]"
+    lines = [f"[{STYLE.get(f.severity, 'white')}]{MARK.get(f.severity, '-')} {_safe(f.text)}[/]"
              for f in cmp.findings] or ["nothing to report"]
     worst = cmp.headline.severity if cmp.headline else "info"
     return Panel("\n".join(lines), title="findings", border_style=STYLE.get(worst, "white"))
 
 
 def show(cmp: Comparison, console: Console) -> None:
+    console.print(f"bench compare: {_run_ids(cmp)}", soft_wrap=True)   # never broken inside an id
     console.print(table(cmp))
     console.print(findings_panel(cmp))
 
 
+def md_text(text: object) -> str:
+    """Text for one Markdown line: no line breaks (a newline in a path would start a heading or a
+    list), HTML and Markdown characters escaped outside code spans (a `<script>` or `<img onerror>` in
+    a host string is shown, not run), terminal escapes stripped. The findings quote commands in
+    backticks: those spans are kept as they are, pasteable; backticks that do not pair are escaped."""
+    out = clean(str(text)).replace("\r", " ").replace("\n", " ")
+    parts = out.split("`")
+    if len(parts) % 2 == 0 or "``" in out:          # not simple pairs: no code spans at all
+        return _md_escape(out)
+    return "".join(_md_code(part) if i % 2 else _md_escape(part) for i, part in enumerate(parts))
+
+
+def _md_code(text: str) -> str:
+    """A code span; one holding HTML's characters as an HTML <code> with everything escaped (a raw
+    `<` is literal inside a Markdown span, but not to every reader of the file)."""
+    if any(ch in text for ch in "<>&"):
+        return "<code>" + _md_escape(text) + "</code>"     # Markdown is read inside inline HTML
+    return f"`{text}`"
+
+
+def _md_escape(text: str) -> str:
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\\", "\\\\")
+    for ch in "`[]*_#!|~":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell: everything escaped (a pipe ends a cell even inside a code span)."""
+    return _md_escape(clean(str(text)).replace("\r", " ").replace("\n", " "))
 
 
 def markdown(cmp: Comparison, chart_name: str | None = "compare.png") -> str:
-    lines = [f"# bench compare: {cmp.a.run_id} vs {cmp.b.run_id}", "",
+    lines = [f"# bench compare: {md_text(cmp.a.run_id)} vs {md_text(cmp.b.run_id)}", "",
              (f"A is the {cmp.a.mode} run, B the {cmp.b.mode} run; accept lengths are tokens per verify step, "
              f"judged against test-drafter's prediction with a {cmp.tolerance:.0%} tolerance."), "",
              "| | A | B |", "|---|---:|---:|"]
     lines += [f"| {_md_cell(r['metric'])} | {_md_cell(r['a_text'])} | {_md_cell(r['b_text'])} |" for r in cmp.rows]
     lines += ["", "## Findings", ""]
-    lines += [f"- **{f.severity}** ({f.code}): {f.text}" for f in cmp.findings] or ["- nothing to report"]
+    lines += [f"- **{f.severity}** ({f.code}): {md_text(f.text)}" for f in cmp.findings] or ["- nothing to report"]
     if chart_name:
         lines += ["", f"![output tok/s and accept length]({chart_name})"]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +327,48 @@ def test_layer_ids_text_with_a_gap_or_a_word_is_refused(text: str, needle: str) 
     with pytest.raises(InvalidLayerIds, match=re.escape(needle)):
         parse_ids(text)
     assert parse_ids(" -1, 2 ,30 ") == [-1, 2, 30]
+
+
+_AT = ("import sys, time\n"
+       "from remote.draft_config.__main__ import main\n"
+       "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))\n"
+       "sys.exit(main(sys.argv[2:]))\n")
+
+
+def test_concurrent_runs_on_one_checkpoint_serialize_and_each_reports_what_it_did(tmp_path):
+    """Eight real processes rewrite one config at the same instant: every update lands (each run read
+    the ids the run before it wrote), and a run's 'changed' and backup are true to what it did."""
+    ckpt = make_ckpt(tmp_path / "ckpt", FLAT_CONFIG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTOPS_")}
+    start = time.time() + 3.0                      # after every process has imported the tool
+    procs = [subprocess.Popen([sys.executable, "-c", _AT, str(start), "--ckpt", str(ckpt),
+                               f"--layer-ids=-1,2,{k}", "--out", str(tmp_path / f"o{k}")],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for k in range(3, 11)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    results = [json.loads((tmp_path / f"o{k}" / "draft_config.json").read_text()) for k in range(3, 11)]
+    assert all(r["changed"] for r in results)
+    olds = [tuple(r["old_ids"]) for r in results]
+    assert len(set(olds)) == len(olds), olds         # no two runs read the same ids: none was lost
+    written = {tuple(r["written_ids"]) for r in results}
+    chain = set(olds) - written
+    assert chain == {(1, 29, 57)}                   # only the first run read the original ids
+    final = tuple(json.loads((ckpt / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    assert final in written and final not in olds   # the last writer's ids are what the file holds
+    assert len(_backups(ckpt)) == len(results)
+
+
+def test_a_config_locked_by_another_run_is_refused_after_the_wait_with_nothing_changed(tmp_path):
+    import fcntl
+
+    from remote.draft_config.lock import lock_path
+    ckpt = make_ckpt(tmp_path / "ckpt", FLAT_CONFIG)
+    before = (ckpt / "config.json").read_bytes()
+    with open(lock_path(ckpt), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc, result = run_cli("--ckpt", str(ckpt), "--layer-ids", "-1,2,30", "--lock-timeout", "0.3",
+                               out=tmp_path / "o")
+    assert proc.returncode == exitcodes.BUSY and result["error_type"] == "ConfigBusy"
+    assert str(ckpt) in result["error"] and "did not finish within 0.3 s" in result["error"]
+    assert (ckpt / "config.json").read_bytes() == before and not _backups(ckpt)

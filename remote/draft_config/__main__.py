@@ -18,6 +18,7 @@ from ..fileio import write_json
 from . import config_file, validate
 from .capture import sglang_warnings
 from .errors import DraftConfigError
+from .lock import config_lock
 from .report import ReportFix, other_checkpoint_warning, read_fix
 from .rewrite import write_config
 from .target import load_target
@@ -38,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="warn when the host's SGLang cannot capture the new ids yet")
     parser.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
     parser.add_argument("--out", type=Path, help="folder for draft_config.json")
+    parser.add_argument("--lock-timeout", type=float, default=60.0,
+                        help="seconds to wait for another draft-config on the same config (default 60)")
     return parser.parse_args(_join_negative_values(argv))
 
 
@@ -96,6 +99,15 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
         payload["source"]["status"] = fix.status
     else:
         requested, report_patch = validate.parse_ids(args.layer_ids), False
+    if args.dry_run:
+        _rewrite(args, payload, fix, requested, report_patch)
+        return
+    with config_lock(args.ckpt, args.lock_timeout):     # read-modify-write: one run at a time
+        _rewrite(args, payload, fix, requested, report_patch)
+
+
+def _rewrite(args: argparse.Namespace, payload: dict[str, Any], fix: ReportFix | None, requested: list[int],
+             report_patch: bool) -> None:
     cfg = config_file.load(args.ckpt)
     target = load_target(args.target) if args.target else None
     payload.update(config=str(cfg.path), format=cfg.format, field=cfg.field,

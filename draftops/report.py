@@ -111,8 +111,7 @@ def _fix_line(report: dict[str, Any]) -> str | None:
         return None
     speculators = verdict.get("serving_convention") == "vllm" or (
         (report.get("checkpoint") or {}).get("format") == "speculators")
-    patch = ("; needs the SGLang capture patch (invoke patch-sglang.apply)"
-             if verdict.get("needs_capture_patch") else "")
+    patch = _capture_note(verdict.get("advice_engine")) if verdict.get("needs_capture_patch") else ""
     if speculators:
         return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
                 f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"
@@ -120,6 +119,15 @@ def _fix_line(report: dict[str, Any]) -> str | None:
     return (f"fix: {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
             f"as this flat config stores them: -1 = embedding); vLLM reads the same layout as "
             f"{escape(str(vllm))}" + patch)
+
+
+def _capture_note(engine: str | None) -> str:
+    """What the embedding id needs, for the engine the host serves with (None: both)."""
+    if engine == "vllm":
+        return "; vLLM captures the embedding natively (no patch)"
+    if engine == "sglang":
+        return "; needs the SGLang capture patch (invoke patch-sglang.apply)"
+    return "; SGLang needs the capture patch (invoke patch-sglang.apply), vLLM captures it natively"
 
 
 def _comparison_line(c: dict[str, Any]) -> str:

@@ -147,3 +147,33 @@ def test_the_history_headline_shows_the_fix_in_the_config_files_convention(conve
                     metrics={"predicted_served": 1.5, "predicted_best": 2.5, "steps": 3, "serving_convention":
                              convention, "fix_layer_ids": [-1, 1, 2], "fix_layer_ids_vllm": [0, 2, 3]})
     assert headline(rec).endswith(shown)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", None])
+def test_the_advice_for_an_embedding_id_is_for_the_engine_the_host_serves_with(engine: str | None,
+                                                                               tmp_path: Path) -> None:
+    """The fix holds the embedding: vLLM captures it natively, only SGLang needs the capture patch, so a
+    vLLM host is never told to patch SGLang (issue 22, item 4)."""
+    report = run(tmp_path / "out", save(tmp_path / "ckpt", trained_weights(WELL_TRAINED), NEIGHBOUR), engine=engine)
+    verdict = report["verdict"]
+    assert verdict["status"] == "MISMATCH" and -1 in verdict["fix_layer_ids"] and verdict["advice_engine"] == engine
+    panel = _panel_text(report)
+    native = "vLLM captures the embedding output (0) natively"
+    if engine == "vllm":
+        assert "SGLang" not in verdict["message"].split("Put ")[1].split(" In SGLang ids")[0]
+        assert native in verdict["message"] and "patch-sglang" not in panel
+    elif engine == "sglang":
+        assert "patch-sglang.apply" in verdict["message"] and native not in verdict["message"]
+        assert "needs the SGLang capture patch" in panel
+    else:
+        assert "patch-sglang.apply" in verdict["message"] and native in verdict["message"]
+
+
+def test_the_host_engine_is_its_serve_profiles_engine() -> None:
+    from draftops.inventory import HostSpec, ServeProfile
+    from draftops.serve.verdicts import serving_engine
+    assert serving_engine(HostSpec(name="local", transport="local")) == "vllm"
+    assert serving_engine(HostSpec(name="gpu", address="g")) == "sglang"
+    assert serving_engine(HostSpec(name="gpu", address="g", serve={"a": ServeProfile(engine="vllm")})) == "vllm"
+    assert serving_engine(HostSpec(name="gpu", address="g", serve={
+        "a": ServeProfile(engine="vllm"), "b": ServeProfile(engine="sglang")})) is None

@@ -11,6 +11,7 @@ from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_
 from draftops.cli.history import record_test_drafter
 from draftops.console import console, escape
 from draftops.serve.request import demo_dir
+from draftops.serve.verdicts import serving_engine
 from draftops.tools import run_tool
 
 
@@ -31,6 +32,9 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     target = connect(c, host)
     ensure_code(target)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
+    engine = serving_engine(target.spec)
+    if engine:
+        args += ["--engine", engine]
     ckpt, data, verifier, config = (host_path(target, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
@@ -49,8 +53,10 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
         report.show(done.data, console)
         verdict = done.data.get("verdict")
         fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
-        fix = (f"  (fix it with `invoke draft-config --ckpt {escape(shlex.quote(ckpt or 'demo'))} --from-report "
-               f"{done.run_id}`)") if fixable else ""   # draft-config refuses a report without a fix
-        console.print(f"[dim]report: {done.result_file}{fix}[/]")
+        console.print(f"[dim]report: {escape(str(done.result_file))}[/]", soft_wrap=True)
+        if fixable:    # draft-config refuses a report without a fix; the command on its own line, unbroken
+            console.print("fix it with:")
+            console.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report "
+                                 f"{done.run_id}"), soft_wrap=True)
     record_test_drafter(target, done, given)
     done.check()

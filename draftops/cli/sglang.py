@@ -25,6 +25,7 @@ from draftops.cli.common import (
 from draftops.console import console, escape, safe
 from draftops.errors import JobError
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
+from draftops.serve.verdicts import serving_engine
 from draftops.tools import run_tool
 
 if TYPE_CHECKING:
@@ -122,7 +123,10 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         ensure_demo(box)
         ckpt, target = f"{demo_dir(box.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(box.state_dir)}/{DEMO_TARGET}"
     target = host_path(box, target)
-    args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR, "--sglang-status"]
+    engine = serving_engine(box.spec)
+    args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR]
+    # the SGLang survey only where SGLang serves: on a vLLM host "no sglang importable" is noise
+    args += ["--engine", engine] if engine == "vllm" else ["--sglang-status"]
     if layer_ids:
         args += ["--layer-ids", layer_ids]
     else:

@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="warn when the host's SGLang cannot capture the new ids yet")
     parser.add_argument("--dry-run", action="store_true", help="validate only; write nothing")
     parser.add_argument("--out", type=Path, help="folder for draft_config.json")
+    parser.add_argument("--engine", choices=("sglang", "vllm"),
+                        help="the engine the host serves with: advice for it only (default: both)")
     parser.add_argument("--lock-timeout", type=float, default=60.0,
                         help="seconds to wait for another draft-config on the same config (default 60)")
     return parser.parse_args(_join_negative_values(argv))
@@ -120,7 +122,7 @@ def _rewrite(args: argparse.Namespace, payload: dict[str, Any], fix: ReportFix |
         warnings.insert(0, elsewhere)
     written = cfg.to_file(checked.ids)
     needs_patch = validate.needs_capture_patch(checked.ids) or report_patch
-    if cfg.format == SPECULATORS:
+    if cfg.format == SPECULATORS and args.engine != "vllm":
         warnings.append(f"speculators format: {cfg.field} is in the vLLM convention, so SGLang ids "
                         f"{checked.ids} are written as {written}; SGLang's target never reads this "
                         "field (it reads eagle_config only), so serve a flat-format copy with "
@@ -132,7 +134,7 @@ def _rewrite(args: argparse.Namespace, payload: dict[str, Any], fix: ReportFix |
     if args.sglang_status:
         payload["sglang"], sglang_notes = sglang_warnings(checked.ids, target)
         warnings += sglang_notes
-    elif needs_patch:
+    elif needs_patch and args.engine != "vllm":      # vLLM captures the embedding natively
         warnings.append("the ids include -1 (embedding): SGLang needs the draftops capture patch "
                         "(python -m remote.sglang_patch apply) unless its `status` says native; "
                         "--sglang-status checks the host's SGLang")

@@ -70,7 +70,8 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
     full, tokens, chance = _metrics(ctx, count, roles, opts)
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
-    verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance)
+    verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
+                             opts.engine)
     doc = report.build(opts, ctx, report.Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),

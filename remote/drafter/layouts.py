@@ -148,8 +148,21 @@ def chance_summary(ev: Evidence) -> dict[str, Any] | None:
             "near_chance": top is not None and top <= threshold}
 
 
+def embedding_advice(engine: str | None, fixing: bool) -> str:
+    """What serving an embedding id (SGLang -1, vLLM 0) needs, for the engine the host serves with
+    (None: both). vLLM captures boundary 0 natively (vllm-cpu.md); stock SGLang needs the patch."""
+    sglang = ("apply the SGLang embedding-capture patch (`invoke patch-sglang.apply`): unpatched SGLang "
+              "cannot capture the embedding output (-1)")
+    vllm = "vLLM captures the embedding output (0) natively, so no patch is needed"
+    if engine == convention.VLLM:
+        return f"; {vllm}."
+    if engine == convention.SGLANG:
+        return f" and {sglang}." if fixing else f" (the ids include -1: {sglang})."
+    return f"; to serve it with SGLang, {sglang}; {vllm}."
+
+
 def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None, final_slot: int | None,
-           fmt: str, tolerance: float) -> Verdict:
+           fmt: str, tolerance: float, advise_for: str | None = None) -> Verdict:
     """MATCH, MISMATCH or UNKNOWN (with ``reason``) from the measured evidence; see docs/drafter.md."""
     best = ev.best.slots
     fix = [slot_ids[s] for s in best] if slot_ids is not None else None
@@ -206,8 +219,7 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
                        f"The layout {engine} feeds for the configured ids {served.configured_ids}, {best_txt}, "
                        f"is the best of the {ev.scan_layouts} layouts scanned: step-0 accuracy {_acc(ev.best)}, "
                        f"predicted accept length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Nothing to "
-                       "fix" + (" (the ids include -1: SGLang needs the embedding-capture patch)." if patch
-                                else "."), patch=patch)
+                       "fix" + (embedding_advice(advise_for, False) if patch else "."), patch=patch)
     cmp_ = ev.comparison
     same_txt = ("" if cmp_ is None else f"layouts count as the same when the best gains less than "
                 f"{tolerance:.1%} of the served accept length ({cmp_.margin:.3f} tokens per verify here)")
@@ -221,8 +233,7 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
                            f"{served_txt}, scores the same as the scan's best, {best_txt}, {where}: predicted "
                            f"accept length {ev.served.accept_length:.2f} vs {ev.best.accept_length:.2f} at "
                            f"K={ev.steps} ({stats}); {same_txt}. Nothing to fix"
-                           + (" (the ids include -1: SGLang needs the embedding-capture patch)." if patch
-                              else "."), patch=patch)
+                           + (embedding_advice(advise_for, False) if patch else "."), patch=patch)
         if cmp_.outcome == INCONCLUSIVE:
             return verdict(STATUS_UNKNOWN,
                            f"The best layout, {best_txt}, scores above the one {engine} feeds for the configured "
@@ -252,8 +263,8 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
     patch = -1 in fix
     msg = (f"The draft was trained on {trained}, but {now}. Put \"{key}\": {write} in the draft config.json"
            + (" (speculators' own convention, as vLLM reads it: 0 is the embedding)" if write is fix_vllm else ""))
-    msg += (" and apply the SGLang embedding-capture patch: unpatched SGLang cannot capture the "
-            "embedding output (-1)." if patch else "; no SGLang patch is needed.")
+    msg += embedding_advice(advise_for, True) if patch else ("." if advise_for == convention.VLLM
+                                                         else "; no SGLang patch is needed.")
     msg += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if write is fix_vllm
             else f" vLLM reads the same layout as {fix_vllm}.")
     return verdict(STATUS_MISMATCH, msg, with_fix=True, patch=patch)

@@ -33,6 +33,7 @@ class EvalOptions:
     max_len: int | None = None
     alpha: float = 0.05  # significance level of the paired layout comparison
     min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
+    engine: str | None = None  # the engine the host serves with (its advice); None: advise for both
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""

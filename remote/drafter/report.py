@@ -56,6 +56,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
         "schema": SCHEMA,
         "verdict": {**res.verdict.to_dict(), "message": message,
                     "serving_convention": convention.serving_convention(ctx.info.format),
+                    "advice_engine": opts.engine,
                     "expected_acc": expected},
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}

@@ -64,7 +64,10 @@ def _real(shown: Console) -> Console:
 console = cast("Console", _Deferred(highlight=False))
 err_console = cast("Console", _Deferred(stderr=True, highlight=False))   # notes that must not mix with piped output
 STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "cyan", "failed": "red",
-               "killed": "yellow", "dead": "red bold"}
+               "killed": "yellow", "dead": "red bold", "stopped": "green"}
+#: how a job that was told to stop (SIGTERM from `invoke kill`, `serve.stop`) ends when it exits as
+#: asked: with 0, or by the TERM itself (-15 from Python's returncode, 143 from a shell)
+_STOPPED_EXITS = (0, -15, 143)
 
 
 def human_bytes(n: float) -> str:
@@ -122,6 +125,16 @@ def state_text(state: str | None, orphaned: bool = False) -> str:
     return f"[{STATE_STYLE.get(state, 'white')}]{safe(state)}{extra}[/]"
 
 
+def shown_state(row: dict[str, Any]) -> str | None:
+    """The state as people read it: a job the runner recorded as killed that exited cleanly when told
+    to stop (a server `serve.stop` stopped) is "stopped", not "killed exit 0"; one that needed
+    SIGKILL, or died of something else, stays "killed"."""
+    state = row.get("state")
+    if state == "killed" and row.get("exit_code") in _STOPPED_EXITS and row.get("signal") in (None, 15):
+        return "stopped"
+    return state if isinstance(state, str) or state is None else str(state)
+
+
 def describe_run(row: dict[str, Any]) -> str:
     """What a run was, as the user would type it: ``test-drafter --steps 3 --ckpt /x``."""
     parts = [str(row.get("task") or row.get("name") or "?")]
@@ -154,7 +167,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
         for row in rows:
             out.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
             out.print(Padding(Text.from_markup(
-                f"{state_text(row.get('state'), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
+                f"{state_text(shown_state(row), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
                 f"  {safe(describe_run(row))}  {safe(headline(row))}".rstrip()), (0, 0, 0, 2)))
         return
     table = Table(title=f"runs on {safe(host)}", title_justify="left")
@@ -162,7 +175,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
     for col in ("state", "exit", "started", "run", "outcome"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(safe(row["id"]), state_text(row.get("state"), bool(row.get("orphaned"))),
+        table.add_row(safe(row["id"]), state_text(shown_state(row), bool(row.get("orphaned"))),
                       safe(row.get("exit_code", "")), safe(row.get("started") or row.get("created") or ""),
                       safe(describe_run(row)), safe(headline(row)))
     out.print(table)

@@ -108,10 +108,12 @@ def _file_name(rel: str) -> str:
 
 
 def escape(text: str) -> str:
-    """rich's markup escape, importing rich only when something is shown."""
+    """Text ready for rich markup: terminal escapes and control characters removed (text shown is
+    mostly from a host: a version, a path, a registry entry), then rich's brackets escaped. Importing
+    rich only when something is shown."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(clean(text))
 
 
 def safe(value: Any) -> str:

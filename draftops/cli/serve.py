@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 _HELP = {
     "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and its draft "
              "as configured: the seed's wrong ids until `invoke draft-config --ckpt demo` fixes them)",
-    "baseline": "serve the profile's target with no draft (for comparison runs)",
+    "baseline": "serve the profile's target with no draft (for comparison runs; on `local` with no target: "
+                "the demo's target)",
     "profile": "serve profile of the host (hosts.yaml `serve:`; default: the only one, or `default`)",
     "target": "target model folder on the host (default: the profile's `target`; `demo` for the demo's)",
     "steps": "speculative steps (vLLM: num_speculative_tokens, default 3)",
@@ -186,12 +187,12 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
                       topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
                       port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
     plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
-                   demo_dir(box.state_dir))
+                   demo_dir(box.state_dir), demo_baseline=box.spec.transport == "local" and chosen.builtin)
     found = checks.Findings(notes=list(plan.notes))
     checks.flag_checks(plan, found)
     if found.refusals:
         raise ServeRefused(*found.refusals)
-    if request.demo:
+    if plan.demo:
         ensure_demo(box)
     launch = plan.launch
     facts = hosttool.inspect(box, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)

@@ -25,8 +25,19 @@ if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never ne
 
     from draftops.sync import SyncReport
 
-LogMode = Literal["print", "window", "hide"]
+LogMode = Literal["print", "window", "hide", "steps"]
 WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
+HEARTBEAT_S = 30.0          # "steps" off a terminal: a line this often while only chatter arrives
+#: the lines an install job (`env.setup`, `env.setup --engine`) prints as its own steps, and pip's
+#: errors; everything else (pip's hundreds of Collecting/Downloading lines) is chatter
+INSTALL_STEPS = ("creating venv ", "installing ", "removing ", "no requirements to install", "env ready",
+                 "engine ", "another engine install", "ERROR", "error", "Traceback", "draftops:")
+
+
+def install_step(line: str) -> bool:
+    """Whether an install job's log line is one of its steps (shown), not pip's chatter (counted)."""
+    text = line.strip()
+    return text.startswith(INSTALL_STEPS) or " --version" in text
 
 
 
@@ -213,8 +224,11 @@ class LiveJob(JobView):
 
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their
-    result themselves, so it is not shown twice), "hide" shows none. ``note`` follows the "run ID on
-    HOST" line; ``announce=False`` leaves that line out; ``on_detach`` (with ``{run_id}`` and ``{host}``)
+    result themselves, so it is not shown twice), "hide" shows none, "steps" (install jobs) prints
+    only the job's own steps (``install_step``) and shows the latest other line as one passing line
+    on a terminal (off a terminal, a count every ``HEARTBEAT_S``), the full log staying in its file.
+    ``note`` follows the "run ID on HOST" line; ``announce=False`` leaves that line out;
+    ``on_detach`` (with ``{run_id}`` and ``{host}``)
     is added to what Ctrl-C says, for a task that has more to do once the job ends."""
 
     def __init__(self, out: Console, log: LogMode = "print", note: str = "", announce: bool = True,
@@ -224,8 +238,9 @@ class LiveJob(JobView):
         self.out, self.mode, self.note, self.announce, self.on_detach = out, log, note, announce, on_detach
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TimeElapsedColumn(), console=_real(out), auto_refresh=False)
-        self.window: deque[str] = deque(maxlen=WINDOW_LINES)
+        self.window: deque[str] = deque(maxlen=1 if log == "steps" else WINDOW_LINES)
         self.bar: Any = None
+        self.chatter, self.said = 0, time.monotonic()
 
     def started(self, host: str, run_id: str) -> None:
         if self.announce:
@@ -235,17 +250,29 @@ class LiveJob(JobView):
     def following(self) -> Iterator[None]:
         from rich.live import Live
 
-        live = Live(_LiveView(self.progress, self.window if self.mode == "window" else None),
+        live = Live(_LiveView(self.progress, self.window if self.mode in ("window", "steps") else None),
                     console=_real(self.out), transient=True, refresh_per_second=8, redirect_stdout=False,
                     redirect_stderr=False)
         with live:
             yield
 
     def text(self, line: str) -> None:
-        if self.mode == "print":
+        if self.mode == "print" or (self.mode == "steps" and install_step(line)):
             self.out.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.said = time.monotonic()
         elif self.mode == "window":
             self.window.append(line)
+        elif self.mode == "steps":
+            self._chatter(line)
+
+    def _chatter(self, line: str) -> None:
+        """A line of pip's: the one passing line on a terminal, a count now and then elsewhere."""
+        self.chatter += 1
+        self.window.append(line)
+        if not _real(self.out).is_terminal and time.monotonic() - self.said > HEARTBEAT_S:
+            self.out.print(f"… {self.chatter} lines of output so far (the full log is kept); latest: "
+                           f"{line.strip()[:100]}", markup=False, highlight=False, soft_wrap=True)
+            self.said = time.monotonic()
 
     def event(self, event: dict[str, Any]) -> None:
         if event.get("event") != "progress":

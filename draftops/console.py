@@ -25,8 +25,19 @@ if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never ne
 
     from draftops.sync import SyncReport
 
-LogMode = Literal["print", "window", "hide"]
+LogMode = Literal["print", "window", "hide", "steps"]
 WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
+HEARTBEAT_S = 30.0          # "steps" off a terminal: a line this often while only chatter arrives
+#: the lines an install job (`env.setup`, `env.setup --engine`) prints as its own steps, and pip's
+#: errors; everything else (pip's hundreds of Collecting/Downloading lines) is chatter
+INSTALL_STEPS = ("creating venv ", "installing ", "removing ", "no requirements to install", "env ready",
+                 "engine ", "another engine install", "ERROR", "error", "Traceback", "draftops:")
+
+
+def install_step(line: str) -> bool:
+    """Whether an install job's log line is one of its steps (shown), not pip's chatter (counted)."""
+    text = line.strip()
+    return text.startswith(INSTALL_STEPS) or " --version" in text
 
 
 
@@ -64,7 +75,10 @@ def _real(shown: Console) -> Console:
 console = cast("Console", _Deferred(highlight=False))
 err_console = cast("Console", _Deferred(stderr=True, highlight=False))   # notes that must not mix with piped output
 STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "cyan", "failed": "red",
-               "killed": "yellow", "dead": "red bold"}
+               "killed": "yellow", "dead": "red bold", "stopped": "green"}
+#: how a job that was told to stop (SIGTERM from `invoke kill`, `serve.stop`) ends when it exits as
+#: asked: with 0, or by the TERM itself (-15 from Python's returncode, 143 from a shell)
+_STOPPED_EXITS = (0, -15, 143)
 
 
 def human_bytes(n: float) -> str:
@@ -105,10 +119,12 @@ def _file_name(rel: str) -> str:
 
 
 def escape(text: str) -> str:
-    """rich's markup escape, importing rich only when something is shown."""
+    """Text ready for rich markup: terminal escapes and control characters removed (text shown is
+    mostly from a host: a version, a path, a registry entry), then rich's brackets escaped. Importing
+    rich only when something is shown."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(clean(text))
 
 
 def safe(value: Any) -> str:
@@ -120,6 +136,16 @@ def state_text(state: str | None, orphaned: bool = False) -> str:
     state = state or "?"
     extra = " (runner gone)" if orphaned else ""
     return f"[{STATE_STYLE.get(state, 'white')}]{safe(state)}{extra}[/]"
+
+
+def shown_state(row: dict[str, Any]) -> str | None:
+    """The state as people read it: a job the runner recorded as killed that exited cleanly when told
+    to stop (a server `serve.stop` stopped) is "stopped", not "killed exit 0"; one that needed
+    SIGKILL, or died of something else, stays "killed"."""
+    state = row.get("state")
+    if state == "killed" and row.get("exit_code") in _STOPPED_EXITS and row.get("signal") in (None, 15):
+        return "stopped"
+    return state if isinstance(state, str) or state is None else str(state)
 
 
 def describe_run(row: dict[str, Any]) -> str:
@@ -154,7 +180,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
         for row in rows:
             out.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
             out.print(Padding(Text.from_markup(
-                f"{state_text(row.get('state'), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
+                f"{state_text(shown_state(row), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
                 f"  {safe(describe_run(row))}  {safe(headline(row))}".rstrip()), (0, 0, 0, 2)))
         return
     table = Table(title=f"runs on {safe(host)}", title_justify="left")
@@ -162,7 +188,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
     for col in ("state", "exit", "started", "run", "outcome"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(safe(row["id"]), state_text(row.get("state"), bool(row.get("orphaned"))),
+        table.add_row(safe(row["id"]), state_text(shown_state(row), bool(row.get("orphaned"))),
                       safe(row.get("exit_code", "")), safe(row.get("started") or row.get("created") or ""),
                       safe(describe_run(row)), safe(headline(row)))
     out.print(table)
@@ -198,8 +224,11 @@ class LiveJob(JobView):
 
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their
-    result themselves, so it is not shown twice), "hide" shows none. ``note`` follows the "run ID on
-    HOST" line; ``announce=False`` leaves that line out; ``on_detach`` (with ``{run_id}`` and ``{host}``)
+    result themselves, so it is not shown twice), "hide" shows none, "steps" (install jobs) prints
+    only the job's own steps (``install_step``) and shows the latest other line as one passing line
+    on a terminal (off a terminal, a count every ``HEARTBEAT_S``), the full log staying in its file.
+    ``note`` follows the "run ID on HOST" line; ``announce=False`` leaves that line out;
+    ``on_detach`` (with ``{run_id}`` and ``{host}``)
     is added to what Ctrl-C says, for a task that has more to do once the job ends."""
 
     def __init__(self, out: Console, log: LogMode = "print", note: str = "", announce: bool = True,
@@ -209,8 +238,9 @@ class LiveJob(JobView):
         self.out, self.mode, self.note, self.announce, self.on_detach = out, log, note, announce, on_detach
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                                  TimeElapsedColumn(), console=_real(out), auto_refresh=False)
-        self.window: deque[str] = deque(maxlen=WINDOW_LINES)
+        self.window: deque[str] = deque(maxlen=1 if log == "steps" else WINDOW_LINES)
         self.bar: Any = None
+        self.chatter, self.said = 0, time.monotonic()
 
     def started(self, host: str, run_id: str) -> None:
         if self.announce:
@@ -220,17 +250,29 @@ class LiveJob(JobView):
     def following(self) -> Iterator[None]:
         from rich.live import Live
 
-        live = Live(_LiveView(self.progress, self.window if self.mode == "window" else None),
+        live = Live(_LiveView(self.progress, self.window if self.mode in ("window", "steps") else None),
                     console=_real(self.out), transient=True, refresh_per_second=8, redirect_stdout=False,
                     redirect_stderr=False)
         with live:
             yield
 
     def text(self, line: str) -> None:
-        if self.mode == "print":
+        if self.mode == "print" or (self.mode == "steps" and install_step(line)):
             self.out.print(line, markup=False, highlight=False, soft_wrap=True)
+            self.said = time.monotonic()
         elif self.mode == "window":
             self.window.append(line)
+        elif self.mode == "steps":
+            self._chatter(line)
+
+    def _chatter(self, line: str) -> None:
+        """A line of pip's: the one passing line on a terminal, a count now and then elsewhere."""
+        self.chatter += 1
+        self.window.append(line)
+        if not _real(self.out).is_terminal and time.monotonic() - self.said > HEARTBEAT_S:
+            self.out.print(f"… {self.chatter} lines of output so far (the full log is kept); latest: "
+                           f"{line.strip()[:100]}", markup=False, highlight=False, soft_wrap=True)
+            self.said = time.monotonic()
 
     def event(self, event: dict[str, Any]) -> None:
         if event.get("event") != "progress":

@@ -240,6 +240,13 @@ def probe(host: Host) -> list[dict[str, Any]]:
     return rows
 
 
+def next_step(rec: EngineRecipe, host: str) -> str:
+    """What to type once ``rec`` is installed on ``host`` (printed by `env.setup --engine`)."""
+    where = "" if host == "local" else f" --host {host}"
+    return (f"`invoke serve --draft demo{where}` serves the generated demo with {rec.name} (the server is "
+            f"up in one to three minutes); `invoke env.check{where}` shows the engine's version")
+
+
 def install_locally(engine: str, venv: str, base_python: str) -> int:
     """Run the install here unless the venv is current (scripts/setup_vllm.sh, CI's cached venv)."""
     rec = recipe(engine)

@@ -20,12 +20,13 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
 from draftops.errors import HistoryError
+from draftops.terminal import clean
 
 DB_NAME = "history.sqlite"
 SCHEMA_VERSION = 1
@@ -98,6 +99,29 @@ def json_safe(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, bool)):
         return value
     return str(value)
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` with every string in it (keys too) cleaned of terminal escapes and control text."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, Mapping):
+        return {_cleaned(k): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_cleaned(v) for v in value]
+    return value
+
+
+#: the columns that hold text from a host (a version, a path, settings read back from a server);
+#: the id, kind, host and time are checked by _check instead
+_HOST_TEXT = ("git_rev", "engine", "engine_version", "target", "draft", "draft_digest", "verdict",
+              "settings", "metrics")
+
+
+def clean_record(rec: RunRecord) -> RunRecord:
+    """The record as it is stored: host text cleaned once here, so no reader of the history (runs
+    --local, the nightly report, bench.compare) gets an escape sequence from it."""
+    return replace(rec, **{name: _cleaned(getattr(rec, name)) for name in _HOST_TEXT})
 
 
 def _check(rec: RunRecord) -> None:
@@ -283,6 +307,7 @@ class History:
     def record(self, rec: RunRecord) -> None:
         """Insert the run, or update it in place when its id is already there."""
         _check(rec)
+        rec = clean_record(rec)
         values = [getattr(rec, c) for c in _COLUMNS]
         values[_COLUMNS.index("time")] = to_iso(parse_time(rec.time))
         for name in ("settings", "metrics"):

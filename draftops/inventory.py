@@ -273,7 +273,7 @@ def load_inventory(path: Path | None, project_root: Path) -> Inventory:
         return Inventory(hosts=builtin)
     try:
         data, root_node = yamlfile.load(path)
-    except yamlfile.DuplicateKeyError as exc:
+    except (yamlfile.DuplicateKeyError, yamlfile.ValueTooLongError) as exc:
         raise InventoryError(f"{path}:{exc.line}: {exc}.") from None
     except yamlfile.YamlFileError as exc:
         where = f"{path}:{exc.line}" if exc.line else str(path)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftops import hostagent
+from draftops import history, hostagent
 from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.host import Host
 from draftops.terminal import clean, needs_cleaning
@@ -35,6 +35,10 @@ RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --
 MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
 PULLED_LIST = ".draftops-pulled.json"   # in a pulled copy: the names that came from the host
 PULL_MARK = ".pull-"                     # in the name of a pull's temp folder: runs/.<id>.pull-XXXX
+#: what draftops itself writes in the local runs/ besides pulled run folders (the history database
+#: and its SQLite side files, the nightly reports and the scheduled nights' log): never a pull's
+LOCAL_NAMES = (history.DB_NAME, "nightly.log")
+LOCAL_PREFIXES = (history.DB_NAME + "-", "nightly-")
 
 
 def shell_path(path: str) -> str:
@@ -289,6 +293,7 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
     _check_id(run_id)
     dest_root = dest_root or host.project_root / "runs"
     dest = dest_root / run_id
+    _check_replaceable(dest, run_id)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
         _remove_dead_pulls(dest_root)
@@ -309,6 +314,7 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
         tree.mkdir()
         skipped = _extract(archive, tree)
         _note_pulled(tree)
+        _check_replaceable(dest, run_id)        # again: it may have appeared during the transfer
         if os.path.isdir(dest) and not os.path.islink(dest):
             _carry_local_files(dest, tree)
         _rename_into_place(tree, dest, work / "previous")
@@ -319,6 +325,24 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         os.close(held)
+
+
+def _check_replaceable(dest: Path, run_id: str) -> None:
+    """Refuse a pull that would replace a local entry the host did not put there: draftops' own files
+    (a host run folder named ``history.sqlite`` would replace the history with a folder), a file or
+    link, or a folder without the list of pulled names (a nightly report, a compare, the user's)."""
+    if run_id in LOCAL_NAMES or run_id.startswith(LOCAL_PREFIXES):
+        raise JobError(f"Run id {run_id!r} names draftops' own local file {dest} (the run history, a "
+                       "nightly report or the nightly log), so it is not pulled there: a host run folder "
+                       "of that name would replace it. Rename the folder on the host (under its "
+                       "<root>/runs/) and pull it by the new name.")
+    if not os.path.lexists(dest):
+        return
+    if os.path.islink(dest) or not os.path.isdir(dest) or not os.path.isfile(dest / PULLED_LIST):
+        what = ("a link" if os.path.islink(dest) else "a file" if not os.path.isdir(dest)
+                else f"a folder without {PULLED_LIST}, so not an earlier pull of that run")
+        raise JobError(f"Not pulling run {run_id}: {dest} exists here and is {what}; a pull would replace "
+                       "it. Move it aside (or remove it if it is no longer needed) and pull again.")
 
 
 def _work_folder(dest_root: Path, run_id: str) -> tuple[Path, int]:

@@ -5,6 +5,7 @@ silently replace the first; this loader refuses that and says on which two lines
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,18 @@ class YamlFileError(ValueError):
 
 class DuplicateKeyError(YamlFileError):
     """A mapping holds the same key twice; ``line`` is the second one."""
+
+
+class ValueTooLongError(YamlFileError):
+    """A number Python refuses to read (more digits than ``sys.get_int_max_str_digits()``)."""
+
+
+class _NumberTooLong(yaml.YAMLError):
+    """Raised while constructing; turned into :class:`ValueTooLongError` once the key path is known."""
+
+    def __init__(self, node: yaml.Node, reason: str):
+        super().__init__(reason)
+        self.node, self.reason = node, reason
 
 
 class _NoDuplicatesLoader(yaml.SafeLoader):
@@ -40,15 +53,63 @@ class _NoDuplicatesLoader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """PyYAML's int, but a number too long for Python (a 5,000-digit integer) is a YAML error at
+        its line, not the ValueError of ``int()`` escaping as a traceback."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as exc:
+            raise _NumberTooLong(node, str(exc)) from None
+
+
+_NoDuplicatesLoader.add_constructor("tag:yaml.org,2002:int", _NoDuplicatesLoader.construct_yaml_int)
+
+
+def _path_to(node: yaml.Node | None, target: yaml.Node) -> list[Any] | None:
+    """The keys (and list indexes) that lead from ``node`` to ``target``; None when it is not there."""
+    if node is target:
+        return []
+    children: list[tuple[Any, yaml.Node]] = []
+    if isinstance(node, yaml.MappingNode):
+        children = [(k.value if isinstance(k, yaml.ScalarNode) else "?", v) for k, v in node.value]
+        children += [("(key)", k) for k, _ in node.value]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(enumerate(node.value))
+    for key, child in children:
+        found = _path_to(child, target)
+        if found is not None:
+            return [key, *found]
+    return None
+
+
+def _field_name(path: list[Any]) -> str:
+    """``hosts.gpu.port`` / ``steps[0].args``: a key path as the user would look for it."""
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text
+
+
+def _too_long(exc: _NumberTooLong, root: yaml.Node | None) -> ValueTooLongError:
+    path = _path_to(root, exc.node) if root is not None else None
+    field = f"field `{_field_name(path)}`: " if path else ""
+    digits = len(str(exc.node.value))
+    return ValueTooLongError(
+        f"{field}a number {digits} characters long, more than the {sys.get_int_max_str_digits()} digits "
+        "Python reads; write a shorter number, or quote it if it is meant as text", exc.node.start_mark.line + 1)
+
 
 def load(path: Path) -> tuple[Any, yaml.Node | None]:
     """Parse ``path``; returns (data, root node) so callers can point at the line of any key."""
     loader = _NoDuplicatesLoader(path.read_text(encoding="utf-8"))
+    node = None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except YamlFileError:
         raise
+    except _NumberTooLong as exc:
+        raise _too_long(exc, node) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)

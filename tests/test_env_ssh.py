@@ -177,3 +177,16 @@ def test_a_venv_cut_off_before_pip_was_installed_is_repaired_by_the_rerun(env_pr
     assert "No module named pip" not in result.stdout and "ready" in result.stdout
     assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0
     assert_nothing_injected(tmp_path)
+
+
+def test_env_setup_shows_its_steps_not_pips_output_and_says_where_the_log_is(env_project, tmp_path):
+    """The new user's `env.setup --engine vllm` printed 537 lines of raw pip output; an install
+    shows its own steps, keeps pip's lines in the run's log (and says where) and names the next step."""
+    (tmp_path / "reqs.txt").write_text("pip\n")          # installed already: pip says so, offline
+    result = invoke(env_project, "env.setup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "creating venv" in result.stdout and "env ready" in result.stdout
+    assert "Requirement already satisfied" not in result.stdout
+    log = Path(result.stdout.split("full log: ", 1)[1].split()[0])
+    assert log.is_file() and "Requirement already satisfied: pip" in log.read_text()
+    assert "next: `invoke env.check --host box`" in result.stdout

@@ -272,3 +272,56 @@ def test_a_pull_killed_mid_transfer_leaves_no_temp_folder_behind_the_next_pull(p
         live.wait()
     jobs.pull_run(host, job.id)
     assert sorted(p.name for p in runs.iterdir()) == [job.id]
+
+
+def host_folder(host, name: str) -> Path:
+    """A folder in the host's <root>/runs named ``name`` (as a stray or crafted run folder would be)."""
+    folder = Path(host.runs_dir) / name
+    folder.mkdir(parents=True)
+    (folder / "log").write_text("from the host\n")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["history.sqlite", "history.sqlite-wal", "nightly-2026-12-01",
+                                  "nightly-2026-12-01-031500-2", "nightly.log"])
+def test_pull_refuses_ids_that_name_draftops_own_local_files(project, name):
+    """The probe pulled a host run folder named history.sqlite: the local history became a folder."""
+    from draftops import history
+    host = open_host(None, project)
+    history.for_project(project).record(history.RunRecord(
+        run_id="r1", kind="serve", host="box", time="2026-12-01T00:00:00+00:00"))
+    db = project / "runs" / "history.sqlite"
+    before = db.read_bytes()
+    host_folder(host, name)
+    with pytest.raises(JobError) as info:
+        jobs.pull_run(host, name)
+    assert "draftops' own local file" in str(info.value) and "Rename the folder on the host" in str(info.value)
+    assert db.is_file() and db.read_bytes() == before
+    assert not (project / "runs" / name).is_dir()
+
+
+@pytest.mark.parametrize("local", ["folder", "file", "link"])
+def test_pull_refuses_to_replace_a_local_entry_the_host_did_not_put_there(project, local, tmp_path):
+    """A compare folder written here, a user's file or a link of the same name stays as it was."""
+    host = open_host(None, project)
+    run_id = jobs.new_run_id("compare")
+    host_folder(host, run_id)
+    dest = project / "runs" / run_id
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if local == "folder":
+        dest.mkdir()
+        (dest / "compare.json").write_text("{}")
+    elif local == "file":
+        dest.write_text("mine")
+    else:
+        (tmp_path / "target").mkdir()
+        os.symlink(tmp_path / "target", dest)
+    with pytest.raises(JobError, match=rf"{dest} exists here and is a .*Move it aside"):
+        jobs.pull_run(host, run_id)
+    if local == "folder":
+        assert sorted(os.listdir(dest)) == ["compare.json"]
+    elif local == "file":
+        assert dest.read_text() == "mine"
+    else:
+        assert dest.is_symlink()
+    assert sorted(p.name for p in (project / "runs").iterdir()) == [run_id]

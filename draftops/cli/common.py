@@ -5,8 +5,9 @@ passes it ``live(...)`` to show the job on its console."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -104,6 +105,40 @@ def friendly_option_casts() -> None:
 
     set_value._draftops = True  # type: ignore[attr-defined]
     Argument.set_value = set_value  # type: ignore[method-assign]
+
+
+def honest_option_help() -> None:
+    """Invoke's ``--help`` shows a value placeholder only for str and int options, so a float option
+    (`--tolerance`, `--grace`) read as a flag that takes no value; give every option that takes a
+    value its placeholder (NUMBER for a float). Idempotent."""
+    from invoke.parser.context import ParserContext
+
+    original = ParserContext.help_for
+    if getattr(original, "_draftops", False):
+        return
+
+    def help_for(self: ParserContext, flag: str) -> tuple[str, str]:
+        names, text = original(self, flag)
+        arg = self.flags.get(flag)
+        if arg is None or arg.kind in (bool, str, int):
+            return names, text
+        value = {float: "NUMBER"}.get(arg.kind, getattr(arg.kind, "__name__", "VALUE").upper())
+        spec = [f"{n} [{value}]" if arg.optional else f"{n} {value}" if len(n.strip("-")) == 1
+                else f"{n}[={value}]" if arg.optional else f"{n}={value}" for n in names.split(", ")]
+        return ", ".join(spec), text
+
+    help_for._draftops = True  # type: ignore[attr-defined]
+    ParserContext.help_for = help_for  # type: ignore[method-assign]
+
+
+def first_paragraph_as_summary(tasks: Iterable[Any]) -> None:
+    """`invoke --list` shows a task's first docstring line, which cut summaries wrapped in the
+    source mid-sentence ("... follow it to its"): make each task's first line its whole first
+    paragraph, so the list reads a complete sentence (`--help TASK` shows the same text)."""
+    for task_ in tasks:
+        doc = inspect.cleandoc(task_.__doc__ or "")
+        first, _, rest = doc.partition("\n\n")
+        task_.__doc__ = " ".join(first.split()) + (f"\n\n{rest}" if rest else "")
 
 
 def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | None:

@@ -26,10 +26,12 @@ def setup_engine(target: Host, engine: str, venv: str | None) -> None:
         return
     note = (f": installing {plan.recipe.dist} {plan.recipe.version} into {escape(plan.venv)} (minutes; it "
             "survives a dropped link)")
-    run_job(target, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
-            view=live(note=note)).check()
+    done = run_job(target, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
+                   view=live("steps", note=note)).check()
+    log = done.folder / "log" if done.folder else done.run_id
     console.print(f"[green]env[/] {target.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
-                  f"(hash {plan.digest[:12]})")
+                  f"(hash {plan.digest[:12]}); full log: {escape(str(log))}")
+    console.print(f"next: {engine_env.next_step(plan.recipe, target.name)}")
 
 
 def add_engine_rows(engines: list[dict[str, Any]], table: Table) -> None:

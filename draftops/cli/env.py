@@ -33,8 +33,11 @@ def setup(c: Context, host: str | None = None, engine: str | None = None, venv: 
                       f"(requirements hash {env_plan.digest[:12]}); nothing to do")
         return
     script = mlenv.prepare_setup(target, env_plan)
-    run_job(target, "env-setup", script, cwd=".", view=live(announce=False)).check()
-    console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]})")
+    done = run_job(target, "env-setup", script, cwd=".", view=live("steps", announce=False)).check()
+    log = done.folder / "log" if done.folder else done.run_id
+    console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]}); "
+                  f"full log: {escape(str(log))}")
+    console.print(f"next: `invoke env.check --host {target.name}` shows what the ml-env holds")
 
 
 @task(help={"host": HOST_HELP})

@@ -52,12 +52,14 @@ def headline(rec: history.RunRecord) -> str:
         ready = _num(m.get("ready_s"), ".0f")
         eff = m.get("effective")
         eff = eff if isinstance(eff, dict) else {}
-        spec = ", ".join(f"{k}={v}" for k, v in sorted(eff.items()) if isinstance(v, (int, float, str)))[:60]
+        spec = ", ".join(f"{k}={v}" for k, v in sorted(eff.items())
+                         if not str(k).startswith("_") and isinstance(v, (int, float, str)))[:60]
         return (f"ready in {ready} s" if ready else str(rec.verdict)) + (f"; {spec}" if spec else "")
     if rec.kind == "compare":
         speed = _num(m.get("speedup"), ".2f")
         return f"{rec.settings.get('a')} vs {rec.settings.get('b')}" + (f", ×{speed}" if speed else "")
-    shown = [f"{k} {v}" for k, v in m.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    shown = [f"{k} {v}" for k, v in m.items()
+             if not str(k).startswith("_") and isinstance(v, (int, float, str)) and not isinstance(v, bool)]
     return ", ".join(shown[:3])
 
 
@@ -85,8 +87,9 @@ def show_history(found: list[history.RunRecord], title: str, filters: str, out: 
     from rich.table import Table
 
     table = Table(title=escape(title + (f": {filters}" if filters else "")), title_justify="left")
-    for col in ("id", "kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"):
-        table.add_column(col, overflow="fold" if col in ("id", "headline") else "ellipsis")
+    table.add_column("id", no_wrap=True, min_width=max([len(rec.run_id) for rec in found] + [2]))
+    for col in ("kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"):
+        table.add_column(col, overflow="fold" if col == "headline" else "ellipsis")
     for rec in found:
         engine = " ".join(p for p in (rec.engine, rec.engine_version) if p)
         draft_text = _short(rec.draft) + (f" {rec.draft_digest[7:15]}" if rec.draft_digest else "")

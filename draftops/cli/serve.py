@@ -28,11 +28,12 @@ from draftops.cli.common import (
     whole_number,
 )
 from draftops.cli.history import record_serve
-from draftops.console import console, escape, state_text
+from draftops.console import console, escape, shown_state, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.host import Host
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
+from draftops.terminal import clean
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 _HELP = {
     "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and its draft "
              "as configured: the seed's wrong ids until `invoke draft-config --ckpt demo` fixes them)",
-    "baseline": "serve the profile's target with no draft (for comparison runs)",
+    "baseline": "serve the profile's target with no draft (for comparison runs; on `local` with no target: "
+                "the demo's target)",
     "profile": "serve profile of the host (hosts.yaml `serve:`; default: the only one, or `default`)",
     "target": "target model folder on the host (default: the profile's `target`; `demo` for the demo's)",
     "steps": "speculative steps (vLLM: num_speculative_tokens, default 3)",
@@ -108,22 +110,65 @@ def _value(value: Any) -> str:
     return "—" if value is None else escape(str(value))
 
 
-def show_readback(readback: lifecycle.Readback, label: str, out: Console) -> None:
-    """Asked-for vs effective settings, the differing ones in red, then the notes."""
+@dataclasses.dataclass(frozen=True)
+class LayerIds:
+    """The draft's aux layer ids as the serving engine reads its config (``ids`` None: the config
+    names none the engine reads, so it uses its default)."""
+
+    engine: str                 # the engine's label: its convention
+    ids: list[int] | None
+    field: str | None
+
+
+def layer_ids(facts: dict[str, Any], label: str) -> LayerIds | None:
+    """From `remote.serve inspect`'s reading of the draft config for the chosen engine; None for a
+    baseline or a config whose format was not recognised."""
+    reading = (facts.get("draft") or {}).get("reading")
+    if not isinstance(reading, dict):
+        return None
+    ids = reading.get("ids")
+    ids = [int(i) for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+    field = reading.get("field")
+    return LayerIds(label, ids, str(field) if field else None)
+
+
+def _layer_row(layers: LayerIds, effective: dict[str, Any]) -> tuple[tuple[str, Any, Any, bool], str | None]:
+    """The aux-layer-ids row of the read-back table, and a note when the engine did not report them."""
+    got = effective.get("aux_layer_ids")
+    got = list(got) if isinstance(got, (list, tuple)) else None
+    asked: Any = layers.ids if layers.ids is not None else "engine default (none in the config)"
+    row = (f"aux layer ids ({layers.engine} convention)", asked, got,
+           layers.ids is not None and got is not None and list(layers.ids) != got)
+    note = None
+    if got is None:
+        where = f"`{layers.field}` of the draft config" if layers.field else "the draft config"
+        note = (f"{layers.engine} did not report the aux layer ids it captures; asked is what {where} holds "
+                f"as {layers.engine} reads it")
+    return row, note
+
+
+def show_readback(readback: lifecycle.Readback, label: str, out: Console, layers: LayerIds | None = None) -> None:
+    """Asked-for vs effective settings (the draft's aux layer ids among them: the setting a wrong
+    draft config gets wrong), the differing ones in red, then the notes."""
     from rich.table import Table
 
     table = Table(title=f"{label}: asked for vs effective", title_justify="left")
     for col in ("setting", "asked", "effective"):
         table.add_column(col, overflow="fold")
-    for name, asked, got, differs in readback.rows:
+    rows, notes = list(readback.rows), list(readback.notes)
+    if layers is not None:
+        row, note = _layer_row(layers, readback.effective)
+        rows.insert(2 if len(rows) >= 2 else len(rows), row)
+        notes += [note] if note else []
+    for name, asked, got, differs in rows:
         style = "bold red" if differs else ""
         table.add_row(f"[{style}]{escape(name)}[/]" if style else escape(name), _value(asked),
                       f"[{style}]{_value(got)}[/]" if style else _value(got))
     out.print(table)
-    differing = [name for name, _, _, differs in readback.rows if differs]
+    differing = [name for name, _, _, differs in rows if differs]
     if differing:
         out.print(f"[bold red]the server runs with other values than asked for: {escape(', '.join(differing))}[/]")
-    for note in readback.notes:
+    for note in notes:
         out.print(f"[yellow]note[/]: {escape(note)}")
 
 
@@ -142,23 +187,24 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
                       topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
                       port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
     plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
-                   demo_dir(box.state_dir))
+                   demo_dir(box.state_dir), demo_baseline=box.spec.transport == "local" and chosen.builtin)
     found = checks.Findings(notes=list(plan.notes))
     checks.flag_checks(plan, found)
     if found.refusals:
         raise ServeRefused(*found.refusals)
-    if request.demo:
+    if plan.demo:
         ensure_demo(box)
     launch = plan.launch
     facts = hosttool.inspect(box, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
     verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None
     checks.fact_checks(plan, facts, verdict, found)
     engine_info = facts.get("engine") or {}
-    console.print(f"[bold]{plan.engine.label}[/] {engine_info.get('version') or ''} on {box.name} "
+    console.print(f"[bold]{plan.engine.label}[/] {escape(str(engine_info.get('version') or ''))} on {box.name} "
                   f"(profile {chosen.name}, {escape(launch.python)})")
     show_findings(found, console)
     if found.refusals:
         raise ServeRefused(*found.refusals)
+    layers = layer_ids(facts, plan.engine.label) if launch.draft else None
     ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
     plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
     room = lifecycle.make_room(box, plan)
@@ -175,7 +221,8 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
               "target": launch.target, "draft": launch.draft,
               "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps, "topk": launch.topk,
                         "draft_tokens": launch.draft_tokens, "max_running_requests": launch.max_running_requests,
-                        "tp": launch.tp, "baseline": baseline}, "replaced_exit_s": room.replaced_exit_s}
+                        "tp": launch.tp, "baseline": baseline, "aux_layer_ids": layers.ids if layers else None},
+              "replaced_exit_s": room.replaced_exit_s}
     try:
         lifecycle.wait_ready(box, plan, server, update)
     except KeyboardInterrupt:
@@ -195,7 +242,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     record_serve(box, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
     console.print(f"[green]ready[/]: {plan.engine.label} on {box.name} 127.0.0.1:{server.port} "
                   f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
-    show_readback(readback, plan.engine.label, console)
+    show_readback(readback, plan.engine.label, console, layers)
     console.print(f"[dim]status: `invoke serve.status --host {box.name}`; stop: `invoke serve.stop --port "
                   f"{server.port} --host {box.name}`[/]")
 
@@ -234,12 +281,13 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
     table = Table(title=f"servers on {escape(host)}", title_justify="left")
     for col in ("port", "engine", "state", "pid", "uptime"):
         table.add_column(col, no_wrap=True)
-    for col in ("target", "draft", "effective settings", "run"):
+    for col in ("target", "draft", "effective settings"):
         table.add_column(col, overflow="fold")
+    table.add_column("run", no_wrap=True, min_width=max([len(str(row.run_id)) for row in rows] + [3]))
     for row in rows:
-        table.add_row(str(row.port), escape(row.engine), state_text("alive" if row.alive else "dead"),
-                      str(row.pid or "—"), _uptime(row.uptime_s), escape(row.target),
-                      escape(row.draft or "(baseline)"), escape(_settings(row)), escape(row.run_id))
+        table.add_row(escape(str(row.port)), escape(str(row.engine)), state_text("alive" if row.alive else "dead"),
+                      escape(str(row.pid or "—")), _uptime(row.uptime_s), escape(str(row.target)),
+                      escape(str(row.draft or "(baseline)")), escape(_settings(row)), escape(str(row.run_id)))
     out.print(table)
 
 
@@ -261,14 +309,14 @@ def stop(c: Context, port: int | None = None, all: bool = False, grace: float | 
         except ServeError as exc:
             if not all:
                 raise
-            console.print(f"port {server.port}: [yellow]skipped[/]: {escape(str(exc))}")
+            console.print(f"port {escape(str(server.port))}: [yellow]skipped[/]: {escape(str(exc))}")
             continue
         left = (final.get("reaped") or {}).get("left")
-        tail = f", [red]processes left: {left}[/]" if left else ", no process left"
+        tail = f", [red]processes left: {escape(str(left))}[/]" if left else ", no process left"
         took = final.get("exit_s")
         exited = f" in {took:.1f} s" if isinstance(took, (int, float)) else ""
-        console.print(f"port {server.port} ({server.engine}, run {server.run_id}): "
-                      f"{state_text(final.get('state'))}{exited}{tail}")
+        console.print(f"port {escape(str(server.port))} ({escape(str(server.engine))}, run "
+                      f"{escape(str(server.run_id))}): {state_text(shown_state(final))}{exited}{tail}")
 
 
 @task(help={"port": "the server's port (default: the only server)", "follow": "stream until it stops "
@@ -282,6 +330,6 @@ def logs(c: Context, port: int | None = None, follow: bool = False, lines: int =
     box = connect(c, host)
     ensure_code(box)
     server = lifecycle.find(box, _whole("--port", port))
-    console.print(lifecycle.log_tail(box, server.run_id, lines), markup=False, highlight=False, end="")
+    console.print(clean(lifecycle.log_tail(box, server.run_id, lines)), markup=False, highlight=False, end="")
     if follow:
         tools.follow(box, server.run_id, live(), offset=lifecycle.log_size(box, server.run_id))

@@ -200,6 +200,9 @@ class VLLM(Engine):
             "gen_throughput": re.compile(r"Avg generation throughput:\s*([0-9.]+)")}
     _SPEC = re.compile(r"speculative_config=SpeculativeConfig\(([^)]*)\)")
     _POSITION = re.compile(r'vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"')
+    #: the worker's line at model load (gpu_model_runner, which the CPU runner inherits; eagle3_utils)
+    _AUX = re.compile(r"Using (?:Eagle3 )?auxiliary layers from (?:speculative config|config|model): "
+                      r"[(\[]([-\d,\s]*)[)\]]")
 
     def command(self, launch: Launch) -> list[str]:
         argv = [launch.python, "-m", "vllm.entrypoints.cli.main", "serve", launch.target,
@@ -245,7 +248,13 @@ class VLLM(Engine):
                 "max_num_seqs": _int_after(r"'max_num_seqs': (\d+)", log_head),
                 "tp": _int_after(r"tensor_parallel_size=(\d+)", log_head),
                 "max_model_len": _int_after(r"max_seq_len=(\d+)", log_head),
+                "aux_layer_ids": self._aux_layer_ids(log_head),
                 "_metrics_positions": len(positions)}
+
+    def _aux_layer_ids(self, log_head: str) -> list[int] | None:
+        """The aux layer ids the engine says it captures (its convention), None when it did not say."""
+        match = self._AUX.search(log_head)
+        return [int(n) for n in re.findall(r"-?\d+", match.group(1))] if match else None
 
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         if "SpecDecoding metrics" not in line and "Avg generation throughput" not in line:

@@ -52,10 +52,14 @@ class Plan:
     engine: engines.Engine
     launch: engines.Launch
     notes: list[str] = field(default_factory=list)
+    demo: bool = False          # it serves the generated demo's target (made first when missing)
 
 
-def resolve(request: Request, profile: Profile, demo_dir: str) -> Plan:
-    """Fill the launch settings from the request, then the profile, then draftops' defaults."""
+def resolve(request: Request, profile: Profile, demo_dir: str, demo_baseline: bool = False) -> Plan:
+    """Fill the launch settings from the request, then the profile, then draftops' defaults.
+
+    ``demo_baseline``: a --baseline with no target anywhere serves the demo's target (the built-in
+    `local` host, whose only model is the demo: the baseline to hold `--draft demo` against)."""
     settings = profile.settings
     if request.baseline == bool(request.draft):
         raise ServeRefused(
@@ -68,6 +72,12 @@ def resolve(request: Request, profile: Profile, demo_dir: str) -> Plan:
     demo_target = f"{demo_dir}/{DEMO_TARGET}"
     draft = f"{demo_dir}/{DEMO_DRAFT}" if request.draft == DEMO else request.draft
     target = demo_target if request.demo else (request.target or settings.target)
+    demo = request.demo
+    if not target and request.baseline and demo_baseline:
+        target, demo = demo_target, True
+        notes.append(f"no target given and serve profile {profile.name!r} of host {profile.host!r} has none: "
+                     "serving the generated demo's target, the baseline for `--draft demo` (--target PATH "
+                     "serves another model)")
     if request.draft == DEMO and request.target not in (None, DEMO):
         raise ServeRefused(f"The demo draft was trained for the demo target only; drop --target "
                             f"{request.target} (or serve your own draft with --draft CKPT).")
@@ -75,7 +85,7 @@ def resolve(request: Request, profile: Profile, demo_dir: str) -> Plan:
         raise ServeRefused(
             f"No target model: serve profile {profile.name!r} of host {profile.host!r} has no `target:`. "
             "Add `target: /path/to/model` to the profile in hosts.yaml, or pass --target PATH "
-            "(--target demo for the generated demo's target).")
+            "(`--baseline --target demo` for the generated demo's target, the baseline for `--draft demo`).")
     port = profile.port if request.port is None else request.port     # --port 0 is refused, not the default
     if not 1 <= port <= 65535:
         raise ServeRefused(f"--port {port} is not a TCP port (1-65535).")
@@ -93,4 +103,4 @@ def resolve(request: Request, profile: Profile, demo_dir: str) -> Plan:
         listen=settings.listen, tp=settings.tp, max_running_requests=max_running,
         mem_fraction=settings.mem_fraction, context_length=settings.context_length,
         steps=steps, topk=topk, draft_tokens=draft_tokens, extra_args=tuple(settings.extra_args))
-    return Plan(request, profile, engines.get(profile.engine), launch, notes)
+    return Plan(request, profile, engines.get(profile.engine), launch, notes, demo)

@@ -1,0 +1,46 @@
+"""`invoke --list` and `invoke --help TASK` as a new user reads them: every task's summary is a complete
+sentence (Invoke shows only the docstring's first line, which cut wrapped summaries mid-sentence),
+and an option that takes a value says so (Invoke showed a float option as a bare flag)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from invoke.util import helpline
+
+from tests.conftest import REPO
+
+
+def collection():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("draftops_tasks_for_help_test", REPO / "tasks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ns
+
+
+def invoke(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "100"}, timeout=60, check=True)
+    return done.stdout
+
+
+def test_every_task_summary_in_the_list_is_a_complete_sentence():
+    ns = collection()
+    tasks = [*ns.tasks.values(), *(t for sub in ns.collections.values() for t in sub.tasks.values())]
+    assert len(tasks) > 20
+    for task in tasks:
+        line = helpline(task)
+        assert line and line.rstrip().endswith((".", ")", "`")), (task.name, line)
+        assert line.count("(") == line.count(")"), (task.name, line)
+    listed = " ".join(invoke("--list").split())
+    assert "follow it to its end" in listed and "--local: the local history." in listed
+
+
+def test_options_that_take_a_value_show_it_in_help():
+    text = invoke("--help", "bench.compare")
+    assert "--tolerance=NUMBER" in text and "-t NUMBER" in text
+    assert "--run-a=STRING" in text
+    assert "--all " in invoke("--help", "runs")       # a boolean stays a flag

@@ -1713,10 +1713,14 @@ def main(argv):
 
 
 STANDBY_FLAG = "--standby"
-STANDBY_READY = b"@@draftops-standby ready\n"
+#: + the standby's clock (time.monotonic()) and a newline: the keeper gives each call an expiry in it
+STANDBY_READY = b"@@draftops-standby ready "
 #: written as soon as a request is read, before anything runs: a keeper that sees the standby's channel
 #: end without it knows nothing ran, and runs the call on a fresh channel instead
 STANDBY_TOOK = b"@@draftops-standby took\n"
+#: the request's field, in the standby's clock, after which the keeper no longer waits for the took
+#: line (it told its caller that nothing ran, and the call runs elsewhere): the call is then not run
+STANDBY_EXPIRES = "expires"
 MAX_STANDBY_REQUEST = 1 << 22
 #: stdlib modules the quick tools (draftops.tools.STDLIB_TOOLS) import, loaded by a standby before it
 #: says ready: about 10 ms of each tool call (python -X importtime). Only the stdlib: the synced code
@@ -1737,18 +1741,25 @@ def standby():
         except ImportError:
             pass
     out = sys.stdout.buffer
-    out.write(STANDBY_READY)
+    out.write(STANDBY_READY + repr(time.monotonic()).encode() + b"\n")
     out.flush()
     line = sys.stdin.buffer.readline(MAX_STANDBY_REQUEST)
     if not line.endswith(b"\n"):
         return
+    try:
+        request = json.loads(line)
+    except ValueError:
+        request = None
+    if _expired(request):    # read too late (this process was stopped, the link stalled): abandoned
+        os._exit(0)
     try:
         out.write(STANDBY_TOOK)
         out.flush()
     except OSError:          # the keeper gave up on this standby and may run the call elsewhere
         os._exit(0)
     try:
-        request = json.loads(line)
+        if request is None:
+            raise ValueError("not JSON")
         if isinstance(request, dict) and request.get("tool"):
             _run_tool(request["tool"])
             return
@@ -1763,6 +1774,13 @@ def standby():
         return
     _stamp("agent-start")
     main(argv)
+
+
+def _expired(request):
+    """Whether a standby's ``request`` came after its expiry (the keeper's time for the took line had
+    passed): the caller was told nothing ran, so running it now would run it twice or out of turn."""
+    expires = request.get(STANDBY_EXPIRES) if isinstance(request, dict) else None
+    return isinstance(expires, (int, float)) and time.monotonic() > expires
 
 
 def _run_tool(tool):

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import posixpath
+import re
 import secrets
 import shlex
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +35,7 @@ from draftops.errors import (
 )
 from draftops.framing import FramingError, Unframer, error_text, split_replies
 from draftops.hostagent import Exit
-from draftops.terminal import clean
+from draftops.terminal import clean, needs_cleaning
 from remote.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -109,9 +113,54 @@ def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
 WARM_UNSTARTED = frozenset({Exit.CRASHED, Exit.USAGE, Exit.PROTOCOL_MISMATCH, 126, Exit.NO_PYTHON})
 
 
+MAX_NOTE = 1 << 12        # a cache note is a line of JSON; anything bigger is not one
+_PYTHON_NAME = re.compile(r"(python|pypy)[0-9.]*[a-z]?")
+
+
 def _absolute(path: object) -> bool:
     """Whether a remembered ``path`` (from a cache file) is an absolute path a command line can carry."""
-    return isinstance(path, str) and path.startswith("/") and "\0" not in path
+    return isinstance(path, str) and path.startswith("/") and "\0" not in path and not needs_cleaning(path)
+
+
+def _agent_copy(run: object) -> bool:
+    """Whether a remembered ``run`` names this agent's installed copy as prepare reports it:
+    ``.../state/agent-<sha12>.py`` or its ``agent-<sha12>.<tag>.pyc`` (the host checks the rest, WARM_STUB)."""
+    if not _absolute(run):
+        return False
+    parent, name = posixpath.split(str(run))
+    stem = AGENT_NAME[:-len(".py")]
+    return posixpath.basename(parent) == "state" and (
+        name == AGENT_NAME or (name.startswith(stem + ".") and name.endswith(".pyc") and "/" not in name))
+
+
+def _interpreter(python: object) -> bool:
+    """Whether a remembered interpreter looks like one (``.../python3.12``): a note pointing at another
+    program is not run on the host."""
+    return _absolute(python) and bool(_PYTHON_NAME.fullmatch(posixpath.basename(str(python))))
+
+
+def read_note(path: Path | None) -> dict[str, Any] | None:
+    """A small cache note, read safely: a regular file (not a link, FIFO or device), at most MAX_NOTE
+    bytes, one JSON object; anything else is None (the caller boots cold and writes it afresh)."""
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_NOTE + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        note = json.loads(data) if len(data) <= MAX_NOTE else None
+    except (ValueError, RecursionError):
+        return None
+    return note if isinstance(note, dict) else None
 
 
 class AgentClient:
@@ -206,9 +255,10 @@ class AgentClient:
     def command_line(self, args: tuple[str, ...], nonce: str) -> str:
         """The shell command for one call: the installed agent, or the inline boot before the first."""
         env = _env_prefix(nonce)
-        if self.info is None and self.warm is not None:
-            quoted = " ".join(shlex.quote(a) for a in (self.spec.root, AGENT_NAME, *args))
-            return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.warm)} {hostagent.WARM_FLAG} {quoted}"
+        if self.info is None and self.warm is not None:   # checked on the host before it runs (WARM_STUB)
+            quoted = " ".join(shlex.quote(a) for a in (self.warm, self.spec.root, AGENT_NAME, *args))
+            return (f"{env} {shlex.quote(self.python)} -S -c {shlex.quote(hostagent.WARM_STUB)} "
+                    f"{hostagent.WARM_FLAG} {quoted}")
         if self.info is None:
             boot = _BOOT.format(src=AGENT_SOURCE)
             return " ".join([env, shlex.quote(self.python), "-S", "-c", shlex.quote(boot), shlex.quote(self.spec.root),
@@ -323,11 +373,8 @@ class AgentClient:
 
     # ------------------------------------------------------------------ the remembered interpreter
     def _remembered(self) -> str | None:
-        try:
-            python = json.loads(self.memory.read_text())["python"] if self.memory else None
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-        return python if _absolute(python) else None
+        python = (read_note(self.memory) or {}).get("python")
+        return python if _interpreter(python) else None
 
     def _remember(self, python: str) -> None:
         """Use ``python`` for the rest of the session and remember it for the next (best effort)."""
@@ -346,14 +393,11 @@ class AgentClient:
         """The installed agent a session's first call can run instead of the inline boot (hostagent
         warm_boot), as ``installed`` (a file, or None) remembers it: only for this agent version and
         this session's python. A stale note costs one refused exec, then the boot runs."""
-        try:
-            note = json.loads(self.installed.read_text()) if self.installed else None
-        except (OSError, ValueError):
-            return None
-        if not isinstance(note, dict) or note.get("agent") != AGENT_NAME or note.get("python") != self.python:
+        note = read_note(self.installed)
+        if note is None or note.get("agent") != AGENT_NAME or note.get("python") != self.python:
             return None
         run = note.get("run")
-        return run if _absolute(run) else None
+        return run if _agent_copy(run) else None
 
     def _note_warm(self, python: str, run: str) -> None:
         """Remember where the boot says this agent is installed (best effort; see _warm_run)."""

@@ -341,6 +341,34 @@ def _no_delay(sock: object) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class ExecUnanswered(OSError):
+    """The host did not accept a command in time after it was sent: it may run all the same."""
+
+
+def _bounded_exec(transport: paramiko.Transport, command: str, open_s: float, exec_s: float) -> paramiko.Channel:
+    """``open_session`` + ``exec_command`` with both waits bounded (paramiko waits an hour for the first
+    and for ever for the second): see SSHTransport._channel."""
+    import paramiko
+
+    try:
+        channel = transport.open_session(timeout=open_s)
+    except paramiko.SSHException as exc:
+        raise OSError(f"the host did not open a channel within {open_s:g}s ({_reason(exc)})") from None
+    watchdog = threading.Timer(exec_s, channel.close)     # a closed channel ends exec_command's wait
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        channel.exec_command(command)
+    except paramiko.SSHException as exc:
+        channel.close()
+        if watchdog.finished.is_set():
+            raise ExecUnanswered(f"the host did not accept the command within {exec_s:g}s") from None
+        raise OSError(f"the host refused the command ({_reason(exc)})") from None
+    finally:
+        watchdog.cancel()
+    return channel
+
+
 class SSHTransport:
     """A Fabric connection behind its chain of jump hosts (Fabric gateways), opened once, with
     keepalive and retries. Every hop is opened in turn, so an error names the hop that failed."""
@@ -379,9 +407,15 @@ class SSHTransport:
             role += f" via {self.hops[index - 1].name!r}"
         return role
 
-    def _channel(self, command: str, reconnect: bool = True) -> paramiko.Channel:
+    def _channel(self, command: str, reconnect: bool = True, bound: tuple[float, float] | None = None
+                 ) -> paramiko.Channel:
         """A channel running ``command``; a dropped connection is opened again first, unless
-        ``reconnect`` is False (the keeper: it never reconnects), then it is an OSError."""
+        ``reconnect`` is False (the keeper: it never reconnects), then it is an OSError.
+
+        ``bound`` (the keeper: a link that went silent must not hold a call for paramiko's hour):
+        (seconds for the host to open the channel, seconds for it to accept the command). A channel not
+        opened in time is an OSError (the command was never sent); a command not accepted in time is
+        ``ExecUnanswered`` (it was sent, so it may still run)."""
         transport = self.connection.transport
         if transport is None or not transport.is_active():
             if not reconnect:
@@ -390,9 +424,11 @@ class SSHTransport:
             self._open()
             transport = self.connection.transport
         assert transport is not None
-        channel = transport.open_session()
-        channel.exec_command(f"sh -c {shlex.quote(command)}")
-        return channel
+        if bound is None:
+            channel = transport.open_session()
+            channel.exec_command(f"sh -c {shlex.quote(command)}")
+            return channel
+        return _bounded_exec(transport, f"sh -c {shlex.quote(command)}", *bound)
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:

@@ -155,6 +155,7 @@ def cmd_prepare(root, agent_name, source=None):
             os.makedirs(os.path.join(resolved, sub), exist_ok=True)
         if not os.path.lexists(os.path.join(resolved, "code")):     # an existing one is judged by sync
             _create_code(os.path.join(resolved, "code"))
+        _private_state(os.path.join(resolved, "state"))
         fd, probe = _mkstemp(os.path.join(resolved, "state"), ".probe")
         os.close(fd)
         os.unlink(probe)
@@ -210,7 +211,7 @@ def _compiled(agent, rewritten, source=None):
     if not tag or not agent.endswith(".py"):
         return None
     pyc = f"{agent[:-3]}.{tag}.pyc"
-    if rewritten or not _loadable(pyc, agent, source):
+    if rewritten or not _loadable(pyc, agent, source) or not _private(pyc):
         import py_compile
         try:
             py_compile.compile(agent, cfile=pyc, doraise=True,
@@ -218,6 +219,23 @@ def _compiled(agent, rewritten, source=None):
         except (OSError, py_compile.PyCompileError):
             return None
     return pyc
+
+
+def _private(path):
+    """Whether ``path`` is this user's and writable by nobody else (what WARM_STUB runs, it checks so)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _private_state(state):
+    """Take group and other write from ``<root>/state`` (draftops' own folder; a umask of 002 gives it
+    them), so that WARM_STUB accepts what is installed there."""
+    st = os.stat(state)
+    if st.st_uid == os.getuid() and st.st_mode & 0o022:
+        os.chmod(state, stat.S_IMODE(st.st_mode) & ~0o022)
 
 
 def _loadable(pyc, source_path, source=None):
@@ -266,6 +284,49 @@ def boot(source, argv):
 
 
 WARM_FLAG = "--warm"
+#: ``python -S -c WARM_STUB --warm RUN ROOT AGENT_NAME [COMMAND ARGS...]``: how a session's first call runs
+#: the installed copy it remembers (a note on the local side, which anyone who can write there could
+#: point anywhere). Before anything of ``RUN`` is executed, it must be a regular file directly in
+#: ``<ROOT>/state`` (real paths), and it and that folder owned by this user and not writable by group or
+#: others; otherwise nothing runs: exit PROTOCOL_MISMATCH, and the caller boots with the source.
+WARM_STUB = r"""import os, stat, sys
+def no(why, code=9):
+    sys.stderr.write("\n@@draftops-error %s\n%s\n" % (os.environ.get("DRAFTOPS_FRAME", "-"),
+                     why if code != 9 else "warm boot refused: %s; boot with the source" % why))
+    sys.exit(code)
+run, root = sys.argv[2], sys.argv[3]
+resolved = os.path.realpath(os.path.expanduser(os.path.expandvars(root)))
+home = os.path.realpath(os.path.expanduser("~"))
+if resolved in ("/", home):   # root's fault, as cmd_prepare says it: a boot would meet it the same way
+    no("root %r resolves to %s, which is %s; draftops deletes inside <root>/code during sync, so it needs a "
+       "folder of its own, e.g. ~/draftops" % (root, resolved, "/" if resolved == "/" else "the home directory"), 3)
+state = os.path.join(resolved, "state")
+path = os.path.realpath(run)
+sys.path[0] = state
+if os.path.dirname(path) != state:
+    no("%s is not in %s" % (run, state))
+try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    st, sd = os.fstat(fd), os.stat(state)
+    data = os.read(fd, 1 << 22) if stat.S_ISREG(st.st_mode) else b""
+except OSError as exc:
+    no("%s: %s" % (run, exc))
+for what, s in ((path, st), (state, sd)):
+    if s.st_uid != os.getuid() or s.st_mode & 0o022:
+        no("%s is not this user's alone (owner %d, mode %o)" % (what, s.st_uid, s.st_mode & 0o777))
+if not stat.S_ISREG(st.st_mode) or not data or len(data) >= 1 << 22:
+    no("%s is not a whole agent file" % run)
+if path.endswith(".pyc"):
+    import marshal
+    from importlib.util import MAGIC_NUMBER
+    if data[:4] != MAGIC_NUMBER:
+        no("%s is not this python's bytecode" % run)
+    code = marshal.loads(data[16:])
+else:
+    code = compile(data, path, "exec")
+sys.argv = [path] + sys.argv[1:2] + sys.argv[3:]
+exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+"""
 
 
 def warm_boot(argv):
@@ -1713,10 +1774,14 @@ def main(argv):
 
 
 STANDBY_FLAG = "--standby"
-STANDBY_READY = b"@@draftops-standby ready\n"
+#: + the standby's clock (time.monotonic()) and a newline: the keeper gives each call an expiry in it
+STANDBY_READY = b"@@draftops-standby ready "
 #: written as soon as a request is read, before anything runs: a keeper that sees the standby's channel
 #: end without it knows nothing ran, and runs the call on a fresh channel instead
 STANDBY_TOOK = b"@@draftops-standby took\n"
+#: the request's field, in the standby's clock, after which the keeper no longer waits for the took
+#: line (it told its caller that nothing ran, and the call runs elsewhere): the call is then not run
+STANDBY_EXPIRES = "expires"
 MAX_STANDBY_REQUEST = 1 << 22
 #: stdlib modules the quick tools (draftops.tools.STDLIB_TOOLS) import, loaded by a standby before it
 #: says ready: about 10 ms of each tool call (python -X importtime). Only the stdlib: the synced code
@@ -1737,18 +1802,25 @@ def standby():
         except ImportError:
             pass
     out = sys.stdout.buffer
-    out.write(STANDBY_READY)
+    out.write(STANDBY_READY + repr(time.monotonic()).encode() + b"\n")
     out.flush()
     line = sys.stdin.buffer.readline(MAX_STANDBY_REQUEST)
     if not line.endswith(b"\n"):
         return
+    try:
+        request = json.loads(line)
+    except ValueError:
+        request = None
+    if _expired(request):    # read too late (this process was stopped, the link stalled): abandoned
+        os._exit(0)
     try:
         out.write(STANDBY_TOOK)
         out.flush()
     except OSError:          # the keeper gave up on this standby and may run the call elsewhere
         os._exit(0)
     try:
-        request = json.loads(line)
+        if request is None:
+            raise ValueError("not JSON")
         if isinstance(request, dict) and request.get("tool"):
             _run_tool(request["tool"])
             return
@@ -1763,6 +1835,13 @@ def standby():
         return
     _stamp("agent-start")
     main(argv)
+
+
+def _expired(request):
+    """Whether a standby's ``request`` came after its expiry (the keeper's time for the took line had
+    passed): the caller was told nothing ran, so running it now would run it twice or out of turn."""
+    expires = request.get(STANDBY_EXPIRES) if isinstance(request, dict) else None
+    return isinstance(expires, (int, float)) and time.monotonic() > expires
 
 
 def _run_tool(tool):

@@ -25,17 +25,38 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftops.connection import SSHTransport
-from draftops.hostagent import STANDBY_FLAG, STANDBY_READY, STANDBY_TOOK
+from draftops.connection import ExecUnanswered, SSHTransport
+from draftops.hostagent import STANDBY_EXPIRES, STANDBY_FLAG, STANDBY_READY, STANDBY_TOOK
 from draftops.inventory import HostSpec
-from draftops.keeper_link import ERR, EXIT, OUT, REFUSED, STARTED, read_exact, send_frame, socket_path
+from draftops.keeper_link import (
+    ERR,
+    EXIT,
+    HAND_OVER_S,
+    LATE,
+    OUT,
+    REFUSED,
+    STARTED,
+    TAKE_S,
+    read_exact,
+    send_frame,
+    socket_path,
+)
 
 MAX_REQUEST = 1 << 22
+REQUEST_S = 5.0                      # a client sends its whole request line at once; half a line is dropped
 STANDBY_START_S = 30.0
-TAKE_S = 30.0                        # a live standby says it took a call at once; a host this slow is in trouble
+STANDBY_WAIT_S = 3.0                 # how long a call waits for a standby still starting (then: an exec)
+TAKE_MARGIN_S = 2.0                  # a standby's expiry comes this much before the keeper stops waiting
+OPEN_S = 5.0                         # the host opens a channel within a round trip; a silent link does not
+PROBE_S = 5.0                        # how often the keeper asks the host for an answer (a keepalive with a reply)
+LINK_S = 10.0                        # no answer within this: the link is silent (a stopped sshd); stop
 MAX_BANNER = 1 << 16                 # what shell start-up files may print before a standby's ready line
 ACCEPT_S = 0.25                      # how often an idle keeper looks at the clock and the connection
 PEERCRED = struct.Struct("3i")
+
+
+class Late(Exception):
+    """Something did not answer in time and nothing ran: the client runs the call directly, and says so."""
 
 
 def log(message: str) -> None:
@@ -51,6 +72,13 @@ class Standby:
         self.ready = threading.Event()      # said ready
         self.settled = threading.Event()    # said ready, or failed
         self.failed = False
+        self.clock = 0.0                    # the standby's clock in its ready line ...
+        self.seen_at = 0.0                  # ... and this keeper's when it came
+
+    def expiry(self) -> float:
+        """The standby's clock at which a call handed over now is abandoned (docs/protocol.md): before
+        the keeper stops waiting for its took line, by more than the line's trip back can take."""
+        return self.clock + (time.monotonic() - self.seen_at) + TAKE_S - TAKE_MARGIN_S
 
     def wait_ready(self) -> None:
         """Read up to the ready line. What the host's shell start-up files print before it (a banner
@@ -59,14 +87,16 @@ class Standby:
         seen = b""
         self.channel.settimeout(STANDBY_START_S)
         try:
-            while not seen.endswith(STANDBY_READY):
+            while (at := seen.find(STANDBY_READY)) < 0 or b"\n" not in seen[at:]:
                 chunk = self.channel.recv(4096) if len(seen) <= MAX_BANNER else b""
                 if not chunk:
                     raise OSError(f"no ready line from the standby; it said {seen[-200:]!r}")
                 seen += chunk
+            self.seen_at = time.monotonic()
+            self.clock = float(seen[at + len(STANDBY_READY):].split(b"\n", 1)[0])
             self.channel.settimeout(None)
             self.ready.set()
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             self.failed = True
             reason = str(exc) or f"{type(exc).__name__}: no ready line within {STANDBY_START_S:.0f} s"
             log(f"a standby agent did not start: {reason}")
@@ -94,8 +124,32 @@ class Keeper:
         link = self.transport.connection.transport
         return link is not None and link.is_active()
 
-    def channel(self, command: str) -> Any:
-        return self.transport._channel(command, reconnect=False)
+    def channel(self, command: str, start_by: float | None = None) -> Any:
+        """A channel running ``command``, every wait bounded. Past ``start_by`` (the time its client gave
+        for the call to be handed over; it stops waiting soon after) nothing is started any more."""
+        left = (time.monotonic() + OPEN_S if start_by is None else start_by) - time.monotonic()
+        if left <= 0:
+            raise Late(f"the call was not handed over to the host within {HAND_OVER_S:g}s")
+        try:
+            return self.transport._channel(command, reconnect=False, bound=(min(left, OPEN_S), TAKE_S))
+        except ExecUnanswered:
+            raise
+        except OSError as exc:
+            if "did not open" in str(exc):
+                raise Late(str(exc)) from None
+            raise
+
+    def watch_link(self) -> None:
+        """Ask the host for an answer every PROBE_S; one not answered within LINK_S means the link is
+        silent (a stopped sshd or a cut cable, which TCP shows no sign of for hours): stop, closing the
+        connection, so every call on it ends now and the next call connects directly."""
+        link = self.transport.connection.transport
+        while not self.stopping and link is not None and link.is_active():
+            time.sleep(PROBE_S)
+            if not self.stopping and not _answers(link, LINK_S):
+                log(f"the SSH connection did not answer a keepalive within {LINK_S:g}s; stopping")
+                self.stopping = True
+                link.close()
 
     # ---------------------------------------------------------------- standbys
     def refill(self, key: tuple[str, str]) -> None:
@@ -121,8 +175,8 @@ class Keeper:
                 self.known.pop(key, None)     # told again by the next call that boots the agent
 
     def take(self, key: tuple[str, str]) -> Standby | None:
-        """A standby of ``key`` for one call. One still starting is waited for: it was started before
-        this call came, so it is ready no later than a fresh exec would be."""
+        """A standby of ``key`` for one call. One still starting is waited for (a while): it was started
+        before this call came, so it is ready no later than a fresh exec would be."""
         with self.lock:
             pool = self.standbys.get(key, [])
             starting = [s for s in pool if not s.failed and not s.channel.closed]
@@ -130,7 +184,7 @@ class Keeper:
                 return None
             standby = next((s for s in starting if s.ready.is_set()), starting[0])
             pool.remove(standby)
-        standby.settled.wait(STANDBY_START_S)
+        standby.settled.wait(STANDBY_WAIT_S)
         if standby.usable:
             return standby
         standby.channel.close()          # died while waiting, or too slow to start: not used again
@@ -139,6 +193,7 @@ class Keeper:
     # ---------------------------------------------------------------- requests
     def serve(self) -> None:
         self.listener.settimeout(ACCEPT_S)
+        threading.Thread(target=self.watch_link, daemon=True).start()
         while not self.stopping:
             try:
                 conn, _ = self.listener.accept()
@@ -208,57 +263,122 @@ class Keeper:
             standby = self.take(key)
         relay = _Relay(conn)
         try:
+            started = self._start(conn, request, standby, relay)
+        finally:
+            if key is not None:
+                self.refill(key)       # the next call finds the next standby starting or ready
+        if started:
+            send_frame(conn, STARTED)
+            relay.run(bool(request.get("combine")))
+
+    def _start(self, conn: socket.socket, request: dict[str, Any], standby: Standby | None, relay: _Relay) -> bool:
+        """Hand the call to ``standby`` or an exec; whether it started. What did not start is answered here."""
+        start_by = _start_by(request)
+        try:
             if standby is not None:
-                standby.channel.sendall(json.dumps(request["header"]).encode() + b"\n")
-                relay.start_input(standby.channel, replay=True)     # the input travels while it answers
-                taken = _taken(standby.channel)
-                if taken is None:          # it may have run: the client reports the call lost
-                    standby.channel.close()
-                    send_frame(conn, STARTED)
-                    return
-                if taken:
-                    relay.took()
-                else:                      # it ended before reading the call: nothing ran
-                    standby.channel.close()
-                    if relay.gone:             # (closed because the client went away): nobody waits
-                        return
-                    log("a standby agent ended before taking its call; running the call by exec")
-                    relay.switch(self.channel(str(request["command"])))
+                self._hand_over(standby, request, relay, start_by)
             else:
-                relay.start_input(self.channel(str(request["command"])))
+                relay.start_input(self.channel(str(request["command"]), start_by))
+            return True
+        except _Gone:
+            pass
+        except ExecUnanswered:     # sent, never confirmed: it may run; the client reports the call lost
+            send_frame(conn, STARTED)
+        except Late as exc:        # nothing ran, and nothing will: the client goes direct and says why
+            log(f"a call was not started: {exc}")
+            send_frame(conn, LATE, str(exc).encode())
         except Exception as exc:   # noqa: BLE001 - nothing ran: the client runs it directly
             send_frame(conn, REFUSED, str(exc).encode())
             if not self.alive():
                 self.stopping = True
+        return False
+
+    def _hand_over(self, standby: Standby, request: dict[str, Any], relay: _Relay, start_by: float) -> None:
+        """Give the call to ``standby`` with its expiry; if the standby ended before taking it, to an exec."""
+        if time.monotonic() > start_by:
+            standby.channel.close()
+            raise Late(f"the call was not handed over to the host within {HAND_OVER_S:g}s")
+        header = {**request["header"], STANDBY_EXPIRES: standby.expiry()}
+        deadline = time.monotonic() + TAKE_S
+        try:
+            standby.channel.settimeout(TAKE_S)
+            standby.channel.sendall(json.dumps(header).encode() + b"\n")
+        except OSError:           # not all of the line went: it cannot run (and expires if it ever does)
+            standby.channel.close()
+            raise Late(f"a standby agent did not take the call within {TAKE_S:g}s") from None
+        relay.start_input(standby.channel, replay=True)     # the input travels while it answers
+        taken = _taken(standby.channel, deadline)
+        if taken is None:          # other bytes: it may have run; the client reports the call lost
+            standby.channel.close()
+            raise ExecUnanswered("a standby agent answered something else than its took line")
+        if taken == "late":        # past its expiry it never runs the call: nothing ran
+            standby.channel.close()
+            raise Late(f"a standby agent did not take the call within {TAKE_S:g}s (stopped, or a silent link)")
+        if taken == "took":
+            relay.took()
             return
-        if key is not None:
-            self.refill(key)       # the next call finds the next standby starting or ready
-        send_frame(conn, STARTED)
-        relay.run(bool(request.get("combine")))
+        standby.channel.close()    # it ended before reading the call: nothing ran
+        if relay.gone:             # (closed because the client went away): nobody waits
+            raise _Gone()
+        log("a standby agent ended before taking its call; running the call by exec")
+        relay.switch(self.channel(str(request["command"]), start_by))
 
 
-def _taken(channel: Any) -> bool | None:
-    """Whether a standby took the call it was sent: True (its took line came first), False (its output
-    ended first: it died before reading the call, as one killed after the keeper's look at it does, so
-    nothing ran), None (no answer in TAKE_S, or other bytes: whether it ran is unknown)."""
+class _Gone(Exception):
+    """The client went away before its call started: nobody waits for an answer."""
+
+
+def _start_by(request: dict[str, Any]) -> float:
+    """The client's time (this machine's monotonic clock) by which its call must be handed to the host."""
+    value = request.get("start_by")
+    return float(value) if isinstance(value, (int, float)) else time.monotonic() + HAND_OVER_S
+
+
+def _answers(link: Any, seconds: float) -> bool:
+    """Whether the host answers a keepalive (OpenSSH replies to any global request) within ``seconds``."""
+    answered = threading.Event()
+
+    def ask() -> None:
+        try:
+            link.global_request("keepalive@openssh.com", wait=True)
+        except Exception:   # noqa: BLE001 - the link closed: no answer
+            return
+        if link.is_active():
+            answered.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    return answered.wait(seconds)
+
+
+def _taken(channel: Any, deadline: float) -> str | None:
+    """Whether a standby took the call it was sent: "took" (its took line came first), "ended" (its
+    output ended first: it died before reading the call, as one killed after the keeper's look at it
+    does, so nothing ran), "late" (no answer by ``deadline``: it will not run it past its expiry), None
+    (other bytes: whether it ran is unknown)."""
     seen = b""
-    channel.settimeout(TAKE_S)
     try:
         while len(seen) < len(STANDBY_TOOK):
+            channel.settimeout(max(0.0, deadline - time.monotonic()) or 0.001)
             chunk = channel.recv(len(STANDBY_TOOK) - len(seen))
             if not chunk:
-                return False if not seen else None
+                return "ended" if not seen else None
             seen += chunk
     except OSError:          # socket.timeout included
-        return None
+        return "late" if not seen else None
     channel.settimeout(None)
-    return True if seen == STANDBY_TOOK else None
+    return "took" if seen == STANDBY_TOOK else None
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:
-    """The request line (its input, if any, follows it on the socket and is left there)."""
+    """The request line (its input, if any, follows it on the socket and is left there), within
+    REQUEST_S and MAX_REQUEST: half a line must not hold the keeper (an active request) for ever."""
     buf = bytearray()
+    deadline = time.monotonic() + REQUEST_S
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ValueError(f"no whole request line within {REQUEST_S:g}s")
+        conn.settimeout(left)
         peek = conn.recv(1 << 16, socket.MSG_PEEK)
         cut = peek.find(b"\n")
         chunk = read_exact(conn, cut + 1 if cut >= 0 else len(peek)) if peek else None
@@ -267,6 +387,7 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
         buf += chunk
         if cut >= 0:
             break
+    conn.settimeout(None)
     request = json.loads(buf)
     if not isinstance(request, dict):
         raise ValueError("a request is a JSON object")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from draftops import timing
 from draftops.connection import CommandResult, Transport, _checked, _timed_out, connect
 from draftops.errors import InventoryError
+from draftops.terminal import clean
 
 if TYPE_CHECKING:
     from draftops.inventory import HostSpec, Inventory
@@ -35,10 +36,15 @@ DIR_ENV = "DRAFTOPS_KEEPER_DIR"      # where keepers' sockets live (default: $XD
 PERSIST_ENV = "DRAFTOPS_PERSIST"     # seconds; overrides every host's `persist:` (0: never keep)
 FAILED_BACKOFF_S = 60                # after a keeper could not connect, calls go direct for this long
 CONNECT_S = 2.0                      # a live keeper answers its socket at once
+HAND_OVER_S = 6.0                    # a call not handed to the host by then is not started (the keeper's rule)
+TAKE_S = 5.0                         # then the host has this long to accept it (an exec's reply, a standby's took)
+ANSWER_S = HAND_OVER_S + TAKE_S + 2.0  # a keeper that has not said started or refused by then is bypassed
 MAX_SOCKET_PATH = 100                # sun_path holds 108 bytes
 HEADER = struct.Struct(">cI")        # a frame: kind, length
-STARTED, OUT, ERR, EXIT, REFUSED = b"S", b"O", b"E", b"X", b"R"
-WIRE_VERSION = 2                     # in every keeper's key: a draftops speaking another wire never meets it
+#: frames: started, stdout, stderr, exit code, refused (nothing ran), late (nothing ran: something did not
+#: answer in time, so the caller goes direct and says so)
+STARTED, OUT, ERR, EXIT, REFUSED, LATE = b"S", b"O", b"E", b"X", b"R", b"L"
+WIRE_VERSION = 3                     # in every keeper's key: a draftops speaking another wire never meets it
 MAX_LOG = 1 << 20                    # a keeper's log is started afresh past this size
 CONNECTION_FIELDS = ("transport", "address", "user", "port", "key", "jump", "host_key", "known_hosts",
                      "connect_timeout")
@@ -130,6 +136,7 @@ class KeptTransport:
                  respawn: tuple[list[HostSpec], float, Path, str] | None = None):
         self.spec, self.path, self.inventory, self.respawn = spec, path, inventory, respawn
         self.direct: Transport | None = None
+        self.bypassed = False       # the keeper did not answer in time once: the rest goes direct
 
     # -- the Transport interface
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
@@ -189,40 +196,50 @@ class KeptTransport:
 
     def _call(self, request: dict[str, Any], input: bytes | None, on_out: Callable[[bytes], object],
               on_err: Callable[[bytes], object], timeout: float | None) -> int | None:
-        """One request; its exit code, or None when the keeper refused or was gone before starting it."""
+        """One request; its exit code, or None when the keeper refused, was gone or did not answer in
+        time before starting it (nothing ran: the keeper starts nothing past the request's ``start_by``)."""
+        if self.bypassed:
+            return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(CONNECT_S)
             try:
                 sock.connect(str(self.path))
-                sock.sendall(json.dumps(request).encode() + b"\n")
+                sock.sendall(json.dumps({**request, "start_by": time.monotonic() + HAND_OVER_S}).encode() + b"\n")
             except OSError:
                 return None
             sender = threading.Thread(target=_send_input, args=(sock, input or b""), daemon=True)
             sender.start()
-            sock.settimeout(timeout)
-            started = False
+            sock.settimeout(ANSWER_S if timeout is None else min(timeout, ANSWER_S))
             try:
-                while (frame := read_frame(sock)) is not None:
-                    kind, data = frame
-                    if kind == STARTED:
-                        started = True
-                    elif kind == OUT:
-                        on_out(data)
-                    elif kind == ERR:
-                        on_err(data)
-                    elif kind == EXIT:
-                        return int(data)
-                    elif kind == REFUSED and not started:
-                        return None
-            except ConnectionError:
-                pass
-            if not started:
+                if not self._started(sock):
+                    return None
+            except TimeoutError:
+                if timeout is not None and timeout < ANSWER_S:
+                    raise                      # the command's own timeout
+                self._bypass(f"the keeper did not start the call within {ANSWER_S:g}s")
                 return None
-            on_err(b"\ndraftops: the kept connection to the host was lost during the command\n")
-            return -1
+            sock.settimeout(timeout)
+            return _relayed(sock, on_out, on_err)
         finally:
             sock.close()
+
+    def _started(self, sock: socket.socket) -> bool:
+        """Whether the keeper started the call (its first frame); refused, late or gone: nothing ran."""
+        try:
+            frame = read_frame(sock)
+        except ConnectionError:
+            return False
+        if frame is not None and frame[0] == LATE:
+            self._bypass(clean(frame[1].decode("utf-8", "replace")))
+        return frame is not None and frame[0] == STARTED
+
+    def _bypass(self, why: str) -> None:
+        """Go direct for the rest of this process (nothing of the call ran), saying so in one line."""
+        self.bypassed = True
+        sys.stderr.write(f"draftops: {self.spec.name}: the kept connection did not answer ({why}); connecting "
+                         "directly (`invoke disconnect` ends it)\n")
+        sys.stderr.flush()
 
     def _fallback(self) -> Transport:
         """A direct connection, for what the keeper could not start (it stopped or lost its link): made
@@ -233,6 +250,23 @@ class KeptTransport:
                 _spawn_at_exit(*self.respawn)
                 self.respawn = None
         return self.direct
+
+
+def _relayed(sock: socket.socket, on_out: Callable[[bytes], object], on_err: Callable[[bytes], object]) -> int:
+    """A started call's output and exit code (-1, said on stderr, when the keeper went away meanwhile)."""
+    try:
+        while (frame := read_frame(sock)) is not None:
+            kind, data = frame
+            if kind == OUT:
+                on_out(data)
+            elif kind == ERR:
+                on_err(data)
+            elif kind == EXIT:
+                return int(data)
+    except ConnectionError:
+        pass
+    on_err(b"\ndraftops: the kept connection to the host was lost during the command\n")
+    return -1
 
 
 def _send_input(sock: socket.socket, data: bytes) -> None:

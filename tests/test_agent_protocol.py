@@ -349,7 +349,7 @@ def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_ma
 
 # ---------------------------------------------------------------- the warm boot (hostagent.warm_boot)
 def is_warm(command: str) -> bool:
-    return f" {hostagent.WARM_FLAG} " in command and " -c " not in command
+    return f" {hostagent.WARM_FLAG} " in command and "def boot(" not in command
 
 
 def is_boot(command: str) -> bool:
@@ -364,7 +364,7 @@ def test_a_new_session_boots_through_the_installed_copy_without_the_source(local
     assert host.agent.warm == first.run                              # remembered from the last boot
     commands = recorded_commands(host)
     assert host.agent.runs() == []
-    assert len(commands) == 1 and is_warm(commands[0]) and len(commands[0]) < 2000
+    assert len(commands) == 1 and is_warm(commands[0]) and len(commands[0]) < 4000   # not the 60 kB source
     assert host.agent.info is not None and host.agent.info.run == first.run and host.agent.info.installed is False
     assert host.agent.info.root == first.root and host.agent.runs() == []
     assert not is_warm(commands[1]) and first.run in commands[1]     # later calls: the installed copy, as before
@@ -402,7 +402,7 @@ def test_a_stale_warm_note_costs_one_refused_exec_then_the_boot_and_nothing_runs
     host = local_host()
     commands = recorded_commands(host)
     start_once(host, tmp_path)
-    if stale == "other-python":
+    if stale in ("other-python", "foreign"):   # not even tried: a note naming no installed copy is ignored
         assert is_boot(commands[0])
     else:
         assert is_warm(commands[0]) and is_boot(commands[1])       # refused, then booted with the source
@@ -506,3 +506,79 @@ def test_a_warm_boot_cut_off_by_a_dropped_link_or_a_signal_is_not_run_again(loca
     assert len(commands) == 1 and is_warm(commands[0]) and host.agent.warm is not None
     host.transport.run = real
     assert host.agent.runs() == []                     # the next call is warm again, and works
+
+
+# ---------------------------------------------------------------- the warm boot's notes are not trusted blindly
+EVIL = "import pathlib, sys\npathlib.Path({marker!r}).write_text('ran ' + ' '.join(sys.argv))\n"
+
+
+@pytest.mark.parametrize("case", ["another-state-folder", "any-script", "group-writable"])
+def test_a_warm_note_naming_what_is_not_the_installed_copy_never_runs_it(local_host, tmp_path, case):
+    """A note (`.draftops/cache/agent-run-*.json`) pointing elsewhere is not run: the local side accepts
+    only a path named as prepare names the copy, and the host, before it executes anything, only a
+    file of this user's, writable by nobody else, in `<root>/state`. The session boots cold, once, and
+    notes the right copy atomically."""
+    from draftops.host import close_all
+    first = local_host().agent.prepare()
+    close_all()
+    note = next(tmp_path.rglob("agent-run-*.json"))
+    marker = tmp_path / "evil-ran"
+    if case == "group-writable":
+        Path(first.run).chmod(0o664)
+    else:
+        evil = (tmp_path / "other" / "state" / AGENT_NAME if case == "another-state-folder"
+                else tmp_path / "evil.py")
+        evil.parent.mkdir(parents=True, exist_ok=True)
+        evil.write_text(EVIL.format(marker=str(marker)))
+        note.write_text(json.dumps({**json.loads(note.read_text()), "run": str(evil)}))
+    host = local_host()
+    commands = recorded_commands(host)
+    start_once(host, tmp_path)
+    assert not marker.exists()
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"
+    if case == "any-script":
+        assert is_boot(commands[0])                                 # not even tried
+    else:
+        assert is_warm(commands[0]) and is_boot(commands[1])        # refused by the host, then booted
+    assert json.loads(note.read_text())["run"] == first.run and not Path(first.run).stat().st_mode & 0o022
+    close_all()
+    again = local_host()
+    warm = recorded_commands(again)
+    assert again.agent.runs() and len(warm) == 1 and is_warm(warm[0])
+
+
+NOTE_READER = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from pathlib import Path
+from draftops.agent import AgentClient
+from draftops.connection import LocalTransport
+from draftops.inventory import HostSpec
+spec = HostSpec.model_validate({"name": "here", "transport": "local", "root": sys.argv[3]})
+client = AgentClient(spec, LocalTransport(spec), Path(sys.argv[1]), Path(sys.argv[2]))
+print(json.dumps([client.python, client.warm]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero-link", "huge", "deep", "not-a-python"])
+def test_a_cache_note_that_is_no_small_json_file_is_ignored(tmp_path, kind):
+    """Both notes (the installed copy, the remembered interpreter) are read as a small regular file only:
+    a FIFO hung every call, a link to /dev/zero was a MemoryError. Such a note means a cold boot."""
+    notes = [tmp_path / "agent-python.json", tmp_path / "agent-run.json"]
+    for note in notes:
+        if kind == "fifo":
+            os.mkfifo(note)
+        elif kind == "dev-zero-link":
+            note.symlink_to("/dev/zero")
+        elif kind == "huge":
+            note.write_text(json.dumps({"python": sys.executable, "pad": "x" * (1 << 20)}))
+        elif kind == "deep":
+            note.write_text("[" * 100000 + "]" * 100000)
+        else:
+            note.write_text(json.dumps({"python": str(tmp_path / "evil.sh"), "agent": AGENT_NAME,
+                                        "run": str(tmp_path / "evil.sh")}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-c", NOTE_READER, *map(str, notes), str(tmp_path / "root")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [sys.executable, None]          # the default interpreter, a cold boot

@@ -4,6 +4,7 @@ falls back to a direct connection whenever the keeper is missing, dead, not safe
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -84,13 +85,13 @@ class Box:
         assert isinstance(transport, keeper_link.KeptTransport)
         return transport
 
-    def invoke(self, *args: str, timing: bool = False) -> subprocess.CompletedProcess:
+    def invoke(self, *args: str, timing: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
         env.pop("DRAFTOPS_HOST", None)
         if timing:
             env["DRAFTOPS_TIMING"] = "1"
         return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=self.project, env=env,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=timeout)
 
     def standbys(self) -> list[int]:
         """Pids of standby agents on the host (its processes are this machine's): pythons running
@@ -503,3 +504,94 @@ def test_quick_stdlib_tools_run_in_a_standby_as_they_would_by_exec(box: Box, mon
     assert hosttool.servers(direct)[0] == entries
     assert (kept.exit_code, kept.data, kept.error) == (same.exit_code, same.data, same.error)
     assert kept.exit_code != 0 and "nonsense" in kept.stderr
+
+
+def _sshd_sessions(server: Sshd) -> list[int]:
+    """The sshd processes serving this server's connections (not the listener, not what they run)."""
+    found, todo = [], children(server.proc.pid)
+    while todo:
+        pid = todo.pop()
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text()
+        except OSError:
+            continue
+        if name.startswith("sshd"):
+            found.append(pid)
+            todo += children(pid)
+    return found
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_silent_link_is_bypassed_said_so_and_the_keeper_stops(box: Box) -> None:
+    """The keeper's sshd session is stopped (kill -STOP): its TCP link stays up and answers nothing.
+    `invoke runs` goes direct in bounded time and says so in one line; the keeper notices the silence
+    (a keepalive with no answer) and stops, so the next call connects directly without waiting."""
+    assert box.invoke("runs").returncode == 0                 # direct; leaves a keeper
+    wait_for(lambda: box.socket.exists() and keeper_link._alive(box.socket), what="the keeper")
+    assert box.invoke("runs").returncode == 0                 # through it; its boot starts standbys
+    wait_for(lambda: box.waiting_standbys(), what="a standby agent")
+    silent = _sshd_sessions(box.server)
+    _signal_all(silent, signal.SIGSTOP)
+    try:
+        out = box.invoke("runs", timeout=60)                  # paramiko's own wait is an hour
+        assert out.returncode == 0, out.stderr
+        notes = [line for line in out.stderr.splitlines() if "kept connection did not answer" in line]
+        assert len(notes) == 1 and "connecting directly" in notes[0], out.stderr
+        wait_for(lambda: not _keepers(box.folder), seconds=40, what="the keeper to stop on a silent link")
+        assert "did not answer a keepalive" in (box.folder / f"{box.key}.log").read_text()
+    finally:
+        _signal_all(silent, signal.SIGCONT)
+
+
+def test_a_call_a_stopped_standby_did_not_take_goes_direct_and_never_runs_late(
+        box: Box, capsys: pytest.CaptureFixture[str]) -> None:
+    """Standbys stopped (SIGSTOP) while ready are handed calls: the keeper stops waiting for their took
+    lines, each call runs directly, once, and the standbys, continued, find their requests expired."""
+    from draftops.agent import _env
+
+    box.start_keeper()
+    host = open_host("box", box.project)
+    host.prepare()
+    wait_for(lambda: len(box.waiting_standbys()) == 2, what="standby agents")   # for python3 and the real one
+    stopped = box.standbys()
+    _signal_all(stopped, signal.SIGSTOP)
+    marker = box.project / "ran"
+    root = host.agent.info.root                                          # type: ignore[union-attr]
+    try:
+        assert host.agent.start("20260101-000000-once-aaaa", {
+            "name": "once", "command": f"echo ran >> {shlex.quote(str(marker))}", "cwd": "."}) > 0
+        assert "kept connection did not answer" in capsys.readouterr().err
+        assert host.transport.direct is not None                        # type: ignore[attr-defined]
+        # A request handed to the other stopped standby (the one for `python3`) would start a run.
+        request = {"python": "python3", "agent": AGENT_NAME, "header": {
+            "argv": [root, "start", "runs/20260101-000000-late-bbbb"], "env": _env("n0nce")}}
+        spec = json.dumps({"name": "late", "command": f"echo late >> {shlex.quote(str(marker))}", "cwd": "."})
+        done = box.kept().run_standby(request, "echo direct", spec.encode())
+        assert done.stdout == b"direct\n"                              # the fallback ran instead
+    finally:
+        _signal_all(stopped, signal.SIGCONT)
+    wait_for(lambda: not set(stopped) & set(box.standbys()), what="the stopped standbys to end")
+    wait_for(lambda: host.agent.status("20260101-000000-once-aaaa").get("state") == "succeeded", what="the job")
+    assert marker.read_text() == "ran\n"                             # once, and the late one never
+    assert not (Path(root) / "runs" / "20260101-000000-late-bbbb").exists()
+
+
+def test_half_a_request_line_does_not_keep_a_keeper_alive(box: Box) -> None:
+    box.start_keeper(persist=1.0)
+    import socket
+
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(box.socket))
+    try:
+        client.sendall(b'{"op": "pi')                             # and nothing more, the socket kept open
+        wait_for(lambda: not _keepers(box.folder), seconds=30, what="the idle keeper to stop")
+        assert client.recv(16) == b""                             # it was hung up on
+    finally:
+        client.close()

@@ -237,7 +237,7 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
     for col in ("target", "draft", "effective settings", "run"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(str(row.port), escape(row.engine), state_text("alive" if row.alive else "dead"),
+        table.add_row(str(row.port), escape(row.engine), state_text(row.shown_state),
                       str(row.pid or "—"), _uptime(row.uptime_s), escape(row.target),
                       escape(row.draft or "(baseline)"), escape(_settings(row)), escape(row.run_id))
     out.print(table)

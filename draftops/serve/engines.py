@@ -14,6 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+#: the largest speculative --steps / --topk / --draft-tokens `invoke serve` passes on (far above any
+#: useful draft, low enough that the engines' own arithmetic on them cannot blow up)
+SPECULATIVE_MAX = {"--steps": 64, "--topk": 64, "--draft-tokens": 1024}
+
 #: GET a path on the server (through the host) -> (HTTP status or None, body text)
 Fetch = Callable[[str, Any], tuple[int | None, str]]
 
@@ -81,6 +85,20 @@ class Engine(ABC):
     @abstractmethod
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         """The numbers of one periodic metrics line, or None for other lines."""
+
+    @abstractmethod
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        """(context, longest prompt, where read) of the running server, for refusing a benchmark whose
+        lengths it cannot take; ``effective`` (serve's read-back) when the server does not say."""
+
+
+#: (context length, longest prompt, where they were read); None where not known
+Limits = tuple["int | None", "int | None", str]
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole number as a server reports a length, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _json(fetch: Fetch, path: str) -> dict[str, Any]:
@@ -173,6 +191,16 @@ class SGLang(Engine):
                 "context_length": info.get("context_length"),
                 "_version": info.get("version")}
 
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        info = _json(fetch, "/get_server_info") or _json(fetch, "/server_info")
+        if info:
+            # max_req_input_len = min(context, KV pool) - 1: where no context_length is set, prompt and
+            # output must still fit one more than it
+            longest = _count(info.get("max_req_input_len"))
+            context = _count(info.get("context_length")) or (longest + 1 if longest else None)
+            return context, longest, "/get_server_info"
+        return _count(effective.get("context_length")), None, "the context length serve read back"
+
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         if "Decode batch" not in line:
             return None
@@ -246,6 +274,13 @@ class VLLM(Engine):
                 "tp": _int_after(r"tensor_parallel_size=(\d+)", log_head),
                 "max_model_len": _int_after(r"max_seq_len=(\d+)", log_head),
                 "_metrics_positions": len(positions)}
+
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        models = _json(fetch, "/v1/models").get("data")
+        first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+        if _count(first.get("max_model_len")):
+            return _count(first.get("max_model_len")), None, "max_model_len in /v1/models"
+        return _count(effective.get("max_model_len")), None, "the max model len serve read back"
 
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         if "SpecDecoding metrics" not in line and "Avg generation throughput" not in line:

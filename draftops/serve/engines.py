@@ -102,14 +102,23 @@ def _count(value: Any) -> int | None:
 
 
 def _json(fetch: Fetch, path: str) -> dict[str, Any]:
+    return _json_why(fetch, path)[0]
+
+
+def _json_why(fetch: Fetch, path: str) -> tuple[dict[str, Any], str | None]:
+    """The JSON object the server answers ``path`` with, or {} and why there is none (in words)."""
     status, body = fetch(path, None)
     if status != 200:
-        return {}
+        said = " ".join(str(body).split())[:160]
+        return {}, (f"GET {path} answered HTTP {status}" if status is not None
+                    else f"GET {path} got no answer ({said or 'no reason given'})")
     try:
         data = json.loads(body)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    except (ValueError, RecursionError):
+        return {}, f"GET {path} answered with something that is not JSON"
+    if not isinstance(data, dict):
+        return {}, f"GET {path} answered JSON {type(data).__name__}, not an object"
+    return data, None
 
 
 def _numbers(line: str, patterns: dict[str, re.Pattern[str]]) -> dict[str, float]:
@@ -181,8 +190,11 @@ class SGLang(Engine):
                 "mem_fraction": launch.mem_fraction, "context_length": launch.context_length}
 
     def effective(self, fetch: Fetch, log_head: str) -> dict[str, Any]:
-        info = _json(fetch, "/get_server_info") or _json(fetch, "/server_info")
-        return {"algorithm": info.get("speculative_algorithm"),
+        info, why = _json_why(fetch, "/get_server_info")
+        if why and "HTTP 404" in why:            # renamed /server_info from 0.5.10; a hang is not asked twice
+            info, later = _json_why(fetch, "/server_info")
+            why = f"{why}; {later}" if later else None
+        return {**({"_unread": why} if why else {}), "algorithm": info.get("speculative_algorithm"),
                 "draft": info.get("speculative_draft_model_path"),
                 "num_steps": info.get("speculative_num_steps"), "topk": info.get("speculative_eagle_topk"),
                 "num_draft_tokens": info.get("speculative_num_draft_tokens"),
@@ -268,7 +280,9 @@ class VLLM(Engine):
         tokens = spec.get("num_spec_tokens")
         if tokens is None and positions:
             tokens = max(positions) + 1
-        return {"method": spec.get("method"), "draft": spec.get("model"),
+        unread = None if "max_num_seqs" in log_head else ("the start of the server's log has none of the "
+                                                          "settings vLLM logs at start-up")
+        return {**({"_unread": unread} if unread else {}), "method": spec.get("method"), "draft": spec.get("model"),
                 "num_speculative_tokens": tokens,
                 "max_num_seqs": _int_after(r"'max_num_seqs': (\d+)", log_head),
                 "tp": _int_after(r"tensor_parallel_size=(\d+)", log_head),

@@ -33,6 +33,8 @@ POLL_WINDOW_S = 3.0   # how long one readiness call keeps asking on the host (a 
 CLAIM_S = 120.0
 #: a 1-token completion on a cold CPU server can take a while
 PROBE_TIMEOUT_S = 120.0
+#: how long one read-back request (server info, metrics) may take in all, its body included
+READBACK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -349,13 +351,27 @@ def _same(asked: Any, effective: Any) -> bool:
     return bool(asked == effective)
 
 
+def _unread_warning(plan: Plan, rows: list[tuple[str, Any, Any, bool]], effective: dict[str, Any]) -> str | None:
+    """One paragraph when the read-back failed or left asked-for settings unknown: that read-back is
+    what catches an engine silently running with other values, so its absence must be said."""
+    missing = [label for label, asked, got, _ in rows if asked is not None and got is None]
+    why = effective.get("_unread")
+    if not why and not missing:
+        return None
+    cause = f" ({why})" if why else ""
+    which = ", ".join(missing) if missing else "its settings"
+    return (f"warning: could not read back what the {plan.engine.label} server runs with{cause}: {which} "
+            "unknown. The server is up, but whether it silently runs with other values than asked for "
+            "(an override) is not checked; see `invoke serve.logs`, and `invoke serve.status` once it answers.")
+
+
 def read_back(host: Host, plan: Plan, server: Server) -> Readback:
     """Ask the server what it runs with, record it in the registry, and compare with the request."""
     head = host.transport.run(f"head -c 500000 {jobs.shell_path(f'{host.runs_dir}/{server.run_id}/log')}",
                               check=False).text
 
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(host, server.port, path, body, server.listen)
+        return hosttool.http(host, server.port, path, body, server.listen, timeout=READBACK_TIMEOUT_S)
 
     effective = plan.engine.effective(fetch, head)
     rows, notes = [], []
@@ -363,6 +379,9 @@ def read_back(host: Host, plan: Plan, server: Server) -> Readback:
         asked, got = server.asked.get(key), effective.get(key)
         differs = asked not in (None, "auto") and got is not None and not _same(asked, got)
         rows.append((label, asked, got, differs))
+    unread = _unread_warning(plan, rows, effective)
+    if unread:
+        notes.append(unread)
     if OVERRIDE_WARNING in head:
         notes.append(f"{plan.engine.label} logged: {OVERRIDE_WARNING}")
     server.effective = effective

@@ -90,7 +90,7 @@ def test_bench_refusals(project, tmp_path):  # noqa: F811
     text = refused(invoke(root, "bench", "--prompts", "0", "--repeats", "x"))
     assert "--repeats 'x' is not a whole number" in text
     text = refused(invoke(root, "bench", "--prompts", "0"))
-    assert "--prompts 0 must be a whole number ≥ 1" in text
+    assert "--prompts 0 must be a whole number from 1 to 100000" in text
     ok(invoke(root, "serve.stop", "--all"))
 
 

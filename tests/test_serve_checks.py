@@ -81,7 +81,7 @@ def test_sglang_tree_size_limit_is_refused():
 
 
 def test_counts_must_be_positive_and_baseline_takes_no_speculative_flags():
-    assert "not a positive count" in refusals(plan_for("sglang", draft="/d", steps=0, topk=1,
+    assert "--steps 0 is not a count from 1 to 64" in refusals(plan_for("sglang", draft="/d", steps=0, topk=1,
                                                        draft_tokens=1)).refusals[0]
     found = refusals(plan_for("sglang", baseline=True, steps=3))
     assert "--baseline serves the target with no draft" in found.refusals[0]

@@ -20,6 +20,7 @@ What the plan guarantees (issue 10, item 1; sglang-eagle3.md §5.1, vllm-cpu.md)
 """
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +29,29 @@ from draftops.errors import BenchError
 
 Engine = Literal["sglang", "vllm"]
 SGLANG_CLIENTS = ("sglang.benchmark.serving", "sglang.bench_serving")
+
+
+#: the largest prompt or output length taken (a million tokens: longer than any served context)
+MAX_LEN = 1 << 20
+DEFAULT_INPUT_LEN = 128
+MAX_PROMPTS, MAX_CONCURRENCY, MAX_REPEATS = 100_000, 10_000, 1000
+MAX_SEED = 2**32 - 1                      # numpy's, which the clients seed
+
+
+def _bounds(s: BenchSettings) -> tuple[tuple[str, int, int, int], ...]:
+    """(flag, value, low, high) of every whole-number setting."""
+    return (("--prompts", s.prompts, 1, MAX_PROMPTS), ("--concurrency", s.concurrency, 1, MAX_CONCURRENCY),
+            ("--repeats", s.repeats, 1, MAX_REPEATS), ("--output-len", s.output_len, 4, MAX_LEN),
+            ("--seed", s.seed, 0, MAX_SEED))
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The lengths the running server takes (None: not known), and where they were read."""
+
+    context: int | None
+    max_input: int | None
+    source: str
 
 
 @dataclass(frozen=True)
@@ -46,21 +70,39 @@ class BenchSettings:
 
     def validate(self) -> None:
         problems = []
-        for name, value, low in (("--prompts", self.prompts, 1), ("--concurrency", self.concurrency, 1),
-                                 ("--repeats", self.repeats, 1), ("--output-len", self.output_len, 4)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                problems.append(f"{name} {value!r} must be a whole number ≥ {low}")
+        for name, value, low, high in _bounds(self):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                problems.append(f"{name} {value!r} must be a whole number from {low} to {high}")
         if self.input_len is not None:
             if self.dataset is not None:
                 problems.append("--input-len applies to random prompts; with --dataset the prompts set the length")
-            elif not isinstance(self.input_len, int) or self.input_len < 1:
-                problems.append(f"--input-len {self.input_len!r} must be a whole number ≥ 1")
-        if self.request_rate is not None and not (self.request_rate > 0):
+            elif not isinstance(self.input_len, int) or not 1 <= self.input_len <= MAX_LEN:
+                problems.append(f"--input-len {self.input_len!r} must be a whole number from 1 to {MAX_LEN}")
+        if self.request_rate is not None and not (0 < self.request_rate < math.inf):
             problems.append(f"--request-rate {self.request_rate!r} must be a positive number of requests/s")
         if self.dataset is not None and (not self.dataset.strip() or "\n" in self.dataset or "\0" in self.dataset):
             problems.append(f"--dataset {self.dataset!r} is not a usable path")
         if problems:
             raise BenchError("bench settings refused: " + "; ".join(problems) + ".")
+
+    def check_fits(self, limits: ServerLimits) -> None:
+        """Refuse prompt and output lengths the server cannot take (before anything starts): the
+        prompt must fit its longest input, and prompt + output its context."""
+        prompt = self.input_len if self.input_len is not None else (DEFAULT_INPUT_LEN if self.dataset is None else None)
+        where = f"({limits.source})"
+        if prompt is not None and limits.max_input is not None and prompt > limits.max_input:
+            raise BenchError(f"--input-len {prompt} is longer than the server takes: max_req_input_len "
+                             f"{limits.max_input} {where}. Use a shorter --input-len (prompt and output together "
+                             "must fit the context), or serve with a longer context.")
+        if limits.context is None:
+            return
+        if prompt is not None and prompt + self.output_len > limits.context:
+            raise BenchError(f"--input-len {prompt} + --output-len {self.output_len} = {prompt + self.output_len} "
+                             f"tokens do not fit the server's context of {limits.context} tokens {where}. Shorten "
+                             "them, or serve with a longer context.")
+        if prompt is None and self.output_len >= limits.context:
+            raise BenchError(f"--output-len {self.output_len} leaves no room for a prompt in the server's context of "
+                             f"{limits.context} tokens {where}; use a shorter --output-len.")
 
     @property
     def warmup_prompts(self) -> int:
@@ -170,7 +212,7 @@ def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompt
     argv = [*client.command, "--backend", "vllm", "--base-url", server.base_url, "--model", server.model,
             "--tokenizer", server.tokenizer or server.model]
     if settings.dataset is None:
-        argv += ["--dataset-name", "random", "--random-input-len", str(settings.input_len or 128),
+        argv += ["--dataset-name", "random", "--random-input-len", str(settings.input_len or DEFAULT_INPUT_LEN),
                  "--random-output-len", str(settings.output_len), "--ignore-eos"]
     else:
         argv += ["--dataset-name", "sharegpt", "--dataset-path", sharegpt_path or settings.dataset,
@@ -190,7 +232,7 @@ def sglang_argv(client: Client, server: Server, settings: BenchSettings, *, prom
     argv = [*client.command, "--backend", "sglang", "--base-url", server.base_url, "--model", server.model,
             "--tokenizer", server.tokenizer or server.model]
     if sharegpt_path is None:
-        argv += ["--dataset-name", "random-ids", "--random-input-len", str(settings.input_len or 128),
+        argv += ["--dataset-name", "random-ids", "--random-input-len", str(settings.input_len or DEFAULT_INPUT_LEN),
                  "--random-output-len", str(settings.output_len), "--random-range-ratio", "1.0"]
     else:
         argv += ["--dataset-name", "sharegpt", "--dataset-path", sharegpt_path,

@@ -199,20 +199,38 @@ def measure(engine: str, folder: Path, job: dict[str, Any], done: set[str]) -> _
     return out
 
 
-def _speculative(served: ServedBy, info: dict[str, Any] | None) -> Speculative | None:
+#: the effective speculative settings as Speculative holds them: field -> (type, server-info key, read-back key)
+_SPEC_FIELDS = {"algorithm": (str, "speculative_algorithm", "algorithm"),
+                "num_steps": (int, "speculative_num_steps", "num_steps"),
+                "topk": (int, "speculative_eagle_topk", "topk"),
+                "num_draft_tokens": (int, "speculative_num_draft_tokens", "num_draft_tokens")}
+
+
+def typed(value: Any, kind: type, where: str, problems: list[str]) -> Any:
+    """``value`` when it is a ``kind`` (a bool is no number) or None; else None and a note: a server
+    answering a string, a list or junk for a setting must not stop the result from being written."""
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    wanted = "a number" if kind is int else "text"
+    problems.append(f"{where} is {type(value).__name__} {ascii(value)[:80]}, not {wanted}; left out of the result")
+    return None
+
+
+def _speculative(served: ServedBy, info: dict[str, Any] | None, problems: list[str]) -> Speculative | None:
     if not served.draft:
         return None
-    if served.engine == "sglang" and info:
-        eff = server_metrics.effective_speculative(info)
-        return Speculative(algorithm=eff.get("speculative_algorithm"), num_steps=eff.get("speculative_num_steps"),
-                           topk=eff.get("speculative_eagle_topk"),
-                           num_draft_tokens=eff.get("speculative_num_draft_tokens"), asked=served.asked)
-    eff = served.effective or {}
     if served.engine == "sglang":
-        return Speculative(algorithm=eff.get("algorithm"), num_steps=eff.get("num_steps"), topk=eff.get("topk"),
-                           num_draft_tokens=eff.get("num_draft_tokens"), asked=served.asked)
-    steps = eff.get("num_speculative_tokens") or served.asked.get("num_speculative_tokens")
-    return Speculative(algorithm=eff.get("method") or served.asked.get("method"), num_steps=steps, topk=1,
+        eff = server_metrics.effective_speculative(info) if info else (served.effective or {})
+        source = "/get_server_info" if info else "serve's read-back"
+        keys = {name: (kind, info_key if info else readback_key) for name, (kind, info_key, readback_key)
+                in _SPEC_FIELDS.items()}
+        got = {name: typed(eff.get(key), kind, f"{source} {key}", problems) for name, (kind, key) in keys.items()}
+        return Speculative(**got, asked=served.asked)
+    eff = served.effective or {}
+    steps = typed(eff.get("num_speculative_tokens"), int, "serve's read-back num_speculative_tokens", problems)
+    steps = steps or typed(served.asked.get("num_speculative_tokens"), int, "asked num_speculative_tokens", problems)
+    method = typed(eff.get("method"), str, "serve's read-back method", problems) or served.asked.get("method")
+    return Speculative(algorithm=method if isinstance(method, str) else None, num_steps=steps, topk=1,
                        num_draft_tokens=steps, asked=served.asked)
 
 
@@ -267,7 +285,7 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
         host=HostFacts(name=host, gpu=facts.get("gpu"), driver=facts.get("driver"), cuda=facts.get("cuda"),
                        cpu=facts.get("cpu")),
         engine=EngineInfo(name=served.engine, version=engine_facts.get("version")), target=served.target,
-        draft=_draft(served, facts), speculative=_speculative(served, info),
+        draft=_draft(served, facts), speculative=_speculative(served, info, warnings),
         patch_state=(((facts.get("inspect") or {}).get("sglang")) or {}).get("state"),
         settings=Settings(dataset=settings.dataset or ("random" if served.engine == "vllm" else "random-ids"),
                           dataset_kind=bench.dataset_kind, prompts=settings.prompts, repeats=settings.repeats,

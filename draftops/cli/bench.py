@@ -119,6 +119,18 @@ def _demo_dataset(box: Host) -> str:
     return path
 
 
+def _limits(box: Host, server: Any) -> Any:
+    """The lengths the running server takes (its own answer, else what serve read back)."""
+    from draftops.bench import plan as planning
+    from draftops.serve import engines, hosttool
+
+    def fetch(path: str, body: Any) -> tuple[int | None, str]:
+        return hosttool.http(box, server.port, path, body, server.listen)
+
+    context, longest, source = engines.get(server.engine).limits(fetch, server.effective or {})
+    return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
+
+
 @task(default=True, help=_RUN_HELP)
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
@@ -148,6 +160,7 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
         dataset=dataset, repeats=_count("--repeats", repeats, defaults.repeats),
         seed=_count("--seed", seed, defaults.seed))
     settings.validate()
+    settings.check_fits(_limits(box, server))
     client = planning.Client.from_probe(_probe(box, python, server.engine, env), python=python)
     if dataset is not None:
         path = _demo_dataset(box) if dataset == DEMO_DATASET else host_path(box, dataset)

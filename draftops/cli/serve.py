@@ -285,7 +285,7 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
         table.add_column(col, overflow="fold")
     table.add_column("run", no_wrap=True, min_width=max([len(str(row.run_id)) for row in rows] + [3]))
     for row in rows:
-        table.add_row(escape(str(row.port)), escape(str(row.engine)), state_text("alive" if row.alive else "dead"),
+        table.add_row(escape(str(row.port)), escape(str(row.engine)), state_text(row.shown_state),
                       escape(str(row.pid or "—")), _uptime(row.uptime_s), escape(str(row.target)),
                       escape(str(row.draft or "(baseline)")), escape(_settings(row)), escape(str(row.run_id)))
     out.print(table)

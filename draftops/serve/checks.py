@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.request import DEMO, Plan
 from draftops.serve.verdicts import Verdict
 from remote.eagle import convention
@@ -39,9 +40,9 @@ def flag_checks(plan: Plan, found: Findings) -> None:
     req, launch, engine = plan.request, plan.launch, plan.engine
     given = {"--steps": req.steps, "--topk": req.topk, "--draft-tokens": req.draft_tokens}
     for name, value in given.items():
-        if value is not None and value < 1:
-            found.refusals.append(f"{name} {value} is not a positive count; speculative steps, topk and "
-                                  "draft tokens are all at least 1.")
+        if value is not None and not 1 <= value <= SPECULATIVE_MAX[name]:
+            found.refusals.append(f"{name} {value} is not a count from 1 to {SPECULATIVE_MAX[name]}; speculative "
+                                  "steps, topk and draft tokens are all at least 1.")
             return
     if launch.draft is None and any(v is not None for v in given.values()):
         found.refusals.append(

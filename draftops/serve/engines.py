@@ -14,6 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+#: the largest speculative --steps / --topk / --draft-tokens `invoke serve` passes on (far above any
+#: useful draft, low enough that the engines' own arithmetic on them cannot blow up)
+SPECULATIVE_MAX = {"--steps": 64, "--topk": 64, "--draft-tokens": 1024}
+
 #: GET a path on the server (through the host) -> (HTTP status or None, body text)
 Fetch = Callable[[str, Any], tuple[int | None, str]]
 
@@ -82,16 +86,39 @@ class Engine(ABC):
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         """The numbers of one periodic metrics line, or None for other lines."""
 
+    @abstractmethod
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        """(context, longest prompt, where read) of the running server, for refusing a benchmark whose
+        lengths it cannot take; ``effective`` (serve's read-back) when the server does not say."""
+
+
+#: (context length, longest prompt, where they were read); None where not known
+Limits = tuple["int | None", "int | None", str]
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole number as a server reports a length, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
 
 def _json(fetch: Fetch, path: str) -> dict[str, Any]:
+    return _json_why(fetch, path)[0]
+
+
+def _json_why(fetch: Fetch, path: str) -> tuple[dict[str, Any], str | None]:
+    """The JSON object the server answers ``path`` with, or {} and why there is none (in words)."""
     status, body = fetch(path, None)
     if status != 200:
-        return {}
+        said = " ".join(str(body).split())[:160]
+        return {}, (f"GET {path} answered HTTP {status}" if status is not None
+                    else f"GET {path} got no answer ({said or 'no reason given'})")
     try:
         data = json.loads(body)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    except (ValueError, RecursionError):
+        return {}, f"GET {path} answered with something that is not JSON"
+    if not isinstance(data, dict):
+        return {}, f"GET {path} answered JSON {type(data).__name__}, not an object"
+    return data, None
 
 
 def _numbers(line: str, patterns: dict[str, re.Pattern[str]]) -> dict[str, float]:
@@ -163,8 +190,11 @@ class SGLang(Engine):
                 "mem_fraction": launch.mem_fraction, "context_length": launch.context_length}
 
     def effective(self, fetch: Fetch, log_head: str) -> dict[str, Any]:
-        info = _json(fetch, "/get_server_info") or _json(fetch, "/server_info")
-        return {"algorithm": info.get("speculative_algorithm"),
+        info, why = _json_why(fetch, "/get_server_info")
+        if why and "HTTP 404" in why:            # renamed /server_info from 0.5.10; a hang is not asked twice
+            info, later = _json_why(fetch, "/server_info")
+            why = f"{why}; {later}" if later else None
+        return {**({"_unread": why} if why else {}), "algorithm": info.get("speculative_algorithm"),
                 "draft": info.get("speculative_draft_model_path"),
                 "num_steps": info.get("speculative_num_steps"), "topk": info.get("speculative_eagle_topk"),
                 "num_draft_tokens": info.get("speculative_num_draft_tokens"),
@@ -172,6 +202,16 @@ class SGLang(Engine):
                 "mem_fraction": info.get("mem_fraction_static"),
                 "context_length": info.get("context_length"),
                 "_version": info.get("version")}
+
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        info = _json(fetch, "/get_server_info") or _json(fetch, "/server_info")
+        if info:
+            # max_req_input_len = min(context, KV pool) - 1: where no context_length is set, prompt and
+            # output must still fit one more than it
+            longest = _count(info.get("max_req_input_len"))
+            context = _count(info.get("context_length")) or (longest + 1 if longest else None)
+            return context, longest, "/get_server_info"
+        return _count(effective.get("context_length")), None, "the context length serve read back"
 
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         if "Decode batch" not in line:
@@ -243,7 +283,9 @@ class VLLM(Engine):
         tokens = spec.get("num_spec_tokens")
         if tokens is None and positions:
             tokens = max(positions) + 1
-        return {"method": spec.get("method"), "draft": spec.get("model"),
+        unread = None if "max_num_seqs" in log_head else ("the start of the server's log has none of the "
+                                                          "settings vLLM logs at start-up")
+        return {**({"_unread": unread} if unread else {}), "method": spec.get("method"), "draft": spec.get("model"),
                 "num_speculative_tokens": tokens,
                 "max_num_seqs": _int_after(r"'max_num_seqs': (\d+)", log_head),
                 "tp": _int_after(r"tensor_parallel_size=(\d+)", log_head),
@@ -255,6 +297,13 @@ class VLLM(Engine):
         """The aux layer ids the engine says it captures (its convention), None when it did not say."""
         match = self._AUX.search(log_head)
         return [int(n) for n in re.findall(r"-?\d+", match.group(1))] if match else None
+
+    def limits(self, fetch: Fetch, effective: dict[str, Any]) -> Limits:
+        models = _json(fetch, "/v1/models").get("data")
+        first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+        if _count(first.get("max_model_len")):
+            return _count(first.get("max_model_len")), None, "max_model_len in /v1/models"
+        return _count(effective.get("max_model_len")), None, "the max model len serve read back"
 
     def parse_log_line(self, line: str) -> dict[str, float] | None:
         if "SpecDecoding metrics" not in line and "Avg generation throughput" not in line:

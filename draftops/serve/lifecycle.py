@@ -8,8 +8,10 @@ port and what was asked. Liveness always comes from the run, so a crashed server
 from __future__ import annotations
 
 import calendar
+import os
 import secrets
 import shlex
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,12 +25,16 @@ from draftops.serve.checks import OVERRIDE_WARNING
 from draftops.serve.request import Plan
 
 ALIVE = ("running", "starting")
+#: the state of a port claim whose `invoke serve` call is gone (killed before it registered its run)
+STALE = "stale claim"
 TAIL_LINES = 50
 POLL_WINDOW_S = 3.0   # how long one readiness call keeps asking on the host (a dead run is seen this late)
 #: how long a port claim without a run counts as "being started" (then it is a leftover)
 CLAIM_S = 120.0
 #: a 1-token completion on a cold CPU server can take a while
 PROBE_TIMEOUT_S = 120.0
+#: how long one read-back request (server info, metrics) may take in all, its body included
+READBACK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -54,6 +60,66 @@ class Server:
     def alive(self) -> bool:
         return self.state in ALIVE
 
+    @property
+    def shown_state(self) -> str:
+        """What a listing says: alive, dead, or a stale claim (never alive for a claim whose caller is gone)."""
+        return "alive" if self.alive else STALE if self.state == STALE else "dead"
+
+
+def machine_id() -> str:
+    """Which machine (and boot) a process id belongs to: a pid and its start time mean something only
+    there, so a claim made from another laptop is judged by its age instead."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = "no-boot-id"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (/proc), None where it cannot be read:
+    with the pid it names one process, so a recycled pid does not keep a claim alive."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else fields[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def claimer() -> dict[str, Any]:
+    """Who claims a port: this `invoke serve` process, as :func:`claimer_alive` checks it later."""
+    return {"machine": machine_id(), "pid": os.getpid(), "started": process_start(os.getpid())}
+
+
+def claimer_alive(owner: Any) -> bool | None:
+    """Whether the process that claimed a port still runs; None when this machine cannot tell (the
+    claim came from another machine, or names no process)."""
+    if not isinstance(owner, dict) or owner.get("machine") != machine_id():
+        return None
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    if owner.get("started") is None:            # no /proc where it was made: the pid alone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, OverflowError):
+            return True
+        return True
+    return process_start(pid) == owner.get("started")
+
+
+def claim_state(entry: dict[str, Any], now: float) -> str:
+    """``starting`` while the `invoke serve` call that claimed the port (no run yet) can still start its
+    server, else :data:`STALE`: its process is gone, or the claim is older than :data:`CLAIM_S`."""
+    claimed = _epoch(entry.get("created"))
+    if claimed is None or now - claimed >= CLAIM_S:
+        return STALE
+    return STALE if claimer_alive(entry.get("claimer")) is False else "starting"
+
 
 def _epoch(stamp: str | None) -> float | None:
     try:
@@ -75,16 +141,15 @@ def _joined(host: Host, entries: list[dict[str, Any]], now: float) -> list[Serve
     runs = {row["id"]: row for row in jobs.list_runs(host, wanted)}     # not the whole history
     out = []
     for entry in entries:
-        claimed = _epoch(entry.get("created"))
-        if entry.get("run_id") is None and claimed is not None and now - claimed < CLAIM_S:
-            run: dict[str, Any] = {"state": "starting"}       # claimed by an `invoke serve` right now
+        if entry.get("run_id") is None:         # a claim: an `invoke serve` call starting its server
+            run: dict[str, Any] = {"state": claim_state(entry, now)}
         else:
             run = runs.get(entry.get("run_id"), {"state": "dead"})
         started = run.get("started")
         begun = _epoch(started)
         alive = run.get("state") in ALIVE
         out.append(Server(
-            port=int(entry["port"]), run_id=str(entry.get("run_id")), engine=str(entry.get("engine")),
+            port=int(entry["port"]), run_id=str(entry.get("run_id") or "—"), engine=str(entry.get("engine")),
             profile=str(entry.get("profile")), target=str(entry.get("target")), draft=entry.get("draft"),
             listen=str(entry.get("listen") or "127.0.0.1"), state=str(run.get("state")),
             pid=run.get("pid"), started=started,
@@ -163,7 +228,9 @@ def make_room(host: Host, plan: Plan) -> Room:
         notes.append(f"stopped {what} on port {port} (--replace{took})")
     elif mine is not None:
         hosttool.unregister(host, port, token=mine.entry.get("token"))   # a dead server: nothing to stop
-        notes.append(f"forgot the dead server of run {mine.run_id} on port {port}")
+        notes.append(f"forgot the stale claim on port {port} (made {mine.entry.get('created')} by an `invoke "
+                     "serve` call that is gone)" if mine.state == STALE
+                     else f"forgot the dead server of run {mine.run_id} on port {port}")
     if notes:       # a server was stopped or forgotten: its port may take a moment to free
         status = hosttool.port(host, port, plan.launch.listen, wait_free=15.0)
     if status.get("in_use"):
@@ -174,17 +241,23 @@ def make_room(host: Host, plan: Plan) -> Room:
     return room
 
 
+def claim_entry(plan: Plan) -> dict[str, Any]:
+    """The registry entry that claims the plan's port before its server starts (``run_id`` still None):
+    who claims it (:func:`claimer`), what is asked, and a token only this call knows."""
+    launch_ = plan.launch
+    return {"token": secrets.token_hex(8), "run_id": None, "engine": plan.engine.name,
+            "profile": plan.profile.name, "python": launch_.python, "target": launch_.target,
+            "draft": launch_.draft, "listen": launch_.listen, "asked": plan.engine.asked(launch_),
+            "effective": None, "claimer": claimer(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
     """Start the server as a detached job and register it; returns at once."""
     engine, launch_ = plan.engine, plan.launch
     argv = engine.command(launch_)
     command = "exec " + " ".join([jobs.shell_path(argv[0])] + [shlex.quote(a) for a in argv[1:]])
-    token = secrets.token_hex(8)
-    asked = engine.asked(launch_)
-    entry: dict[str, Any] = {"token": token, "run_id": None, "engine": engine.name, "profile": plan.profile.name,
-             "python": launch_.python, "target": launch_.target, "draft": launch_.draft,
-             "listen": launch_.listen, "asked": asked, "effective": None,
-             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry = claim_entry(plan)
+    token, asked = entry["token"], entry["asked"]
     if not hosttool.register(host, launch_.port, entry, exclusive=True):
         raise ServeRefused(
             f"Port {launch_.port} on host {host.name!r} was claimed by another `invoke serve` call a moment "
@@ -278,13 +351,27 @@ def _same(asked: Any, effective: Any) -> bool:
     return bool(asked == effective)
 
 
+def _unread_warning(plan: Plan, rows: list[tuple[str, Any, Any, bool]], effective: dict[str, Any]) -> str | None:
+    """One paragraph when the read-back failed or left asked-for settings unknown: that read-back is
+    what catches an engine silently running with other values, so its absence must be said."""
+    missing = [label for label, asked, got, _ in rows if asked is not None and got is None]
+    why = effective.get("_unread")
+    if not why and not missing:
+        return None
+    cause = f" ({why})" if why else ""
+    which = ", ".join(missing) if missing else "its settings"
+    return (f"warning: could not read back what the {plan.engine.label} server runs with{cause}: {which} "
+            "unknown. The server is up, but whether it silently runs with other values than asked for "
+            "(an override) is not checked; see `invoke serve.logs`, and `invoke serve.status` once it answers.")
+
+
 def read_back(host: Host, plan: Plan, server: Server) -> Readback:
     """Ask the server what it runs with, record it in the registry, and compare with the request."""
     head = host.transport.run(f"head -c 500000 {jobs.shell_path(f'{host.runs_dir}/{server.run_id}/log')}",
                               check=False).text
 
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(host, server.port, path, body, server.listen)
+        return hosttool.http(host, server.port, path, body, server.listen, timeout=READBACK_TIMEOUT_S)
 
     effective = plan.engine.effective(fetch, head)
     rows, notes = [], []
@@ -292,6 +379,9 @@ def read_back(host: Host, plan: Plan, server: Server) -> Readback:
         asked, got = server.asked.get(key), effective.get(key)
         differs = asked not in (None, "auto") and got is not None and not _same(asked, got)
         rows.append((label, asked, got, differs))
+    unread = _unread_warning(plan, rows, effective)
+    if unread:
+        notes.append(unread)
     if OVERRIDE_WARNING in head:
         notes.append(f"{plan.engine.label} logged: {OVERRIDE_WARNING}")
     server.effective = effective

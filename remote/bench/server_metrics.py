@@ -39,6 +39,9 @@ class Exposition:
 
     samples: dict[str, list[Sample]] = field(default_factory=dict)
     problems: list[tuple[int, str]] = field(default_factory=list)
+    #: (line, metric name, label text) of each sample whose name and label set came before: one series
+    #: is one sample per page (Prometheus rejects the page), so it is never counted twice
+    duplicates: list[tuple[int, str, str]] = field(default_factory=list)
 
     def total(self, name: str) -> float | None:
         """Sum of a metric over its label sets; None when the page does not have it."""
@@ -77,8 +80,11 @@ def _labels(line: str, pos: int) -> tuple[dict[str, str], int]:
 
 
 def parse_exposition(text: str) -> Exposition:
-    """Prometheus text format 0.0.4: ``name{labels} value [timestamp]``; ``#`` lines are comments."""
+    """Prometheus text format 0.0.4: ``name{labels} value [timestamp]``; ``#`` lines are comments. A
+    series (name and label set, in any label order) repeated on the page keeps its first sample; the
+    repeat goes to ``duplicates``."""
     out = Exposition()
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -98,8 +104,24 @@ def parse_exposition(text: str) -> Exposition:
         except ValueError as exc:
             out.problems.append((lineno, f"{exc}: {raw[:120]}"))
             continue
+        series = (match.group(0), frozenset(labels.items()))
+        if series in seen:
+            out.duplicates.append((lineno, match.group(0), ",".join(f"{k}={v!r}" for k, v in sorted(labels.items()))))
+            continue
+        seen.add(series)
         out.samples.setdefault(match.group(0), []).append(Sample(match.group(0), labels, value))
     return out
+
+
+def _refuse_duplicates(page: Exposition) -> None:
+    """Repeated spec-decode series make the counters ambiguous (which one is the server's?): refused."""
+    repeated = [d for d in page.duplicates if d[1].startswith(SPEC_PREFIX)]
+    if repeated:
+        lineno, name, labels = repeated[0]
+        raise BenchParseError(f"the /metrics snapshot has the series {name}{{{labels}}} more than once (line "
+                              f"{lineno}, {len(repeated)} repeat(s) in all); a series is one sample per page, so "
+                              "the spec-decode counters are ambiguous and this window is not counted (take the "
+                              "snapshot again; more than one server answering on the port would do this).")
 
 
 @dataclass
@@ -115,6 +137,7 @@ class SpecCounters:
 def spec_counters(text: str) -> SpecCounters | None:
     """The spec-decode counters of a /metrics page; None when it has none (no draft served)."""
     page = parse_exposition(text)
+    _refuse_duplicates(page)
     drafts = page.total(SPEC_PREFIX + "num_drafts_total")
     draft_tokens = page.total(SPEC_PREFIX + "num_draft_tokens_total")
     accepted = page.total(SPEC_PREFIX + "num_accepted_tokens_total")

@@ -50,14 +50,30 @@ def request(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None,
     answer: dict[str, Any] = {"url": url, "status": None, "body": None, "error": None}
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            answer.update(status=resp.status, body=resp.read(MAX_BODY).decode("utf-8", "replace"))
+            answer.update(status=resp.status, body=_read(resp, started + timeout))
     except urllib.error.HTTPError as exc:
-        answer.update(status=exc.code, body=exc.read(MAX_BODY).decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError) as exc:
+        answer.update(status=exc.code, body=_read(exc, started + timeout))
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
-        answer["error"] = str(reason)
+        answer.update(status=None, body=None, error=str(reason) or type(exc).__name__)
     answer["seconds"] = round(time.monotonic() - started, 3)
     return answer
+
+
+def _read(resp: Any, deadline: float) -> str:
+    """The body, at most MAX_BODY bytes and read by ``deadline``: a server that trickles its answer
+    (or never ends it) must not hold the caller past its timeout (TimeoutError then)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < MAX_BODY:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the answer was not complete within the timeout ({size} bytes read)")
+        chunk = resp.read1(min(65536, MAX_BODY - size)) if hasattr(resp, "read1") else resp.read(MAX_BODY - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def request_until_ok(port: int, path: str, *, host: str = "127.0.0.1", body: Any = None, timeout: float = 10.0,

@@ -29,6 +29,13 @@ WARMUP_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_WARMUP_S", "1.0"))
 #: die (as a scheduler crash does) on this many-th /generate request; 0 = never
 DIE_AFTER = int(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER", "0"))
 EXIT_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_EXIT_S", "0"))
+#: a broken /get_server_info (a fault, not SGLang's): "garbage" (not JSON), "hang" (never answers),
+#: "wrong-types" (its values of the wrong JSON types); unset: SGLang's answer
+SERVER_INFO_FAULT = os.environ.get("DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO", "")
+WRONG_TYPES = {"speculative_num_steps": "three", "speculative_eagle_topk": [1], "speculative_num_draft_tokens": None,
+               "max_running_requests": {"n": [8]}, "speculative_algorithm": 5, "tp_size": "1",
+               "context_length": [4096], "max_req_input_len": "4095", "version": {"v": 1},
+               "internal_states": [{"avg_spec_accept_length": "2.5"}]}
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
              "KimiK25ForConditionalGeneration", "GptOssForCausalLM", "Glm4MoeForCausalLM")
@@ -288,9 +295,19 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200)
 
     def _server_info(self, body: dict[str, Any]) -> None:
-        self._send(200, {**dataclasses.asdict(self.args), "max_total_num_tokens": 65536,
-                         "max_req_input_len": (self.args.context_length or 4096) - 1,
-                         "internal_states": [dict(self.engine.internal)], "version": __version__})
+        info = {**dataclasses.asdict(self.args), "max_total_num_tokens": 65536,
+                "max_req_input_len": (self.args.context_length or 4096) - 1,
+                "internal_states": [dict(self.engine.internal)], "version": __version__}
+        if SERVER_INFO_FAULT == "hang":
+            time.sleep(3600)
+        if SERVER_INFO_FAULT == "garbage":
+            data = b"<html>\x1b[31mupstream error</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self._send(200, {**info, **WRONG_TYPES} if SERVER_INFO_FAULT == "wrong-types" else info)
 
     def _model_info(self, body: dict[str, Any]) -> None:
         self._send(200, {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,

@@ -398,11 +398,7 @@ def main() -> None:
     if args.targets == "draft":
         aim_verifier_targets(draft, head, samples)
     budget = args.batch_tokens or (16384 if device.type == "cuda" else 8192)
-    if device.type == "cuda":
-        peak, peak_src = gpu_peak_flops(args.peak_tflops)
-    else:
-        peak, peak_src = (args.peak_tflops * 1e12, "--peak-tflops") if args.peak_tflops else \
-            (cpu_peak_flops(), "measured fp32 matmul probe")
+    peak, peak_src = _peak(device, args.peak_tflops)
     print(f"scale {args.scale}: {scale}")
     print(f"device {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), "
           f"dtype {str(dtype).replace('torch.', '')}, batch tokens {budget}, threads {torch.get_num_threads()}, "
@@ -427,6 +423,20 @@ def main() -> None:
             runs["naive"].append(run_naive(naive_draft, naive_head, samples, scale.steps))
         if peer_model is not None:
             runs["speculators"].append(run_peer(peer_model, draft, head, samples, scale.steps))
+    _print_runs(runs, peak, device)
+
+
+def _peak(device: torch.device, peak_tflops: float | None) -> tuple[float, str]:
+    """The peak FLOP/s the MFU is taken against, and where that figure came from."""
+    if device.type == "cuda":
+        return gpu_peak_flops(peak_tflops)
+    if peak_tflops:
+        return peak_tflops * 1e12, "--peak-tflops"
+    return cpu_peak_flops(), "measured fp32 matmul probe"
+
+
+def _print_runs(runs: dict[str, list[Run]], peak: float, device: torch.device) -> None:
+    """The best batched run, then each peer's best against it (their accuracies must agree on CPU)."""
     fast = min(runs["batched"], key=lambda r: r.seconds)
     print(f"batched : {fast.rows} rows in {fast.seconds:.3f} s = {fast.tokens_per_s:,.0f} tokens/s, "
           f"MFU {100 * fast.flops / fast.seconds / peak:.2f}% (rows run per step {fast.computed}), "

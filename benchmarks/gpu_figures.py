@@ -674,15 +674,7 @@ def summary(fig: Figures) -> None:
     if "probe" in d:
         lines.append(f"probe: draft GEMM mix {d['probe']['mix_tflops']:.1f} TFLOP/s; "
                      + ", ".join(f"{g['gemm']} {g['tflops']:.0f}" for g in d["probe"]["gemms"]))
-    for name, v in d.get("throughput", {}).get("variants", {}).items():
-        if "error" in v:
-            lines.append(f"{name}: ERROR {v['error']}")
-            continue
-        lines.append(f"{name:48s} {v['tokens_per_s']:>10,.0f} tok/s {v['tflops']:7.1f} TFLOP/s "
-                     f"MFU {100 * v['mfu_probe']:5.1f}% probe"
-                     + (f" {100 * v['mfu_790']:5.1f}% of 790 {100 * v['mfu_989']:5.1f}% of 989"
-                        if "mfu_790" in v else "")
-                     + f" peak {v['peak_gib']:.1f} GiB")
+    lines += [_variant_line(name, v) for name, v in d.get("throughput", {}).get("variants", {}).items()]
     for name, v in d.get("overlap", {}).items():
         if isinstance(v, dict):
             lines.append(f"overlap {name}: {v['seconds']:.3f} s ({v['tokens_per_s']:,.0f} tok/s)")
@@ -690,14 +682,27 @@ def summary(fig: Figures) -> None:
         lines.append(f"naive: {d['naive']['naive_tokens_per_s']:,.0f} tok/s, "
                      f"batched {d['naive']['batched_tokens_per_s']:,.0f}: "
                      f"{d['naive']['speedup']:.1f}x")
-    for part in ("demo", "kimi"):
-        if part in d.get("correct", {}):
-            lines.append(f"correct {part}: {json.dumps(_brief(d['correct'][part]))}")
+    lines += _correct_and_e2e_lines(d)
+    fig.say("\n".join(lines))
+
+
+def _variant_line(name: str, v: dict) -> str:
+    if "error" in v:
+        return f"{name}: ERROR {v['error']}"
+    return (f"{name:48s} {v['tokens_per_s']:>10,.0f} tok/s {v['tflops']:7.1f} TFLOP/s "
+            f"MFU {100 * v['mfu_probe']:5.1f}% probe"
+            + (f" {100 * v['mfu_790']:5.1f}% of 790 {100 * v['mfu_989']:5.1f}% of 989" if "mfu_790" in v else "")
+            + f" peak {v['peak_gib']:.1f} GiB")
+
+
+def _correct_and_e2e_lines(d: dict) -> list[str]:
+    lines = [f"correct {part}: {json.dumps(_brief(d['correct'][part]))}"
+             for part in ("demo", "kimi") if part in d.get("correct", {})]
     for key in ("pruned", "every_row"):
         if key in d.get("e2e", {}):
             e = d["e2e"][key]
             lines.append(f"e2e {key}: {e['total_s']:.1f} s for {d['e2e']['samples']} samples; phases {e['phases_s']}")
-    fig.say("\n".join(lines))
+    return lines
 
 
 def main() -> None:

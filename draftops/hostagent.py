@@ -525,26 +525,34 @@ def _scan(code_fd, cache):
                 continue
             rel = prefix + name
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append((os.open(name, _DIR_FLAGS, dir_fd=fd), rel + "/", None))
-                elif stat.S_ISLNK(st.st_mode):
-                    manifest[rel] = ["l", os.readlink(name, dir_fd=fd), 0]
-                elif stat.S_ISREG(st.st_mode):
-                    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                    sha = cached_sha(cache.get(rel), key) or _sha256_at(fd, name)
-                    new_cache[rel] = [key, sha]
-                    manifest[rel] = ["f", sha, st.st_mode & 0o777]
-                else:
-                    manifest[rel] = ["x", oct(stat.S_IFMT(st.st_mode)), 0]
+                below = _scan_entry(fd, name, rel, cache, manifest, new_cache)
             except FileNotFoundError:
                 continue            # removed while we looked (by a job: syncs hold the lock)
             except OSError as exc:
                 raise _unreadable(rel, exc) from None
+            if below is not None:
+                stack.append((below, rel + "/", None))
     finally:
         for fd, _prefix, _names in stack:
             os.close(fd)
     return manifest, new_cache
+
+
+def _scan_entry(fd, name, rel, cache, manifest, new_cache):
+    """Record one entry of a scanned folder; a folder is opened (no link followed) and its fd returned."""
+    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    if stat.S_ISLNK(st.st_mode):
+        manifest[rel] = ["l", os.readlink(name, dir_fd=fd), 0]
+    elif stat.S_ISREG(st.st_mode):
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        sha = cached_sha(cache.get(rel), key) or _sha256_at(fd, name)
+        new_cache[rel] = [key, sha]
+        manifest[rel] = ["f", sha, st.st_mode & 0o777]
+    else:
+        manifest[rel] = ["x", oct(stat.S_IFMT(st.st_mode)), 0]
+    return None
 
 
 def _unreadable(rel, exc):
@@ -617,20 +625,11 @@ class _Plan:
     (a link, then "link/file"), none both sent and deleted."""
 
     def __init__(self, tar):
-        import tarfile
         self.tar, self.delete, self.members = tar, [], []
         self.seeds: dict = {}                # rel -> [stat key, sha256] of the files written (see _seed)
         if tar is None:
             return
-        try:
-            members = tar.getmembers()
-            if not members or members[0].name != SYNC_META or not members[0].isfile():
-                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
-                                  + _NOTHING_CHANGED)
-            meta = json.load(tar.extractfile(members[0]))
-        except (tarfile.TarError, ValueError, OSError) as exc:
-            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
-                              + _NOTHING_CHANGED) from None
+        members, meta = self._read_meta(tar)
         deletes = meta.get("delete") if isinstance(meta, dict) else None
         if not isinstance(deletes, list):
             raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
@@ -638,16 +637,7 @@ class _Plan:
         self.delete = sorted({_canonical(rel, "deletion") for rel in deletes})
         sent = set()
         for member in members[1:]:
-            rel = _canonical(member.name, "entry")
-            plain_file = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
-            if not (plain_file or (member.issym() and member.linkname and "\0" not in member.linkname)):
-                kind = _TAR_KINDS.get(member.type, f"tar type {member.type!r}")
-                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
-                                  "files and symbolic links are synced (no hard links, devices, FIFOs or "
-                                  f"folders){_NOTHING_CHANGED}")
-            if rel in sent:
-                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
-                                  + _NOTHING_CHANGED)
+            rel = self._checked_member(member, sent)
             sent.add(rel)
             self.members.append(member)
         for rel in sent:
@@ -659,6 +649,36 @@ class _Plan:
         if both:
             raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {min(both)!r}: it is both sent and "
                               f"deleted{_NOTHING_CHANGED}")
+
+    @staticmethod
+    def _read_meta(tar):
+        """The payload's members and its leading SYNC_META document."""
+        import tarfile
+        try:
+            members = tar.getmembers()
+            if not members or members[0].name != SYNC_META or not members[0].isfile():
+                raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: it does not start with {SYNC_META}"
+                                  + _NOTHING_CHANGED)
+            return members, json.load(tar.extractfile(members[0]))
+        except (tarfile.TarError, ValueError, OSError) as exc:
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: unreadable tar ({exc})"
+                              + _NOTHING_CHANGED) from None
+
+    @staticmethod
+    def _checked_member(member, sent):
+        """The member's checked relative name: a plain file or symlink, not sent before."""
+        import tarfile
+        rel = _canonical(member.name, "entry")
+        plain_file = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
+        if not (plain_file or (member.issym() and member.linkname and "\0" not in member.linkname)):
+            kind = _TAR_KINDS.get(member.type, f"tar type {member.type!r}")
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it is a {kind}; only plain "
+                              "files and symbolic links are synced (no hard links, devices, FIFOs or "
+                              f"folders){_NOTHING_CHANGED}")
+        if rel in sent:
+            raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync entry {rel!r}: it appears twice"
+                              + _NOTHING_CHANGED)
+        return rel
 
     def check_against(self, manifest):
         """Refuse before changing anything if a path would go through a host file or link that stays
@@ -882,40 +902,10 @@ def _write(code_fd, plan):
     token = f"{CODE_TMP}{os.getpid()}-{os.urandom(4).hex()}-"
     try:
         for i, member in enumerate(plan.members):
-            head, name = _split(member.name)
-            parent = dirs.open(head, create=True)
-            tmp = token + str(i)
-            if member.issym():
-                os.symlink(member.linkname, tmp, dir_fd=parent)
-                staged.append((head, tmp, name))
-                continue
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600,
-                         dir_fd=parent)
-            unsynced.append(fd)
-            staged.append((head, tmp, name))
-            digest = hashlib.sha256()
-            _write_fd(fd, plan.tar.extractfile(member), digest)
-            os.fchmod(fd, member.mode & 0o777)
-            st = os.fstat(fd)
-            hashed[tmp] = (digest.hexdigest(), st.st_ino, st.st_size, st.st_mtime_ns)
-            if len(unsynced) >= 128:
-                _datasync(unsynced)
+            _stage(dirs, plan, member, token + str(i), staged, unsynced, hashed)
         _datasync(unsynced)
         while staged:
-            head, tmp, name = staged[0]
-            parent = dirs.open(head)
-            try:
-                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            except IsADirectoryError:   # an empty folder (but for the host's bytecode) stands there
-                _drop_cache_folder(parent, name)
-                os.rmdir(name, dir_fd=parent)
-                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-            if name.endswith(".py"):
-                # python trusts a cached .pyc while the source's size and whole-second mtime match,
-                # which a same-size edit synced within the second would; the next start compiles it
-                sources.setdefault(head, set()).add(name[:-3])
-            if tmp in hashed:
-                _seed(plan.seeds, dirs.open(head), name, (head + "/" if head else "") + name, hashed[tmp])
+            _put_in_place(dirs, plan, staged[0], hashed, sources)
             staged.pop(0)
         return len(plan.members)
     except BaseException:
@@ -931,6 +921,45 @@ def _write(code_fd, plan):
     finally:
         _drop_sources_bytecode(dirs, sources)   # of the files renamed into place, even when a later one failed
         dirs.close()
+
+
+def _stage(dirs, plan, member, tmp, staged, unsynced, hashed):
+    """Write one member to its temp name ``tmp`` beside its place (noted in ``staged``; a file's open fd
+    in ``unsynced`` until flushed, its hash and stat in ``hashed``)."""
+    head, name = _split(member.name)
+    parent = dirs.open(head, create=True)
+    if member.issym():
+        os.symlink(member.linkname, tmp, dir_fd=parent)
+        staged.append((head, tmp, name))
+        return
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=parent)
+    unsynced.append(fd)
+    staged.append((head, tmp, name))
+    digest = hashlib.sha256()
+    _write_fd(fd, plan.tar.extractfile(member), digest)
+    os.fchmod(fd, member.mode & 0o777)
+    st = os.fstat(fd)
+    hashed[tmp] = (digest.hexdigest(), st.st_ino, st.st_size, st.st_mtime_ns)
+    if len(unsynced) >= 128:
+        _datasync(unsynced)
+
+
+def _put_in_place(dirs, plan, entry, hashed, sources):
+    """Rename one staged temp file or link over its name (an empty folder standing there goes)."""
+    head, tmp, name = entry
+    parent = dirs.open(head)
+    try:
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except IsADirectoryError:   # an empty folder (but for the host's bytecode) stands there
+        _drop_cache_folder(parent, name)
+        os.rmdir(name, dir_fd=parent)
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    if name.endswith(".py"):
+        # python trusts a cached .pyc while the source's size and whole-second mtime match,
+        # which a same-size edit synced within the second would; the next start compiles it
+        sources.setdefault(head, set()).add(name[:-3])
+    if tmp in hashed:
+        _seed(plan.seeds, dirs.open(head), name, (head + "/" if head else "") + name, hashed[tmp])
 
 
 def _seed(seeds, parent, name, rel, written):
@@ -1686,33 +1715,45 @@ def _pack_dir(tar, dir_fd, rel, skipped):
                 finally:
                     os.close(fd)
             elif stat.S_ISREG(st.st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-                with os.fdopen(fd, "rb") as fh:
-                    st = os.fstat(fd)
-                    if not stat.S_ISREG(st.st_mode):
-                        skipped.append({"path": path, "reason": "changed from a file to something else"})
-                        continue
-                    info = _tarinfo(path, st, tarfile.REGTYPE)
-                    info.size = st.st_size
-                    body = _Exactly(fh, st.st_size)
-                    tar.addfile(info, body)
-                    if body.short:
-                        skipped.append({"path": path, "reason": "shrank while it was copied; padded with NULs"})
+                _pack_file(tar, dir_fd, name, path, skipped)
             elif stat.S_ISLNK(st.st_mode):
-                target = os.readlink(name, dir_fd=dir_fd)
-                problem = _link_problem(path, target)
-                if problem:
-                    skipped.append({"path": path, "reason": problem})
-                    continue
-                info = _tarinfo(path, st, tarfile.SYMTYPE)
-                info.linkname, info.mode = target, 0o777
-                tar.addfile(info)
+                _pack_link(tar, dir_fd, name, path, st, skipped)
             else:
                 kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
                         else "a device node")
                 skipped.append({"path": path, "reason": f"{kind}, not a file"})
         except OSError as exc:
             skipped.append({"path": path, "reason": f"cannot read: {exc.strerror or exc}"})
+
+
+def _pack_file(tar, dir_fd, name, path, skipped):
+    """Add one regular file, opened without following a link; exactly the size it had when opened."""
+    import tarfile
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            skipped.append({"path": path, "reason": "changed from a file to something else"})
+            return
+        info = _tarinfo(path, st, tarfile.REGTYPE)
+        info.size = st.st_size
+        body = _Exactly(fh, st.st_size)
+        tar.addfile(info, body)
+        if body.short:
+            skipped.append({"path": path, "reason": "shrank while it was copied; padded with NULs"})
+
+
+def _pack_link(tar, dir_fd, name, path, st, skipped):
+    """Add one symbolic link as a link (never its target), unless it leads out of the run folder."""
+    import tarfile
+    target = os.readlink(name, dir_fd=dir_fd)
+    problem = _link_problem(path, target)
+    if problem:
+        skipped.append({"path": path, "reason": problem})
+        return
+    info = _tarinfo(path, st, tarfile.SYMTYPE)
+    info.linkname, info.mode = target, 0o777
+    tar.addfile(info)
 
 
 def cmd_pack(run_dir):

@@ -16,7 +16,7 @@ import stat
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -185,21 +185,9 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
             if not start.exists() and not start.is_symlink():
                 raise SyncError(f"Sync path {top!r} does not exist under {project_root}; fix `sync_paths` "
                                 "in hosts.yaml (paths are relative to the project root).")
-            single = not start.is_dir() or start.is_symlink()
-            walker = [(str(start.parent), [], [start.name])] if single else os.walk(start, onerror=_raise)
-            for dirpath, dirnames, filenames in walker:
-                for name in list(dirnames):
-                    child = os.path.join(dirpath, name)
-                    if os.path.islink(child):
-                        dirnames.remove(name)
-                        filenames.append(name)
-                    elif ignore.ignored(child, True):
-                        dirnames.remove(name)
-                for name in filenames:
-                    child = os.path.join(dirpath, name)
-                    if not ignore.ignored(child, False):
-                        rel = child[ignore.root_cut:]
-                        manifest[rel] = _local_entry(child, rel, cache, new_cache)
+            for child in _walk_files(start, ignore):
+                rel = child[ignore.root_cut:]
+                manifest[rel] = _local_entry(child, rel, cache, new_cache)
     except OSError as exc:
         raise SyncError(f"Cannot read {exc.filename or project_root}: {exc.strerror or exc}. The sync "
                         "stopped before changing anything (a file it cannot see would otherwise be "
@@ -208,6 +196,25 @@ def local_manifest(project_root: Path, paths: list[str], cache_file: Path | None
     if cache_file and new_cache != cache:
         _write_json(cache_file, new_cache)
     return manifest
+
+
+def _walk_files(start: Path, ignore: _Ignore) -> Iterator[str]:
+    """Every path to sync under ``start`` (or ``start`` itself, a file or link): links are entries, never
+    followed into; ignored folders are not entered."""
+    single = not start.is_dir() or start.is_symlink()
+    walker = [(str(start.parent), [], [start.name])] if single else os.walk(start, onerror=_raise)
+    for dirpath, dirnames, filenames in walker:
+        for name in list(dirnames):
+            child = os.path.join(dirpath, name)
+            if os.path.islink(child):
+                dirnames.remove(name)
+                filenames.append(name)
+            elif ignore.ignored(child, True):
+                dirnames.remove(name)
+        for name in filenames:
+            child = os.path.join(dirpath, name)
+            if not ignore.ignored(child, False):
+                yield child
 
 
 def _read_json(path: Path) -> dict:
@@ -376,14 +383,18 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
                         dry_run=dry_run, bytes_sent=sent, bytes_changed=changed,
                         busy_runs=list(answer.busy_runs if answer else []))
     if not dry_run:
-        digest = answer.digest if answer else (tree.digest if tree else "")
-        if digest == tree_digest(local):
-            if not known or known["digest"] != digest:
-                _save_memory(memory_file, local, digest)
-        else:
-            memory_file.unlink(missing_ok=True)
+        _remember(memory_file, local, known, answer.digest if answer else (tree.digest if tree else ""))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _remember(memory_file: Path, local: dict[str, Entry], known: dict | None, digest: str) -> None:
+    """Keep the host's tree for the next sync when it is now the local one; forget it otherwise."""
+    if digest == tree_digest(local):
+        if not known or known["digest"] != digest:
+            _save_memory(memory_file, local, digest)
+    else:
+        memory_file.unlink(missing_ok=True)
 
 
 def _load_memory(path: Path) -> dict | None:

@@ -3,6 +3,7 @@ and for anything that must know which files a module runs (the demo cache's key)
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,44 +48,59 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
+    return _Tarjan(graph).components()
+
+
+class _Tarjan:
+    def __init__(self, graph: dict[str, set[str]]) -> None:
+        self.graph = graph
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.work: list[tuple[str, Iterator[str]]] = []
+        self.found: list[list[str]] = []
+
+    def components(self) -> list[list[str]]:
+        for start in sorted(self.graph):
+            if start not in self.index:
+                self._visit(start)
+        return self.found
+
+    def _enter(self, node: str) -> None:
+        self.index[node] = self.low[node] = len(self.index)
+        self.stack.append(node)
+        self.on_stack.add(node)
+        self.work.append((node, iter(sorted(self.graph.get(node, ())))))
+
+    def _visit(self, start: str) -> None:
+        self._enter(start)
+        while self.work:
+            node, children = self.work[-1]
             child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+            if child is None:
+                self._leave()
+            elif child not in self.index:
+                self._enter(child)
+            elif child in self.on_stack:
+                self.low[node] = min(self.low[node], self.index[child])
+
+    def _leave(self) -> None:
+        node = self.work.pop()[0]
+        if self.work:
+            parent = self.work[-1][0]
+            self.low[parent] = min(self.low[parent], self.low[node])
+        if self.low[node] != self.index[node]:
+            return
+        component = []
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            component.append(member)
+            if member == node:
+                break
+        if len(component) > 1:
+            self.found.append(sorted(component))
 
 
 def project_graph() -> dict[str, set[str]]:

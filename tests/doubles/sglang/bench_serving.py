@@ -111,12 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print("Initial test run failed - Please make sure benchmark arguments are correctly specified. "
               "Error: Cannot connect to the server", file=sys.stderr)
         return 1
-    accept = None
-    try:
-        _, info = _http(base + "/get_server_info")
-        accept = (info.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
-    except (urllib.error.URLError, OSError, ValueError):
-        info = None
+    info, accept = _server_info(base)
 
     def stats(values: list[float]) -> dict[str, float]:
         ordered = sorted(values)
@@ -142,18 +137,32 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": float(args.max_concurrency or 1), "accept_length": accept,
         "max_output_tokens_per_s": total_out / duration, "max_concurrent_requests": args.max_concurrency,
     }
-    print("\n{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
-    print("{:<40} {:<10}".format("Backend:", args.backend))
-    print("{:<40} {:<10}".format("Successful requests:", len(outputs)))
-    print("{:<40} {:<10.2f}".format("Output token throughput (tok/s):", record["output_throughput"]))
-    if accept:
-        print("{:<40} {:<10.2f}".format("Accept length:", accept))
-    print("{:<40} {:<10.2f}".format("Median TTFT (ms):", ttft["median"]))
-    print("{:<40} {:<10.2f}".format("Mean TPOT (ms):", tpot["mean"]))
+    _print_result(args.backend, record)
     if args.output_file:
         with open(args.output_file, "a") as fh:
             fh.write(json.dumps(record) + "\n")
     return 0
+
+
+def _server_info(base: str) -> tuple[dict | None, float | None]:
+    """``/get_server_info`` and its accept length, as bench_serving reads them after the run."""
+    try:
+        _, info = _http(base + "/get_server_info")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None, None
+    return info, (info.get("internal_states") or [{}])[0].get("avg_spec_accept_length")
+
+
+def _print_result(backend: str, record: dict) -> None:
+    """The result table bench_serving prints (the lines draftops' parser reads)."""
+    print("\n{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    print("{:<40} {:<10}".format("Backend:", backend))
+    print("{:<40} {:<10}".format("Successful requests:", record["completed"]))
+    print("{:<40} {:<10.2f}".format("Output token throughput (tok/s):", record["output_throughput"]))
+    if record["accept_length"]:
+        print("{:<40} {:<10.2f}".format("Accept length:", record["accept_length"]))
+    print("{:<40} {:<10.2f}".format("Median TTFT (ms):", record["median_ttft_ms"]))
+    print("{:<40} {:<10.2f}".format("Mean TPOT (ms):", record["mean_tpot_ms"]))
 
 
 if __name__ == "__main__":

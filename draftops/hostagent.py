@@ -506,7 +506,8 @@ def _scan(code_fd, cache):
     read as "missing". ``__pycache__`` folders are left out: the host's python writes them whenever a
     tool runs from the code folder, and counting them made every next sync find the tree changed
     and delete them (a second round trip, and every tool compiled again on its next start)."""
-    manifest, new_cache = {}, {}
+    manifest: dict = {}
+    new_cache: dict = {}
     stack: list = [(os.dup(code_fd), "", None)]   # (dir fd, path prefix, names iterator once listed)
     try:
         while stack:
@@ -635,7 +636,7 @@ class _Plan:
             raise Refusal(Exit.REFUSED_ENTRY, f"refusing sync payload: {SYNC_META} holds no delete list"
                               + _NOTHING_CHANGED)
         self.delete = sorted({_canonical(rel, "deletion") for rel in deletes})
-        sent = set()
+        sent: set = set()
         for member in members[1:]:
             rel = self._checked_member(member, sent)
             sent.add(rel)
@@ -896,7 +897,9 @@ def _write(code_fd, plan):
     A failure (a full disk) removes this apply's temp files and the folders it created, so the tree
     holds only whole files. Nothing else is removed: other names with ``.draftops-tmp-`` in them
     belong to someone else (or to the project) and are synced like any other file."""
-    dirs, staged, unsynced = _Dirs(code_fd), [], []
+    dirs = _Dirs(code_fd)
+    staged: list = []
+    unsynced: list = []
     sources: dict = {}                    # folder -> modules written there (their bytecode goes)
     hashed: dict = {}                     # temp name -> (sha256, inode, size, mtime) as written
     token = f"{CODE_TMP}{os.getpid()}-{os.urandom(4).hex()}-"

@@ -176,8 +176,8 @@ def main() -> None:
         # The same two cases inside one invoke call (the connection already open, as in
         # `invoke sync test-drafter`): what sync itself costs, without Python start-up and imports.
         os.environ.pop("DRAFTOPS_HOST", None)
-        from draftops.host import open_host
-        from draftops.sync import sync
+        from draftops.link.host import open_host
+        from draftops.runs.sync import sync
         host = open_host(None, project)
         sync(host)
         warm_noop, warm_change = [], []
@@ -199,7 +199,7 @@ def main() -> None:
         print("draftops bytes = the sync payload (tar); rsync bytes = its 'Total bytes sent'. The first six "
               "rows time `invoke sync` as a new process (Python start-up and imports included): first as a "
               f"user has it, through the connection an earlier call left open (hosts.yaml `persist:`, "
-              f"draftops/keeper.py), then{FRESH}, connecting afresh in every call (DRAFTOPS_PERSIST=0). rsync "
+              f"draftops/link/keeper.py), then{FRESH}, connecting afresh in every call (DRAFTOPS_PERSIST=0). rsync "
               "connects afresh every time.")
         print(f"one change: the changed file is {changed:,} bytes; draftops sent "
               f"{results['one file changed']['draftops'][1] / changed:.0%} of it")
@@ -211,7 +211,7 @@ def main() -> None:
               f"on {os.cpu_count()} cores")
         server.stop()
     finally:
-        from draftops import keeper_link
+        from draftops.link import keeper_link
         keeper_link.disconnect_all()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -2,7 +2,7 @@
 
 The library modules never print; they return data, and these functions show it on the Console
 they are given (the tasks pass ``console``; tests pass ``Console(file=StringIO())``). Nothing here
-starts or follows a job: ``draftops.tools`` does, and tells a :class:`LiveJob` what to show.
+starts or follows a job: ``draftops.runs.tools`` does, and tells a :class:`LiveJob` what to show.
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from draftops import timing
+from draftops.runs.tools import JobView
 from draftops.terminal import clean
-from draftops.tools import JobView
 
 if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never needs it
     from rich.console import Console, Group
     from rich.progress import Progress
 
-    from draftops.sync import SyncReport
+    from draftops.runs.sync import SyncReport
 
 LogMode = Literal["print", "window", "hide", "steps"]
 WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
@@ -220,7 +220,7 @@ class _LiveView:
 
 class LiveJob(JobView):
     """A followed job on ``out``: its log with a progress bar; Ctrl-C detaches and says how to
-    re-attach. The following itself is ``draftops.tools.follow``; this only shows what it is given.
+    re-attach. The following itself is ``draftops.runs.tools.follow``; this only shows what it is given.
 
     ``log`` says what happens to the log lines: "print" keeps them on screen, "window" shows the last
     few under the bar while the job runs and clears them when it ends (for tasks that show their

@@ -39,7 +39,7 @@ keeps its own small tree next to it (``remote/drafter/errors.py``, ``remote/sgla
 ``remote/draft_config/errors.py``, ``remote/bench/errors.py``). Those errors never cross the link as
 objects: a tool prints its one-paragraph message (and an ``error`` event) and exits non-zero, and the
 local side raises one of the errors above with that message. The host agent's refusals cross the same
-way: as an exit code from ``hostagent.Exit``, which ``draftops.agent`` maps to one class here.
+way: as an exit code from ``wire.Exit``, which ``draftops.link.agent`` maps to one class here.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class JobError(DraftopsError):
 
 
 class ToolFailed(JobError):
-    """A remote tool's run ended other than ok (``draftops.tools.run_tool``); ``.result`` is its
+    """A remote tool's run ended other than ok (``draftops.runs.tools.run_tool``); ``.result`` is its
     ``ToolResult``: the final status, the pulled folder, the tool's result file and error event."""
 
     def __init__(self, message: str, result: Any):

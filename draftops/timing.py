@@ -49,7 +49,7 @@ def ran(command: str, seconds: float) -> None:
 
 
 def host_stages(stderr: bytes, sent_at: float, answered_at: float) -> None:
-    """Turn the agent's moments (see hostagent._stamp) into stage lengths for one exec on the host.
+    """Turn the agent's moments (see wire._stamp) into stage lengths for one exec on the host.
 
     The host's clock is compared with ours, which holds in the benchmark (sshd on 127.0.0.1)."""
     if not ENABLED:

@@ -2,7 +2,7 @@
 
 Every tool the local side starts on the host (``remote.drafter``, ``remote.sglang_patch``,
 ``remote.draft_config``, ``remote.envcheck``, ``remote.serve``, ``remote.bench.runner``) ends with
-one of these codes, and ``draftops/tools.py`` reads a finished run by them. Stdlib only: it runs
+one of these codes, and ``draftops/runs/tools.py`` reads a finished run by them. Stdlib only: it runs
 with the host's ml-env python.
 
     code  name          meaning

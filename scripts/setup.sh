@@ -71,7 +71,7 @@ if [ "$want_tests" = 1 ]; then
   fi
 fi
 if [ "$want_engines" = 1 ]; then
-  # One installer for this and `invoke env.setup --engine vllm` (draftops/engine_env.py): same
+  # One installer for this and `invoke env.setup --engine vllm` (draftops/env/engine_env.py): same
   # script, same content hash, so either one finds the other's venv up to date.
-  .venv/bin/python -m draftops.engine_env vllm ${DRAFTOPS_VLLM_VENV:+--venv "$DRAFTOPS_VLLM_VENV"}
+  .venv/bin/python -m draftops.env.engine_env vllm ${DRAFTOPS_VLLM_VENV:+--venv "$DRAFTOPS_VLLM_VENV"}
 fi

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from draftops import host as host_module
+from draftops.link import host as host_module
 from tests.sshd import Sshd, keygen, sshd_available, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from draftops import hostagent
+from draftops.onhost import agent as hostagent
 
 needs_pidfd = pytest.mark.skipif(getattr(os, "pidfd_open", None) is None, reason="no os.pidfd_open here")
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from draftops import jobs
 from draftops.errors import JobError, RemoteError
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs import jobs
+from draftops.runs.sync import sync
 from tests.conftest import ssh_entry
 from tests.sshd import start_sshd
 from tests.test_jobs_ssh import wait_state
@@ -113,7 +113,7 @@ def test_an_unframed_answer_to_a_later_command_is_an_error(noisy_project, banner
 def test_the_engine_probe_of_env_check_survives_a_banner(noisy_project):
     """env.check's engine rows read one JSON line per engine from a plain command: the banner's lines
     came first and env.check ended in a JSONDecodeError."""
-    from draftops import engine_env
+    from draftops.env import engine_env
     rows = engine_env.probe(open_host(None, noisy_project))
     assert [r["engine"] for r in rows] == list(engine_env.ENGINES)
     assert all(r["version"] is None and r["current"] is False for r in rows)
@@ -125,7 +125,7 @@ def test_env_setup_sees_a_current_ml_env_through_a_banner(make_project, noisy_ss
     as current and every env.setup reinstalled it."""
     import sys
 
-    from draftops import mlenv
+    from draftops.env import mlenv
     (banner_home / ".bashrc").write_text(NOISY_BASHRC)
     (tmp_path / "reqs.txt").write_text("# nothing\n")
     venv = tmp_path / "ml env"
@@ -138,7 +138,7 @@ def test_env_setup_sees_a_current_ml_env_through_a_banner(make_project, noisy_ss
 
 
 def test_env_setup_engine_sees_a_current_engine_venv_through_a_banner(noisy_project, tmp_path):
-    from draftops import engine_env
+    from draftops.env import engine_env
     host = open_host(None, noisy_project)
     venv = tmp_path / "engine venv"
     (venv / "bin").mkdir(parents=True)

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from draftops import hostagent
-from draftops.agent import AGENT_NAME, AGENT_SOURCE, AgentClient
-from draftops.connection import CommandResult
+from draftops import onhost
 from draftops.errors import (
     AgentError,
     JobError,
@@ -32,12 +30,15 @@ from draftops.errors import (
     SyncRefused,
     UnknownRun,
 )
-from draftops.host import open_host
-from draftops.hostagent import Exit
 from draftops.inventory import HostSpec
+from draftops.link.agent import AGENT_NAME, AGENT_SOURCE, AgentClient
+from draftops.link.connection import CommandResult
+from draftops.link.host import open_host
+from draftops.onhost import agent as hostagent
+from draftops.onhost.wire import Exit
 from tests.conftest import recorded_commands
 
-# what each exit code must raise: written out here, not read from draftops.agent.ERRORS
+# what each exit code must raise: written out here, not read from draftops.link.agent.ERRORS
 EXPECTED = {
     Exit.CRASHED: AgentError, Exit.USAGE: AgentError, Exit.ROOT_REFUSED: RootError,
     Exit.ROOT_UNWRITABLE: RootError, Exit.REFUSED_ENTRY: SyncRefused, Exit.INCOMPLETE: SyncRefused,
@@ -188,7 +189,7 @@ def installed(tmp_path: Path) -> Path:
 
 
 def test_an_installed_agent_changed_in_place_is_rewritten_by_the_next_session(local_host, tmp_path):
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     first = local_host().agent.prepare()
     assert first.installed and installed(tmp_path).read_text() == AGENT_SOURCE
     close_all()
@@ -253,11 +254,11 @@ def test_an_unknown_command_or_wrong_arguments_is_a_usage_error(local_host, tmp_
 
 
 def test_the_local_side_calls_every_agent_command_and_no_other():
-    """No dead commands: each one the agent offers is called by draftops.agent (``runner`` by ``start``)."""
+    """No dead commands: each one the agent offers is called by draftops.link.agent (``runner`` by ``start``)."""
     client = Path(sys.modules[AgentClient.__module__].__file__ or "").read_text()
     called = {name for name in hostagent.COMMANDS if f'("{name}", ' in client or f'(("{name}", ' in client}
     assert called | {"runner"} == set(hostagent.COMMANDS)
-    assert '"runner"' in Path(hostagent.__file__).read_text().split("def cmd_start", 1)[1].split("def ", 1)[0]
+    assert '"runner"' in onhost.source().split("def cmd_start", 1)[1].split("def ", 1)[0]
 
 
 # ---------------------------------------------------------------- RemoteError carries the result
@@ -324,7 +325,7 @@ def test_a_boot_cut_off_by_a_dropped_link_or_a_signal_keeps_the_interpreter_and_
 
 
 def test_later_calls_load_the_agent_compiled_for_its_python_and_a_bad_copy_is_made_again(local_host, tmp_path):
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     host = local_host()
     info = host.agent.prepare()
     pyc = Path(info.run)
@@ -357,7 +358,7 @@ def is_boot(command: str) -> bool:
 
 
 def test_a_new_session_boots_through_the_installed_copy_without_the_source(local_host, tmp_path):
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     first = local_host().agent.prepare()
     close_all()
     host = local_host()
@@ -382,7 +383,7 @@ def start_once(host, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("stale", ["edited", "removed", "damaged", "foreign", "other-python"])
 def test_a_stale_warm_note_costs_one_refused_exec_then_the_boot_and_nothing_runs_twice(local_host, tmp_path, stale):
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     first = local_host().agent.prepare()
     close_all()
     pyc = Path(first.run)
@@ -434,7 +435,7 @@ def test_a_warm_boot_refused_for_its_root_is_that_error_at_once_not_a_second_boo
                                                                                  no_inventory_env):
     """Root's fault (here: a root that resolves to $HOME) would fail the boot the same way: one exec, the
     RootError, and the note stays for when root is fixed."""
-    from draftops.host import close_all, host_cache_file
+    from draftops.link.host import close_all, host_cache_file
     good = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
     run = open_host(None, good).agent.prepare().run
     close_all()
@@ -493,7 +494,7 @@ def test_servers_are_joined_with_their_own_runs_not_the_whole_history(local_host
 def test_a_warm_boot_cut_off_by_a_dropped_link_or_a_signal_is_not_run_again(local_host, tmp_path, code):
     """No reply and exit -1 (the SSH link dropped) or a kill: the command may have run on the host, so
     it is that call's error; booting again could start a job twice. The note stays."""
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     local_host().agent.prepare()
     close_all()
     host = local_host()
@@ -518,7 +519,7 @@ def test_a_warm_note_naming_what_is_not_the_installed_copy_never_runs_it(local_h
     only a path named as prepare names the copy, and the host, before it executes anything, only a
     file of this user's, writable by nobody else, in `<root>/state`. The session boots cold, once, and
     notes the right copy atomically."""
-    from draftops.host import close_all
+    from draftops.link.host import close_all
     first = local_host().agent.prepare()
     close_all()
     note = next(tmp_path.rglob("agent-run-*.json"))
@@ -551,8 +552,8 @@ NOTE_READER = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 from pathlib import Path
-from draftops.agent import AgentClient
-from draftops.connection import LocalTransport
+from draftops.link.agent import AgentClient
+from draftops.link.connection import LocalTransport
 from draftops.inventory import HostSpec
 spec = HostSpec.model_validate({"name": "here", "transport": "local", "root": sys.argv[3]})
 client = AgentClient(spec, LocalTransport(spec), Path(sys.argv[1]), Path(sys.argv[2]))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from draftops.host import close_all, host_cache_file, open_host
+from draftops.link.host import close_all, host_cache_file, open_host
 from tests.conftest import recorded_commands, ssh_entry
 
 pytestmark = pytest.mark.ssh

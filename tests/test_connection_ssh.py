@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from draftops import jobs
 from draftops.errors import AuthFailed, HostKeyRejected, HostUnreachable, InventoryError, RootError
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs import jobs
+from draftops.runs.sync import sync
 from tests.conftest import REPO, small_tmpfs, ssh_entry
 from tests.sshd import free_port, keygen
 from tests.test_env_ssh import invoke
@@ -175,7 +175,7 @@ def test_accept_new_records_key_and_refuses_a_changed_one(make_project, sshd, tm
     project = make_project({"box": ssh_entry(sshd, tmp_path, known_hosts=str(known))}, "box")
     open_host(None, project).transport.run("true")
     assert f"[127.0.0.1]:{sshd.port}" in known.read_text()
-    from draftops import host as host_module
+    from draftops.link import host as host_module
     host_module.close_all()
     other = keygen(tmp_path / "other_host_key")
     key_type, key_b64 = other.with_suffix(".pub").read_text().split()[:2]
@@ -221,7 +221,7 @@ def test_a_root_on_a_full_disk_says_to_free_space_not_to_fix_root(make_project, 
     """The agent cannot be installed on a full disk: that was "not writable: No space left on device.
     Fix `root:` in hosts.yaml.", the wrong fix for a root that is right; and `invoke sync` wrapped it
     again ("sync failed: Host 'box' (...): ... hosts.yaml.. The files on the host were ...")."""
-    from draftops.sync import sync
+    from draftops.runs.sync import sync
 
     with small_tmpfs(tmp_path / "small", "64k") as disk:
         project = make_project({"box": ssh_entry(sshd, tmp_path, root=str(disk / "draftops"))}, "box")
@@ -366,7 +366,7 @@ def test_a_port_that_is_not_ssh_gives_one_clear_error_and_no_traceback(make_proj
 def test_paramiko_messages_are_kept_at_debug_level(make_project, sshd, tmp_path, no_inventory_env,
                                                    not_ssh_port, caplog, capfd):
     project = make_project({"web": ssh_entry(sshd, tmp_path, port=not_ssh_port, connect_timeout=1)}, "web")
-    with caplog.at_level(logging.DEBUG, logger="draftops.connection"), pytest.raises(HostUnreachable):
+    with caplog.at_level(logging.DEBUG, logger="draftops.link.connection"), pytest.raises(HostUnreachable):
         open_host(None, project, prepare=True)
     assert any("paramiko ERROR" in r.getMessage() and "banner" in r.getMessage() for r in caplog.records)
     assert "Traceback" not in capfd.readouterr().err

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from draftops.cli.common import ensure_demo
-from draftops.host import open_host
+from draftops.link.host import open_host
+from draftops.runs.sync import sync
 from draftops.serve.request import demo_dir
-from draftops.sync import sync
 from remote.bench import demo_prompts
 from remote.drafter.demo_spec import DEMO_VERSION, MARKER, DemoSpec
 from tests.conftest import REPO, copy_remote_package

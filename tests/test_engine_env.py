@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from draftops import engine_env
-from draftops.engine_env import EngineError, EngineRecipe
+from draftops.env import engine_env
+from draftops.env.engine_env import EngineError, EngineRecipe
 from remote import exitcodes
 
 PIP_VERSION = ensurepip.version()
@@ -111,15 +111,16 @@ def test_unknown_or_gpu_only_engines_are_refused_in_one_paragraph(name: str) -> 
 
 def test_cli_prints_the_engine_python_and_rejects_unknown_engines(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    run = subprocess.run([sys.executable, "-m", "draftops.engine_env", "vllm", "--venv", str(tmp_path / "v"),
+    run = subprocess.run([sys.executable, "-m", "draftops.env.engine_env", "vllm", "--venv", str(tmp_path / "v"),
                           "--print-python"], capture_output=True, text=True, env=env)
     assert run.returncode == 0 and run.stdout.strip() == f"{tmp_path}/v/bin/python"
-    bad = subprocess.run([sys.executable, "-m", "draftops.engine_env", "tgi"], capture_output=True, text=True, env=env)
+    bad = subprocess.run([sys.executable, "-m", "draftops.env.engine_env", "tgi"], capture_output=True, text=True,
+                         env=env)
     assert bad.returncode == 2 and "not an engine draftops knows" in bad.stderr
 
 
 def test_probe_reads_versions_without_importing(recipe, tmp_path, monkeypatch) -> None:
-    from draftops.host import open_host
+    from draftops.link.host import open_host
     venv = tmp_path / "probe venv"
     monkeypatch.setitem(engine_env.ENGINES, recipe.name, replace(recipe, venv=str(venv)))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

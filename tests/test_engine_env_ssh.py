@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from draftops import engine_env
+from draftops.env import engine_env
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.test_env_ssh import invoke
 

@@ -108,8 +108,8 @@ def _follow_a_long_job(project: Path, sigint: Any) -> tuple[str, subprocess.Pope
     import signal
     import time
 
-    from draftops import jobs
-    from draftops.host import close_all, open_host
+    from draftops.link.host import close_all, open_host
+    from draftops.runs import jobs
     host = open_host(None, project)
     # long enough that starting invoke on a loaded machine (seen: over 30 s) cannot outlast it
     job = jobs.start(host, "long", "echo tick; sleep 600", cwd=".")
@@ -128,8 +128,8 @@ def _follow_a_long_job(project: Path, sigint: Any) -> tuple[str, subprocess.Pope
 
 
 def _stop(project: Path, run_id: str, proc: subprocess.Popen) -> None:
-    from draftops import jobs
-    from draftops.host import open_host
+    from draftops.link.host import open_host
+    from draftops.runs import jobs
     if proc.poll() is None:
         proc.kill()
         proc.communicate(timeout=30)
@@ -139,8 +139,8 @@ def _stop(project: Path, run_id: str, proc: subprocess.Popen) -> None:
 def test_ctrl_c_on_logs_follow_detaches_and_the_job_keeps_running(env_project):
     import signal
 
-    from draftops import jobs
-    from draftops.host import open_host
+    from draftops.link.host import open_host
+    from draftops.runs import jobs
     run_id, proc = _follow_a_long_job(env_project, signal.SIG_DFL)    # Ctrl-C as from a terminal
     try:
         proc.send_signal(signal.SIGINT)

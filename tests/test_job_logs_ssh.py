@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from draftops import jobs
-from draftops.agent import AGENT_NAME
 from draftops.errors import JobError
-from draftops.host import open_host
+from draftops.link.agent import AGENT_NAME
+from draftops.link.host import open_host
+from draftops.runs import jobs
 from tests.conftest import REPO, ssh_entry
 from tests.test_jobs_ssh import wait_state, wait_until
 
@@ -197,7 +197,7 @@ def test_a_dropped_ssh_link_during_follow_is_an_error(make_project, sshd, tmp_pa
         with pytest.raises(JobError, match="Re-attach"):
             jobs.follow(host, job.id, on_text)
     finally:
-        from draftops import host as host_module
+        from draftops.link import host as host_module
         host_module.close_all()
         jobs.kill(open_host(None, project), job.id, grace_s=1)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from draftops import hostagent, jobs
-from draftops.framing import FramingError, Unframer, error_text, split_replies
+from draftops.link.framing import FramingError, Unframer, error_text, split_replies
+from draftops.onhost import agent as hostagent
+from draftops.runs import jobs
 
 NONCE = "0123456789abcdef"
 REPLY = f"\n{hostagent.FRAME_PREFIX}{NONCE}\n".encode()

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from draftops import host as host_module
-from draftops import hostagent, jobs
 from draftops.errors import JobError
-from draftops.host import open_host
+from draftops.link import host as host_module
+from draftops.link.host import open_host
+from draftops.onhost import agent as hostagent
+from draftops.runs import jobs
 from tests.conftest import small_tmpfs, ssh_entry
 
 pytestmark = pytest.mark.ssh
@@ -278,7 +279,7 @@ def test_a_job_that_fills_the_disk_is_recorded_failed_with_its_outcome_not_dead(
 def lose_start_reply(host, *, run_it: bool) -> None:
     """The link drops around the agent's `start`: after it ran on the host (``run_it``) or before it
     was sent; either way no answer comes back (exit -1, as paramiko and the keeper report it)."""
-    from draftops.connection import CommandResult
+    from draftops.link.connection import CommandResult
 
     real = host.transport.run
 
@@ -373,7 +374,7 @@ def test_run_folders_a_job_wrote_over_never_hang_crash_or_exhaust_the_agent(proj
         assert within(20, jobs.kill, host, run_id, grace_s=1)["state"] != "running"
         if name.startswith("log-"):
             assert within(20, jobs.follow, host, run_id, print)["state"] == "succeeded"
-    from draftops.sync import sync
+    from draftops.runs.sync import sync
     within(30, sync, host)                     # the sync looks for live runs in every folder
 
 

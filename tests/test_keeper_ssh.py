@@ -1,4 +1,4 @@
-"""Kept connections (hosts.yaml `persist:`, draftops/keeper.py) against a real sshd of their own: a later
+"""Kept connections (hosts.yaml `persist:`, draftops/link/keeper.py) against a real sshd of their own: a later
 call goes through the keeper and a standby agent, gets the same results as a direct connection, and
 falls back to a direct connection whenever the keeper is missing, dead, not safely ours or loses its link.
 """
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftops import host as host_module
-from draftops import keeper_link
-from draftops.agent import AGENT_NAME
-from draftops.connection import SSHTransport
 from draftops.errors import InventoryError, RemoteError
-from draftops.host import open_host, project_inventory
+from draftops.link import host as host_module
+from draftops.link import keeper_link
+from draftops.link.agent import AGENT_NAME
+from draftops.link.connection import SSHTransport
+from draftops.link.host import open_host, project_inventory
 from tests.conftest import REPO, ssh_entry
 from tests.sshd import Sshd, children, start_sshd
 
@@ -49,7 +49,7 @@ def _keepers(folder: Path) -> list[int]:
                 argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"draftops.keeper" in argv and str(folder).encode() in argv:
+            if b"draftops.link.keeper" in argv and str(folder).encode() in argv:
                 pids.append(int(entry))
     return pids
 
@@ -395,7 +395,7 @@ def test_a_keeper_holds_a_connection_through_a_jump_host(box: Box, jump_sshd: Ss
 def test_a_job_started_followed_read_and_pulled_through_a_keeper(box: Box) -> None:
     """The streaming agent calls (follow, tail, pack) and a job's start, through the keeper and its
     standby agents: the same results as over a direct connection (tests/test_jobs_ssh.py)."""
-    from draftops import jobs
+    from draftops.runs import jobs
 
     box.start_keeper()
     host = open_host("box", box.project)
@@ -419,7 +419,7 @@ def test_a_job_started_followed_read_and_pulled_through_a_keeper(box: Box) -> No
 
 
 def test_a_job_started_through_a_keeper_survives_the_keepers_link_dropping(box: Box) -> None:
-    from draftops import jobs
+    from draftops.runs import jobs
 
     box.start_keeper()
     host = open_host("box", box.project)
@@ -474,11 +474,11 @@ def test_standby_agents_start_behind_a_banner_printing_shell(box: Box) -> None:
 
 
 def test_quick_stdlib_tools_run_in_a_standby_as_they_would_by_exec(box: Box, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`python -S -m remote.serve ...` (draftops.tools.STDLIB_TOOLS) through a standby: the same
+    """`python -S -m remote.serve ...` (draftops.runs.tools.STDLIB_TOOLS) through a standby: the same
     answers, exit codes, errors and input as the exec the direct connection makes."""
+    from draftops.runs.sync import sync
+    from draftops.runs.tools import ask_tool
     from draftops.serve import hosttool
-    from draftops.sync import sync
-    from draftops.tools import ask_tool
     from tests.conftest import copy_remote_package
 
     copy_remote_package(box.project)
@@ -554,7 +554,7 @@ def test_a_call_a_stopped_standby_did_not_take_goes_direct_and_never_runs_late(
         box: Box, capsys: pytest.CaptureFixture[str]) -> None:
     """Standbys stopped (SIGSTOP) while ready are handed calls: the keeper stops waiting for their took
     lines, each call runs directly, once, and the standbys, continued, find their requests expired."""
-    from draftops.agent import _env
+    from draftops.link.agent import _env
 
     box.start_keeper()
     host = open_host("box", box.project)

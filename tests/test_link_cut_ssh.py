@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from draftops.connection import SSHTransport
 from draftops.errors import AuthFailed, DraftopsError
 from draftops.inventory import HostSpec
+from draftops.link.connection import SSHTransport
 from tests.conftest import REPO, ssh_entry
 from tests.test_env_ssh import invoke
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from draftops import mlenv
 from draftops.cli.env import show_env
-from draftops.host import open_host
+from draftops.env import mlenv
+from draftops.link.host import open_host
 
 HOSTILE = {
     "single quote": "ml'env",

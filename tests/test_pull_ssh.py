@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from draftops import hostagent, jobs
+from draftops import onhost
 from draftops.errors import DraftopsError, JobError
-from draftops.host import open_host
+from draftops.link.host import open_host
+from draftops.onhost import agent as hostagent
+from draftops.runs import jobs
 from tests.test_jobs_ssh import wait_state
 
 pytestmark = pytest.mark.ssh
@@ -193,14 +195,14 @@ def test_unreadable_entries_are_left_out_with_a_note(tmp_path):
         (run_dir / "secret.txt").chmod(0o600)
         (run_dir / "closed").chmod(0o700)
         agent = base / "agent.py"
-        shutil.copy(hostagent.__file__, agent)
+        agent.write_text(onhost.source())
         agent.chmod(0o644)
         proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
                                str(agent), str(base), "pack", "runs/r1"],
                               capture_output=True, env={"DRAFTOPS_FRAME": "n0nce", "PATH": os.environ["PATH"]},
                               check=False)
         assert proc.returncode == 0, proc.stderr.decode()
-        from draftops.framing import Unframer
+        from draftops.link.framing import Unframer
         body = bytearray()
         unframer = Unframer("n0nce", body.extend, lambda header: None)
         unframer.feed(proc.stdout)
@@ -234,8 +236,8 @@ def test_pull_again_keeps_files_written_here_after_the_earlier_pull(project):
 PULL_WORKER = """
 import sys
 from pathlib import Path
-from draftops import jobs
-from draftops.host import open_host
+from draftops.runs import jobs
+from draftops.link.host import open_host
 host = open_host(None, Path(sys.argv[1]))
 real = host.agent.pack
 def slow(run_id, write):                      # half the tar, then hang: the test kills us here

@@ -14,8 +14,8 @@ from draftops.cli.serve import show_findings, show_readback, show_servers
 from draftops.cli.sglang import show_patch
 from draftops.console import show_sync
 from draftops.history import RunRecord
+from draftops.runs.sync import SyncReport
 from draftops.serve import checks, lifecycle
-from draftops.sync import SyncReport
 
 
 def render(show: Callable[..., None], *args: Any, width: int = 200) -> str:
@@ -167,8 +167,8 @@ def test_an_install_job_shows_its_steps_and_keeps_pips_chatter_out():
     """`env.setup --engine vllm`'s own lines (engine_env.install_script's echo texts) and pip's
     errors are shown; pip's Collecting/Downloading lines are not (off a terminal: a count, at most
     every HEARTBEAT_S)."""
-    from draftops import engine_env
     from draftops.console import LiveJob
+    from draftops.env import engine_env
     script = engine_env.full_script(engine_env.VLLM, "~/venv", "python3")
     steps = [line.split("echo ", 1)[1].strip("'\"") for line in script.splitlines()
              if line.startswith("echo ") or "; echo '" in line]

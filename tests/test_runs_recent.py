@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftops.history import History
-from draftops.host import open_host
+from draftops.link.host import open_host
 from tests import bench_runs as runs
 from tests.conftest import REPO
 

@@ -8,9 +8,9 @@ import io
 import pytest
 from rich.console import Console
 
-from draftops import jobs
 from draftops.console import show_runs
-from draftops.host import open_host
+from draftops.link.host import open_host
+from draftops.runs import jobs
 from tests.test_jobs_ssh import wait_state
 
 pytestmark = pytest.mark.ssh

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from draftops.errors import HostKeyRejected
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs.sync import sync
 from tests.conftest import ssh_entry
 from tests.sshd import start_sshd
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from draftops import hostagent
-from draftops.hostagent import OWNER_MARK, SYNC_META, Refusal
+from draftops.onhost import agent as hostagent
+from draftops.onhost.wire import OWNER_MARK, SYNC_META
+
+Refusal = hostagent.Refusal
 
 
 @pytest.fixture

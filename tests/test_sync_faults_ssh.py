@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from draftops import host as host_module
-from draftops import jobs
 from draftops.errors import SyncError
-from draftops.host import Host, open_host
-from draftops.sync import local_manifest, sync, sync_roots
+from draftops.link import host as host_module
+from draftops.link.host import Host, open_host
+from draftops.runs import jobs
+from draftops.runs.sync import local_manifest, sync, sync_roots
 from tests.conftest import REPO, small_tmpfs, ssh_entry
 
 pytestmark = pytest.mark.ssh
@@ -29,8 +29,8 @@ SYNC_SNIPPET = """
 import sys
 from pathlib import Path
 from draftops.errors import SyncError
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs.sync import sync
 try:
     report = sync(open_host(None, Path(sys.argv[1])))
 except SyncError as exc:
@@ -41,8 +41,8 @@ print("synced", len(report.upload), len(report.delete))
 SYNC_WORKER = """
 import json, os, sys, time, traceback
 from pathlib import Path
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs.sync import sync
 host = open_host(None, Path(sys.argv[1]), prepare=True)
 print("ready", flush=True)
 for line in sys.stdin:          # one sync per line; the line names a start barrier shared by N workers
@@ -379,8 +379,8 @@ BOUNDED_SYNC = """
 import resource, sys
 from pathlib import Path
 from draftops.errors import DraftopsError
-from draftops.host import open_host
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.runs.sync import sync
 host = open_host(None, Path(sys.argv[1]), prepare=True)
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), resource.RLIM_INFINITY))
 try:

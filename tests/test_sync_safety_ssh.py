@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from draftops.agent import ApplyResult
 from draftops.errors import SyncError, SyncRefused
-from draftops.host import Host, open_host
-from draftops.hostagent import OWNER_MARK, SYNC_META, Exit
-from draftops.sync import STATE_FILE, sync
+from draftops.link.agent import ApplyResult
+from draftops.link.host import Host, open_host
+from draftops.onhost.wire import OWNER_MARK, SYNC_META, Exit
+from draftops.runs.sync import STATE_FILE, sync
 from tests.conftest import ssh_entry
 
 pytestmark = pytest.mark.ssh

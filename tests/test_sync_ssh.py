@@ -11,9 +11,9 @@ import paramiko
 import pytest
 
 from draftops.errors import SyncError
-from draftops.host import open_host
-from draftops.hostagent import OWNER_MARK
-from draftops.sync import sync
+from draftops.link.host import open_host
+from draftops.onhost.wire import OWNER_MARK
+from draftops.runs.sync import sync
 from tests.conftest import ssh_entry
 
 pytestmark = pytest.mark.ssh
@@ -169,7 +169,7 @@ def test_interrupted_sync_leaves_remote_tree_consistent(ssh_project, tmp_path, m
     assert code_tree(ssh_project, tmp_path) == before, "a cut transfer must leave the old tree in place"
     assert not list((tmp_path / "hostroot/code").rglob("*draftops-tmp*"))
     # A fresh connection finishes the job.
-    from draftops import host as host_module
+    from draftops.link import host as host_module
     host_module.close_all()
     report = sync(open_host(None, ssh_project))
     assert "remote/weights/w5.bin" in report.upload

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from draftops import hostagent
-from draftops.sync import local_manifest
+from draftops.onhost import agent as hostagent
+from draftops.runs.sync import local_manifest
 
 PLANTED = "0" * 64
 

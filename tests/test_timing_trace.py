@@ -14,7 +14,8 @@ import pytest
 
 from benchmarks import loop_overhead
 from benchmarks import sync as sync_bench
-from draftops import agent, timing
+from draftops import timing
+from draftops.link import agent
 from tests.conftest import REPO, copy_remote_package
 
 

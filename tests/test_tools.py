@@ -1,5 +1,5 @@
 """One tool runner (issue 8): every remote tool is started, followed, pulled and read the same way
-(``draftops.tools.run_tool``), ends with a code from one table (``remote/exitcodes.py``), and its
+(``draftops.runs.tools.run_tool``), ends with a code from one table (``remote/exitcodes.py``), and its
 ``error`` event is what the local side shows. Runs over a real sshd and on the local host."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from draftops import jobs
 from draftops.console import LiveJob
-from draftops.host import open_host
-from draftops.sync import sync
-from draftops.tools import JobView, ToolFailed, ToolResult, run_tool
+from draftops.link.host import open_host
+from draftops.runs import jobs
+from draftops.runs.sync import sync
+from draftops.runs.tools import JobView, ToolFailed, ToolResult, run_tool
 from remote import events, exitcodes
 from tests.conftest import REPO, ssh_entry
 
@@ -186,7 +186,7 @@ def test_a_crashing_quick_tool_is_an_internal_error_with_its_message(tmp_path: P
 def test_the_stdlib_tools_answer_without_site_packages(argv, tmp_path: Path):
     """STDLIB_TOOLS are run with ``python -S`` (no site-packages): a third-party import in one of
     them would fail here before it failed on a host."""
-    from draftops.tools import STDLIB_TOOLS
+    from draftops.runs.tools import STDLIB_TOOLS
     assert argv[0] in STDLIB_TOOLS
     proc = subprocess.run([sys.executable, "-S", "-m", *(a.format(tmp=tmp_path) for a in argv)], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftops import engine_env
+from draftops.env import engine_env
 
 VENV_ENV_VAR = "DRAFTOPS_VLLM_VENV"
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",

@@ -10,7 +10,7 @@ from typing import Any
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import history, jobs, records
+from draftops import history, records
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -23,8 +23,9 @@ from draftops.cli.common import (
 )
 from draftops.console import console, escape
 from draftops.errors import BenchError, HistoryError
-from draftops.host import Host
-from draftops.tools import call_tool, run_tool
+from draftops.link.host import Host
+from draftops.runs import jobs
+from draftops.runs.tools import call_tool, run_tool
 
 TOLERANCE = 0.10        # draftops.bench.compare.TOLERANCE; the bench modules load when the task runs
 
@@ -200,7 +201,7 @@ def collect(c: Context, run_id: str, host: str | None = None) -> None:
     import json
 
     from draftops.bench import runner
-    from draftops.tools import follow
+    from draftops.runs.tools import follow
     box = connect(c, host)
     row = jobs.status(box, run_id)
     if row.get("task") != "bench":

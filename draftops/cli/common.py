@@ -1,6 +1,6 @@
 """What every task shares: the project root, the connected host, friendly errors, the live job view.
 
-Remote tools are run by ``draftops.tools.run_tool`` (start, follow, pull, read the result); a task
+Remote tools are run by ``draftops.runs.tools.run_tool`` (start, follow, pull, read the result); a task
 passes it ``live(...)`` to show the job on its console."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from invoke.exceptions import Exit
 from draftops import timing
 from draftops.console import LiveJob, LogMode, console
 from draftops.errors import DraftopsError
-from draftops.host import Host, open_host
-from draftops.sync import sync
+from draftops.link.host import Host, open_host
+from draftops.runs.sync import sync
 from draftops.terminal import clean
 
 if TYPE_CHECKING:
@@ -180,8 +180,8 @@ def host_path(target: Host, path: str | None) -> str | None:
 def ensure_demo(box: Host) -> None:
     """Generate the demo on the host once (the cache `invoke test-drafter` uses too), so tasks given
     `--ckpt demo` / `--draft demo` work as a first command."""
+    from draftops.runs.tools import ask_tool, run_tool
     from draftops.serve.request import demo_dir
-    from draftops.tools import ask_tool, run_tool
     folder = demo_dir(box.state_dir)
     # one quick stdlib-only look first: the builder's job imports torch (seconds) even to find it done
     known = ask_tool(box, "remote.drafter.demo_spec", [folder], timeout=60).data

@@ -6,7 +6,7 @@ import time
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs, timing, tools
+from draftops import timing
 from draftops.cli.common import GRACE_S, HOST_HELP, connect, friendly, grace_seconds, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
 from draftops.console import (
@@ -21,9 +21,10 @@ from draftops.console import (
     state_text,
 )
 from draftops.errors import JobError
-from draftops.host import project_inventory
-from draftops.sync import scan
-from draftops.sync import sync as sync_code
+from draftops.link.host import project_inventory
+from draftops.runs import jobs, tools
+from draftops.runs.sync import scan
+from draftops.runs.sync import sync as sync_code
 
 
 @task(help={"host": HOST_HELP, "dry_run": "show what would change, send nothing",
@@ -125,7 +126,7 @@ def disconnect(c: Context, host: str | None = None, all: bool = False) -> None:
     """Close the kept SSH connection to the host (hosts.yaml `persist:`), as `ssh -O exit` would.
 
     The next call connects afresh (and keeps that connection again)."""
-    from draftops import keeper_link
+    from draftops.link import keeper_link
 
     if all:
         count = keeper_link.disconnect_all()

@@ -6,13 +6,13 @@ import shlex
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
 from draftops.console import console, escape
+from draftops.runs import jobs
+from draftops.runs.tools import run_tool
 from draftops.serve.request import demo_dir
 from draftops.serve.verdicts import serving_engine
-from draftops.tools import run_tool
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",

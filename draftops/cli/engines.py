@@ -1,17 +1,17 @@
 """The engine half of the env tasks: `env.setup --engine NAME` and the engine rows of `env.check`.
 
 Kept apart from cli/env.py so the ml-env tasks stay as they are; the install logic itself lives
-in draftops/engine_env.py.
+in draftops/env/engine_env.py.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from draftops import engine_env
 from draftops.cli.common import live
 from draftops.console import console, escape
-from draftops.host import Host
-from draftops.tools import run_job
+from draftops.env import engine_env
+from draftops.link.host import Host
+from draftops.runs.tools import run_job
 
 if TYPE_CHECKING:
     from rich.table import Table

@@ -5,12 +5,13 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
-from draftops import engine_env, jobs, mlenv
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
 from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.console import console, escape
+from draftops.env import engine_env, mlenv
 from draftops.errors import JobError
-from draftops.tools import run_job, run_tool
+from draftops.runs import jobs
+from draftops.runs.tools import run_job, run_tool
 
 if TYPE_CHECKING:
     from rich.console import Console

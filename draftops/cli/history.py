@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
-from draftops import history, jobs, records
+from draftops import history, records
 from draftops.cli.common import project_root
 from draftops.console import console, err_console, escape, show_not_shown
 from draftops.errors import DraftopsError, HistoryError
-from draftops.host import Host
-from draftops.tools import ToolResult
+from draftops.link.host import Host
+from draftops.runs import jobs
+from draftops.runs.tools import ToolResult
 from remote.bench.digest import config_digest
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import tools
 from draftops.cli.common import (
     GRACE_S,
     HOST_HELP,
@@ -30,7 +29,8 @@ from draftops.cli.common import (
 from draftops.cli.history import record_serve
 from draftops.console import console, escape, shown_state, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
-from draftops.host import Host
+from draftops.link.host import Host
+from draftops.runs import tools
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
 from draftops.terminal import clean

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import jobs
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -24,9 +23,10 @@ from draftops.cli.common import (
 )
 from draftops.console import console, escape, safe
 from draftops.errors import JobError
+from draftops.runs import jobs
+from draftops.runs.tools import run_tool
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
 from draftops.serve.verdicts import serving_engine
-from draftops.tools import run_tool
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from draftops.errors import ServeError
-from draftops.host import Host
-from draftops.tools import call_tool
+from draftops.link.host import Host
+from draftops.runs.tools import call_tool
 
 
 def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[str, str] | None = None,
         input: bytes | None = None, timeout: float | None = None, install: str = "") -> dict[str, Any]:
-    """``python -m remote.serve ARGS`` on ``host`` (``draftops.tools.call_tool``); returns its JSON
+    """``python -m remote.serve ARGS`` on ``host`` (``draftops.runs.tools.call_tool``); returns its JSON
     answer. ``install`` says how to get the python when it is missing."""
     missing = (f"{install or 'Install it'}, or point `python:` in the serve profile (or `engine_python:` in "
                "the host entry) at the interpreter that runs the engine.")

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftops import jobs
 from draftops.errors import JobError, ServeError, ServeRefused
-from draftops.host import Host
+from draftops.link.host import Host
+from draftops.runs import jobs
 from draftops.serve import hosttool
 from draftops.serve.checks import OVERRIDE_WARNING
 from draftops.serve.request import Plan

@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftops import engine_env
+from draftops.env import engine_env
 from draftops.errors import InventoryError
 
 if TYPE_CHECKING:   # pydantic models: loaded with the inventory, not when `invoke --list` imports the tasks

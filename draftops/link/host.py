@@ -2,7 +2,7 @@
 
 One ``Host`` per host name per process, so chained tasks (``invoke sync test-drafter``) share one
 connection and one root check. The root check and agent install ride along with the first agent
-command of the session (one SSH exec instead of two); ``host.agent`` (draftops.agent) makes the calls.
+command of the session (one SSH exec instead of two); ``host.agent`` (draftops.link.agent) makes the calls.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftops import timing
-from draftops.agent import AgentClient
-from draftops.connection import Transport
-from draftops.keeper_link import open_transport
+from draftops.link.agent import AgentClient
+from draftops.link.connection import Transport
+from draftops.link.keeper_link import open_transport
 
 if TYPE_CHECKING:   # the inventory (pydantic, yaml) is loaded when a host is opened, not at import
     from draftops.inventory import HostSpec, Inventory

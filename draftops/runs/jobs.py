@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftops import history, hostagent
+from draftops import history
 from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
-from draftops.host import Host
+from draftops.link.host import Host
+from draftops.onhost import wire
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
 RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last
-MAX_LINE = hostagent.MAX_LINE      # longer lines are passed on in pieces of this many bytes
+MAX_LINE = wire.MAX_LINE      # longer lines are passed on in pieces of this many bytes
 PULLED_LIST = ".draftops-pulled.json"   # in a pulled copy: the names that came from the host
 PULL_MARK = ".pull-"                     # in the name of a pull's temp folder: runs/.<id>.pull-XXXX
 #: what draftops itself writes in the local runs/ besides pulled run folders (the history database
@@ -408,12 +409,12 @@ def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:
             for member in tar:
                 if keep(member, str(tree)) is not None:
                     tar.extract(member, tree)
-    notes = tree / hostagent.PULL_NOTES
+    notes = tree / wire.PULL_NOTES
     if notes.is_file() and not notes.is_symlink():
         try:
             skipped = json.loads(notes.read_text()).get("skipped", []) + skipped
         except (ValueError, AttributeError):
-            skipped.append({"path": hostagent.PULL_NOTES, "reason": "unreadable notes from the host"})
+            skipped.append({"path": wire.PULL_NOTES, "reason": "unreadable notes from the host"})
         notes.unlink()
     return skipped + _drop_links_leading_out(tree)
 

@@ -2,7 +2,7 @@
 
 The host's shell start-up files may print anything before the agent runs, so every reply starts
 after a marker line that holds a nonce the local side chose for this call; what comes before it is
-noise. These helpers only split bytes: ``draftops.agent`` turns a ``FramingError`` into an
+noise. These helpers only split bytes: ``draftops.link.agent`` turns a ``FramingError`` into an
 ``AgentError`` that names the host and the command.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from draftops import hostagent
+from draftops.onhost import wire
 from draftops.terminal import clean
 
 HEADER_MAX = 1 << 16     # a stream header longer than this is refused
@@ -39,14 +39,14 @@ def _json_object(line: bytes, what: str) -> dict[str, Any]:
 def split_replies(stdout: bytes, nonce: str) -> tuple[list[dict[str, Any]], bytes]:
     """The JSON replies in an agent's stdout (each on the line after a marker) and the noise before
     the first marker. A marker followed by something that is not a JSON object is a FramingError."""
-    noise, *framed = stdout.split(marker(hostagent.FRAME_PREFIX, nonce))
+    noise, *framed = stdout.split(marker(wire.FRAME_PREFIX, nonce))
     return [_json_object(part.split(b"\n", 1)[0], "reply") for part in framed], noise
 
 
 def error_text(stderr: bytes, nonce: str) -> str:
     """The agent's error message: what follows its error marker, or all of stderr (a traceback, or a
     shell's "python3: not found") when there is none."""
-    mark = marker(hostagent.ERROR_PREFIX, nonce)
+    mark = marker(wire.ERROR_PREFIX, nonce)
     if mark in stderr:
         stderr = stderr.rsplit(mark, 1)[1]
     return stderr.decode("utf-8", "replace")
@@ -60,7 +60,7 @@ class Unframer:
 
     def __init__(self, nonce: str, on_output: Callable[[bytes], object],
                  on_header: Callable[[dict[str, Any]], None]):
-        self.marker = marker(hostagent.FRAME_PREFIX, nonce)
+        self.marker = marker(wire.FRAME_PREFIX, nonce)
         self.on_output, self.on_header = on_output, on_header
         self.pending = bytearray()
         self.noise_head, self.noise_tail, self.noise_dropped = bytearray(), bytearray(), False

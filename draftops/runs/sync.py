@@ -1,5 +1,5 @@
 """Incremental code sync over the host's one connection: a content manifest decides what changed,
-changed files travel in one tar stream, and the host applies them atomically (see hostagent.cmd_apply).
+changed files travel in one tar stream, and the host applies them atomically (see draftops/onhost/apply.py, cmd_apply).
 
 What goes: ``remote/`` plus the host's ``sync_paths``, minus ``.git/``, ``__pycache__`` and whatever
 the project's ``.gitignore`` files exclude. It lands in ``<root>/code`` with the same relative paths;
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from draftops import timing
-from draftops.agent import ApplyResult, Entry, Manifest
 from draftops.errors import RemoteError, RootError, SyncError
-from draftops.host import Host, host_cache_file
-from draftops.hostagent import OWNER_MARK, SYNC_META, cached_sha
-from draftops.hostagent import digest as tree_digest
+from draftops.link.agent import ApplyResult, Entry, Manifest
+from draftops.link.host import Host, host_cache_file
+from draftops.onhost.wire import OWNER_MARK, SYNC_META, cached_sha
+from draftops.onhost.wire import digest as tree_digest
 from remote.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The keeper: a background process holding one SSH connection open for later `invoke` calls (started by
-draftops/keeper_link.py as a call exits; ``python -m draftops.keeper FOLDER KEY``, the host chain as JSON
+draftops/link/keeper_link.py as a call exits; ``python -m draftops.link.keeper FOLDER KEY``, the host chain as JSON
 on stdin). It serves this user's processes on ``FOLDER/KEY.sock``:
 
 - ``exec``: run a command on a new channel, relaying stdin, stdout, stderr and the exit code;
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftops.connection import ExecUnanswered, SSHTransport
-from draftops.hostagent import STANDBY_EXPIRES, STANDBY_FLAG, STANDBY_READY, STANDBY_TOOK
 from draftops.inventory import HostSpec
-from draftops.keeper_link import (
+from draftops.link.connection import ExecUnanswered, SSHTransport
+from draftops.link.keeper_link import (
     ERR,
     EXIT,
     HAND_OVER_S,
@@ -41,6 +40,7 @@ from draftops.keeper_link import (
     send_frame,
     socket_path,
 )
+from draftops.onhost.wire import STANDBY_EXPIRES, STANDBY_FLAG, STANDBY_READY, STANDBY_TOOK
 
 MAX_REQUEST = 1 << 22
 REQUEST_S = 5.0                      # a client sends its whole request line at once; half a line is dropped

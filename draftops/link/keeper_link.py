@@ -1,5 +1,5 @@
 """The local side of a kept SSH connection (``persist:`` in hosts.yaml), as OpenSSH's ControlPersist:
-the first `invoke` call connects directly and, as it exits, leaves a keeper process (draftops/keeper.py)
+the first `invoke` call connects directly and, as it exits, leaves a keeper process (draftops/link/keeper.py)
 holding the connection; later calls reach the host through the keeper's Unix socket and skip the SSH
 library's import and the handshake. The keeper also keeps a host agent started ahead (``--standby``),
 so an agent call does not wait for the host's shell and python either.
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftops import timing
-from draftops.connection import CommandResult, Transport, _checked, _timed_out, connect
 from draftops.errors import InventoryError
+from draftops.link.connection import CommandResult, Transport, _checked, _timed_out, connect
 from draftops.terminal import clean
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class KeptTransport:
             self.direct.close()
             self.direct = None
 
-    # -- agent calls (draftops/agent.py): a standby agent where the keeper has one, else ``command``
+    # -- agent calls (draftops/link/agent.py): a standby agent where the keeper has one, else ``command``
     def run_standby(self, standby: dict[str, Any], command: str, input: bytes | None,
                     timeout: float | None = None) -> CommandResult:
         return self._run({"op": "agent", "command": command, **standby}, command, input, timeout, False)
@@ -417,7 +417,7 @@ def _start(chain: list[HostSpec], persist: float, folder: Path, key: str, lock: 
     except OSError:
         fresh = False
     with open(log_path, "wb" if fresh else "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "draftops.keeper", str(folder), key, str(lock)],
+        proc = subprocess.Popen([sys.executable, "-m", "draftops.link.keeper", str(folder), key, str(lock)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, cwd=folder,
                                 env=env, start_new_session=True, close_fds=True, pass_fds=(lock,))
     assert proc.stdin is not None

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftops.errors import InventoryError
-from draftops.host import Host
-from draftops.jobs import shell_path
+from draftops.link.host import Host
+from draftops.runs.jobs import shell_path
 
 HASH_FILE = ".draftops-env-hash"
 REQ_FILE = ".draftops-requirements.txt"
@@ -108,6 +108,6 @@ def upload_requirements(host: Host, env_plan: EnvPlan) -> None:
 
 def prepare_setup(host: Host, env_plan: EnvPlan) -> str:
     """Upload the requirements next to the venv; returns the setup job's script (run from the
-    host's root: ``draftops.tools.run_job(..., cwd=".")``)."""
+    host's root: ``draftops.runs.tools.run_job(..., cwd=".")``)."""
     upload_requirements(host, env_plan)
     return setup_command(host, env_plan)

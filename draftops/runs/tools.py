@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftops import jobs
 from draftops.errors import DraftopsError, JobError, ToolFailed, host_prefix
-from draftops.host import Host
+from draftops.link.host import Host
+from draftops.runs import jobs
 from draftops.terminal import clean
 from remote import events, exitcodes
 

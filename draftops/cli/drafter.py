@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
@@ -13,6 +14,9 @@ from draftops.runs import jobs
 from draftops.runs.tools import run_tool
 from draftops.serve.request import demo_dir
 from draftops.serve.verdicts import serving_engine
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
@@ -48,15 +52,21 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     done = run_tool(target, "remote.drafter", args, name="test-drafter", view=live("window"),
                     task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
     if done.ok and isinstance(done.data, dict):
-        from draftops import report  # rich panels: imported when there is a report to show
-
-        report.show(done.data, console)
-        verdict = done.data.get("verdict")
-        fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
-        console.print(f"[dim]report: {escape(str(done.result_file))}[/]", soft_wrap=True)
-        if fixable:    # draft-config refuses a report without a fix; the command on its own line, unbroken
-            console.print("fix it with:")
-            console.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report "
-                                 f"{done.run_id}"), soft_wrap=True)
+        show_result(done.data, str(done.result_file), done.run_id, ckpt, console)
     record_test_drafter(target, done, given)
     done.check()
+
+
+def show_result(data: dict[str, Any], result_file: str, run_id: str, ckpt: str | None, out: Console) -> None:
+    """The report's tables and verdict, where the report is, and the one command that applies its fix:
+    on its own line, never wrapped, so it can be pasted whole at any terminal width."""
+    from draftops import report  # rich panels: imported when there is a report to show
+
+    report.show(data, out)
+    verdict = data.get("verdict")
+    fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
+    out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
+    if fixable:    # draft-config refuses a report without a fix
+        out.print("fix it with:")
+        out.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
+                  soft_wrap=True)

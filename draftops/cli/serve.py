@@ -78,7 +78,10 @@ def show_findings(found: checks.Findings, out: Console) -> None:
     for note in found.notes:
         out.print(f"[dim]· {escape(note)}[/]")
     for warning in found.warnings:
-        out.print(f"[yellow]warning[/]: {escape(warning)}")
+        first, *commands = warning.split("\n")
+        out.print(f"[yellow]warning[/]: {escape(first)}")
+        for command in commands:    # a command on its own line, never wrapped: it pastes whole
+            out.print(escape(command), soft_wrap=True)
 
 
 class _ProgressLine:

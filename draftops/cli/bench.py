@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import history, records
@@ -19,8 +19,8 @@ from draftops.cli.common import (
     host_path,
     live,
     project_root,
-    whole_number,
 )
+from draftops.cli.options import WHOLE, Number, task
 from draftops.console import console, escape
 from draftops.errors import BenchError, HistoryError
 from draftops.link.host import Host
@@ -45,7 +45,9 @@ def run_folder(root: Path, ref: str) -> Path:
                      "engine and target)",
             "run_b": "run B: a bench run id or folder (default: the latest speculative run)",
             "host": "pick the default pair among this host's runs only",
-            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"})
+            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"},
+      options={"tolerance": Number(float, 0, 1, inclusive=False,
+                                   refusal="{flag} {value} must be a fraction between 0 and 1, e.g. 0.10.")})
 @friendly
 def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host: str | None = None,
             tolerance: float = TOLERANCE) -> None:
@@ -57,8 +59,6 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     if bool(run_a) != bool(run_b):
         raise Exit("error: give both --run-a and --run-b (two bench run ids), or neither for the default pair.",
                    code=1)
-    if not 0 < tolerance < 1:
-        raise Exit(f"error: --tolerance {tolerance} must be a fraction between 0 and 1, e.g. 0.10.", code=1)
     root = project_root(c)
     hist = history.for_project(root)
     if not run_a or not run_b:
@@ -88,15 +88,7 @@ _RUN_HELP = {
     "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
     "seed": "sampling seed of the client (default 0)", "host": HOST_HELP}
-
-
-def _count(flag: str, value: Any, default: int) -> int:
-    got = _whole(flag, value)
-    return default if got is None else got
-
-
-def _whole(flag: str, value: Any) -> int | None:
-    return whole_number(flag, value, BenchError)
+_NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
 def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
@@ -132,7 +124,7 @@ def _limits(box: Host, server: Any) -> Any:
     return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
 
 
-@task(default=True, help=_RUN_HELP)
+@task(default=True, help=_RUN_HELP, options=dict.fromkeys(_NUMBERS, WHOLE))
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
@@ -145,21 +137,16 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     from draftops.serve import hosttool, lifecycle, profiles
     box = connect(c, host)
     ensure_code(box)
-    server = lifecycle.find(box, _whole("--port", port))
+    server = lifecycle.find(box, port)
     if not server.alive:
         raise BenchError(f"The {server.engine} server on port {server.port} of host {box.name!r} is {server.state} "
                          f"(run {server.run_id}); start it again with `invoke serve`, then bench.")
     profile = profiles.resolve(box.spec, server.profile)
     python = str(server.entry.get("python") or profile.python)
     env = {k: str(v) for k, v in profile.settings.env.items()}
-    # invoke hands over options whose default is None as text; an int default would crash on "x"
-    defaults = planning.BenchSettings()
-    settings = planning.BenchSettings(
-        prompts=_count("--prompts", prompts, defaults.prompts),
-        concurrency=_count("--concurrency", concurrency, defaults.concurrency),
-        input_len=_whole("--input-len", input_len), output_len=_count("--output-len", output_len, defaults.output_len),
-        dataset=dataset, repeats=_count("--repeats", repeats, defaults.repeats),
-        seed=_count("--seed", seed, defaults.seed))
+    asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
+                             "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed}
+    settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
     settings.validate()
     settings.check_fits(_limits(box, server))
     client = planning.Client.from_probe(_probe(box, python, server.engine, env), python=python)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -84,29 +83,6 @@ def adopt_callwide_host(argv: list[str]) -> None:
         os.environ["DRAFTOPS_HOST"] = named.pop()
 
 
-def friendly_option_casts() -> None:
-    """Invoke casts an option typed int or float with int()/float() and lets the ValueError of
-    `--lines abc` out as a traceback; make it the one-line parse error (exit 1) Invoke prints for
-    other bad command lines. Idempotent."""
-    from invoke.exceptions import ParseError
-    from invoke.parser.argument import Argument
-
-    original = Argument.set_value
-    if getattr(original, "_draftops", False):
-        return
-
-    def set_value(self: Argument, value: Any, cast: bool = True) -> None:
-        try:
-            original(self, value, cast)
-        except ValueError:
-            wanted = {int: "a whole number", float: "a number"}.get(self.kind, f"a {self.kind.__name__}")
-            flag = (self.name or "").replace("_", "-")
-            raise ParseError(f"error: --{flag} {value!r} is not {wanted}.") from None
-
-    set_value._draftops = True  # type: ignore[attr-defined]
-    Argument.set_value = set_value  # type: ignore[method-assign]
-
-
 def honest_option_help() -> None:
     """Invoke's ``--help`` shows a value placeholder only for str and int options, so a float option
     (`--tolerance`, `--grace`) read as a flag that takes no value; give every option that takes a
@@ -139,34 +115,6 @@ def first_paragraph_as_summary(tasks: Iterable[Any]) -> None:
         doc = inspect.cleandoc(task_.__doc__ or "")
         first, _, rest = doc.partition("\n\n")
         task_.__doc__ = " ".join(first.split()) + (f"\n\n{rest}" if rest else "")
-
-
-def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | None:
-    """Invoke passes options whose default is None as strings; counts and ports must be integers."""
-    if value is None:
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise error(f"{flag} {value!r} is not a whole number.") from None
-
-
-GRACE_S, MAX_GRACE_S = 10.0, 3600.0
-
-
-def grace_seconds(value: Any, error: type[DraftopsError], what: str) -> float:
-    """--grace as seconds: Invoke hands it over as text (its default is None, so that `soon` is our
-    error, not Invoke's traceback); NaN, inf and negatives would crash or hang the stop."""
-    if value is None:
-        return GRACE_S
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= MAX_GRACE_S:
-        raise error(f"--grace {str(value)!r} is not a number of seconds from 0 to {MAX_GRACE_S:.0f} "
-                    f"(default {GRACE_S:.0f}): how long {what} gets between SIGTERM and SIGKILL.")
-    return seconds
 
 
 def host_path(target: Host, path: str | None) -> str | None:

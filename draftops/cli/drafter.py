@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import shlex
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
+from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
@@ -21,7 +22,8 @@ from draftops.serve.verdicts import serving_engine
             "config": "config file to use instead of <ckpt>/config.json",
             "steps": "TTT steps = the num_steps you will serve with (default 3)",
             "limit": "evaluate at most N samples", "expected_acc": "training-reported step-0 accuracy",
-            "device": "auto, cpu or cuda", "host": HOST_HELP})
+            "device": "auto, cpu or cuda", "host": HOST_HELP},
+      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
 from draftops.cli.engines import add_engine_rows, setup_engine
+from draftops.cli.options import task
 from draftops.console import console, escape
 from draftops.env import engine_env, mlenv
 from draftops.errors import JobError

@@ -10,23 +10,20 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
-from invoke.exceptions import Exit
+from invoke import Context
 
 from draftops.cli.common import (
-    GRACE_S,
     HOST_HELP,
     connect,
     ensure_code,
     ensure_demo,
     friendly,
-    grace_seconds,
     host_path,
     live,
     project_root,
-    whole_number,
 )
 from draftops.cli.history import record_serve
+from draftops.cli.options import GRACE_S, WHOLE, Number, grace_option, task
 from draftops.console import console, escape, shown_state, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.link.host import Host
@@ -67,10 +64,6 @@ def _absolute(box: Host, path: str | None) -> str | None:
     if path == "~" or path.startswith("~/"):
         return home + path[1:]
     return path if path.startswith("/") else f"{home}/{path}"
-
-
-def _whole(flag: str, value: Any) -> int | None:
-    return whole_number(flag, value, ServeRefused)
 
 
 def show_findings(found: checks.Findings, out: Console) -> None:
@@ -172,7 +165,7 @@ def show_readback(readback: lifecycle.Readback, label: str, out: Console, layers
         out.print(f"[yellow]note[/]: {escape(note)}")
 
 
-@task(default=True, help=_HELP)
+@task(default=True, help=_HELP, options=dict.fromkeys(("steps", "topk", "draft_tokens", "port"), WHOLE))
 @friendly
 def start(c: Context, draft: str | None = None, baseline: bool = False, profile: str | None = None,
           target: str | None = None, steps: int | None = None, topk: int | None = None,
@@ -183,9 +176,8 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     ensure_code(box)        # first: its exec also boots the agent, which every later step needs
     chosen = profiles.resolve(box.spec, profile)
     request = Request(draft=_absolute(box, draft), baseline=baseline, profile=profile,
-                      target=_absolute(box, target), steps=_whole("--steps", steps),
-                      topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
-                      port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
+                      target=_absolute(box, target), steps=steps, topk=topk,
+                      draft_tokens=draft_tokens, port=port, allow_override=allow_override, force=force, replace=replace)
     plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
                    demo_dir(box.state_dir), demo_baseline=box.spec.transport == "local" and chosen.builtin)
     found = checks.Findings(notes=list(plan.notes))
@@ -292,20 +284,20 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
 
 
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",
-            "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})", "host": HOST_HELP})
+            "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})", "host": HOST_HELP},
+      options={"port": WHOLE, "grace": grace_option("the server")})
 @friendly
-def stop(c: Context, port: int | None = None, all: bool = False, grace: float | None = None,
+def stop(c: Context, port: int | None = None, all: bool = False, grace: float = GRACE_S,
          host: str | None = None) -> None:
     """Stop a server: SIGTERM to its process group, SIGKILL after the grace period."""
-    seconds, wanted = grace_seconds(grace, ServeError, "the server"), _whole("--port", port)
     box = connect(c, host)
     ensure_code(box)
-    targets = lifecycle.servers(box) if all else [lifecycle.find(box, wanted)]
+    targets = lifecycle.servers(box) if all else [lifecycle.find(box, port)]
     if not targets:
         console.print(f"no draftops servers on {box.name}")
     for server in targets:
         try:
-            final = lifecycle.stop(box, server, seconds)
+            final = lifecycle.stop(box, server, grace)
         except ServeError as exc:
             if not all:
                 raise
@@ -320,16 +312,15 @@ def stop(c: Context, port: int | None = None, all: bool = False, grace: float | 
 
 
 @task(help={"port": "the server's port (default: the only server)", "follow": "stream until it stops "
-            "(Ctrl-C detaches)", "lines": "how many of the last lines to print", "host": HOST_HELP})
+            "(Ctrl-C detaches)", "lines": "how many of the last lines to print", "host": HOST_HELP},
+      options={"port": WHOLE, "lines": Number(int, 0)})     # `tail -n -3` would quietly print 3
 @friendly
 def logs(c: Context, port: int | None = None, follow: bool = False, lines: int = 200,
          host: str | None = None) -> None:
     """Print a server's log (its last lines), or follow it live."""
-    if lines < 0:               # `tail -n -3` would quietly print 3
-        raise Exit(f"error: --lines must be 0 or more, not {lines}.", code=1)
     box = connect(c, host)
     ensure_code(box)
-    server = lifecycle.find(box, _whole("--port", port))
+    server = lifecycle.find(box, port)
     console.print(clean(lifecycle.log_tail(box, server.run_id, lines)), markup=False, highlight=False, end="")
     if follow:
         tools.follow(box, server.run_id, live(), offset=lifecycle.log_size(box, server.run_id))

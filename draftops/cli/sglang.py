@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import (
@@ -21,6 +21,7 @@ from draftops.cli.common import (
     live,
     project_root,
 )
+from draftops.cli.options import task
 from draftops.console import console, escape, safe
 from draftops.errors import JobError
 from draftops.runs import jobs

@@ -19,10 +19,11 @@ from draftops.cli.common import (
     host_path,
     live,
     project_root,
+    warn,
 )
 from draftops.cli.options import WHOLE, Number, task
 from draftops.console import console, escape
-from draftops.errors import BenchError, HistoryError
+from draftops.errors import BenchError
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.tools import call_tool, run_tool
@@ -73,10 +74,7 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     paths = outputs.write(cmp, root / "runs" / run_id)
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
-    try:
-        hist.record(records.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: this comparison was not recorded in the local history: {exc}[/]")
+    records.keep(root, "this comparison", lambda rev: records.compare_record(cmp, run_id, git_rev=rev), warn)
 
 
 DEMO_DATASET = "demo"
@@ -213,11 +211,7 @@ def _finish(box: Host, res: Any, folder: Path) -> None:
     from draftops.bench import summary
     run_id = res.run_id
     bench_result.write(res, folder)
-    try:
-        history.for_project(box.project_root).record(records.bench_record(
-            res, git_rev=history.project_revision(box.project_root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: run {run_id} was not recorded in the local history: {escape(str(exc))}[/]")
+    records.keep(box.project_root, f"run {run_id}", lambda rev: records.bench_record(res, git_rev=rev), warn)
     summary.show(res, console)
     console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
     if res.status != "succeeded":

@@ -14,7 +14,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import timing
-from draftops.console import LiveJob, LogMode, console
+from draftops.console import LiveJob, LogMode, console, escape
 from draftops.errors import DraftopsError
 from draftops.link.host import Host, open_host
 from draftops.runs.sync import sync
@@ -62,6 +62,11 @@ def ensure_code(target: Host) -> None:
     if not report.noop:
         console.print(f"[dim]synced {len(report.upload)} changed file(s) to {target.name}[/]")
     target.synced = True
+
+
+def warn(text: str) -> None:
+    """One yellow warning line; ``text`` may hold host text (cleaned and escaped here)."""
+    console.print(f"[yellow]warning: {escape(text)}[/]")
 
 
 def live(log: LogMode = "print", note: str = "", announce: bool = True, on_detach: str = "") -> LiveJob:

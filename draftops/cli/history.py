@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from draftops import history, records
-from draftops.cli.common import project_root
+from draftops.cli.common import project_root, warn
 from draftops.console import console, err_console, escape, show_not_shown
-from draftops.errors import DraftopsError, HistoryError
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult
@@ -121,27 +120,19 @@ def host_config_digest(target: Host, path: str) -> str | None:
 
 def record_serve(target: Host, rec_args: dict[str, Any]) -> None:
     """Record a serve run (ready or failed) in the local history; never fails the task."""
-    try:
+    def build(git_rev: str | None) -> history.RunRecord:
         draft = rec_args.get("draft")
         digest = host_config_digest(target, f"{draft}/config.json") if draft else None
-        rec = records.serve_record(host=target.name, draft_digest=digest,
-                                   git_rev=history.project_revision(target.project_root), **rec_args)
-        history.for_project(target.project_root).record(rec)
-    except (DraftopsError, OSError) as exc:
-        console.print(f"[yellow]warning: serve run {escape(str(rec_args.get('run_id')))} was not recorded in "
-                      f"the local history: {escape(str(exc))}[/]")
+        return records.serve_record(host=target.name, draft_digest=digest, git_rev=git_rev, **rec_args)
+
+    records.keep(target.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
 
 
 def record_test_drafter(target: Host, done: ToolResult, args: dict[str, Any]) -> None:
     """Record a finished test-drafter run in the local history (one call at the end of the task)."""
-    run_id = done.run_id
-    try:
+    def build(git_rev: str | None) -> history.RunRecord:
         report = done.data if isinstance(done.data, dict) else None
-        rec = records.test_drafter_record(run_id, done.host, done.final, report, args,
-                                          git_rev=history.project_revision(target.project_root),
-                                          config_digest=_host_config_digest(target, report))
-        history.for_project(target.project_root).record(rec)
-    except (DraftopsError, OSError) as exc:
-        kind = "" if isinstance(exc, HistoryError) else f"{type(exc).__name__}: "
-        console.print(f"[yellow]warning: run {escape(run_id)} was not recorded in the local history: "
-                      f"{escape(kind + str(exc))}[/]")
+        return records.test_drafter_record(done.run_id, done.host, done.final, report, args, git_rev=git_rev,
+                                           config_digest=_host_config_digest(target, report))
+
+    records.keep(target.project_root, f"run {done.run_id}", build, warn)

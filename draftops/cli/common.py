@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import posixpath
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -122,12 +123,22 @@ def first_paragraph_as_summary(tasks: Iterable[Any]) -> None:
         task_.__doc__ = " ".join(first.split()) + (f"\n\n{rest}" if rest else "")
 
 
-def host_path(target: Host, path: str | None) -> str | None:
-    """A path the user typed for the host; on the local host, relative means relative to the project
-    (jobs run in <root>/code, where a relative path would silently point elsewhere)."""
-    if path is None or target.spec.transport != "local":
-        return path
-    return str((target.project_root / path).resolve()) if not Path(path).is_absolute() else path
+def host_path(host: Host, path: str | None) -> str | None:
+    """A path the user typed for the host, made absolute by the one rule of every task: relative to
+    where a login shell starts there, as `ssh`/`scp host:path` read it (the home folder over SSH,
+    the project folder on `local`), `~` being the host's home. Jobs run in <root>/code, a folder
+    draftops owns and replaces on sync, so a path left relative would silently point there."""
+    if path is None:
+        return None
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
 
 
 def ensure_demo(box: Host) -> None:

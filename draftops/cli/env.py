@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.cli.options import task
 from draftops.console import console, escape
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 def setup(c: Context, host: str | None = None, engine: str | None = None, venv: str | None = None) -> None:
     """Create the host's venv if missing and install its requirements; no-op when nothing changed."""
     if engine is not None:
-        setup_engine(connect(c, host), engine, venv)
+        box = connect(c, host)
+        setup_engine(box, engine, host_path(box, venv))
         return
     target = connect(c, host)
     env_plan = mlenv.plan(target)

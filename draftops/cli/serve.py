@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -51,19 +50,9 @@ _HELP = {
 }
 
 
-def _absolute(box: Host, path: str | None) -> str | None:
-    """A host path the engine can use from any folder: relative means the project folder on
-    `local` and the login folder over SSH; `~` is expanded with the host's home."""
-    if path is None or path == DEMO:
-        return path
-    if box.spec.transport == "local":
-        return host_path(box, os.path.expanduser(path))
-    if not box.info:
-        box.prepare()
-    home = str(box.info["home"])
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else f"{home}/{path}"
+def _absolute(host: Host, path: str | None) -> str | None:
+    """A host path of serve (`demo` stays the keyword): see ``host_path``."""
+    return path if path == DEMO else host_path(host, path)
 
 
 def show_findings(found: checks.Findings, out: Console) -> None:

@@ -55,14 +55,14 @@ def connect(c: Context, host: str | None, inventory: Inventory | None = None) ->
         return open_host(host, project_root(c), inventory)
 
 
-def ensure_code(target: Host) -> None:
+def ensure_code(host: Host) -> None:
     """Sync once per invoke call before running synced code (a no-op sync costs one round trip)."""
-    if target.synced:
+    if host.synced:
         return
-    report = sync(target)
+    report = sync(host)
     if not report.noop:
-        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {target.name}[/]")
-    target.synced = True
+        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {host.name}[/]")
+    host.synced = True
 
 
 def warn(text: str) -> None:
@@ -141,14 +141,14 @@ def host_path(host: Host, path: str | None) -> str | None:
     return path if path.startswith("/") else posixpath.join(home, path)
 
 
-def ensure_demo(box: Host) -> None:
+def ensure_demo(host: Host) -> None:
     """Generate the demo on the host once (the cache `invoke test-drafter` uses too), so tasks given
     `--ckpt demo` / `--draft demo` work as a first command."""
     from draftops.runs.tools import ask_tool, run_tool
     from draftops.serve.request import demo_dir
-    folder = demo_dir(box.state_dir)
+    folder = demo_dir(host.state_dir)
     # one quick stdlib-only look first: the builder's job imports torch (seconds) even to find it done
-    known = ask_tool(box, "remote.drafter.demo_spec", [folder], timeout=60).data
+    known = ask_tool(host, "remote.drafter.demo_spec", [folder], timeout=60).data
     if isinstance(known, dict) and known.get("complete") is True:
         return
-    run_tool(box, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=live("hide")).check()
+    run_tool(host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=live("hide")).check()

@@ -44,12 +44,12 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
         # The local scan needs no connection: it runs while the SSH handshake does (its errors, like
         # an unreadable file, still surface after a connection error, as before).
         local = pool.submit(scan, root, inventory.get(host))
-        target = connect(c, host, inventory)
+        host = connect(c, host, inventory)
         waited = time.monotonic()
         manifest = local.result()
         timing.took("scan wait", time.monotonic() - waited)
-        report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
-    target.synced = target.synced or not dry_run
+        report = sync_code(host, dry_run=dry_run, force=force, local=manifest)
+    host.synced = host.synced or not dry_run
     show_sync(report, console, verbose)
 
 
@@ -64,12 +64,12 @@ def runs(c: Context, host: str | None = None, local: bool = False, kind: str | N
     count = None if all else last
     if local:
         return show_local_runs(c, host=host, kind=kind, draft=draft, since=since, last=count)
-    target = connect(c, host)
+    host = connect(c, host)
     if count is None:
-        rows, total = jobs.list_runs(target), None
+        rows, total = jobs.list_runs(host), None
     else:
-        rows, total = jobs.recent_runs(target, count)
-    show_runs(rows, target.name, console)
+        rows, total = jobs.recent_runs(host, count)
+    show_runs(rows, host.name, console)
     show_not_shown(total, len(rows), err_console)
 
 
@@ -80,16 +80,16 @@ def runs(c: Context, host: str | None = None, local: bool = False, kind: str | N
 def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False, all: bool = False,
          lines: int = jobs.TAIL_LINES) -> None:
     """Print the end of a run's log (--all for all of it; with --follow, keep streaming it live)."""
-    target = connect(c, host)
+    host = connect(c, host)
     if follow:
-        tools.follow(target, run_id, live(), lines=None if all else lines)
+        tools.follow(host, run_id, live(), lines=None if all else lines)
         return
     out = console.file
 
     def write(line: str) -> None:
         out.write(line + "\n")
 
-    header = jobs.read_log(target, run_id, write, lines=None if all else lines)
+    header = jobs.read_log(host, run_id, write, lines=None if all else lines)
     out.flush()
     if header.get("offset"):
         err_console.print(f"[dim]({human_bytes(int(header['offset']))} of earlier log not shown: `--lines N` "
@@ -101,8 +101,8 @@ def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False,
 @friendly
 def kill(c: Context, run_id: str, host: str | None = None, grace: float = GRACE_S) -> None:
     """Stop a run: SIGTERM to its process group, SIGKILL after the grace period."""
-    target = connect(c, host)
-    final = jobs.kill(target, run_id, grace)
+    host = connect(c, host)
+    final = jobs.kill(host, run_id, grace)
     console.print(f"run {safe(run_id)}: {state_text(final.get('state'))}")
 
 
@@ -110,8 +110,8 @@ def kill(c: Context, run_id: str, host: str | None = None, grace: float = GRACE_
 @friendly
 def pull(c: Context, run_id: str, host: str | None = None) -> None:
     """Copy <root>/runs/<id>/ from the host into runs/<id>/ here (links that lead out are left out)."""
-    target = connect(c, host)
-    pulled = jobs.pull_run(target, run_id)
+    host = connect(c, host)
+    pulled = jobs.pull_run(host, run_id)
     show_skipped(pulled.skipped, console)
     console.print(f"pulled into {safe(pulled.path)}")
 

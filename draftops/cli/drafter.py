@@ -31,13 +31,13 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
-    target = connect(c, host)
-    ensure_code(target)
+    host = connect(c, host)
+    ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(target.spec)
+    engine = serving_engine(host.spec)
     if engine:
         args += ["--engine", engine]
-    ckpt, data, verifier, config = (host_path(target, p) for p in (ckpt, data, verifier, config))
+    ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:
@@ -47,8 +47,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    done = run_tool(target, "remote.drafter", args, name="test-drafter", view=live("window"),
-                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
+    done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
+                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
     if done.ok and isinstance(done.data, dict):
         from draftops import report  # rich panels: imported when there is a report to show
 
@@ -60,5 +60,5 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
             console.print("fix it with:")
             console.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report "
                                  f"{done.run_id}"), soft_wrap=True)
-    record_test_drafter(target, done, given)
+    record_test_drafter(host, done, given)
     done.check()

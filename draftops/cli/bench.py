@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import history, records
@@ -19,10 +19,11 @@ from draftops.cli.common import (
     host_path,
     live,
     project_root,
-    whole_number,
+    warn,
 )
+from draftops.cli.options import WHOLE, Number, task
 from draftops.console import console, escape
-from draftops.errors import BenchError, HistoryError
+from draftops.errors import BenchError
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.tools import call_tool, run_tool
@@ -45,7 +46,9 @@ def run_folder(root: Path, ref: str) -> Path:
                      "engine and target)",
             "run_b": "run B: a bench run id or folder (default: the latest speculative run)",
             "host": "pick the default pair among this host's runs only",
-            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"})
+            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"},
+      options={"tolerance": Number(float, 0, 1, inclusive=False,
+                                   refusal="{flag} {value} must be a fraction between 0 and 1, e.g. 0.10.")})
 @friendly
 def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host: str | None = None,
             tolerance: float = TOLERANCE) -> None:
@@ -57,8 +60,6 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     if bool(run_a) != bool(run_b):
         raise Exit("error: give both --run-a and --run-b (two bench run ids), or neither for the default pair.",
                    code=1)
-    if not 0 < tolerance < 1:
-        raise Exit(f"error: --tolerance {tolerance} must be a fraction between 0 and 1, e.g. 0.10.", code=1)
     root = project_root(c)
     hist = history.for_project(root)
     if not run_a or not run_b:
@@ -73,10 +74,7 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     paths = outputs.write(cmp, root / "runs" / run_id)
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
-    try:
-        hist.record(records.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: this comparison was not recorded in the local history: {exc}[/]")
+    records.keep(root, "this comparison", lambda rev: records.compare_record(cmp, run_id, git_rev=rev), warn)
 
 
 DEMO_DATASET = "demo"
@@ -88,31 +86,23 @@ _RUN_HELP = {
     "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
     "seed": "sampling seed of the client (default 0)", "host": HOST_HELP}
+_NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
-def _count(flag: str, value: Any, default: int) -> int:
-    got = _whole(flag, value)
-    return default if got is None else got
-
-
-def _whole(flag: str, value: Any) -> int | None:
-    return whole_number(flag, value, BenchError)
-
-
-def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
+def _probe(host: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
     """``python -m remote.bench.probe ENGINE`` with the engine's python on the host (only the serve
     profile's PYTHONPATH reaches it)."""
     extra = {"PYTHONPATH": env["PYTHONPATH"]} if env.get("PYTHONPATH") else {}
-    answer: dict[str, Any] = call_tool(box, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
+    answer: dict[str, Any] = call_tool(host, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
                                        error=BenchError, missing="Install the engine there (`invoke env.setup`).")
     return answer
 
 
-def _demo_dataset(box: Host) -> str:
+def _demo_dataset(host: Host) -> str:
     """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
-    path = f"{box.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
+    path = f"{host.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
     try:
-        call_tool(box, "remote.bench.demo_prompts", [f"{box.state_dir}/demo", path], python=box.spec.interpreter,
+        call_tool(host, "remote.bench.demo_prompts", [f"{host.state_dir}/demo", path], python=host.spec.interpreter,
                   timeout=120, error=BenchError)
     except BenchError as exc:
         raise BenchError(f"{exc} Generate the demo first (`invoke test-drafter` or `invoke serve --draft "
@@ -120,19 +110,19 @@ def _demo_dataset(box: Host) -> str:
     return path
 
 
-def _limits(box: Host, server: Any) -> Any:
+def _limits(host: Host, server: Any) -> Any:
     """The lengths the running server takes (its own answer, else what serve read back)."""
     from draftops.bench import plan as planning
     from draftops.serve import engines, hosttool
 
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(box, server.port, path, body, server.listen)
+        return hosttool.http(host, server.port, path, body, server.listen)
 
     context, longest, source = engines.get(server.engine).limits(fetch, server.effective or {})
     return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
 
 
-@task(default=True, help=_RUN_HELP)
+@task(default=True, help=_RUN_HELP, options=dict.fromkeys(_NUMBERS, WHOLE))
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
@@ -143,35 +133,30 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     from draftops.bench import plan as planning
     from draftops.bench import runner
     from draftops.serve import hosttool, lifecycle, profiles
-    box = connect(c, host)
-    ensure_code(box)
-    server = lifecycle.find(box, _whole("--port", port))
+    host = connect(c, host)
+    ensure_code(host)
+    server = lifecycle.find(host, port)
     if not server.alive:
-        raise BenchError(f"The {server.engine} server on port {server.port} of host {box.name!r} is {server.state} "
+        raise BenchError(f"The {server.engine} server on port {server.port} of host {host.name!r} is {server.state} "
                          f"(run {server.run_id}); start it again with `invoke serve`, then bench.")
-    profile = profiles.resolve(box.spec, server.profile)
+    profile = profiles.resolve(host.spec, server.profile)
     python = str(server.entry.get("python") or profile.python)
     env = {k: str(v) for k, v in profile.settings.env.items()}
-    # invoke hands over options whose default is None as text; an int default would crash on "x"
-    defaults = planning.BenchSettings()
-    settings = planning.BenchSettings(
-        prompts=_count("--prompts", prompts, defaults.prompts),
-        concurrency=_count("--concurrency", concurrency, defaults.concurrency),
-        input_len=_whole("--input-len", input_len), output_len=_count("--output-len", output_len, defaults.output_len),
-        dataset=dataset, repeats=_count("--repeats", repeats, defaults.repeats),
-        seed=_count("--seed", seed, defaults.seed))
+    asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
+                             "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed}
+    settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
     settings.validate()
-    settings.check_fits(_limits(box, server))
-    client = planning.Client.from_probe(_probe(box, python, server.engine, env), python=python)
+    settings.check_fits(_limits(host, server))
+    client = planning.Client.from_probe(_probe(host, python, server.engine, env), python=python)
     if dataset is not None:
-        path = _demo_dataset(box) if dataset == DEMO_DATASET else host_path(box, dataset)
+        path = _demo_dataset(host) if dataset == DEMO_DATASET else host_path(host, dataset)
         settings = dataclasses.replace(settings, dataset=path)
     base_url = f"http://{hosttool.probe_address(server.listen)}:{server.port}"
     bench = planning.plan(client, planning.Server(base_url, server.target, server.target, bool(server.draft)),
                           settings, runner.RUN_DIR_TOKEN)
     served = runner.ServedBy(engine=server.engine, port=server.port, base_url=base_url, python=python,
                              target=server.target, draft=server.draft, pid=server.pid,
-                             log=f"{box.runs_dir}/{server.run_id}/log", run_id=server.run_id,
+                             log=f"{host.runs_dir}/{server.run_id}/log", run_id=server.run_id,
                              effective=server.effective or {}, asked=server.asked)
     for warning in bench.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
@@ -180,14 +165,14 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
         job_env[runner.CLIENT_PATH_VAR] = env["PYTHONPATH"]
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
-    done = run_tool(box, "remote.bench.runner", ["--plan-json", runner.plan_json(bench, served)],
+    done = run_tool(host, "remote.bench.runner", ["--plan-json", runner.plan_json(bench, served)],
                     name=f"bench-{name or server.engine}", view=live("window", on_detach=COLLECT_HINT),
                     task="bench", given=given, env=job_env)
     run_id = done.run_id
     folder = done.folder or project_root(c) / "runs" / run_id
-    res = runner.build(run_id=run_id, host=box.name, folder=folder, job=runner.job_plan(bench, served),
+    res = runner.build(run_id=run_id, host=host.name, folder=folder, job=runner.job_plan(bench, served),
                        bench=bench, served=served, job_state=done.state, runner_doc=done.data)
-    _finish(box, res, folder)
+    _finish(host, res, folder)
 
 
 COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}` builds its result."
@@ -202,35 +187,32 @@ def collect(c: Context, run_id: str, host: str | None = None) -> None:
 
     from draftops.bench import runner
     from draftops.runs.tools import follow
-    box = connect(c, host)
-    row = jobs.status(box, run_id)
+    host = connect(c, host)
+    row = jobs.status(host, run_id)
     if row.get("task") != "bench":
-        raise BenchError(f"Run {run_id} on host {box.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
+        raise BenchError(f"Run {run_id} on host {host.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
                          "not a bench run; `invoke runs` shows what each run is.")
     live_states = ("starting", "running")
-    final = follow(box, run_id, live("window", announce=False)) if row.get("state") in live_states else row
-    folder = jobs.pull_run(box, run_id).path
+    final = follow(host, run_id, live("window", announce=False)) if row.get("state") in live_states else row
+    folder = jobs.pull_run(host, run_id).path
+    doc: Any
     try:
         doc = json.loads((folder / "plan.json").read_text())
     except (OSError, ValueError):
         doc = None
     bench, served = runner.from_plan(doc, run_id)
-    res = runner.build(run_id=run_id, host=box.name, folder=folder, job=doc, bench=bench, served=served,
+    res = runner.build(run_id=run_id, host=host.name, folder=folder, job=doc, bench=bench, served=served,
                        job_state=final.get("state"))
-    _finish(box, res, folder)
+    _finish(host, res, folder)
 
 
-def _finish(box: Host, res: Any, folder: Path) -> None:
+def _finish(host: Host, res: Any, folder: Path) -> None:
     """Write the result into the run's folder, record it in the local history and show it."""
     from draftops.bench import result as bench_result
     from draftops.bench import summary
     run_id = res.run_id
     bench_result.write(res, folder)
-    try:
-        history.for_project(box.project_root).record(records.bench_record(
-            res, git_rev=history.project_revision(box.project_root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: run {run_id} was not recorded in the local history: {escape(str(exc))}[/]")
+    records.keep(host.project_root, f"run {run_id}", lambda rev: records.bench_record(res, git_rev=rev), warn)
     summary.show(res, console)
     console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
     if res.status != "succeeded":

@@ -4,11 +4,12 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
+from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
             "config": "config file to use instead of <ckpt>/config.json",
             "steps": "TTT steps = the num_steps you will serve with (default 3)",
             "limit": "evaluate at most N samples", "expected_acc": "training-reported step-0 accuracy",
-            "device": "auto, cpu or cuda", "host": HOST_HELP})
+            "device": "auto, cpu or cuda", "host": HOST_HELP},
+      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
@@ -33,13 +35,13 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
-    target = connect(c, host)
-    ensure_code(target)
+    host = connect(c, host)
+    ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(target.spec)
+    engine = serving_engine(host.spec)
     if engine:
         args += ["--engine", engine]
-    ckpt, data, verifier, config = (host_path(target, p) for p in (ckpt, data, verifier, config))
+    ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:
@@ -49,11 +51,11 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    done = run_tool(target, "remote.drafter", args, name="test-drafter", view=live("window"),
-                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
+    done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
+                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
     if done.ok and isinstance(done.data, dict):
         show_result(done.data, str(done.result_file), done.run_id, ckpt, console)
-    record_test_drafter(target, done, given)
+    record_test_drafter(host, done, given)
     done.check()
 
 

@@ -45,7 +45,7 @@ def test_compare_default_pair_writes_the_folder_and_records_itself(project: Path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "20261130-100000-bench-base" in done.stdout and "20261130-110000-bench-spec" in done.stdout
     assert "the config is wrong" in done.stdout and "slower than the baseline" in done.stdout
-    assert "with layer ids [-1, 0, 2] it predicts 3.60" in done.stdout     # brackets are text, not markup
+    assert "predicts 3.60 with [-1, 0, 2] (SGLang ids: -1 = embedding)" in done.stdout   # brackets are text, not markup
     folder = next((project / "runs").glob("*-bench-compare-*"))
     assert {p.name for p in folder.iterdir()} == {"compare.json", "compare.md", "compare.png"}
     codes = [f["code"] for f in json.loads((folder / "compare.json").read_text())["findings"]]

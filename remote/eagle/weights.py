@@ -60,6 +60,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
                                   fix=f"{_RECOPY}; it is truncated or not a safetensors file")
             raw = f.read(n)
         header = jsonread.loads(raw)
+    except HeaderError:                          # a ValueError too: already says what is wrong
+        raise
     except (OSError, ValueError) as exc:         # JSONDecodeError, jsonread.TooDeep, UnicodeDecodeError
         raise HeaderError(f"The safetensors header cannot be parsed ({exc})", path,
                           fix=f"{_RECOPY}; its header is damaged") from exc

@@ -34,11 +34,13 @@ error raised for another reason by code that caught a RemoteError chains it (``r
 so ``err.__cause__.result`` is still there.
 
 The other tree. ``remote/`` runs on the GPU host under the ml-env python and cannot import draftops
-(nor draftops it: the host's code must stay free of pydantic, paramiko and rich), so each remote tool
-keeps its own small tree next to it (``remote/drafter/errors.py``, ``remote/sglang_patch/errors.py``,
+(nor draftops it: the host's code must stay free of pydantic, paramiko and rich), so the remote
+tools have a tree of their own: one base, ``remote.exitcodes.ToolError``, and under it each tool's
+small tree next to it (``remote/drafter/errors.py``, ``remote/sglang_patch/errors.py``,
 ``remote/draft_config/errors.py``, ``remote/bench/errors.py``). Those errors never cross the link as
-objects: a tool prints its one-paragraph message (and an ``error`` event) and exits non-zero, and the
-local side raises one of the errors above with that message. The host agent's refusals cross the same
+objects: the one envelope of every tool (``remote.exitcodes.main``) prints the one-paragraph message
+(and an ``error`` event) and exits with the error's code, and the local side raises one of the
+errors above with that message. The host agent's refusals cross the same
 way: as an exit code from ``wire.Exit``, which ``draftops.link.agent`` maps to one class here.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The one exit-code table of the remote tools, and the guard that keeps a crash inside it.
 
 Every tool the local side starts on the host (``remote.drafter``, ``remote.sglang_patch``,
-``remote.draft_config``, ``remote.envcheck``, ``remote.serve``, ``remote.bench.runner``) ends with
-one of these codes, and ``draftops/runs/tools.py`` reads a finished run by them. Stdlib only: it runs
+``remote.draft_config``, ``remote.envcheck``, ``remote.serve``, ``remote.bench.runner``, and the
+quick ones: ``remote.bench.probe``, ``remote.bench.demo_prompts``, ``remote.drafter.demo_spec``)
+ends with one of these codes, and ``draftops/runs/tools.py`` reads a finished run by them. Stdlib only: it runs
 with the host's ml-env python.
 
     code  name          meaning
@@ -17,14 +18,22 @@ with the host's ml-env python.
                         venv); nothing was changed; try again when it ends (EX_TEMPFAIL)
     127   NO_PYTHON     the shell found no interpreter (the job's command line says which)
 
-Python itself exits 1 on an uncaught exception, which would read as CHECK_FAILED: a tool's
-``__main__`` runs its ``main`` through :func:`run`, which turns a crash into INTERNAL.
+Python itself exits 1 on an uncaught exception, which would read as CHECK_FAILED. So the envelope
+of every tool is written here, once: a tool parses its own arguments and hands the work to
+:func:`main`, which turns a :class:`ToolError` into its exit code (REFUSED unless the error says
+otherwise), its paragraph on stderr and one ``error`` event, and a crash into INTERNAL with the
+traceback on stderr (the job's log); a tool's ``__main__`` runs through :func:`run`, which also
+catches a crash outside the work (argument checks, writing the result) and lets Ctrl-C and SIGTERM
+unwind the tool (its ``finally`` blocks and temporary-file clean-ups run) before it dies by that
+signal, as it did before.
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from . import events
 
@@ -57,12 +66,97 @@ def internal_error(tool: str, exc: BaseException) -> str:
     return message
 
 
-def run(tool: str, main: Callable[[], int]) -> NoReturn:
-    """``sys.exit(main())``, with an uncaught exception turned into INTERNAL and an ``error`` event
-    (argparse's exit and Ctrl-C pass through as they are)."""
+class ToolError(Exception):
+    """Base of every error a remote tool reports instead of a traceback (each tool's
+    ``errors.py`` derives its own tree from it): the message is one paragraph naming the file or
+    field and the fix, and nothing was changed."""
+
+    #: the tool's exit code for this error
+    exit_code = REFUSED
+    #: the ``error`` event's kind; None: the class's name
+    kind: str | None = None
+    #: stderr says ``<heading>: <message>``; False: the message alone (a check's own finding)
+    headed = True
+
+    def __init__(self, message: str = "", *, kind: str | None = None, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def event_fields(self) -> dict[str, Any]:
+        """The ``error`` event's fields besides its message and exit code."""
+        return {"kind": self.kind or type(self).__name__}
+
+
+class Ending(NamedTuple):
+    """How one tool's work ended: its exit code and, when it failed, why (for its result file)."""
+
+    code: int
+    error: str | None = None
+    error_type: str | None = None     # the ToolError's class name, or "InternalError"
+
+
+def main(tool: str, body: Callable[[], int], *, heading: str = "error",
+         finish: Callable[[Ending], None] | None = None) -> int:
+    """The envelope of ``tool``'s work: ``body()``'s exit code, a ToolError as its code with its
+    paragraph (after ``heading: `` on stderr) and one ``error`` event, a crash as INTERNAL;
+    ``finish`` then sees how it ended (to write the tool's result file either way)."""
+    ending = _ended(tool, body, heading)
+    if finish is not None:
+        finish(ending)
+    return ending.code
+
+
+def _ended(tool: str, body: Callable[[], int], heading: str) -> Ending:
     try:
-        code = main()
+        return Ending(body())
+    except ToolError as exc:
+        return refused(exc, heading)
     except Exception as exc:  # noqa: BLE001 - the table's INTERNAL, not Python's 1
-        internal_error(tool, exc)
-        code = INTERNAL
+        return Ending(INTERNAL, internal_error(tool, exc), "InternalError")
+
+
+def refused(exc: ToolError, heading: str = "error") -> Ending:
+    """Report ``exc``: its paragraph on stderr and as an ``error`` event; how the tool ended."""
+    message = str(exc)
+    print(f"{heading}: {message}" if exc.headed else message, file=sys.stderr)
+    events.error(message, **exc.event_fields(), exit_code=exc.exit_code)
+    return Ending(exc.exit_code, message, type(exc).__name__)
+
+
+class Stopped(BaseException):
+    """SIGTERM, raised where the tool is so that it unwinds as Ctrl-C does (not an Exception: no
+    ``except Exception`` of a tool swallows it)."""
+
+
+def run(tool: str, entry: Callable[[], int]) -> NoReturn:
+    """A tool's ``__main__``: ``sys.exit(main(tool, entry))``. Ctrl-C and SIGTERM unwind the tool,
+    then it dies by that signal (the exit status a killed job always had), saying so in one line."""
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        code = main(tool, entry)
+    except KeyboardInterrupt:
+        _die(tool, signal.SIGINT)
+    except Stopped:
+        _die(tool, signal.SIGTERM)
     sys.exit(code)
+
+
+def _stop(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # a second TERM must not cut the clean-ups short
+    raise Stopped()
+
+
+def _die(tool: str, signum: signal.Signals) -> NoReturn:
+    """End by ``signum`` itself, as an unhandled one would, once the output is out."""
+    print(f"{tool}: stopped by {signum.name}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)      # not reached: the signal ends the process

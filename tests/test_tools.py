@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -192,3 +193,103 @@ def test_the_stdlib_tools_answer_without_site_packages(argv, tmp_path: Path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == exitcodes.OK, proc.stderr
     assert isinstance(json.loads(proc.stdout.strip().splitlines()[-1]), dict)
+
+
+REFUSING = textwrap.dedent('''
+    import sys
+    from remote import exitcodes
+
+    class Mine(exitcodes.ToolError):
+        """A tool's own tree, as remote/*/errors.py declare theirs."""
+
+    def body() -> int:
+        if sys.argv[1] == "usage":
+            raise exitcodes.ToolError("The engine 'x' is unknown; give sglang or vllm.", kind="ValueError",
+                                      exit_code=exitcodes.USAGE)
+        raise Mine("The file /data/x.json has no field `ids`; add it.")
+
+    def finish(ending: exitcodes.Ending) -> None:
+        print("ended", ending.code, ending.error_type)
+
+    exitcodes.run("t", lambda: exitcodes.main("t", body, heading="t refused", finish=finish))
+''')
+
+
+@pytest.mark.parametrize(("mode", "code", "kind", "stderr"), [
+    ("refuse", exitcodes.REFUSED, "Mine", "t refused: The file /data/x.json has no field `ids`; add it."),
+    ("usage", exitcodes.USAGE, "ValueError", "t refused: The engine 'x' is unknown; give sglang or vllm."),
+])
+def test_a_tool_error_is_its_code_its_paragraph_and_one_event(mode, code, kind, stderr):
+    """The envelope (exitcodes.main) reports a ToolError the one way for every tool."""
+    proc = subprocess.run([sys.executable, "-c", REFUSING, mode], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.strip() == stderr                       # one paragraph, no traceback
+    [event] = [e for e in map(events.parse, proc.stdout.splitlines()) if e]
+    assert event["event"] == "error" and event["kind"] == kind and event["exit_code"] == code
+    assert event["message"] == stderr.split(": ", 1)[1]
+    assert f"ended {code} {'Mine' if mode == 'refuse' else 'ToolError'}" in proc.stdout   # finish saw it
+
+
+STOPPABLE = textwrap.dedent('''
+    import os, pathlib, signal, sys, time
+    from remote import exitcodes
+
+    def body() -> int:
+        try:
+            print("ready", flush=True)
+            time.sleep(120)
+            return exitcodes.OK
+        finally:
+            if sys.argv[2] == "SIGTERM":
+                os.kill(os.getpid(), signal.SIGTERM)     # a second TERM while it cleans up
+            pathlib.Path(sys.argv[1]).write_text("unwound")
+
+    exitcodes.run("t", body)
+''')
+
+
+def _default_sigint() -> None:
+    """A suite run as a background job ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_tool_unwinds_then_dies_by_the_signal(signum, tmp_path: Path):
+    """`invoke kill` (TERM) and Ctrl-C (INT): the tool's clean-ups run (a temporary file is removed),
+    a second TERM does not cut them short, no traceback, and the exit status is the signal's, as a
+    killed job's always was."""
+    marker = tmp_path / "marker"
+    name = signal.Signals(signum).name
+    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE, str(marker), name], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signum, err
+    assert marker.read_text() == "unwound"
+    assert err.strip() == f"t: stopped by {name}"
+
+
+def test_every_remote_tool_goes_through_the_one_envelope():
+    """No tool writes its own envelope: every ``__main__`` of remote/ runs through exitcodes.run, the
+    ``error`` event and the INTERNAL crash are written only in exitcodes.py, and every error class of
+    remote/ derives from exitcodes.ToolError (a HeaderError-like ValueError stays a ValueError)."""
+    import ast
+    own_errors = []
+    for path in sorted((REPO / "remote").rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(REPO))
+        if name == "remote/exitcodes.py":
+            continue
+        assert "events.error(" not in text and "internal_error(" not in text, name
+        if '__name__ == "__main__"' in text or name.endswith("__main__.py"):
+            assert "exitcodes.run(" in text or "import run" in text, name
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "Exception" for b in node.bases):
+                own_errors.append(f"{name}: {node.name}")
+    assert own_errors == []

@@ -127,8 +127,13 @@ def write_sharegpt(src: str | Path, dest: str | Path) -> int:
     return len(prompts)
 
 
-if __name__ == "__main__":   # python -m remote.bench.datasets PROMPTS.jsonl SHAREGPT.json
-    try:
-        print(write_sharegpt(sys.argv[1], sys.argv[2]))
-    except BenchParseError as err:
-        sys.exit(f"error: {err}")
+def main() -> int:
+    """``python -m remote.bench.datasets PROMPTS.jsonl SHAREGPT.json``: prints the prompt count; a
+    file that cannot be converted is a BenchParseError, which the envelope reports (exit REFUSED)."""
+    print(write_sharegpt(sys.argv[1], sys.argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    from .. import exitcodes  # only as a tool: the runner and the local side import this module
+    exitcodes.run("bench-datasets", main)

@@ -18,10 +18,9 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
-from .. import events, exitcodes
+from .. import exitcodes
 from ..drafter import wordtokenizer
 from ..drafter.demo_spec import MARKER
 
@@ -85,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefix_len < 1:
         parser.error(f"--prefix-len must be at least 1, not {args.prefix_len}")
+    return exitcodes.main("demo-prompts", lambda: _write(args))
+
+
+def _write(args: argparse.Namespace) -> int:
+    """A demo that is missing or cannot be read, or a destination that cannot be written, refuses."""
     try:
         count, reused = write(args.demo, args.out, args.prefix_len)
     except (OSError, ValueError) as exc:
-        events.error(str(exc), kind=type(exc).__name__, exit_code=exitcodes.REFUSED)
-        print(f"error: {exc}", file=sys.stderr)
-        return exitcodes.REFUSED
+        raise exitcodes.ToolError(str(exc), kind=type(exc).__name__) from exc
     print(json.dumps({"prompts": count, "path": str(args.out), "reused": reused}))
     return exitcodes.OK
 

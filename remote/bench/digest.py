@@ -33,6 +33,13 @@ def file_digest(path: str | Path) -> str:
     return config_digest((path / "config.json" if path.is_dir() else path).read_bytes())
 
 
-if __name__ == "__main__":   # python -m remote.bench.digest CONFIG...
+def main() -> int:
+    """``python -m remote.bench.digest CONFIG...``: one ``DIGEST PATH`` line per file."""
     for arg in sys.argv[1:]:
         print(file_digest(arg), arg)
+    return 0
+
+
+if __name__ == "__main__":
+    from .. import exitcodes  # only as a tool: the local side imports this module for config_digest
+    exitcodes.run("bench-digest", main)

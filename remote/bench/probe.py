@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import distinfo, events, exitcodes
+from .. import distinfo, exitcodes
 
 FLAGS = ("--temperature", "--flush-cache", "--warmup-requests", "--num-warmups", "--seed",
          "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file")
@@ -52,12 +52,14 @@ def probe(engine: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m remote.bench.probe ENGINE``: one JSON line (exit codes: remote/exitcodes.py)."""
     args = sys.argv[1:] if argv is None else argv
+    return exitcodes.main("bench-probe", lambda: _answer(args[0] if args else "sglang"))
+
+
+def _answer(engine: str) -> int:
     try:
-        found = probe(args[0] if args else "sglang")
-    except ValueError as exc:
-        events.error(str(exc), kind="ValueError", exit_code=exitcodes.USAGE)
-        print(f"error: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
+        found = probe(engine)
+    except ValueError as exc:       # an engine it does not know: the command line's fault
+        raise exitcodes.ToolError(str(exc), kind="ValueError", exit_code=exitcodes.USAGE) from exc
     print(json.dumps(found))
     return exitcodes.OK
 

@@ -17,7 +17,6 @@ from ..eagle.formats import IDS_KEY, SPECULATORS
 from ..fileio import write_json
 from . import config_file, validate
 from .capture import sglang_warnings
-from .errors import DraftConfigError
 from .lock import config_lock
 from .report import ReportFix, other_checkpoint_warning, read_fix
 from .rewrite import write_config
@@ -73,24 +72,23 @@ def main(argv: list[str] | None = None) -> int:
         "warnings": [],
     }
     events.emit("start", tool="draft-config", ckpt=str(args.ckpt))
-    code = exitcodes.OK
-    try:
+
+    def body() -> int:
         _run(args, payload)
         payload["ok"] = True
         _print_summary(payload)
-    except DraftConfigError as exc:
-        code = exc.exit_code
-        payload.update(error=str(exc), error_type=type(exc).__name__)
-        print(f"draft-config refused: {exc}", file=sys.stderr)
-        events.error(str(exc), kind=type(exc).__name__, exit_code=code)
-    except Exception as exc:  # noqa: BLE001 - a bug: still leave the JSON for the local side
-        code = exitcodes.INTERNAL
-        payload.update(error=exitcodes.internal_error("draft-config", exc), error_type="InternalError")
-    if args.out is not None:
-        path = write_json(args.out / "draft_config.json", payload)
-        events.result(str(path), ok=payload["ok"], changed=payload["changed"])
-    events.emit("done", ok=payload["ok"], exit_code=code)
-    return code
+        return exitcodes.OK
+
+    def finish(ending: exitcodes.Ending) -> None:
+        """Leave the JSON for the local side whatever happened (a refusal, a bug)."""
+        if ending.error is not None:
+            payload.update(error=ending.error, error_type=ending.error_type)
+        if args.out is not None:
+            path = write_json(args.out / "draft_config.json", payload)
+            events.result(str(path), ok=payload["ok"], changed=payload["changed"])
+        events.emit("done", ok=payload["ok"], exit_code=ending.code)
+
+    return exitcodes.main("draft-config", body, heading="draft-config refused", finish=finish)
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:

@@ -5,16 +5,16 @@
     ├── InvalidLayerIds     ids out of range, repeated, or not matching the fc aux slots
     ├── ReportError         the drafter report has no fix to apply (MATCH, or no fix ids)
     └── WriteError          the checkpoint folder cannot take the backup or the new config
+
+DraftConfigError derives from ``remote.exitcodes.ToolError``: ``exitcodes.main`` reports it.
 """
 from __future__ import annotations
 
-from ..exitcodes import REFUSED
+from ..exitcodes import ToolError
 
 
-class DraftConfigError(Exception):
-    """Base class; the message is one paragraph naming the file/field and the fix."""
-
-    exit_code = REFUSED
+class DraftConfigError(ToolError):
+    """Base class (exit REFUSED); the message is one paragraph naming the file/field and the fix."""
 
 
 class ConfigFormatError(DraftConfigError):

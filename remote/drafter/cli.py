@@ -3,20 +3,18 @@
 Exit codes (remote/exitcodes.py): 0 done (whatever the verdict: a MISMATCH is a finding, read it
 from report.json), 2 bad usage (argparse: an unknown flag or a value of the wrong type), 3 a
 DrafterError, including out-of-range options and running out of memory (its one-paragraph message
-on stderr and as an ``error`` event on stdout), 4 a bug (``python -m remote.drafter`` runs ``main``
-through ``exitcodes.run``).
+on stderr and as an ``error`` event on stdout, both written by ``exitcodes.main``), 4 a bug.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import events, exitcodes, jsonread
+from .. import exitcodes, jsonread
 from .demo import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
@@ -24,7 +22,6 @@ from .evaluation import evaluate
 from .options import EvalOptions
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"
-EXIT_DRAFTER_ERROR = exitcodes.REFUSED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +108,12 @@ def _num(x: float | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    return exitcodes.main("drafter", lambda: _command(args, parser))
+
+
+def _command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The demo build or an evaluation; a DrafterError (running out of memory included) names the
+    demo's folder when the file at fault is one of the demo's."""
     try:
         try:
             if args.command == "demo":
@@ -126,9 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "or use a machine with more memory") from exc
     except DrafterError as exc:
         _name_the_demo(exc)
-        events.emit("error", **exc.to_dict())
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_DRAFTER_ERROR
+        raise
     for line in summary(report):
         print(line)
     return exitcodes.OK

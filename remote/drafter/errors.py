@@ -1,19 +1,22 @@
 """Errors raised by the drafter, each with a one-paragraph message a person can act on.
 
-The GPU host cannot import ``draftops``, so the hierarchy lives here.  ``python -m remote.drafter``
-turns any of them into exit code 3, the message on stderr and one ``error`` event on stdout
-(``to_dict``: kind, message, path, field, tensor, expected, found, fix) for a program that follows
-the job's log.  Every message names the file and the field or tensor involved, what was expected
-and what was found, and how to fix it.
+The GPU host cannot import ``draftops``, so the hierarchy lives here, under ``remote.exitcodes.ToolError``:
+the envelope of ``python -m remote.drafter`` (``exitcodes.main``) turns any of them into exit code 3,
+the message on stderr and one ``error`` event on stdout (``to_dict``: kind, message, path, field,
+tensor, expected, found, fix; and the exit code) for a program that follows the job's log.
+Every message names the file and the field or tensor involved, what was expected and what was
+found, and how to fix it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ..exitcodes import ToolError
 
-class DrafterError(Exception):
-    """Base of every error the drafter reports instead of a traceback."""
+
+class DrafterError(ToolError):
+    """Base of every error the drafter reports instead of a traceback (exit REFUSED)."""
 
     kind = "drafter"
 
@@ -50,6 +53,10 @@ class DrafterError(Exception):
         if self.fix:
             parts.append("Fix: " + self.fix.rstrip(".") + ".")
         return " ".join(parts).replace("\r", " ").replace("\n", " ")  # one paragraph, always
+
+    def event_fields(self) -> dict[str, Any]:
+        """The ``error`` event says all of :meth:`to_dict`."""
+        return {k: v for k, v in self.to_dict().items() if k != "message"}
 
     def to_dict(self) -> dict[str, Any]:
         """Machine-readable form for the ``error`` event."""

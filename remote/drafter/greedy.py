@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import exitcodes
 from . import tinyllama, wordtokenizer
-from .errors import DrafterError
-
-EXIT_DRAFTER_ERROR = exitcodes.REFUSED
 
 
 def greedy_decode(target: str | Path, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
@@ -44,13 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     prompt.add_argument("--prompt", help="text in the demo's word vocabulary, e.g. 'w05 w17 w33'")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args(argv)
+    return exitcodes.main("greedy", lambda: _decode(args, parser))
+
+
+def _decode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Decode and print; a bad value (a prompt word outside the vocabulary) is a usage error."""
     try:
         cfg, weights = tinyllama.load(args.target)
         ids = args.prompt_ids if args.prompt is None else wordtokenizer.encode(args.prompt, cfg.vocab_size)
         out = tinyllama.greedy(cfg, weights, ids, args.max_tokens)
-    except DrafterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_DRAFTER_ERROR
     except ValueError as exc:
         parser.error(str(exc))
     result: dict[str, Any] = {"target": str(args.target), "prompt_ids": ids, "token_ids": out,

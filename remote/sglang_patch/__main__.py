@@ -9,14 +9,13 @@ capture the embedding, 2 usage, 3 refused, 4 internal error.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from .. import events, exitcodes
 from ..fileio import write_json
 from . import actions
-from .errors import PatchError
+from .errors import VerifyFailed
 from .locate import SglangInstall, locate
 from .state import StateStore, default_state_dir
 from .targets import model_keys
@@ -56,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         "files": [], "changed": [], "checks": [], "notes": [],
     }
     events.emit("start", tool="sglang-patch", action=args.action)
-    code = exitcodes.OK
-    try:
+
+    def body() -> int:
         install = locate()
         store = StateStore(state_root, install.version)
         payload.update(sglang_version=install.version, sglang_dir=str(install.root),
@@ -67,26 +66,23 @@ def main(argv: list[str] | None = None) -> int:
                        changed=outcome.changed, checks=outcome.checks, notes=outcome.notes)
         _print_table(install, payload)
         if not outcome.ok:
-            code = exitcodes.CHECK_FAILED
             failed = [c for c in outcome.checks if not c["ok"]]
-            payload["error"] = "verify failed: " + "; ".join(
-                f"{c['file']}: {c['check']}: {c['detail']}" for c in failed)
-            print(payload["error"], file=sys.stderr)
-            events.error(payload["error"], kind="VerifyFailed", exit_code=code)
-    except PatchError as exc:
-        code = exc.exit_code
-        payload.update(ok=False, error=str(exc), error_type=type(exc).__name__)
-        print(f"sglang-patch {args.action} refused: {exc}", file=sys.stderr)
-        events.error(str(exc), kind=type(exc).__name__, exit_code=code)
-    except Exception as exc:  # noqa: BLE001 - a bug: still leave a patch.json for the local side
-        code = exitcodes.INTERNAL
-        payload.update(ok=False, error=exitcodes.internal_error("sglang-patch", exc), error_type="InternalError")
-    if args.out is not None:
-        path = write_json(args.out / "patch.json", payload)
-        events.result(str(path), ok=payload["ok"], action=args.action,
-                      changed=len(payload["changed"]))
-    events.emit("done", ok=payload["ok"], exit_code=code)
-    return code
+            raise VerifyFailed("verify failed: " + "; ".join(
+                f"{c['file']}: {c['check']}: {c['detail']}" for c in failed))
+        return exitcodes.OK
+
+    def finish(ending: exitcodes.Ending) -> None:
+        """Leave a patch.json for the local side whatever happened (a refusal, a bug)."""
+        if ending.error is not None:
+            payload.update(ok=False, error=ending.error,
+                           error_type=None if ending.error_type == VerifyFailed.__name__ else ending.error_type)
+        if args.out is not None:
+            path = write_json(args.out / "patch.json", payload)
+            events.result(str(path), ok=payload["ok"], action=args.action,
+                          changed=len(payload["changed"]))
+        events.emit("done", ok=payload["ok"], exit_code=ending.code)
+
+    return exitcodes.main("sglang-patch", body, heading=f"sglang-patch {args.action} refused", finish=finish)
 
 
 def _run(action: str, install: SglangInstall, store: StateStore, models: list[str] | None,

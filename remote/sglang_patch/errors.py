@@ -1,7 +1,7 @@
 """Why the patcher refuses to act.
 
 Every error carries a one-paragraph message that names the file or field at fault and the fix; the
-CLI prints it on stderr and as an ``error`` event and exits REFUSED (remote/exitcodes.py)
+envelope prints it on stderr and as an ``error`` event and exits REFUSED (remote/exitcodes.py)
 without having changed any file.
 
     PatchError
@@ -13,17 +13,17 @@ without having changed any file.
     ├── CompileFailed       a patched file would not byte-compile
     ├── StateError          the state folder is missing a record or holds a corrupt backup
     └── Busy                another apply/revert holds the install's lock
+
+Beside it, ``VerifyFailed``: verify's finding (exit CHECK_FAILED), not a refusal. All of them derive
+from ``remote.exitcodes.ToolError``, whose envelope (``exitcodes.main``) reports them.
 """
 from __future__ import annotations
 
-from ..exitcodes import REFUSED
+from ..exitcodes import CHECK_FAILED, ToolError
 
 
-class PatchError(Exception):
-    """Base class: the patcher refused; nothing was changed."""
-
-    #: process exit status the CLI uses for this error
-    exit_code = REFUSED
+class PatchError(ToolError):
+    """Base class: the patcher refused (exit REFUSED); nothing was changed."""
 
 
 class SglangNotFound(PatchError):
@@ -56,3 +56,11 @@ class StateError(PatchError):
 
 class Busy(PatchError):
     """Another apply or revert on the same SGLang install is still running."""
+
+
+class VerifyFailed(ToolError):
+    """``verify`` ran to the end and a file does not capture the embedding: a finding (exit
+    CHECK_FAILED, its message alone on stderr), not a refusal; patch.json's ``error_type`` stays null."""
+
+    exit_code = CHECK_FAILED
+    headed = False

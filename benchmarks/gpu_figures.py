@@ -60,6 +60,7 @@ from remote.drafter.batching import collate  # noqa: E402
 from remote.drafter.data import Sample  # noqa: E402
 from remote.drafter.model import DraftArch, Eagle3Draft  # noqa: E402
 from remote.drafter.scoring import VerifierHead  # noqa: E402
+from remote.fileio import atomic_write_text  # noqa: E402
 
 evaluate_module: Any = importlib.import_module("remote.drafter.evaluation")
 STATED_TFLOPS = 790.0  # the workplace's stated H200 bf16 rate (the "790 TFLOP/s")
@@ -89,9 +90,7 @@ class Figures:
         return self.budget - (time.perf_counter() - self.start)
 
     def save(self) -> None:
-        tmp = self.out / "gpu_figures.json.tmp"
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        os.replace(tmp, self.out / "gpu_figures.json")
+        atomic_write_text(self.out / "gpu_figures.json", json.dumps(self.data, indent=1, default=str))
 
 
 # -- helpers --------------------------------------------------------------------------------------------

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import distinfo
+from .fileio import write_json
 
 NVIDIA_SMI_TIMEOUT_S = 30.0
 # torch is listed for env.json's package versions; the env.check table shows it once, in its own row
@@ -70,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".")
     args = parser.parse_args(argv)
     report = collect()
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "env.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump(report, fh, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(Path(args.out) / "env.json", report)    # atomic, creating the folder
     print(json.dumps(report, indent=2))
     from remote import events, exitcodes
     events.result("env.json")

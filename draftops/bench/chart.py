@@ -6,12 +6,14 @@ same on a laptop, over SSH and in CI.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from draftops.bench.compare import Comparison
+from remote.fileio import atomic_write_with
 
 COLOURS = {"baseline": "#7f7f7f", "speculative": "#1f77b4", "predicted": "#ff7f0e"}
 
@@ -73,11 +75,5 @@ def draw(cmp: Comparison, path: Path) -> Path:
     # fixed margins that fit these labels: tight_layout measured every text first (~30 ms of a compare)
     fig.subplots_adjust(left=0.08, right=0.985, bottom=0.2, top=0.9, wspace=0.28)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)         # a full disk leaves no half chart behind
-        raise
+    atomic_write_with(path, partial(fig.savefig, format="png"))    # a full disk leaves no half chart
     return path

@@ -3,6 +3,7 @@ accuracy per host. Drawn on a bare Agg ``Figure`` (no pyplot state, no display),
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -11,6 +12,7 @@ from matplotlib.figure import Figure
 
 from draftops.history import RunRecord, parse_time
 from draftops.nightly.detect import value
+from remote.fileio import atomic_write_with
 
 # (file stem, title, y label, [(metric, legend label)])
 PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
@@ -47,6 +49,6 @@ def draw_trends(host: str, nights: Sequence[RunRecord], folder: Path) -> list[Pa
         fig.autofmt_xdate()
         fig.tight_layout()
         path = folder / f"trend-{host}-{stem}.png"
-        fig.savefig(path)
+        atomic_write_with(path, partial(fig.savefig, format="png"))    # never half a plot
         written.append(path)
     return written

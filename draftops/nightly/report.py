@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 from pathlib import Path
 
 from draftops.nightly import detect
 from draftops.nightly.night import Night
 from draftops.nightly.plots import draw_trends
 from draftops.nightly.runner import FAILED, INFRA, SKIPPED
+from remote.fileio import atomic_write_text
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -131,16 +131,10 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
     return "".join(parts)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write(night: Night) -> dict[str, Path]:
     """Draw the plots and write report.md and report.html into the night's folder."""
     plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
     md, page = night.folder / "report.md", night.folder / "report.html"
-    _atomic_write(md, markdown(night, plots))
-    _atomic_write(page, html_page(night, plots))
+    atomic_write_text(md, markdown(night, plots))
+    atomic_write_text(page, html_page(night, plots))
     return {"markdown": md, "html": page}

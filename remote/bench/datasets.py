@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from ..fileio import atomic_write_text
 from .errors import BenchParseError
 
 #: a prompt file larger than this is refused: the runner holds it (and its conversion) in memory
@@ -120,10 +121,7 @@ def to_sharegpt(prompts: list[str]) -> list[dict[str, object]]:
 def write_sharegpt(src: str | Path, dest: str | Path) -> int:
     """Convert ``src`` (prompt JSONL) into ``dest`` (ShareGPT JSON); returns the prompt count."""
     prompts = read_prompts(src)
-    dest = Path(dest)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_text(json.dumps(to_sharegpt(prompts), ensure_ascii=False))
-    tmp.replace(dest)
+    atomic_write_text(Path(dest), json.dumps(to_sharegpt(prompts), ensure_ascii=False))
     return len(prompts)
 
 

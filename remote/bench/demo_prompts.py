@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from .. import exitcodes
 from ..drafter import wordtokenizer
 from ..drafter.demo_spec import MARKER
+from ..fileio import atomic_write_text
 
 IN_DEMO = "bench-prompts.jsonl"   # where the demo build leaves them: <demo>/bench-prompts.jsonl
 
@@ -54,12 +54,6 @@ def _key(demo: Path, prefix_len: int) -> str:
     return json.dumps({"demo": marker, "prefix_len": prefix_len}, sort_keys=True)
 
 
-def _write_atomic(dest: Path, text: str) -> None:
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, dest)
-
-
 def write(demo: Path, dest: Path, prefix_len: int) -> tuple[int, bool]:
     """Write the prompts to ``dest`` unless they are there for this demo already; returns (count, reused)."""
     key = _key(demo, prefix_len)
@@ -71,8 +65,8 @@ def write(demo: Path, dest: Path, prefix_len: int) -> tuple[int, bool]:
         pass
     texts = prompts(demo, prefix_len)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(dest, "".join(json.dumps({"prompt": t}) + "\n" for t in texts))
-    _write_atomic(stamp, key)   # after the prompts: a crash between the two only costs a rewrite
+    atomic_write_text(dest, "".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    atomic_write_text(stamp, key)   # after the prompts: a crash between the two only costs a rewrite
     return len(texts), False
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import events, exitcodes
+from ..fileio import write_json  # atomic: a reader (or a pull after a crash) sees the old file or the new one
 from . import digest
 
 RUN_DIR_TOKEN = "@RUN_DIR@"
@@ -42,13 +43,6 @@ def substitute(value: Any, run_dir: str) -> Any:
     if isinstance(value, dict):
         return {k: substitute(v, run_dir) for k, v in value.items()}
     return value
-
-
-def write_json(path: Path, doc: Any) -> None:
-    """Atomic: a reader (or a pull after a crash) sees the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -120,18 +120,25 @@ def _run_cmd(text: str, timeout: float = 30.0) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def _gpu_facts() -> dict[str, Any]:
+    """The GPUs, the driver and the CUDA version, as nvidia-smi says them (what it does not say is left out)."""
+    facts: dict[str, Any] = {}
+    out = _run_cmd("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
+    if out:
+        names = [line.split(",")[0].strip() for line in out.splitlines()]
+        facts["gpu"] = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else "; ".join(names)
+        facts["driver"] = out.splitlines()[0].split(",")[-1].strip()
+    smi = _run_cmd("nvidia-smi") or ""
+    if "CUDA Version:" in smi:
+        facts["cuda"] = smi.split("CUDA Version:")[1].split()[0]
+    return facts
+
+
 def host_facts(engine: str, python: str, target: str, draft: str | None) -> dict[str, Any]:
     """GPU, driver, CUDA and CPU of the host; the engine's version and the draft as the engine reads it."""
     facts: dict[str, Any] = {"gpu": None, "driver": None, "cuda": None, "cpu": None}
     if shutil.which("nvidia-smi"):
-        out = _run_cmd("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
-        if out:
-            names = [line.split(",")[0].strip() for line in out.splitlines()]
-            facts["gpu"] = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else "; ".join(names)
-            facts["driver"] = out.splitlines()[0].split(",")[-1].strip()
-        smi = _run_cmd("nvidia-smi") or ""
-        if "CUDA Version:" in smi:
-            facts["cuda"] = smi.split("CUDA Version:")[1].split()[0]
+        facts.update(_gpu_facts())
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -52,20 +52,7 @@ def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checke
     repeated = sorted({v for v in ids if ids.count(v) > 1})
     if repeated:
         problems.append(f"id(s) {repeated} repeated (each aux state must be distinct)")
-    # the low end (the embedding) needs no layer count; the high end is checked only with a target
-    first, last = convention.usable_ids(convention.SGLANG, target.num_hidden_layers if target else 0)
-    low = [v for v in ids if v < first]
-    if low:
-        problems.append(f"id(s) {low} below {first} ({first} is the embedding output)")
-    if target is not None:
-        high = [v for v in ids if v > last]
-        if high:
-            problems.append(
-                f"id(s) {high} above {last}: the target ({target.path}) has "
-                f"{target.num_hidden_layers} layers and SGLang captures id X before layer X+1, "
-                f"so {last} (the input of the last layer) is the highest usable id")
-    else:
-        warnings.append("no --target given: ids not checked against the target's layer count")
+    problems += _range_problems(ids, target, warnings)
     slots = _fc_slots(cfg, target, warnings)
     if slots is not None and slots != len(set(ids)):
         problems.append(f"{len(set(ids))} ids but fc.weight takes {slots} aux hidden states")
@@ -86,6 +73,26 @@ def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checke
     if len(ordered) != 3:
         warnings.append(f"{len(ordered)} aux ids: SGLang <= 0.5.11 supports exactly 3")
     return Checked(ids=ordered, fc_aux_slots=slots, warnings=warnings)
+
+
+def _range_problems(ids: list[int], target: TargetInfo | None, warnings: list[str]) -> list[str]:
+    """Ids outside what SGLang can capture: the low end (the embedding) needs no layer count; the
+    high end is checked only with a target (without one, a warning says so)."""
+    problems = []
+    first, last = convention.usable_ids(convention.SGLANG, target.num_hidden_layers if target else 0)
+    low = [v for v in ids if v < first]
+    if low:
+        problems.append(f"id(s) {low} below {first} ({first} is the embedding output)")
+    if target is None:
+        warnings.append("no --target given: ids not checked against the target's layer count")
+        return problems
+    high = [v for v in ids if v > last]
+    if high:
+        problems.append(
+            f"id(s) {high} above {last}: the target ({target.path}) has "
+            f"{target.num_hidden_layers} layers and SGLang captures id X before layer X+1, "
+            f"so {last} (the input of the last layer) is the highest usable id")
+    return problems
 
 
 def _fc_slots(cfg: DraftConfig, target: TargetInfo | None, warnings: list[str]) -> int | None:

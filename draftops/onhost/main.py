@@ -248,11 +248,7 @@ def standby():
     exactly as a fresh exec would (the boot when ``boot`` is set). The call's
     input follows that line on stdin. The host's shell and this python's start-up were paid before
     the call was made; EOF before a request (the connection closed) ends it quietly."""
-    for name in STANDBY_IMPORTS:     # what the quick tools import, loaded while nobody waits
-        try:
-            __import__(name)
-        except ImportError:
-            pass
+    _preload(STANDBY_IMPORTS)        # what the quick tools import, loaded while nobody waits
     out = sys.stdout.buffer
     out.write(STANDBY_READY + repr(time.monotonic()).encode() + b"\n")
     out.flush()
@@ -270,23 +266,37 @@ def standby():
         out.flush()
     except OSError:          # the keeper gave up on this standby and may run the call elsewhere
         os._exit(0)
-    try:
-        if request is None:
-            raise ValueError("not JSON")
-        if isinstance(request, dict) and request.get("tool"):
-            _run_tool(request["tool"])
-            return
-        env, argv = request["env"], request["argv"]
-        if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
-            raise TypeError("env must be an object and argv a list of strings")
-        os.environ.update({str(k): str(v) for k, v in env.items()})
-    except (ValueError, KeyError, TypeError) as exc:
-        _fail(f"standby agent: unusable request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    if isinstance(request, dict) and request.get("tool"):
+        _run_tool(request["tool"])
+        return
+    argv = _call_argv(request)
     if request.get("boot"):
         boot(str(request["source"]), argv)
         return
     _stamp("agent-start")
     main(argv)
+
+
+def _preload(names):
+    for name in names:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+
+
+def _call_argv(request):
+    """The call's argv, its env applied to this process; an unusable request fails as USAGE."""
+    try:
+        if request is None:
+            raise ValueError("not JSON")
+        env, argv = request["env"], request["argv"]
+        if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise TypeError("env must be an object and argv a list of strings")
+    except (ValueError, KeyError, TypeError) as exc:
+        _fail(f"standby agent: unusable request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return argv
 
 
 def _expired(request):

@@ -441,3 +441,19 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
                      noise=noise)
     cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
     return cmp
+
+
+def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunRecord:
+    """A bench comparison: which two runs, the speedup, the findings; the verdict is the headline
+    finding's code (wiring-suspect, config-wrong, draft-limit, spec-slower, ...)."""
+    b = cmp.b
+    return RunRecord(
+        run_id=run_id, kind="compare", host=b.host.name, git_rev=git_rev, engine=b.engine.name,
+        engine_version=b.engine.version, target=b.target, draft=b.draft.path if b.draft else None,
+        draft_digest=b.draft.digest if b.draft else None,
+        settings={"a": cmp.a.run_id, "b": b.run_id, "tolerance": cmp.tolerance},
+        metrics={"speedup": cmp.speedup,
+                 "accept_length_a": cmp.a.accept_length.value if cmp.a.accept_length else None,
+                 "accept_length_b": b.accept_length.value if b.accept_length else None,
+                 "findings": [f.code for f in cmp.findings]},
+        verdict=cmp.headline.code if cmp.headline else "nothing")

@@ -10,7 +10,7 @@ from typing import Any
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from draftops import history, records
+from draftops import history
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -74,7 +74,7 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
     try:
-        hist.record(records.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
+        hist.record(comparing.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
     except HistoryError as exc:
         console.print(f"[yellow]warning: this comparison was not recorded in the local history: {exc}[/]")
 
@@ -227,7 +227,7 @@ def _finish(box: Host, res: Any, folder: Path) -> None:
     run_id = res.run_id
     bench_result.write(res, folder)
     try:
-        history.for_project(box.project_root).record(records.bench_record(
+        history.for_project(box.project_root).record(bench_result.bench_record(
             res, git_rev=history.project_revision(box.project_root)))
     except HistoryError as exc:
         console.print(f"[yellow]warning: run {run_id} was not recorded in the local history: {escape(str(exc))}[/]")

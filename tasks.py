@@ -13,12 +13,10 @@ from draftops.cli import bench, core, drafter, env, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
-    friendly_option_casts,
     honest_option_help,
 )
 
 adopt_callwide_host(sys.argv)
-friendly_option_casts()
 honest_option_help()
 # At exit, the interpreter's last garbage collection walks every object of every imported library
 # (pydantic, paramiko, rich): ~0.1 s of each call. Frozen, they are skipped; connections are closed by

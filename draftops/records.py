@@ -6,10 +6,26 @@ bench run's and a comparison's rows are built next to their models (``draftops.b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from draftops import history
+from draftops.errors import DraftopsError, HistoryError
 from draftops.history import RunRecord, now_iso
 from remote.bench.numbers import finite
+
+
+def keep(root: Path, what: str, build: Callable[[str | None], RunRecord], warn: Callable[[str], None]) -> None:
+    """Record one run (``build`` gets the project's git revision) in the project's local history.
+
+    Recording never fails the task it follows: a record that cannot be built or written is one
+    ``warn`` line naming ``what`` was not recorded and why; the run's own files stay in runs/<id>/."""
+    try:
+        history.for_project(root).record(build(history.project_revision(root)))
+    except (DraftopsError, OSError) as exc:
+        why = str(exc) if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
+        warn(f"{what} was not recorded in the local history: {why}")
 
 
 def _get(doc: Any, *path: str) -> Any:

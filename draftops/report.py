@@ -74,33 +74,57 @@ def metrics_table(report: dict[str, Any]) -> Table:
 
 
 def verdict_panel(report: dict[str, Any]) -> Panel:
+    """Status, diagnosis, the figures, the fix: each fact once (the message repeats the figures in prose,
+    so it is shown only for a report older than the ``diagnosis`` field)."""
     verdict = report.get("verdict", {})
     status = verdict.get("status", "?")
     colour = {"MATCH": "green", "MISMATCH": "red"}.get(status, "yellow")
-    lines = [f"[bold {colour}]{escape(str(status))}[/]", escape(verdict.get("message", ""))]
+    lines = [f"[bold {colour}]{escape(str(status))}[/]"]
     fix_line = _fix_line(report)
-    if fix_line:
-        lines.append(fix_line)
-    comparison = verdict.get("comparison")
-    if comparison:
-        lines.append(_comparison_line(comparison))
+    if verdict.get("diagnosis"):
+        lines.append(escape(str(verdict["diagnosis"])))
+        lines += _figure_lines(report, expected_in_diagnosis=bool((verdict.get("expected_acc") or {}).get("flagged")))
+        if fix_line or verdict.get("advice"):
+            lines.append(fix_line or escape(str(verdict["advice"])))
+    else:
+        lines.append(escape(str(verdict.get("message", ""))))
+        lines += [fix_line] if fix_line else []
+        lines += _figure_lines(report, expected_in_diagnosis=False)
+    return Panel("\n".join(lines), title="verdict", border_style=colour)
+
+
+def _figure_lines(report: dict[str, Any], expected_in_diagnosis: bool) -> list[str]:
+    """The verdict's numbers: predicted and walked accept lengths, the paired test, the training gap."""
+    verdict = report.get("verdict", {})
+    lines = []
     accept = report.get("predicted_accept_length") or {}
     if accept:
         samples = (report.get("data") or {}).get("samples")
-        lines.append(f"predicted accept length at K={accept.get('steps')} (all {samples} samples): served "
-                     f"{_fmt(accept.get('served'))}, best layout {_fmt(accept.get('best'))}")
+        lines.append(f"predicted accept length at K={accept.get('steps')} on all {samples} samples "
+                     f"({escape(str(accept.get('basis') or '?'))} targets): "
+                     + _served_best(finite(accept.get("served")), finite(accept.get("best"))))
         walk = accept.get("walk")
         walk = walk if isinstance(walk, dict) else {}
         served_walk, best_walk = finite(walk.get("served")), finite(walk.get("best"))
         if served_walk is not None or best_walk is not None:
-            lines.append(f"a greedy server's rounds on this text: served {_fmt(served_walk)}, best layout "
-                         f"{_fmt(best_walk)} tokens per verify (docs/bench.md, measured against predicted)")
+            lines.append("a greedy server's rounds on this text (tokens per verify; docs/bench.md, measured "
+                         f"against predicted): {_served_best(served_walk, best_walk)}")
+    comparison = verdict.get("comparison")
+    if comparison:
+        lines.append(_comparison_line(comparison))
     expected = verdict.get("expected_acc")
-    if expected:
+    if expected and not expected_in_diagnosis:
         flag = "[red]gap flagged[/]" if expected.get("flagged") else "[green]within tolerance[/]"
         lines.append(f"training-reported step-0 acc {_pct(expected.get('expected'))} vs served "
                      f"{_pct(expected.get('served'))}: {flag}")
-    return Panel("\n".join(lines), title="verdict", border_style=colour)
+    return lines
+
+
+def _served_best(served: float | None, best: float | None) -> str:
+    """Both values; only the served one when it is the best layout (no second evaluation then)."""
+    if best is None and served is not None:
+        return f"served {_fmt(served)} (the best layout)"
+    return f"served {_fmt(served)}, best layout {_fmt(best)}"
 
 
 def _fix_line(report: dict[str, Any]) -> str | None:

@@ -416,3 +416,28 @@ def test_full_disk_fails_cleanly_and_keeps_what_was_committed(tmp_path: Path) ->
     assert len(hist.query()) == 1 + int(count)
     hist.record(_rec("after"))                                      # room again: writes work
     assert hist.get("after") is not None
+
+
+def test_keep_records_with_the_revision_and_only_warns_when_it_cannot(tmp_path: Path) -> None:
+    """The one "record in history, warn on failure" every task uses: a record that cannot be built
+    (a host read failing) or written (a broken history file) is one warning naming the run."""
+    from draftops import records
+
+    warned: list[str] = []
+    seen: list[str | None] = []
+
+    def build(rev: str | None) -> RunRecord:
+        seen.append(rev)
+        return RunRecord(run_id="r1", kind="bench", host="h")
+
+    records.keep(tmp_path, "run r1", build, warned.append)
+    assert for_project(tmp_path).get("r1") is not None and seen == [project_revision(tmp_path)] and not warned
+
+    def unreadable(rev: str | None) -> RunRecord:
+        raise PermissionError("host said no")
+
+    records.keep(tmp_path, "serve run r2", unreadable, warned.append)
+    (tmp_path / "runs" / "history.sqlite").write_bytes(b"garbage" * 100)
+    records.keep(tmp_path, "run r3", build, warned.append)
+    assert warned[0] == "serve run r2 was not recorded in the local history: PermissionError: host said no"
+    assert warned[1].startswith("run r3 was not recorded in the local history: ") and "Error:" not in warned[1]

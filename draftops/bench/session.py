@@ -42,44 +42,44 @@ class Finished:
     folder: Path
 
 
-def live_server(box: Host, port: int | None) -> lifecycle.Server:
+def live_server(host: Host, port: int | None) -> lifecycle.Server:
     """The server `invoke serve` registered on ``port`` (or the only one); refused unless it runs."""
-    server = lifecycle.find(box, port)
+    server = lifecycle.find(host, port)
     if not server.alive:
-        raise BenchError(f"The {server.engine} server on port {server.port} of host {box.name!r} is {server.state} "
+        raise BenchError(f"The {server.engine} server on port {server.port} of host {host.name!r} is {server.state} "
                          f"(run {server.run_id}); start it again with `invoke serve`, then bench.")
     return server
 
 
-def _engine(box: Host, server: lifecycle.Server) -> tuple[str, dict[str, str]]:
+def _engine(host: Host, server: lifecycle.Server) -> tuple[str, dict[str, str]]:
     """The python that runs the server's engine, and its serve profile's environment."""
-    profile = profiles.resolve(box.spec, server.profile)
+    profile = profiles.resolve(host.spec, server.profile)
     return str(server.entry.get("python") or profile.python), {k: str(v) for k, v in profile.settings.env.items()}
 
 
-def _limits(box: Host, server: lifecycle.Server) -> planning.ServerLimits:
+def _limits(host: Host, server: lifecycle.Server) -> planning.ServerLimits:
     """The lengths the running server takes (its own answer, else what serve read back)."""
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(box, server.port, path, body, server.listen)
+        return hosttool.http(host, server.port, path, body, server.listen)
 
     context, longest, source = engines.get(server.engine).limits(fetch, server.effective or {})
     return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
 
 
-def _probe(box: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
+def _probe(host: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
     """``python -m remote.bench.probe ENGINE`` with the engine's python on the host (only the serve
     profile's PYTHONPATH reaches it)."""
     extra = {"PYTHONPATH": env["PYTHONPATH"]} if env.get("PYTHONPATH") else {}
-    answer: dict[str, Any] = call_tool(box, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
+    answer: dict[str, Any] = call_tool(host, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
                                        error=BenchError, missing="Install the engine there (`invoke env.setup`).")
     return answer
 
 
-def _demo_dataset(box: Host) -> str:
+def _demo_dataset(host: Host) -> str:
     """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
-    path = f"{box.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
+    path = f"{host.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
     try:
-        call_tool(box, "remote.bench.demo_prompts", [f"{box.state_dir}/demo", path], python=box.spec.interpreter,
+        call_tool(host, "remote.bench.demo_prompts", [f"{host.state_dir}/demo", path], python=host.spec.interpreter,
                   timeout=120, error=BenchError)
     except BenchError as exc:
         raise BenchError(f"{exc} Generate the demo first (`invoke test-drafter` or `invoke serve --draft "
@@ -87,12 +87,12 @@ def _demo_dataset(box: Host) -> str:
     return path
 
 
-def _served_by(box: Host, server: lifecycle.Server, python: str) -> runner.ServedBy:
+def _served_by(host: Host, server: lifecycle.Server, python: str) -> runner.ServedBy:
     """The server as the job and the result describe it (address as seen from the host itself)."""
     base_url = f"http://{hosttool.probe_address(server.listen)}:{server.port}"
     return runner.ServedBy(engine=server.engine, port=server.port, base_url=base_url, python=python,
                            target=server.target, draft=server.draft, pid=server.pid,
-                           log=f"{box.runs_dir}/{server.run_id}/log", run_id=server.run_id,
+                           log=f"{host.runs_dir}/{server.run_id}/log", run_id=server.run_id,
                            effective=server.effective or {}, asked=server.asked)
 
 
@@ -105,33 +105,33 @@ def _job_env(env: dict[str, str]) -> dict[str, str]:
     return job_env
 
 
-def prepare(box: Host, settings: planning.BenchSettings, *, port: int | None,
+def prepare(host: Host, settings: planning.BenchSettings, *, port: int | None,
             dataset_path: str | None = None) -> Prepared:
     """Check ``settings`` against the running server and plan the client's runs; on the host only quick
     reads happen (the registry, the server's limits, the client probe). ``dataset_path``: the
     ``--dataset`` the user typed, as the host reads it (``demo`` is made here)."""
-    server = live_server(box, port)
-    python, env = _engine(box, server)
+    server = live_server(host, port)
+    python, env = _engine(host, server)
     settings.validate()
-    settings.check_fits(_limits(box, server))
-    client = planning.Client.from_probe(_probe(box, python, server.engine, env), python=python)
+    settings.check_fits(_limits(host, server))
+    client = planning.Client.from_probe(_probe(host, python, server.engine, env), python=python)
     if settings.dataset is not None:
-        where = _demo_dataset(box) if settings.dataset == DEMO_DATASET else dataset_path
+        where = _demo_dataset(host) if settings.dataset == DEMO_DATASET else dataset_path
         settings = dataclasses.replace(settings, dataset=where)
-    served = _served_by(box, server, python)
+    served = _served_by(host, server, python)
     target = planning.Server(served.base_url, server.target, server.target, bool(server.draft))
     return Prepared(planning.plan(client, target, settings, runner.RUN_DIR_TOKEN), served, _job_env(env))
 
 
-def run(box: Host, prepared: Prepared, *, name: str | None, given: dict[str, Any], view: JobView) -> Finished:
+def run(host: Host, prepared: Prepared, *, name: str | None, given: dict[str, Any], view: JobView) -> Finished:
     """Run the plan as one detached job followed into ``view``, bring its folder home and write its
     result there (also for a failed run: what was measured until then)."""
     served = prepared.served
-    done = run_tool(box, "remote.bench.runner", ["--plan-json", runner.plan_json(prepared.plan, served)],
+    done = run_tool(host, "remote.bench.runner", ["--plan-json", runner.plan_json(prepared.plan, served)],
                     name=f"bench-{name or served.engine}", view=view, task="bench",
                     given={**given, "port": served.port}, env=prepared.env)
-    folder = done.folder or box.project_root / "runs" / done.run_id
-    res = runner.build(run_id=done.run_id, host=box.name, folder=folder, job=runner.job_plan(prepared.plan, served),
+    folder = done.folder or host.project_root / "runs" / done.run_id
+    res = runner.build(run_id=done.run_id, host=host.name, folder=folder, job=runner.job_plan(prepared.plan, served),
                        bench=prepared.plan, served=served, job_state=done.state, runner_doc=done.data)
     bench_result.write(res, folder)
     return Finished(res, folder)
@@ -145,18 +145,18 @@ def _plan_doc(folder: Path) -> Any:
         return None
 
 
-def collect(box: Host, run_id: str, view: JobView) -> Finished:
+def collect(host: Host, run_id: str, view: JobView) -> Finished:
     """Follow bench run ``run_id`` to its end (into ``view``, when it still runs), bring it home and
     write its result, as ``run`` would have."""
-    row = jobs.status(box, run_id)
+    row = jobs.status(host, run_id)
     if row.get("task") != "bench":
-        raise BenchError(f"Run {run_id} on host {box.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
+        raise BenchError(f"Run {run_id} on host {host.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
                          "not a bench run; `invoke runs` shows what each run is.")
-    final = follow(box, run_id, view) if row.get("state") in LIVE_STATES else row
-    folder = jobs.pull_run(box, run_id).path
+    final = follow(host, run_id, view) if row.get("state") in LIVE_STATES else row
+    folder = jobs.pull_run(host, run_id).path
     doc = _plan_doc(folder)
     bench, served = runner.from_plan(doc, run_id)
-    res = runner.build(run_id=run_id, host=box.name, folder=folder, job=doc, bench=bench, served=served,
+    res = runner.build(run_id=run_id, host=host.name, folder=folder, job=doc, bench=bench, served=served,
                        job_state=final.get("state"))
     bench_result.write(res, folder)
     return Finished(res, folder)

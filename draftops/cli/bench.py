@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
-from draftops import history
+from draftops import history, records
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -18,15 +18,15 @@ from draftops.cli.common import (
     host_path,
     live,
     project_root,
-    whole_number,
+    warn,
 )
+from draftops.cli.options import WHOLE, Number, task
 from draftops.console import console, escape
-from draftops.errors import BenchError, HistoryError
+from draftops.errors import BenchError
 from draftops.link.host import Host
 from draftops.runs import jobs
 
 if TYPE_CHECKING:   # the bench modules load pydantic: only when a bench task runs
-    from draftops.bench.plan import BenchSettings
     from draftops.bench.session import Finished
 
 TOLERANCE = 0.10        # draftops.bench.compare.TOLERANCE; the bench modules load when the task runs
@@ -47,7 +47,9 @@ def run_folder(root: Path, ref: str) -> Path:
                      "engine and target)",
             "run_b": "run B: a bench run id or folder (default: the latest speculative run)",
             "host": "pick the default pair among this host's runs only",
-            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"})
+            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"},
+      options={"tolerance": Number(float, 0, 1, inclusive=False,
+                                   refusal="{flag} {value} must be a fraction between 0 and 1, e.g. 0.10.")})
 @friendly
 def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host: str | None = None,
             tolerance: float = TOLERANCE) -> None:
@@ -59,8 +61,6 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     if bool(run_a) != bool(run_b):
         raise Exit("error: give both --run-a and --run-b (two bench run ids), or neither for the default pair.",
                    code=1)
-    if not 0 < tolerance < 1:
-        raise Exit(f"error: --tolerance {tolerance} must be a fraction between 0 and 1, e.g. 0.10.", code=1)
     root = project_root(c)
     hist = history.for_project(root)
     if not run_a or not run_b:
@@ -75,10 +75,7 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     paths = outputs.write(cmp, root / "runs" / run_id)
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
-    try:
-        hist.record(comparing.compare_record(cmp, run_id, git_rev=history.project_revision(root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: this comparison was not recorded in the local history: {exc}[/]")
+    records.keep(root, "this comparison", lambda rev: comparing.compare_record(cmp, run_id, git_rev=rev), warn)
 
 
 _RUN_HELP = {
@@ -89,32 +86,10 @@ _RUN_HELP = {
     "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
     "seed": "sampling seed of the client (default 0)", "host": HOST_HELP}
+_NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
-def _count(flag: str, value: Any, default: int) -> int:
-    got = _whole(flag, value)
-    return default if got is None else got
-
-
-def _whole(flag: str, value: Any) -> int | None:
-    return whole_number(flag, value, BenchError)
-
-
-def _settings(prompts: Any, concurrency: Any, input_len: Any, output_len: Any, dataset: str | None,
-              repeats: Any, seed: Any) -> BenchSettings:
-    """The flags as ``BenchSettings``: invoke hands over options whose default is None as text (an int
-    default would crash on "x"); their bounds are checked against the server in ``session.prepare``."""
-    from draftops.bench.plan import BenchSettings
-    defaults = BenchSettings()
-    return BenchSettings(
-        prompts=_count("--prompts", prompts, defaults.prompts),
-        concurrency=_count("--concurrency", concurrency, defaults.concurrency),
-        input_len=_whole("--input-len", input_len), output_len=_count("--output-len", output_len, defaults.output_len),
-        dataset=dataset, repeats=_count("--repeats", repeats, defaults.repeats),
-        seed=_count("--seed", seed, defaults.seed))
-
-
-@task(default=True, help=_RUN_HELP)
+@task(default=True, help=_RUN_HELP, options=dict.fromkeys(_NUMBERS, WHOLE))
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
@@ -122,18 +97,20 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
         host: str | None = None) -> None:
     """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
     engine's own client on the host; everything lands in runs/<id>/ and the local history."""
+    from draftops.bench import plan as planning
     from draftops.bench import session
-    box = connect(c, host)
-    ensure_code(box)
-    wanted = _whole("--port", port)
-    settings = _settings(prompts, concurrency, input_len, output_len, dataset, repeats, seed)
-    prepared = session.prepare(box, settings, port=wanted, dataset_path=host_path(box, dataset))
+    host = connect(c, host)
+    ensure_code(host)
+    asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
+                             "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed}
+    settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
+    prepared = session.prepare(host, settings, port=port, dataset_path=host_path(host, dataset))
     for warning in prepared.plan.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": port, "seed": seed}
-    done = session.run(box, prepared, name=name, given=given, view=live("window", on_detach=COLLECT_HINT))
-    _finish(box, done)
+    done = session.run(host, prepared, name=name, given=given, view=live("window", on_detach=COLLECT_HINT))
+    _finish(host, done)
 
 
 COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}` builds its result."
@@ -145,20 +122,17 @@ def collect(c: Context, run_id: str, host: str | None = None) -> None:
     """Finish a bench run whose `invoke bench` was interrupted (Ctrl-C, a dropped link): follow it to its
     end, bring its folder home and build its result and history row, as `invoke bench` would have."""
     from draftops.bench import session
-    box = connect(c, host)
-    _finish(box, session.collect(box, run_id, live("window", announce=False)))
+    host = connect(c, host)
+    _finish(host, session.collect(host, run_id, live("window", announce=False)))
 
 
-def _finish(box: Host, done: Finished) -> None:
+def _finish(host: Host, done: Finished) -> None:
     """Record the written result in the local history and show it; a failed run exits 1."""
     from draftops.bench import result as bench_result
     from draftops.bench import summary
     res, folder = done.result, done.folder
-    try:
-        history.for_project(box.project_root).record(bench_result.bench_record(
-            res, git_rev=history.project_revision(box.project_root)))
-    except HistoryError as exc:
-        console.print(f"[yellow]warning: run {res.run_id} was not recorded in the local history: {escape(str(exc))}[/]")
+    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
+                 warn)
     summary.show(res, console)
     console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
     if res.status != "succeeded":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
+import posixpath
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,7 +15,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import timing
-from draftops.console import LiveJob, LogMode, console
+from draftops.console import LiveJob, LogMode, console, escape
 from draftops.errors import DraftopsError
 from draftops.link.host import Host, open_host
 from draftops.runs.sync import sync
@@ -55,14 +55,19 @@ def connect(c: Context, host: str | None, inventory: Inventory | None = None) ->
         return open_host(host, project_root(c), inventory)
 
 
-def ensure_code(target: Host) -> None:
+def ensure_code(host: Host) -> None:
     """Sync once per invoke call before running synced code (a no-op sync costs one round trip)."""
-    if target.synced:
+    if host.synced:
         return
-    report = sync(target)
+    report = sync(host)
     if not report.noop:
-        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {target.name}[/]")
-    target.synced = True
+        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {host.name}[/]")
+    host.synced = True
+
+
+def warn(text: str) -> None:
+    """One yellow warning line; ``text`` may hold host text (cleaned and escaped here)."""
+    console.print(f"[yellow]warning: {escape(text)}[/]")
 
 
 def live(log: LogMode = "print", note: str = "", announce: bool = True, on_detach: str = "") -> LiveJob:
@@ -82,29 +87,6 @@ def adopt_callwide_host(argv: list[str]) -> None:
     named |= {arg.split("=", 1)[1] for arg in argv if arg.startswith("--host=")}
     if len(named) == 1 and "DRAFTOPS_HOST" not in os.environ:
         os.environ["DRAFTOPS_HOST"] = named.pop()
-
-
-def friendly_option_casts() -> None:
-    """Invoke casts an option typed int or float with int()/float() and lets the ValueError of
-    `--lines abc` out as a traceback; make it the one-line parse error (exit 1) Invoke prints for
-    other bad command lines. Idempotent."""
-    from invoke.exceptions import ParseError
-    from invoke.parser.argument import Argument
-
-    original = Argument.set_value
-    if getattr(original, "_draftops", False):
-        return
-
-    def set_value(self: Argument, value: Any, cast: bool = True) -> None:
-        try:
-            original(self, value, cast)
-        except ValueError:
-            wanted = {int: "a whole number", float: "a number"}.get(self.kind, f"a {self.kind.__name__}")
-            flag = (self.name or "").replace("_", "-")
-            raise ParseError(f"error: --{flag} {value!r} is not {wanted}.") from None
-
-    set_value._draftops = True  # type: ignore[attr-defined]
-    Argument.set_value = set_value  # type: ignore[method-assign]
 
 
 def honest_option_help() -> None:
@@ -141,50 +123,32 @@ def first_paragraph_as_summary(tasks: Iterable[Any]) -> None:
         task_.__doc__ = " ".join(first.split()) + (f"\n\n{rest}" if rest else "")
 
 
-def whole_number(flag: str, value: Any, error: type[DraftopsError]) -> int | None:
-    """Invoke passes options whose default is None as strings; counts and ports must be integers."""
-    if value is None:
+def host_path(host: Host, path: str | None) -> str | None:
+    """A path the user typed for the host, made absolute by the one rule of every task: relative to
+    where a login shell starts there, as `ssh`/`scp host:path` read it (the home folder over SSH,
+    the project folder on `local`), `~` being the host's home. Jobs run in <root>/code, a folder
+    draftops owns and replaces on sync, so a path left relative would silently point there."""
+    if path is None:
         return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise error(f"{flag} {value!r} is not a whole number.") from None
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
 
 
-GRACE_S, MAX_GRACE_S = 10.0, 3600.0
-
-
-def grace_seconds(value: Any, error: type[DraftopsError], what: str) -> float:
-    """--grace as seconds: Invoke hands it over as text (its default is None, so that `soon` is our
-    error, not Invoke's traceback); NaN, inf and negatives would crash or hang the stop."""
-    if value is None:
-        return GRACE_S
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= MAX_GRACE_S:
-        raise error(f"--grace {str(value)!r} is not a number of seconds from 0 to {MAX_GRACE_S:.0f} "
-                    f"(default {GRACE_S:.0f}): how long {what} gets between SIGTERM and SIGKILL.")
-    return seconds
-
-
-def host_path(target: Host, path: str | None) -> str | None:
-    """A path the user typed for the host; on the local host, relative means relative to the project
-    (jobs run in <root>/code, where a relative path would silently point elsewhere)."""
-    if path is None or target.spec.transport != "local":
-        return path
-    return str((target.project_root / path).resolve()) if not Path(path).is_absolute() else path
-
-
-def ensure_demo(box: Host) -> None:
+def ensure_demo(host: Host) -> None:
     """Generate the demo on the host once (the cache `invoke test-drafter` uses too), so tasks given
     `--ckpt demo` / `--draft demo` work as a first command."""
     from draftops.runs.tools import ask_tool, run_tool
     from draftops.serve.request import demo_dir
-    folder = demo_dir(box.state_dir)
+    folder = demo_dir(host.state_dir)
     # one quick stdlib-only look first: the builder's job imports torch (seconds) even to find it done
-    known = ask_tool(box, "remote.drafter.demo_spec", [folder], timeout=60).data
+    known = ask_tool(host, "remote.drafter.demo_spec", [folder], timeout=60).data
     if isinstance(known, dict) and known.get("complete") is True:
         return
-    run_tool(box, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=live("hide")).check()
+    run_tool(host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=live("hide")).check()

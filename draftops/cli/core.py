@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import time
 
-from invoke import Context, task
-from invoke.exceptions import Exit
+from invoke import Context
 
 from draftops import timing
-from draftops.cli.common import GRACE_S, HOST_HELP, connect, friendly, grace_seconds, live, project_root
+from draftops.cli.common import HOST_HELP, connect, friendly, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
+from draftops.cli.options import GRACE_S, Number, grace_option, task
 from draftops.console import (
     console,
     err_console,
@@ -20,7 +20,6 @@ from draftops.console import (
     show_sync,
     state_text,
 )
-from draftops.errors import JobError
 from draftops.link.host import project_inventory
 from draftops.runs import jobs, tools
 from draftops.runs.sync import scan
@@ -45,68 +44,65 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
         # The local scan needs no connection: it runs while the SSH handshake does (its errors, like
         # an unreadable file, still surface after a connection error, as before).
         local = pool.submit(scan, root, inventory.get(host))
-        target = connect(c, host, inventory)
+        host = connect(c, host, inventory)
         waited = time.monotonic()
         manifest = local.result()
         timing.took("scan wait", time.monotonic() - waited)
-        report = sync_code(target, dry_run=dry_run, force=force, local=manifest)
-    target.synced = target.synced or not dry_run
+        report = sync_code(host, dry_run=dry_run, force=force, local=manifest)
+    host.synced = host.synced or not dry_run
     show_sync(report, console, verbose)
 
 
 @task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP,
-            "last": f"how many of the latest runs to show (default {jobs.RUNS_SHOWN})", "all": "every run"})
+            "last": f"how many of the latest runs to show (default {jobs.RUNS_SHOWN})", "all": "every run"},
+      options={"last": Number(int, 1, refusal="{flag} must be 1 or more, not {value}; --all shows every run.")})
 @friendly
 def runs(c: Context, host: str | None = None, local: bool = False, kind: str | None = None,
          draft: str | None = None, since: str | None = None, last: int = jobs.RUNS_SHOWN, all: bool = False) -> None:
     """List the host's latest runs: what each was (task and arguments), its state, exit code and outcome;
     --local: the local history."""
-    if last < 1:
-        raise Exit(f"error: --last must be 1 or more, not {last}; --all shows every run.", code=1)
     count = None if all else last
     if local:
         return show_local_runs(c, host=host, kind=kind, draft=draft, since=since, last=count)
-    target = connect(c, host)
+    host = connect(c, host)
     if count is None:
-        rows, total = jobs.list_runs(target), None
+        rows, total = jobs.list_runs(host), None
     else:
-        rows, total = jobs.recent_runs(target, count)
-    show_runs(rows, target.name, console)
+        rows, total = jobs.recent_runs(host, count)
+    show_runs(rows, host.name, console)
     show_not_shown(total, len(rows), err_console)
 
 
 @task(help={"host": HOST_HELP, "follow": "keep streaming until the job ends (Ctrl-C detaches)",
             "all": "the whole log, not just its end",
-            "lines": f"how many lines of its end (default {jobs.TAIL_LINES})"})
+            "lines": f"how many lines of its end (default {jobs.TAIL_LINES})"}, options={"lines": Number(int, 0)})
 @friendly
 def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False, all: bool = False,
          lines: int = jobs.TAIL_LINES) -> None:
     """Print the end of a run's log (--all for all of it; with --follow, keep streaming it live)."""
-    if lines < 0:
-        raise Exit(f"error: --lines must be 0 or more, not {lines}.", code=1)
-    target = connect(c, host)
+    host = connect(c, host)
     if follow:
-        tools.follow(target, run_id, live(), lines=None if all else lines)
+        tools.follow(host, run_id, live(), lines=None if all else lines)
         return
     out = console.file
 
     def write(line: str) -> None:
         out.write(line + "\n")
 
-    header = jobs.read_log(target, run_id, write, lines=None if all else lines)
+    header = jobs.read_log(host, run_id, write, lines=None if all else lines)
     out.flush()
     if header.get("offset"):
         err_console.print(f"[dim]({human_bytes(int(header['offset']))} of earlier log not shown: `--lines N` "
                           "or `--all`)[/]")
 
 
-@task(help={"host": HOST_HELP, "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})"})
+@task(help={"host": HOST_HELP, "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})"},
+      options={"grace": grace_option("the run")})
 @friendly
-def kill(c: Context, run_id: str, host: str | None = None, grace: float | None = None) -> None:
+def kill(c: Context, run_id: str, host: str | None = None, grace: float = GRACE_S) -> None:
     """Stop a run: SIGTERM to its process group, SIGKILL after the grace period."""
-    seconds = grace_seconds(grace, JobError, "the run")
-    target = connect(c, host)
-    final = jobs.kill(target, run_id, seconds)
+    host = connect(c, host)
+    final = jobs.kill(host, run_id, grace)
     console.print(f"run {safe(run_id)}: {state_text(final.get('state'))}")
 
 
@@ -114,8 +110,8 @@ def kill(c: Context, run_id: str, host: str | None = None, grace: float | None =
 @friendly
 def pull(c: Context, run_id: str, host: str | None = None) -> None:
     """Copy <root>/runs/<id>/ from the host into runs/<id>/ here (links that lead out are left out)."""
-    target = connect(c, host)
-    pulled = jobs.pull_run(target, run_id)
+    host = connect(c, host)
+    pulled = jobs.pull_run(host, run_id)
     show_skipped(pulled.skipped, console)
     console.print(f"pulled into {safe(pulled.path)}")
 

@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
+from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
 from draftops.serve.request import demo_dir
 from draftops.serve.verdicts import serving_engine
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
@@ -21,7 +26,8 @@ from draftops.serve.verdicts import serving_engine
             "config": "config file to use instead of <ckpt>/config.json",
             "steps": "TTT steps = the num_steps you will serve with (default 3)",
             "limit": "evaluate at most N samples", "expected_acc": "training-reported step-0 accuracy",
-            "device": "auto, cpu or cuda", "host": HOST_HELP})
+            "device": "auto, cpu or cuda", "host": HOST_HELP},
+      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
@@ -29,13 +35,13 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
-    target = connect(c, host)
-    ensure_code(target)
+    host = connect(c, host)
+    ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(target.spec)
+    engine = serving_engine(host.spec)
     if engine:
         args += ["--engine", engine]
-    ckpt, data, verifier, config = (host_path(target, p) for p in (ckpt, data, verifier, config))
+    ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:
@@ -45,18 +51,24 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    done = run_tool(target, "remote.drafter", args, name="test-drafter", view=live("window"),
-                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(target.state_dir)})
+    done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
+                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
     if done.ok and isinstance(done.data, dict):
-        from draftops import report  # rich panels: imported when there is a report to show
-
-        report.show(done.data, console)
-        verdict = done.data.get("verdict")
-        fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
-        console.print(f"[dim]report: {escape(str(done.result_file))}[/]", soft_wrap=True)
-        if fixable:    # draft-config refuses a report without a fix; the command on its own line, unbroken
-            console.print("fix it with:")
-            console.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report "
-                                 f"{done.run_id}"), soft_wrap=True)
-    record_test_drafter(target, done, given)
+        show_result(done.data, str(done.result_file), done.run_id, ckpt, console)
+    record_test_drafter(host, done, given)
     done.check()
+
+
+def show_result(data: dict[str, Any], result_file: str, run_id: str, ckpt: str | None, out: Console) -> None:
+    """The report's tables and verdict, where the report is, and the one command that applies its fix:
+    on its own line, never wrapped, so it can be pasted whole at any terminal width."""
+    from draftops import report  # rich panels: imported when there is a report to show
+
+    report.show(data, out)
+    verdict = data.get("verdict")
+    fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
+    out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
+    if fixable:    # draft-config refuses a report without a fix
+        out.print("fix it with:")
+        out.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
+                  soft_wrap=True)

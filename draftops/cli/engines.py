@@ -17,21 +17,21 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 
-def setup_engine(target: Host, engine: str, venv: str | None) -> None:
+def setup_engine(host: Host, engine: str, venv: str | None) -> None:
     """Install ``engine`` into its own venv on the host unless its content hash is current."""
-    plan = engine_env.plan(target, engine, venv)
+    plan = engine_env.plan(host, engine, venv)
     if plan.up_to_date:
-        console.print(f"[green]env[/] {target.name}: {escape(plan.venv)} is up to date "
+        console.print(f"[green]env[/] {host.name}: {escape(plan.venv)} is up to date "
                       f"({plan.recipe.dist} {plan.recipe.version}, hash {plan.digest[:12]}); nothing to do")
         return
     note = (f": installing {plan.recipe.dist} {plan.recipe.version} into {escape(plan.venv)} (minutes; it "
             "survives a dropped link)")
-    done = run_job(target, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
+    done = run_job(host, f"engine-setup-{plan.recipe.name}", engine_env.setup_script(plan), cwd=".",
                    view=live("steps", note=note)).check()
     log = done.folder / "log" if done.folder else done.run_id
-    console.print(f"[green]env[/] {target.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
+    console.print(f"[green]env[/] {host.name}: {plan.recipe.name} ready in {escape(plan.venv)} "
                   f"(hash {plan.digest[:12]}); full log: {escape(str(log))}")
-    console.print(f"next: {engine_env.next_step(plan.recipe, target.name)}")
+    console.print(f"next: {engine_env.next_step(plan.recipe, host.name)}")
 
 
 def add_engine_rows(engines: list[dict[str, Any]], table: Table) -> None:

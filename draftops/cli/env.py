@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.engines import add_engine_rows, setup_engine
+from draftops.cli.options import task
 from draftops.console import console, escape
 from draftops.env import engine_env, mlenv
 from draftops.errors import JobError
@@ -24,35 +25,35 @@ if TYPE_CHECKING:
 @friendly
 def setup(c: Context, host: str | None = None, engine: str | None = None, venv: str | None = None) -> None:
     """Create the host's venv if missing and install its requirements; no-op when nothing changed."""
+    host = connect(c, host)
     if engine is not None:
-        setup_engine(connect(c, host), engine, venv)
+        setup_engine(host, engine, host_path(host, venv))
         return
-    target = connect(c, host)
-    env_plan = mlenv.plan(target)
+    env_plan = mlenv.plan(host)
     if env_plan.up_to_date:
-        console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} is up to date "
+        console.print(f"[green]env[/] {host.name}: {escape(env_plan.venv)} is up to date "
                       f"(requirements hash {env_plan.digest[:12]}); nothing to do")
         return
-    script = mlenv.prepare_setup(target, env_plan)
-    done = run_job(target, "env-setup", script, cwd=".", view=live("steps", announce=False)).check()
+    script = mlenv.prepare_setup(host, env_plan)
+    done = run_job(host, "env-setup", script, cwd=".", view=live("steps", announce=False)).check()
     log = done.folder / "log" if done.folder else done.run_id
-    console.print(f"[green]env[/] {target.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]}); "
+    console.print(f"[green]env[/] {host.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]}); "
                   f"full log: {escape(str(log))}")
-    console.print(f"next: `invoke env.check --host {target.name}` shows what the ml-env holds")
+    console.print(f"next: `invoke env.check --host {host.name}` shows what the ml-env holds")
 
 
 @task(help={"host": HOST_HELP})
 @friendly
 def check(c: Context, host: str | None = None) -> None:
     """Show python, torch, CUDA, GPUs, sglang and speculators on the host (table + env.json)."""
-    target = connect(c, host)
-    ensure_code(target)
-    done = run_tool(target, "remote.envcheck", ["--out", jobs.RUN_DIR], name="env-check", view=live("hide")).check()
+    host = connect(c, host)
+    ensure_code(host)
+    done = run_tool(host, "remote.envcheck", ["--out", jobs.RUN_DIR], name="env-check", view=live("hide")).check()
     if not isinstance(done.data, dict):
-        raise JobError(f"Run {done.run_id} on host {target.name!r} left no readable env.json "
+        raise JobError(f"Run {done.run_id} on host {host.name!r} left no readable env.json "
                             f"({'; '.join(done.notes) or 'no result announced'}); see {done.folder}/log.")
-    table = env_table(done.data, f"ml-env on {target.name} ({target.spec.interpreter})")
-    add_engine_rows(engine_env.probe(target), table)
+    table = env_table(done.data, f"ml-env on {host.name} ({host.spec.interpreter})")
+    add_engine_rows(engine_env.probe(host), table)
     console.print(table)
     console.print(f"[dim]JSON: {escape(str(done.result_file))}[/]")
 

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from draftops import history, records
-from draftops.cli.common import project_root
+from draftops.cli.common import project_root, warn
 from draftops.console import console, err_console, escape, show_not_shown
-from draftops.errors import DraftopsError, HistoryError
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult
@@ -104,44 +103,36 @@ def show_history(found: list[history.RunRecord], title: str, filters: str, out: 
                   "; test-drafter, serve and bench record theirs here.[/]")
 
 
-def _host_config_digest(target: Host, report: dict[str, Any] | None) -> str | None:
+def _host_config_digest(host: Host, report: dict[str, Any] | None) -> str | None:
     """The digest of the draft config the report evaluated (read on the host: it lives there)."""
     checkpoint = (report or {}).get("checkpoint") or {}
     if isinstance(checkpoint.get("config_digest"), str):
         return checkpoint["config_digest"]
     path = checkpoint.get("config_path")
-    return host_config_digest(target, path) if isinstance(path, str) and path else None
+    return host_config_digest(host, path) if isinstance(path, str) and path else None
 
 
-def host_config_digest(target: Host, path: str) -> str | None:
+def host_config_digest(host: Host, path: str) -> str | None:
     """The config digest (remote.bench.digest) of a config file on the host, None when unreadable."""
-    result = target.transport.run(f"cat {jobs.shell_path(path)}", check=False)
+    result = host.transport.run(f"cat {jobs.shell_path(path)}", check=False)
     return config_digest(result.stdout) if result.ok else None
 
 
-def record_serve(target: Host, rec_args: dict[str, Any]) -> None:
+def record_serve(host: Host, rec_args: dict[str, Any]) -> None:
     """Record a serve run (ready or failed) in the local history; never fails the task."""
-    try:
+    def build(git_rev: str | None) -> history.RunRecord:
         draft = rec_args.get("draft")
-        digest = host_config_digest(target, f"{draft}/config.json") if draft else None
-        rec = records.serve_record(host=target.name, draft_digest=digest,
-                                   git_rev=history.project_revision(target.project_root), **rec_args)
-        history.for_project(target.project_root).record(rec)
-    except (DraftopsError, OSError) as exc:
-        console.print(f"[yellow]warning: serve run {escape(str(rec_args.get('run_id')))} was not recorded in "
-                      f"the local history: {escape(str(exc))}[/]")
+        digest = host_config_digest(host, f"{draft}/config.json") if draft else None
+        return records.serve_record(host=host.name, draft_digest=digest, git_rev=git_rev, **rec_args)
+
+    records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
 
 
-def record_test_drafter(target: Host, done: ToolResult, args: dict[str, Any]) -> None:
+def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any]) -> None:
     """Record a finished test-drafter run in the local history (one call at the end of the task)."""
-    run_id = done.run_id
-    try:
+    def build(git_rev: str | None) -> history.RunRecord:
         report = done.data if isinstance(done.data, dict) else None
-        rec = records.test_drafter_record(run_id, done.host, done.final, report, args,
-                                          git_rev=history.project_revision(target.project_root),
-                                          config_digest=_host_config_digest(target, report))
-        history.for_project(target.project_root).record(rec)
-    except (DraftopsError, OSError) as exc:
-        kind = "" if isinstance(exc, HistoryError) else f"{type(exc).__name__}: "
-        console.print(f"[yellow]warning: run {escape(run_id)} was not recorded in the local history: "
-                      f"{escape(kind + str(exc))}[/]")
+        return records.test_drafter_record(done.run_id, done.host, done.final, report, args, git_rev=git_rev,
+                                           config_digest=_host_config_digest(host, report))
+
+    records.keep(host.project_root, f"run {done.run_id}", build, warn)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import friendly, project_root
+from draftops.cli.options import task
 from draftops.console import console, safe
 from draftops.nightly.schedule import BUSY_EXIT
 

@@ -6,27 +6,23 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
-from invoke.exceptions import Exit
+from invoke import Context
 
 from draftops.cli.common import (
-    GRACE_S,
     HOST_HELP,
     connect,
     ensure_code,
     ensure_demo,
     friendly,
-    grace_seconds,
     host_path,
     live,
     project_root,
-    whole_number,
 )
 from draftops.cli.history import record_serve
+from draftops.cli.options import GRACE_S, WHOLE, Number, grace_option, task
 from draftops.console import console, escape, shown_state, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.link.host import Host
@@ -54,23 +50,9 @@ _HELP = {
 }
 
 
-def _absolute(box: Host, path: str | None) -> str | None:
-    """A host path the engine can use from any folder: relative means the project folder on
-    `local` and the login folder over SSH; `~` is expanded with the host's home."""
-    if path is None or path == DEMO:
-        return path
-    if box.spec.transport == "local":
-        return host_path(box, os.path.expanduser(path))
-    if not box.info:
-        box.prepare()
-    home = str(box.info["home"])
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else f"{home}/{path}"
-
-
-def _whole(flag: str, value: Any) -> int | None:
-    return whole_number(flag, value, ServeRefused)
+def _absolute(host: Host, path: str | None) -> str | None:
+    """A host path of serve (`demo` stays the keyword): see ``host_path``."""
+    return path if path == DEMO else host_path(host, path)
 
 
 def show_findings(found: checks.Findings, out: Console) -> None:
@@ -78,7 +60,10 @@ def show_findings(found: checks.Findings, out: Console) -> None:
     for note in found.notes:
         out.print(f"[dim]· {escape(note)}[/]")
     for warning in found.warnings:
-        out.print(f"[yellow]warning[/]: {escape(warning)}")
+        first, *commands = warning.split("\n")
+        out.print(f"[yellow]warning[/]: {escape(first)}")
+        for command in commands:    # a command on its own line, never wrapped: it pastes whole
+            out.print(escape(command), soft_wrap=True)
 
 
 class _ProgressLine:
@@ -172,34 +157,33 @@ def show_readback(readback: lifecycle.Readback, label: str, out: Console, layers
         out.print(f"[yellow]note[/]: {escape(note)}")
 
 
-@task(default=True, help=_HELP)
+@task(default=True, help=_HELP, options=dict.fromkeys(("steps", "topk", "draft_tokens", "port"), WHOLE))
 @friendly
 def start(c: Context, draft: str | None = None, baseline: bool = False, profile: str | None = None,
           target: str | None = None, steps: int | None = None, topk: int | None = None,
           draft_tokens: int | None = None, port: int | None = None, allow_override: bool = False,
           force: bool = False, replace: bool = False, host: str | None = None) -> None:
     """Check a draft against its engine and target, then serve it detached and show its real settings."""
-    box = connect(c, host)
-    ensure_code(box)        # first: its exec also boots the agent, which every later step needs
-    chosen = profiles.resolve(box.spec, profile)
-    request = Request(draft=_absolute(box, draft), baseline=baseline, profile=profile,
-                      target=_absolute(box, target), steps=_whole("--steps", steps),
-                      topk=_whole("--topk", topk), draft_tokens=_whole("--draft-tokens", draft_tokens),
-                      port=_whole("--port", port), allow_override=allow_override, force=force, replace=replace)
-    plan = resolve(request, dataclasses.replace(chosen, python=_absolute(box, chosen.python) or chosen.python),
-                   demo_dir(box.state_dir), demo_baseline=box.spec.transport == "local" and chosen.builtin)
+    host = connect(c, host)
+    ensure_code(host)        # first: its exec also boots the agent, which every later step needs
+    chosen = profiles.resolve(host.spec, profile)
+    request = Request(draft=_absolute(host, draft), baseline=baseline, profile=profile,
+                      target=_absolute(host, target), steps=steps, topk=topk,
+                      draft_tokens=draft_tokens, port=port, allow_override=allow_override, force=force, replace=replace)
+    plan = resolve(request, dataclasses.replace(chosen, python=_absolute(host, chosen.python) or chosen.python),
+                   demo_dir(host.state_dir), demo_baseline=host.spec.transport == "local" and chosen.builtin)
     found = checks.Findings(notes=list(plan.notes))
     checks.flag_checks(plan, found)
     if found.refusals:
         raise ServeRefused(*found.refusals)
     if plan.demo:
-        ensure_demo(box)
+        ensure_demo(host)
     launch = plan.launch
-    facts = hosttool.inspect(box, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
+    facts = hosttool.inspect(host, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
     verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None
     checks.fact_checks(plan, facts, verdict, found)
     engine_info = facts.get("engine") or {}
-    console.print(f"[bold]{plan.engine.label}[/] {escape(str(engine_info.get('version') or ''))} on {box.name} "
+    console.print(f"[bold]{plan.engine.label}[/] {escape(str(engine_info.get('version') or ''))} on {host.name} "
                   f"(profile {chosen.name}, {escape(launch.python)})")
     show_findings(found, console)
     if found.refusals:
@@ -207,15 +191,15 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     layers = layer_ids(facts, plan.engine.label) if launch.draft else None
     ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
     plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
-    room = lifecycle.make_room(box, plan)
+    room = lifecycle.make_room(host, plan)
     for note in room.notes:
         console.print(f"[yellow]{escape(note)}[/]")
-    server = lifecycle.launch(box, plan, dict(chosen.settings.env))
-    console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {box.name}; "
-                  f"log: {box.runs_dir}/{server.run_id}/log[/]")
-    update = _ProgressLine(plan.engine.label, f"{box.name}:{server.port}")
-    later = (f"Check it with `invoke serve.status --host {box.name}`; stop it with `invoke serve.stop --port "
-             f"{server.port} --host {box.name}`.")
+    server = lifecycle.launch(host, plan, dict(chosen.settings.env))
+    console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {host.name}; "
+                  f"log: {host.runs_dir}/{server.run_id}/log[/]")
+    update = _ProgressLine(plan.engine.label, f"{host.name}:{server.port}")
+    later = (f"Check it with `invoke serve.status --host {host.name}`; stop it with `invoke serve.stop --port "
+             f"{server.port} --host {host.name}`.")
     started = time.monotonic()
     record = {"run_id": server.run_id, "engine": plan.engine.name, "engine_version": engine_info.get("version"),
               "target": launch.target, "draft": launch.draft,
@@ -224,27 +208,27 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
                         "tp": launch.tp, "baseline": baseline, "aux_layer_ids": layers.ids if layers else None},
               "replaced_exit_s": room.replaced_exit_s}
     try:
-        lifecycle.wait_ready(box, plan, server, update)
+        lifecycle.wait_ready(host, plan, server, update)
     except KeyboardInterrupt:
         update.done()
-        console.print(f"\n[yellow]detached[/]: the server keeps starting on {box.name}. {later}")
+        console.print(f"\n[yellow]detached[/]: the server keeps starting on {host.name}. {later}")
         raise SystemExit(130) from None
     except (ConnectError, RemoteError) as exc:
         raise ServeError(f"Lost the host while waiting for the server to come up ({exc}). The server runs "
                          f"detached (run {server.run_id}) and may still be starting. {later}") from None
     except DraftopsError:
-        record_serve(box, {**record, "effective": {}, "state": "failed", "ready_s": None})
+        record_serve(host, {**record, "effective": {}, "state": "failed", "ready_s": None})
         raise
     finally:
         update.done()
     ready_s = time.monotonic() - started
-    readback = lifecycle.read_back(box, plan, server)
-    record_serve(box, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
-    console.print(f"[green]ready[/]: {plan.engine.label} on {box.name} 127.0.0.1:{server.port} "
+    readback = lifecycle.read_back(host, plan, server)
+    record_serve(host, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
+    console.print(f"[green]ready[/]: {plan.engine.label} on {host.name} 127.0.0.1:{server.port} "
                   f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
     show_readback(readback, plan.engine.label, console, layers)
-    console.print(f"[dim]status: `invoke serve.status --host {box.name}`; stop: `invoke serve.stop --port "
-                  f"{server.port} --host {box.name}`[/]")
+    console.print(f"[dim]status: `invoke serve.status --host {host.name}`; stop: `invoke serve.stop --port "
+                  f"{server.port} --host {host.name}`[/]")
 
 
 def _uptime(seconds: float | None) -> str:
@@ -266,9 +250,9 @@ def _settings(server: lifecycle.Server) -> str:
 @friendly
 def status(c: Context, host: str | None = None) -> None:
     """List the draftops servers on the host: engine, port, pid, target, draft, uptime, settings, alive."""
-    box = connect(c, host)
-    ensure_code(box)
-    show_servers(lifecycle.servers(box), box.name, console)
+    host = connect(c, host)
+    ensure_code(host)
+    show_servers(lifecycle.servers(host), host.name, console)
 
 
 def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
@@ -292,20 +276,20 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
 
 
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",
-            "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})", "host": HOST_HELP})
+            "grace": f"seconds between SIGTERM and SIGKILL (default {GRACE_S:.0f})", "host": HOST_HELP},
+      options={"port": WHOLE, "grace": grace_option("the server")})
 @friendly
-def stop(c: Context, port: int | None = None, all: bool = False, grace: float | None = None,
+def stop(c: Context, port: int | None = None, all: bool = False, grace: float = GRACE_S,
          host: str | None = None) -> None:
     """Stop a server: SIGTERM to its process group, SIGKILL after the grace period."""
-    seconds, wanted = grace_seconds(grace, ServeError, "the server"), _whole("--port", port)
-    box = connect(c, host)
-    ensure_code(box)
-    targets = lifecycle.servers(box) if all else [lifecycle.find(box, wanted)]
+    host = connect(c, host)
+    ensure_code(host)
+    targets = lifecycle.servers(host) if all else [lifecycle.find(host, port)]
     if not targets:
-        console.print(f"no draftops servers on {box.name}")
+        console.print(f"no draftops servers on {host.name}")
     for server in targets:
         try:
-            final = lifecycle.stop(box, server, seconds)
+            final = lifecycle.stop(host, server, grace)
         except ServeError as exc:
             if not all:
                 raise
@@ -320,16 +304,15 @@ def stop(c: Context, port: int | None = None, all: bool = False, grace: float | 
 
 
 @task(help={"port": "the server's port (default: the only server)", "follow": "stream until it stops "
-            "(Ctrl-C detaches)", "lines": "how many of the last lines to print", "host": HOST_HELP})
+            "(Ctrl-C detaches)", "lines": "how many of the last lines to print", "host": HOST_HELP},
+      options={"port": WHOLE, "lines": Number(int, 0)})     # `tail -n -3` would quietly print 3
 @friendly
 def logs(c: Context, port: int | None = None, follow: bool = False, lines: int = 200,
          host: str | None = None) -> None:
     """Print a server's log (its last lines), or follow it live."""
-    if lines < 0:               # `tail -n -3` would quietly print 3
-        raise Exit(f"error: --lines must be 0 or more, not {lines}.", code=1)
-    box = connect(c, host)
-    ensure_code(box)
-    server = lifecycle.find(box, _whole("--port", port))
-    console.print(clean(lifecycle.log_tail(box, server.run_id, lines)), markup=False, highlight=False, end="")
+    host = connect(c, host)
+    ensure_code(host)
+    server = lifecycle.find(host, port)
+    console.print(clean(lifecycle.log_tail(host, server.run_id, lines)), markup=False, highlight=False, end="")
     if follow:
-        tools.follow(box, server.run_id, live(), offset=lifecycle.log_size(box, server.run_id))
+        tools.follow(host, server.run_id, live(), offset=lifecycle.log_size(host, server.run_id))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from invoke import Context, task
+from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import (
@@ -21,8 +21,10 @@ from draftops.cli.common import (
     live,
     project_root,
 )
+from draftops.cli.options import task
 from draftops.console import console, escape, safe
 from draftops.errors import JobError
+from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
@@ -59,15 +61,15 @@ def show_patch(report: dict[str, Any], host: str, out: Console) -> None:
 
 
 def _patch(c: Context, action: str, host: str | None, models: str | None) -> None:
-    target = connect(c, host)
-    ensure_code(target)
+    host = connect(c, host)
+    ensure_code(host)
     args = [action, "--out", jobs.RUN_DIR]
     if models:
         args += ["--models", models]
-    done = run_tool(target, "remote.sglang_patch", args, name=f"patch-sglang-{action}", view=live("hide"),
-                    env={"DRAFTOPS_STATE_DIR": target.state_dir})
+    done = run_tool(host, "remote.sglang_patch", args, name=f"patch-sglang-{action}", view=live("hide"),
+                    env={"DRAFTOPS_STATE_DIR": host.state_dir})
     if isinstance(done.data, dict) and done.data.get("files"):
-        show_patch(done.data, target.name, console)
+        show_patch(done.data, host.name, console)
     done.check()
 
 
@@ -88,15 +90,15 @@ verify = _patch_task("verify", "Check that patched files compile and map [-1, a,
 revert = _patch_task("revert", "Restore the original files byte for byte (refused if changed by someone else).")
 
 
-def _ids_from_report(c: Context, target: Any, run_id: str) -> tuple[list[str], Path | None]:
+def _ids_from_report(c: Context, host: Host, run_id: str) -> tuple[list[str], Path | None]:
     """`--from-report RUN_ID`: the report on the host if the run is there, else the pulled copy here."""
     try:
-        jobs.status(target, run_id)
-        return ["--from-report", f"{target.runs_dir}/{run_id}/report.json"], None
+        jobs.status(host, run_id)
+        return ["--from-report", f"{host.runs_dir}/{run_id}/report.json"], None
     except JobError:
         local = project_root(c) / "runs" / run_id / "report.json"
         if not local.is_file():
-            raise Exit(f"error: no run {run_id!r} on host {target.name!r} and no {local}; pass the id of a "
+            raise Exit(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the id of a "
                        "`invoke test-drafter` run (see `invoke runs`).", code=1) from None
         from remote.draft_config.errors import DraftConfigError
         from remote.draft_config.report import read_fix
@@ -117,27 +119,27 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
     """Rewrite the draft's aux layer ids in its config (either format), keeping a backup."""
     if bool(layer_ids) == bool(from_report):
         raise Exit("error: give exactly one of --layer-ids (e.g. -1,2,30) or --from-report RUN_ID.", code=1)
-    box = connect(c, host)
-    ensure_code(box)
+    host = connect(c, host)
+    ensure_code(host)
     if ckpt == DEMO:    # the demo draft `invoke serve --draft demo` serves, checked against its target
-        ensure_demo(box)
-        ckpt, target = f"{demo_dir(box.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(box.state_dir)}/{DEMO_TARGET}"
-    target = host_path(box, target)
-    engine = serving_engine(box.spec)
-    args = ["--ckpt", str(host_path(box, ckpt)), "--out", jobs.RUN_DIR]
+        ensure_demo(host)
+        ckpt, target = f"{demo_dir(host.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(host.state_dir)}/{DEMO_TARGET}"
+    target = host_path(host, target)
+    engine = serving_engine(host.spec)
+    args = ["--ckpt", str(host_path(host, ckpt)), "--out", jobs.RUN_DIR]
     # the SGLang survey only where SGLang serves: on a vLLM host "no sglang importable" is noise
     args += ["--engine", engine] if engine == "vllm" else ["--sglang-status"]
     if layer_ids:
         args += ["--layer-ids", layer_ids]
     else:
-        extra, _ = _ids_from_report(c, box, str(from_report))
+        extra, _ = _ids_from_report(c, host, str(from_report))
         args += extra
     if target:
         args += ["--target", target]
     if dry_run:
         args.append("--dry-run")
-    done = run_tool(box, "remote.draft_config", args, name="draft-config", view=live("hide"),
-                    env={"DRAFTOPS_STATE_DIR": box.state_dir}).check()
+    done = run_tool(host, "remote.draft_config", args, name="draft-config", view=live("hide"),
+                    env={"DRAFTOPS_STATE_DIR": host.state_dir}).check()
     if isinstance(done.data, dict):
         show_draft_config(done.data, console)
 

@@ -9,6 +9,7 @@ from typing import Any
 from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.request import DEMO, Plan
 from draftops.serve.verdicts import Verdict
+from draftops.terminal import clean
 from remote.eagle import convention
 
 OVERRIDE_WARNING = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
@@ -244,20 +245,34 @@ def _verdict(plan: Plan, draft: dict[str, Any], verdict: Verdict | None, found: 
     if verdict.status != "MISMATCH":
         found.notes.append(head)
         return
-    text = (f"The latest `invoke test-drafter` verdict for this draft (run {verdict.run_id}) is MISMATCH: "
-            f"{verdict.message}")
     if plan.request.draft == DEMO:
         # The demo exists to show the seed's bug: served as configured, it measures the low accept
-        # length the report predicts; any other draft with this verdict is refused unless --force.
+        # length the report predicts. test-drafter showed the diagnosis: here the figures and the command.
         found.warnings.append(
-            f"{text} The demo is served as configured, so expect the low accept length the report "
-            f"predicts; fix it with `invoke draft-config --ckpt demo --from-report {verdict.run_id}` and "
-            "serve it again to measure the difference.")
+            f"The verdict of test-drafter run {verdict.run_id} is MISMATCH"
+            f"{': ' + _predicted(verdict) if _predicted(verdict) else ''}; the demo is served as configured to "
+            "show it. Fix it with:\n"
+            f"  invoke draft-config --ckpt demo --from-report {verdict.run_id}")
         return
-    found.refuse_unless(plan.request.force, "--force", text,
+    # any other draft with this verdict is refused unless --force: the refusal is all the user sees
+    found.refuse_unless(plan.request.force, "--force",
+                        f"The latest `invoke test-drafter` verdict for this draft (run {verdict.run_id}) is "
+                        f"MISMATCH: {clean(verdict.why)}"
+                        + (f" {_predicted(verdict).capitalize()}." if _predicted(verdict) else ""),
                         "Serving it would spend GPU time at a low accept length. Apply the fix with `invoke "
                         f"draft-config --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and test "
                         "again, or pass --force to serve it as it is.")
+
+
+def _predicted(verdict: Verdict) -> str:
+    """The report's two predicted accept lengths in a few words ("" when it holds neither)."""
+    def fmt(x: float | None) -> str:
+        return "?" if x is None else f"{x:.2f}"
+
+    if verdict.accept_served is None and verdict.accept_best is None:
+        return ""
+    return (f"predicted accept length {fmt(verdict.accept_served)} as configured, "
+            f"{fmt(verdict.accept_best)} with the trained layout")
 
 
 def _context(plan: Plan, draft: dict[str, Any], target: dict[str, Any], found: Findings) -> None:

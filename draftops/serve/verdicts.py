@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import jsonread
+from remote.bench.numbers import finite
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,14 @@ class Verdict:
     configured_ids: list[int] | None
     serving_convention: str | None
     fix: list[int] | None
+    diagnosis: str = ""  # what the engine feeds against what the draft was trained on (no figures)
+    accept_served: float | None = None  # predicted accept length as configured
+    accept_best: float | None = None  # ... with the layout the draft was trained on
+
+    @property
+    def why(self) -> str:
+        """The diagnosis; the whole message for a report older than the ``diagnosis`` field."""
+        return self.diagnosis or self.message
 
     def stale(self, current_ids: list[int] | None) -> bool:
         """True when the config's ids changed since the report (e.g. after `draft-config`)."""
@@ -56,7 +65,10 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
         verdict = doc.get("verdict") or {}
         if not isinstance(ckpt, str) or _norm(ckpt) != _norm(draft) or "status" not in verdict:
             continue
+        accept = doc.get("predicted_accept_length")
+        accept = accept if isinstance(accept, dict) else {}
         return Verdict(run.name, str(verdict["status"]), str(verdict.get("message") or ""),
                        (doc.get("checkpoint") or {}).get("configured_layer_ids"),
-                       verdict.get("serving_convention"), verdict.get("fix_layer_ids"))
+                       verdict.get("serving_convention"), verdict.get("fix_layer_ids"),
+                       str(verdict.get("diagnosis") or ""), finite(accept.get("served")), finite(accept.get("best")))
     return None

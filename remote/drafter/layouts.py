@@ -120,7 +120,7 @@ class Verdict:
     fix_layer_ids: list[int] | None
     fix_layer_ids_vllm: list[int] | None
     needs_capture_patch: bool
-    message: str
+    message: str  # the whole story in one paragraph: diagnosis, the figures behind it, advice
     basis: str
     best_slots: list[int]
     served_slots: list[int] | None
@@ -128,9 +128,26 @@ class Verdict:
     reason: str | None = None  # why UNKNOWN: non_finite, nothing_scored, near_chance, no_layer_ids, inconclusive
     comparison: dict[str, Any] | None = None
     chance: dict[str, Any] | None = None
+    # The message in parts, so a view can show each fact once: the figures the report holds as
+    # numbers (accept lengths, the paired test) are in the message only, never in these two.
+    diagnosis: str = ""  # what the engine will feed against what the draft was trained on
+    advice: str = ""  # what to do (the ids to write and what serving them needs), or "Nothing to fix."
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Said:
+    """One verdict's text in its three parts (full sentences each; ``figures`` may be empty)."""
+
+    diagnosis: str
+    figures: str = ""
+    advice: str = ""
+
+    @property
+    def message(self) -> str:
+        return " ".join(part for part in (self.diagnosis, self.figures, self.advice) if part)
 
 
 def chance_summary(ev: Evidence) -> dict[str, Any] | None:
@@ -161,113 +178,162 @@ def embedding_advice(engine: str | None, fixing: bool) -> str:
     return f"; to serve it with SGLang, {sglang}; {vllm}."
 
 
+@dataclass(frozen=True)
+class _Case:
+    """What every branch of ``decide`` reads."""
+
+    ev: Evidence
+    served: Interpretation
+    slot_ids: Sequence[int] | None
+    final_slot: int | None
+    fmt: str
+    tolerance: float
+    advise_for: str | None
+
+    @property
+    def where(self) -> str:
+        return f"on all {self.ev.samples} evaluated samples ({self.ev.basis} targets)"
+
+    @property
+    def engine(self) -> str:
+        return convention.ENGINE_NAME[self.served.convention]
+
+    def describe(self, slots: Sequence[int]) -> str:
+        return describe(slots, self.slot_ids, self.final_slot)
+
+    def nothing_to_fix(self) -> str:
+        patch = -1 in (self.served.captured_ids or [])
+        return "Nothing to fix" + (embedding_advice(self.advise_for, False) if patch else ".")
+
+
 def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None, final_slot: int | None,
            fmt: str, tolerance: float, advise_for: str | None = None) -> Verdict:
     """MATCH, MISMATCH or UNKNOWN (with ``reason``) from the measured evidence; see docs/drafter.md."""
+    case = _Case(ev, served, slot_ids, final_slot, fmt, tolerance, advise_for)
     best = ev.best.slots
     fix = [slot_ids[s] for s in best] if slot_ids is not None else None
     fix_vllm = convention.convert(fix, convention.SGLANG, convention.VLLM) if fix is not None else None
-    served_slots = list(ev.served.slots) if ev.served is not None else None
     chance = chance_summary(ev)
-    comparison = ev.comparison.to_dict() if ev.comparison is not None else None
+    status, said, reason = _unusable(case, chance) or _judged(case, fix)
+    with_fix = status == STATUS_MISMATCH
+    patch = -1 in (fix or []) if with_fix else (status == STATUS_MATCH and -1 in (served.captured_ids or []))
+    return Verdict(status, fix if with_fix else None, fix_vllm if with_fix else None, patch, said.message,
+                   ev.basis, list(best), list(ev.served.slots) if ev.served is not None else None, tolerance,
+                   reason, ev.comparison.to_dict() if ev.comparison is not None else None, chance,
+                   said.diagnosis, said.advice)
 
-    def verdict(status: str, message: str, reason: str | None = None, with_fix: bool = False,
-                patch: bool = False) -> Verdict:
-        return Verdict(status, fix if with_fix else None, fix_vllm if with_fix else None, patch, message,
-                       ev.basis, list(best), served_slots, tolerance, reason, comparison, chance)
 
-    where = f"on all {ev.samples} evaluated samples ({ev.basis} targets)"
+def _unusable(case: _Case, chance: dict[str, Any] | None) -> tuple[str, Said, str] | None:
+    """UNKNOWN when the evidence cannot tell layouts apart: non-finite values, nothing scored, near chance."""
+    ev = case.ev
     if ev.nonfinite:
-        return verdict(STATUS_UNKNOWN, "Some values are not finite, so no verdict is given: "
-                       + "; ".join(ev.nonfinite[:3]) + (f" (and {len(ev.nonfinite) - 3} more)"
-                                                        if len(ev.nonfinite) > 3 else "")
-                       + ". NaN or inf in the dumps means the capture went wrong, and every score built on "
-                       "them is meaningless; regenerate those dump files (or remove them) and rerun.",
-                       "non_finite")
+        more = f" (and {len(ev.nonfinite) - 3} more)" if len(ev.nonfinite) > 3 else ""
+        return STATUS_UNKNOWN, Said(
+            "Some values are not finite, so no verdict is given: " + "; ".join(ev.nonfinite[:3]) + more
+            + ". NaN or inf in the dumps means the capture went wrong, and every score built on them is "
+            "meaningless.", advice="Regenerate those dump files (or remove them) and rerun."), "non_finite"
     if ev.scored_rows == 0:
-        return verdict(STATUS_UNKNOWN, f"Nothing was scored: the {ev.samples} evaluated samples hold no "
-                       "position with a next token and loss_mask 1 (--limit 0, samples shorter than 2 "
-                       "tokens, or an all-zero loss_mask), so there is no evidence for any layout. Evaluate "
-                       "samples that have scored tokens.", "nothing_scored")
+        return STATUS_UNKNOWN, Said(
+            f"Nothing was scored: the {ev.samples} evaluated samples hold no position with a next token and "
+            "loss_mask 1 (--limit 0, samples shorter than 2 tokens, or an all-zero loss_mask), so there is no "
+            "evidence for any layout.", advice="Evaluate samples that have scored tokens."), "nothing_scored"
     if chance is not None and chance["near_chance"]:
         current = chance["current_token_acc"]
-        return verdict(STATUS_UNKNOWN,
-                       f"Every layout scores near chance, so the layouts cannot be told apart: the best, "
-                       f"{describe(best, slot_ids, final_slot)}, reaches step-0 accuracy {chance['best_step0']:.3f} "
-                       f"{where}, against {chance['constant_guess_acc']:.3f} for always guessing the most "
-                       f"frequent target (token {chance['constant_guess_token']})"
-                       + (f" and {current:.3f} for guessing from the current token alone" if current is not None
-                          else "")
-                       + f", guesses that ignore the hidden states; near chance means closing less than "
-                       f"{ev.min_skill:.0%} of the gap from the better of them to perfect (at most "
-                       f"{chance['threshold']:.3f}). The draft looks barely trained, or it was trained for "
-                       "another target: check its training loss and --expected-acc, and that --data and "
-                       "--verifier belong to its target.", "near_chance")
-    best_txt = describe(best, slot_ids, final_slot)
+        return STATUS_UNKNOWN, Said(
+            f"Every layout scores near chance, so the layouts cannot be told apart: the best, "
+            f"{case.describe(ev.best.slots)}, reaches step-0 accuracy {chance['best_step0']:.3f} {case.where}, "
+            f"against {chance['constant_guess_acc']:.3f} for always guessing the most frequent target (token "
+            f"{chance['constant_guess_token']})"
+            + (f" and {current:.3f} for guessing from the current token alone" if current is not None else "")
+            + f", guesses that ignore the hidden states; near chance means closing less than {ev.min_skill:.0%} "
+            f"of the gap from the better of them to perfect (at most {chance['threshold']:.3f}).",
+            advice="The draft looks barely trained, or it was trained for another target: check its training "
+                   "loss and --expected-acc, and that --data and --verifier belong to its target."), "near_chance"
+    return None
+
+
+def _judged(case: _Case, fix: list[int] | None) -> tuple[str, Said, str | None]:
+    """The verdict on usable evidence: UNKNOWN without layer ids or significance, else MATCH or MISMATCH."""
+    ev, served = case.ev, case.served
+    best_txt = case.describe(ev.best.slots)
     if fix is None:
-        return verdict(STATUS_UNKNOWN,
-                       f"The dump has no data_config.json with per-slot layer ids, so the configured ids "
-                       f"cannot be checked. Of the {ev.scan_layouts} layouts scanned, the draft scores best on "
-                       f"slots {list(best)} {best_txt}: step-0 accuracy {_acc(ev.best)}, predicted accept "
-                       f"length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Write data_config.json "
-                       "with the layer id of each slot and rerun.", "no_layer_ids")
-    engine = convention.ENGINE_NAME[served.convention]
-    key = formats.ids_field(fmt)
-    if ev.served is not None and ev.served.slots == best:
-        patch = -1 in (served.captured_ids or [])
-        return verdict(STATUS_MATCH,
-                       f"The layout {engine} feeds for the configured ids {served.configured_ids}, {best_txt}, "
-                       f"is the best of the {ev.scan_layouts} layouts scanned: step-0 accuracy {_acc(ev.best)}, "
-                       f"predicted accept length {ev.best.accept_length:.2f} at K={ev.steps} {where}. Nothing to "
-                       "fix" + (embedding_advice(advise_for, False) if patch else "."), patch=patch)
+        return STATUS_UNKNOWN, Said(
+            f"The dump has no data_config.json with per-slot layer ids, so the configured ids cannot be "
+            f"checked. Of the {ev.scan_layouts} layouts scanned, the draft scores best on slots "
+            f"{list(ev.best.slots)} {best_txt}.",
+            f"Step-0 accuracy {_acc(ev.best)}, predicted accept length {ev.best.accept_length:.2f} at "
+            f"K={ev.steps} {case.where}.",
+            "Write data_config.json with the layer id of each slot and rerun."), "no_layer_ids"
+    if ev.served is not None and ev.served.slots == ev.best.slots:
+        return STATUS_MATCH, Said(
+            f"The layout {case.engine} feeds for the configured ids {served.configured_ids}, {best_txt}, is the "
+            f"best of the {ev.scan_layouts} layouts scanned.",
+            f"Step-0 accuracy {_acc(ev.best)}, predicted accept length {ev.best.accept_length:.2f} at "
+            f"K={ev.steps} {case.where}.", case.nothing_to_fix()), None
     cmp_ = ev.comparison
-    same_txt = ("" if cmp_ is None else f"layouts count as the same when the best gains less than "
-                f"{tolerance:.1%} of the served accept length ({cmp_.margin:.3f} tokens per verify here)")
+    if ev.served is not None and cmp_ is not None and cmp_.outcome in (SAME, INCONCLUSIVE):
+        return _same_or_unsure(case, ev.served, cmp_)
+    return STATUS_MISMATCH, _mismatch(case, fix), None
+
+
+def _same_text(case: _Case, cmp_: Comparison) -> str:
+    return (f"layouts count as the same when the best gains less than {case.tolerance:.1%} of the served "
+            f"accept length ({cmp_.margin:.3f} tokens per verify here)")
+
+
+def _same_or_unsure(case: _Case, served_m: Measured, cmp_: Comparison) -> tuple[str, Said, str | None]:
+    ev, served = case.ev, case.served
+    best_txt, served_txt = case.describe(ev.best.slots), case.describe(served_m.slots)
+    if cmp_.outcome == SAME:
+        return STATUS_MATCH, Said(
+            f"The layout {case.engine} feeds for the configured ids {served.configured_ids}, {served_txt}, "
+            f"scores the same as the scan's best, {best_txt}, {case.where}.",
+            f"Predicted accept length {served_m.accept_length:.2f} vs {ev.best.accept_length:.2f} at "
+            f"K={ev.steps} ({_stats(cmp_)}); {_same_text(case, cmp_)}.", case.nothing_to_fix()), None
+    return STATUS_UNKNOWN, Said(
+        f"The best layout, {best_txt}, scores above the one {case.engine} feeds for the configured ids "
+        f"{served.configured_ids}, {served_txt}, {case.where}, but with {cmp_.samples} samples that is not "
+        f"significant at alpha {cmp_.alpha:g}.",
+        f"Predicted accept length {ev.best.accept_length:.2f} vs {served_m.accept_length:.2f} at K={ev.steps} "
+        f"({_stats(cmp_)}).",
+        "Evaluate more samples (--limit, or a larger dump) before changing the ids."), "inconclusive"
+
+
+def _fed(case: _Case) -> str:
+    """What the configured ids make the engine feed (the second half of a MISMATCH diagnosis)."""
+    served, engine = case.served, case.engine
+    if case.ev.served is not None:
+        return f"its config ids {served.configured_ids} make {engine} feed {case.describe(case.ev.served.slots)}"
+    if served.captured_ids is None:
+        return ("its config has no aux layer ids, so the engines capture their default (after layers "
+                "[2, n/2, n-3]) and the target's layer count n is unknown here")
+    if served.missing:
+        return (f"its config ids {served.configured_ids} make {engine} capture the outputs of layers "
+                f"{served.captured_ids}, which are not in this dump (missing {served.missing})")
+    return (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
+            f"{served.captured_ids}, while the draft's fc takes {len(case.ev.best.slots)}")
+
+
+def _mismatch(case: _Case, fix: list[int]) -> Said:
+    ev, cmp_ = case.ev, case.ev.comparison
+    where = case.where
     if ev.served is not None and cmp_ is not None:
-        served_txt = describe(ev.served.slots, slot_ids, final_slot)
-        stats = _stats(cmp_)
-        if cmp_.outcome == SAME:
-            patch = -1 in (served.captured_ids or [])
-            return verdict(STATUS_MATCH,
-                           f"The layout {engine} feeds for the configured ids {served.configured_ids}, "
-                           f"{served_txt}, scores the same as the scan's best, {best_txt}, {where}: predicted "
-                           f"accept length {ev.served.accept_length:.2f} vs {ev.best.accept_length:.2f} at "
-                           f"K={ev.steps} ({stats}); {same_txt}. Nothing to fix"
-                           + (embedding_advice(advise_for, False) if patch else "."), patch=patch)
-        if cmp_.outcome == INCONCLUSIVE:
-            return verdict(STATUS_UNKNOWN,
-                           f"The best layout, {best_txt}, scores above the one {engine} feeds for the configured "
-                           f"ids {served.configured_ids}, {served_txt}, {where}: predicted accept length "
-                           f"{ev.best.accept_length:.2f} vs {ev.served.accept_length:.2f} at K={ev.steps} "
-                           f"({stats}), but with {cmp_.samples} samples that is not significant at "
-                           f"alpha {cmp_.alpha:g}. Evaluate more samples (--limit, or a larger dump) before "
-                           "changing the ids.", "inconclusive")
-        now = (f"its config ids {served.configured_ids} make {engine} feed {served_txt}. {where[0].upper()}"
-               f"{where[1:]}, the trained layout predicts an accept length of {ev.best.accept_length:.2f} at "
-               f"K={ev.steps} against {ev.served.accept_length:.2f} as served ({stats}; step-0 accuracy "
-               f"{_acc(ev.best)} vs {_acc(ev.served)}); {same_txt}")
-    elif served.captured_ids is None:
-        now = ("its config has no aux layer ids, so the engines capture their default (after layers "
-               "[2, n/2, n-3]) and the target's layer count n is unknown here")
-    elif served.missing:
-        now = (f"its config ids {served.configured_ids} make {engine} capture the outputs of layers "
-               f"{served.captured_ids}, which are not in this dump (missing {served.missing})")
+        figures = (f"{where[0].upper()}{where[1:]}, the trained layout predicts an accept length of "
+                   f"{ev.best.accept_length:.2f} at K={ev.steps} against {ev.served.accept_length:.2f} as served "
+                   f"({_stats(cmp_)}; step-0 accuracy {_acc(ev.best)} vs {_acc(ev.served)}); "
+                   f"{_same_text(case, cmp_)}.")
     else:
-        now = (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
-               f"{served.captured_ids}, while the draft's fc takes {len(best)}")
-    # the file's own convention first
-    write = fix_vllm if convention.serving_convention(fmt) == convention.VLLM else fix
-    trained = (f"{best_txt}" if cmp_ is not None and ev.served is not None else
-               f"{best_txt} (step-0 accuracy {_acc(ev.best)}, predicted accept length "
-               f"{ev.best.accept_length:.2f} at K={ev.steps} {where})")
-    patch = -1 in fix
-    msg = (f"The draft was trained on {trained}, but {now}. Put \"{key}\": {write} in the draft config.json"
-           + (" (speculators' own convention, as vLLM reads it: 0 is the embedding)" if write is fix_vllm else ""))
-    msg += embedding_advice(advise_for, True) if patch else ("." if advise_for == convention.VLLM
-                                                         else "; no SGLang patch is needed.")
-    msg += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if write is fix_vllm
-            else f" vLLM reads the same layout as {fix_vllm}.")
-    return verdict(STATUS_MISMATCH, msg, with_fix=True, patch=patch)
+        figures = (f"The trained layout scores step-0 accuracy {_acc(ev.best)}, predicted accept length "
+                   f"{ev.best.accept_length:.2f} at K={ev.steps} {where}.")
+    fix_vllm = convention.convert(fix, convention.SGLANG, convention.VLLM)
+    vllm_file = convention.serving_convention(case.fmt) == convention.VLLM   # the file's own convention first
+    advice = (f"Put \"{formats.ids_field(case.fmt)}\": {fix_vllm if vllm_file else fix} in the draft config.json"
+              + (" (speculators' own convention, as vLLM reads it: 0 is the embedding)" if vllm_file else ""))
+    advice += (embedding_advice(case.advise_for, True) if -1 in fix
+               else "." if case.advise_for == convention.VLLM else "; no SGLang patch is needed.")
+    advice += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if vllm_file
+               else f" vLLM reads the same layout as {fix_vllm}.")
+    return Said(f"The draft was trained on {case.describe(ev.best.slots)}, but {_fed(case)}.", figures, advice)
 
 
 def _acc(m: Measured) -> str:

@@ -49,12 +49,13 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     slot_ids = ctx.dumps.slots.layer_ids
     ids_of = (lambda slots: [slot_ids[s] for s in slots]) if slot_ids is not None else (lambda slots: None)
     expected = _expected(opts, res)
-    message = res.verdict.message + (_expected_note(expected) if expected and expected["flagged"] else "")
+    note = _expected_note(expected) if expected and expected["flagged"] else ""
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
         "schema": SCHEMA,
-        "verdict": {**res.verdict.to_dict(), "message": message,
+        "verdict": {**res.verdict.to_dict(), "message": res.verdict.message + note,
+                    "diagnosis": res.verdict.diagnosis + note,
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
                     "expected_acc": expected},

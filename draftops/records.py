@@ -1,21 +1,19 @@
 """What each kind of run puts in the history (``draftops.history``): pure conversions from a run's
-own output (a drafter report, a bench result) to a ``RunRecord``, so every task records the same
-fields the same way and ``bench compare`` can find a prediction by draft digest and step count.
+own output (a drafter report, a serve run) to a ``RunRecord``, so every task records the same
+fields the same way and ``bench compare`` can find a prediction by draft digest and step count. A
+bench run's and a comparison's rows are built next to their models (``draftops.bench.result``,
+``draftops.bench.compare``), which this module does not import.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draftops import history
 from draftops.errors import DraftopsError, HistoryError
 from draftops.history import RunRecord, now_iso
 from remote.bench.numbers import finite
-
-if TYPE_CHECKING:                 # the bench models load pydantic; test-drafter's hook does not need them
-    from draftops.bench.compare import Comparison
-    from draftops.bench.result import BenchResult
 
 
 def keep(root: Path, what: str, build: Callable[[str | None], RunRecord], warn: Callable[[str], None]) -> None:
@@ -90,37 +88,3 @@ def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | N
     return RunRecord(run_id=run_id, kind="serve", host=host, git_rev=git_rev, engine=engine,
                      engine_version=engine_version, target=target, draft=draft, draft_digest=draft_digest,
                      settings={k: v for k, v in asked.items() if v is not None}, metrics=metrics, verdict=state)
-
-
-def bench_record(result: BenchResult, git_rev: str | None) -> RunRecord:
-    """A bench run: engine, target, draft digest, settings and headline metrics; the verdict is its
-    status (succeeded / failed)."""
-    accept = result.accept_length.value if result.accept_length else None
-    return RunRecord(
-        run_id=result.run_id, kind="bench", host=result.host.name, time=result.time, git_rev=git_rev,
-        engine=result.engine.name, engine_version=result.engine.version, target=result.target,
-        draft=result.draft.path if result.draft else None,
-        draft_digest=result.draft.digest if result.draft else None,
-        settings={"mode": result.mode, **result.settings.model_dump(),
-                  "speculative": result.speculative.model_dump() if result.speculative else None},
-        metrics={"output_throughput": result.metrics.output_throughput.median,
-                 "ttft_median_ms": result.metrics.ttft_median_ms.median,
-                 "tpot_median_ms": result.metrics.tpot_median_ms.median, "accept_length": accept,
-                 "steps": result.steps},
-        verdict=result.status)
-
-
-def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunRecord:
-    """A bench comparison: which two runs, the speedup, the findings; the verdict is the headline
-    finding's code (wiring-suspect, config-wrong, draft-limit, spec-slower, ...)."""
-    b = cmp.b
-    return RunRecord(
-        run_id=run_id, kind="compare", host=b.host.name, git_rev=git_rev, engine=b.engine.name,
-        engine_version=b.engine.version, target=b.target, draft=b.draft.path if b.draft else None,
-        draft_digest=b.draft.digest if b.draft else None,
-        settings={"a": cmp.a.run_id, "b": b.run_id, "tolerance": cmp.tolerance},
-        metrics={"speedup": cmp.speedup,
-                 "accept_length_a": cmp.a.accept_length.value if cmp.a.accept_length else None,
-                 "accept_length_b": b.accept_length.value if b.accept_length else None,
-                 "findings": [f.code for f in cmp.findings]},
-        verdict=cmp.headline.code if cmp.headline else "nothing")

@@ -105,7 +105,7 @@ def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: 
 def save(project: Path, res: BenchResult, history: History | None = None) -> Path:
     """Write the run folder and its history row, as the runner will."""
     folder = bench_result.write(res, project / "runs" / res.run_id).parent
-    (history or History(project / "runs" / "history.sqlite")).record(records.bench_record(res, git_rev=None))
+    (history or History(project / "runs" / "history.sqlite")).record(bench_result.bench_record(res, git_rev=None))
     return folder
 
 

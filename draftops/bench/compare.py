@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from draftops.bench.result import BenchResult
+from draftops.bench.result import BenchResult, DraftInfo
 from draftops.bench.stats import Stat
 from draftops.errors import BenchError
 from draftops.history import History, RunRecord
@@ -113,6 +113,43 @@ def _ints(value: Any) -> list[int] | None:
     return None
 
 
+def _prediction(r: RunRecord, role: str, steps: int, how: str) -> Prediction | None:
+    """Run ``r``'s prediction for the ``served`` or the ``best`` layout; None when it made none."""
+    value = finite(r.metrics.get("predicted_served" if role == "served" else "predicted_best"))
+    if value is None or value < 1:      # an accept length counts the verified token: below 1 is no prediction
+        return None
+    return Prediction(value=value, role=role, steps=steps, run_id=r.run_id, status=r.verdict,
+                      served=finite(r.metrics.get("predicted_served")),
+                      best=finite(r.metrics.get("predicted_best")),
+                      fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how,
+                      walk=finite(r.metrics.get(f"predicted_walk_{role}")))
+
+
+def _of_this_config(runs: list[RunRecord], draft: DraftInfo, steps: int) -> Prediction | None:
+    """The newest run that evaluated this exact config (same digest)."""
+    for r in runs if draft.digest else []:
+        if r.draft_digest == draft.digest:
+            found = _prediction(r, "served", steps, f"test-drafter run {r.run_id} evaluated this exact config")
+            if found:
+                return found
+    return None
+
+
+def _of_its_fix(runs: list[RunRecord], draft: DraftInfo, steps: int) -> Prediction | None:
+    """The newest run of the same draft whose recommended fix is the layer ids now served."""
+    if draft.layer_ids is None:
+        return None
+    key = "fix_layer_ids_vllm" if draft.layer_id_convention == "vllm" else "fix_layer_ids"
+    for r in runs:
+        if r.draft == draft.path and _ints(r.metrics.get(key)) == draft.layer_ids:
+            found = _prediction(r, "best", steps, f"test-drafter run {r.run_id} recommended the layer ids now "
+                                f"served ({ids_text(draft.layer_ids, draft.layer_id_convention)}); this is its "
+                                "prediction for them")
+            if found:
+                return found
+    return None
+
+
 def find_prediction(history: History, result: BenchResult) -> Prediction | None:
     """The newest test-drafter prediction for the served draft at the served step count: first one
     that evaluated this exact config (same digest); else one of the same draft whose recommended
@@ -121,32 +158,7 @@ def find_prediction(history: History, result: BenchResult) -> Prediction | None:
     if draft is None or steps is None:
         return None
     runs = [r for r in history.query(kind="test-drafter") if r.metrics.get("steps") == steps and r.verdict != "failed"]
-
-    def make(r: RunRecord, role: str, how: str) -> Prediction | None:
-        value = finite(r.metrics.get("predicted_served" if role == "served" else "predicted_best"))
-        if value is None or value < 1:      # an accept length counts the verified token: below 1 is no prediction
-            return None
-        return Prediction(value=value, role=role, steps=steps, run_id=r.run_id, status=r.verdict,
-                          served=finite(r.metrics.get("predicted_served")),
-                          best=finite(r.metrics.get("predicted_best")),
-                          fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how,
-                          walk=finite(r.metrics.get(f"predicted_walk_{role}")))
-    if draft.digest:
-        for r in runs:
-            if r.draft_digest == draft.digest:
-                found = make(r, "served", f"test-drafter run {r.run_id} evaluated this exact config")
-                if found:
-                    return found
-    if draft.layer_ids is not None:
-        key = "fix_layer_ids_vllm" if draft.layer_id_convention == "vllm" else "fix_layer_ids"
-        for r in runs:
-            if r.draft == draft.path and _ints(r.metrics.get(key)) == draft.layer_ids:
-                found = make(r, "best", f"test-drafter run {r.run_id} recommended the layer ids now served "
-                                        f"({ids_text(draft.layer_ids, draft.layer_id_convention)}); this is "
-                                        "its prediction for them")
-                if found:
-                    return found
-    return None
+    return _of_this_config(runs, draft, steps) or _of_its_fix(runs, draft, steps)
 
 
 def current_config(history: History, result: BenchResult) -> tuple[str, str] | None:
@@ -441,3 +453,19 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
                      noise=noise)
     cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
     return cmp
+
+
+def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunRecord:
+    """A bench comparison: which two runs, the speedup, the findings; the verdict is the headline
+    finding's code (wiring-suspect, config-wrong, draft-limit, spec-slower, ...)."""
+    b = cmp.b
+    return RunRecord(
+        run_id=run_id, kind="compare", host=b.host.name, git_rev=git_rev, engine=b.engine.name,
+        engine_version=b.engine.version, target=b.target, draft=b.draft.path if b.draft else None,
+        draft_digest=b.draft.digest if b.draft else None,
+        settings={"a": cmp.a.run_id, "b": b.run_id, "tolerance": cmp.tolerance},
+        metrics={"speedup": cmp.speedup,
+                 "accept_length_a": cmp.a.accept_length.value if cmp.a.accept_length else None,
+                 "accept_length_b": b.accept_length.value if b.accept_length else None,
+                 "findings": [f.code for f in cmp.findings]},
+        verdict=cmp.headline.code if cmp.headline else "nothing")

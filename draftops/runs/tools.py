@@ -285,7 +285,7 @@ def _standby_tool(host: Host, module: str, args: list[str], python: str | None,
     """The same call for a kept connection's standby agent (the agent's python, already started on the
     host: docs/protocol.md § Kept connections), when the transport keeps them and the tool is one of
     the stdlib tools that the agent's python runs; None otherwise (then it is one exec)."""
-    if python is not None or module not in STDLIB_TOOLS or not hasattr(host.transport, "run_standby"):
+    if python is not None or module not in STDLIB_TOOLS:
         return None
     header = {"tool": {"module": module, "argv": list(args), "cwd": host.code_dir, "env": _tool_env(env)}}
     return host.agent.standby_request(header)
@@ -316,10 +316,8 @@ def ask_tool(host: Host, module: str, args: list[str], *, python: str | None = N
     """Run a quick tool and return what it said, whatever its exit code (see :func:`call_tool`)."""
     command = module_command(host, module, args, python=python, env=env)
     standby = _standby_tool(host, module, args, python, env)
-    run_standby = getattr(host.transport, "run_standby", None)
-    if standby is not None and run_standby is not None:
-        done = run_standby(standby, command, input, timeout)
-    else:
+    done = host.transport.run_standby(standby, command, input, timeout) if standby is not None else None
+    if done is None:                     # not a stdlib tool, or no standbys on this transport: one exec
         done = host.transport.run(command, input=input, timeout=timeout, check=False)
     lines = done.text.strip().splitlines()
     error = None

@@ -23,6 +23,7 @@ import pytest
 from draftops import onhost
 from draftops.errors import (
     AgentError,
+    HostFileError,
     JobError,
     RemoteError,
     RootError,
@@ -45,6 +46,7 @@ EXPECTED = {
     Exit.NO_RUN: UnknownRun, Exit.UNSAFE_RUN: AgentError, Exit.PROTOCOL_MISMATCH: AgentError,
     Exit.REFUSED_CODE: SyncRefused, Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused,
     Exit.BUSY: SyncRefused, Exit.LOCK_TIMEOUT: SyncRefused, Exit.NO_PYTHON: AgentError,
+    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
 OLD_SOURCE = AGENT_SOURCE.replace("PROTOCOL_VERSION = 1 ", "PROTOCOL_VERSION = 0 ", 1)
 
@@ -103,6 +105,7 @@ CALLS: dict[str, Callable[[AgentClient], object]] = {
     "apply": lambda agent: agent.apply("code", "state/x.json", b"", expected_tree=None, force=False),
     "status": lambda agent: agent.status("r1"),
     "tail": lambda agent: agent.tail("r1", 5, lambda chunk: None),
+    "read": lambda agent: agent.read("/srv/dbl/x.json"),
 }
 
 
@@ -121,7 +124,7 @@ def test_every_exit_code_maps_to_its_named_error_with_the_result(code, call):
     assert str(err.value).startswith("Host 'dbl'"), str(err.value)
     if code == Exit.NO_RUN:
         assert isinstance(err.value, JobError)
-        assert ("has no run 'r1'" if call != "apply" else "the reason, and the fix") in str(err.value)
+        assert ("has no run 'r1'" if call not in ("apply", "read") else "the reason, and the fix") in str(err.value)
     elif EXPECTED[code] is SyncRefused:
         assert isinstance(err.value, SyncError) and "the reason, and the fix." in str(err.value)
 

@@ -27,6 +27,7 @@ from draftops import onhost, timing
 from draftops.errors import (
     AgentError,
     FailedCommand,
+    HostFileError,
     RemoteError,
     RootError,
     SyncRefused,
@@ -59,7 +60,9 @@ ERRORS: dict[Exit, type[RemoteError]] = {
     Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused, Exit.BUSY: SyncRefused,
     Exit.LOCK_TIMEOUT: SyncRefused,
     Exit.NO_RUN: UnknownRun,
+    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
+READ_CAP = 16 << 20      # a read's default byte cap (a config, a log's head): what the caller holds in memory
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,16 @@ class ApplyResult:
 class TailHeader:
     offset: int              # where the shown part of the log starts
     size: int                # the log's size when the tail began
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """A bounded read of one host file (``read``): the bytes asked for and where they sit in it."""
+
+    data: bytes
+    size: int                # the file's size when it was read
+    offset: int              # where ``data`` starts in the file
+    executable: bool         # the file may be run (what ``[ -x FILE ]`` says)
 
 
 def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
@@ -235,6 +248,26 @@ class AgentClient:
         """TERM the run's process group, KILL it after ``grace_s``; the final status."""
         return self._row("kill", self._call(("kill", _run_dir(run_id), str(float(grace_s))), run_id=run_id))
 
+    def read(self, path: str, how: str = "whole", cap: int = READ_CAP, lines: int = 0) -> FileRead:
+        """One host file, bounded, never through a shell (a banner cannot get into its bytes): ``whole``
+        (at most ``cap`` bytes, else a HostFileError), ``head`` (its first ``cap`` bytes), ``tail`` (its
+        last ``lines`` lines, within its last ``cap`` bytes) or ``size`` (no bytes). ``~/`` is the host's
+        home. A missing file, a folder, FIFO or device (even behind a link) is a HostFileError."""
+        received = bytearray()
+
+        def keep(chunk: bytes) -> None:                  # never more than the cap (and a byte) is held
+            received.extend(chunk[:max(0, cap + 1 - len(received))])
+
+        args = ("read", path, how, str(int(cap)), str(int(lines)))
+        header = self._stream(args, keep, None)
+        length = self._typed("read", lambda: int(header["length"]))
+        if len(received) < length:
+            raise self._failure(AgentError, " ".join(args), 0, b"", b"",
+                                f"the draftops agent's `read` of {path} ended after {len(received)} of its "
+                                f"{length} bytes: the link dropped or the agent was stopped; try again")
+        return self._typed("read", lambda: FileRead(bytes(received[:length]), int(header["size"]),
+                                                    int(header["offset"]), bool(header["executable"])))
+
     def tail(self, run_id: str, lines: int | None, on_output: Callable[[bytes], object]) -> TailHeader:
         """The log's last ``lines`` lines (None: all of it) to ``on_output``."""
         header = self._stream(("tail", _run_dir(run_id), "all" if lines is None else str(lines)), on_output, run_id)
@@ -326,7 +359,7 @@ class AgentClient:
             raise self._unframed(what, result.exit_code, noise or result.stderr)
         return replies[-1]
 
-    def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str,
+    def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str | None,
                 retried: bool = False) -> dict[str, Any]:
         """Run a streaming command; returns its header once the stream has ended with exit 0."""
         self.prepare()                               # a stream has one marker: never through the boot
@@ -436,7 +469,7 @@ class AgentClient:
                        FailedCommand.of(self.spec.name, what, code, stdout, stderr))
         elif cls is UnknownRun:
             message = text
-        elif cls is SyncRefused:
+        elif cls in (SyncRefused, HostFileError):
             message = text.rstrip(".") + "."
         elif code == -1:        # no exit status came back: the link dropped (the boot too: python was not at fault)
             message = (f"the connection dropped during `{what}`, before its answer came back"

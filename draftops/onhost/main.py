@@ -12,7 +12,7 @@ import sys
 import time
 
 from draftops.onhost.apply import cmd_apply  # noqa: F401
-from draftops.onhost.logs import cmd_follow, cmd_pack, cmd_tail  # noqa: F401
+from draftops.onhost.logs import cmd_follow, cmd_pack, cmd_read, cmd_tail  # noqa: F401
 from draftops.onhost.runs import cmd_kill, cmd_recent, cmd_runner, cmd_runs, cmd_start, cmd_status  # noqa: F401
 from draftops.onhost.sync import _create_code, cmd_manifest  # noqa: F401
 from draftops.onhost.wire import (  # noqa: F401
@@ -199,7 +199,7 @@ def warm_boot(argv):
 # what the local side may call (docs/protocol.md); "runner" is started by "start" only
 COMMANDS = {"manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start, "runner": cmd_runner,
             "status": cmd_status, "runs": cmd_runs, "recent": cmd_recent, "kill": cmd_kill, "tail": cmd_tail,
-            "follow": cmd_follow, "pack": cmd_pack}  # type: dict
+            "follow": cmd_follow, "pack": cmd_pack, "read": cmd_read}  # type: dict
 
 
 def _check_call(argv):

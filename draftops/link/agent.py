@@ -34,7 +34,8 @@ from draftops.errors import (
     UnknownRun,
     host_prefix,
 )
-from draftops.link.framing import FramingError, Unframer, error_text, split_replies
+from draftops.link.connection import CommandResult
+from draftops.link.framing import FramingError, Unframer, error_text, marker, split_replies
 from draftops.onhost import wire
 from draftops.onhost.wire import Exit
 from draftops.terminal import clean, needs_cleaning
@@ -299,6 +300,25 @@ class AgentClient:
                              AGENT_NAME, *(shlex.quote(a) for a in args)])
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
         return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
+
+    def quick(self, command: str, tool: dict[str, Any] | None, input: bytes | None = None,
+              timeout: float | None = None) -> CommandResult:
+        """A quick tool's shell ``command`` (draftops.runs.tools.ask_tool): given to a standby agent as
+        ``tool`` (a stdlib module the agent's python runs: docs/protocol.md § Kept connections) where
+        the transport keeps them, else one exec. Framed as an agent reply is: its stdout is what follows
+        a marker line with this call's nonce, so what the shell's start-up files print (a banner, even
+        one without a newline) never reaches the tool's answer; no marker, no stdout."""
+        nonce = secrets.token_hex(8)
+        framed = f"printf '\\n%s%s\\n' {shlex.quote(wire.FRAME_PREFIX)} {nonce}; {command}"
+        done = None
+        if tool is not None:
+            done = self.transport.run_standby(self.standby_request({"tool": {**tool, "frame": nonce}}), framed,
+                                              input, timeout)
+        if done is None:                     # not a stdlib tool, or no standbys on this transport: one exec
+            done = self.transport.run(framed, input=input, timeout=timeout, check=False)
+        mark = marker(wire.FRAME_PREFIX, nonce)
+        stdout = done.stdout.split(mark, 1)[1] if mark in done.stdout else b""
+        return CommandResult(command, done.exit_code, stdout, done.stderr)
 
     def standby_request(self, header: dict[str, Any]) -> dict[str, Any]:
         """A request for a standby of this session's agent and python (draftops/link/keeper.py): ``header``

@@ -17,6 +17,7 @@ from draftops.onhost.runs import cmd_kill, cmd_recent, cmd_runner, cmd_runs, cmd
 from draftops.onhost.sync import _create_code, cmd_manifest  # noqa: F401
 from draftops.onhost.wire import (  # noqa: F401
     _AGENT_PATH,
+    FRAME_PREFIX,
     MAX_STANDBY_REQUEST,
     PROTOCOL_ENV,
     PROTOCOL_VERSION,
@@ -310,6 +311,10 @@ def _run_tool(tool):
     except (KeyError, TypeError, OSError) as exc:
         _fail(f"standby agent: unusable tool request ({type(exc).__name__}: {exc})", Exit.USAGE)
     os.environ.update({str(k): str(v) for k, v in env.items()})
+    frame = tool.get("frame")
+    if isinstance(frame, str):       # the tool's answer follows this call's marker, as an exec's does
+        sys.stdout.buffer.write(f"\n{FRAME_PREFIX}{frame}\n".encode())
+        sys.stdout.buffer.flush()
     extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *sys.path[1:]]       # [0] was this agent's own folder
     sys.argv = [module, *argv]

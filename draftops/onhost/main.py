@@ -271,23 +271,29 @@ def standby():
         out.flush()
     except OSError:          # the keeper gave up on this standby and may run the call elsewhere
         os._exit(0)
-    try:
-        if request is None:
-            raise ValueError("not JSON")
-        if isinstance(request, dict) and request.get("tool"):
-            _run_tool(request["tool"])
-            return
-        env, argv = request["env"], request["argv"]
-        if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
-            raise TypeError("env must be an object and argv a list of strings")
-        os.environ.update({str(k): str(v) for k, v in env.items()})
-    except (ValueError, KeyError, TypeError) as exc:
-        _fail(f"standby agent: unusable request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    if isinstance(request, dict) and request.get("tool"):
+        _run_tool(request["tool"])
+        return
+    argv = _call_argv(request)
     if request.get("boot"):
         boot(str(request["source"]), argv)
         return
     _stamp("agent-start")
     main(argv)
+
+
+def _call_argv(request):
+    """An agent call's argv from a standby's request, its env set; an unusable request exits USAGE."""
+    try:
+        if request is None:
+            raise ValueError("not JSON")
+        env, argv = request["env"], request["argv"]
+        if not (isinstance(env, dict) and isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise TypeError("env must be an object and argv a list of strings")
+    except (ValueError, KeyError, TypeError) as exc:
+        _fail(f"standby agent: unusable request ({type(exc).__name__}: {exc})", Exit.USAGE)
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return argv
 
 
 def _expired(request):

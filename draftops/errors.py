@@ -10,7 +10,8 @@
     │   ├── AgentError        the host agent's answer is unusable (no reply, not JSON, another protocol)
     │   ├── RootError         the host's `root` is unusable (`/`, the home directory, not writable)
     │   ├── SyncRefused       the agent refused a sync, nothing half-done   (also a SyncError)
-    │   └── UnknownRun        the host has no run of that id                (also a JobError)
+    │   ├── UnknownRun        the host has no run of that id                (also a JobError)
+    │   └── HostFileError     a host file cannot be read as asked (missing, not a regular file, too big)
     ├── SyncError           code sync failed; the remote tree is left as it was before
     ├── JobError            a run id is unknown or a job cannot be started, read, pulled or stopped
     │   └── ToolFailed        a remote tool's run ended other than ok; ``.result`` is its ToolResult
@@ -153,6 +154,11 @@ class ToolFailed(JobError):
 
 class UnknownRun(RemoteError, JobError):
     """The host has no run folder of that id."""
+
+
+class HostFileError(RemoteError):
+    """A host file the local side reads (``AgentClient.read``) is missing, not a regular file (a folder,
+    FIFO or device), unreadable, or bigger than the read takes."""
 
 
 class HistoryError(DraftopsError):

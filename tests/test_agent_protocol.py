@@ -23,6 +23,7 @@ import pytest
 from draftops import onhost
 from draftops.errors import (
     AgentError,
+    HostFileError,
     JobError,
     RemoteError,
     RootError,
@@ -32,7 +33,7 @@ from draftops.errors import (
 )
 from draftops.inventory import HostSpec
 from draftops.link.agent import AGENT_NAME, AGENT_SOURCE, AgentClient
-from draftops.link.connection import CommandResult
+from draftops.link.connection import CommandResult, NoStandbys
 from draftops.link.host import open_host
 from draftops.onhost import agent as hostagent
 from draftops.onhost.wire import Exit
@@ -45,6 +46,7 @@ EXPECTED = {
     Exit.NO_RUN: UnknownRun, Exit.UNSAFE_RUN: AgentError, Exit.PROTOCOL_MISMATCH: AgentError,
     Exit.REFUSED_CODE: SyncRefused, Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused,
     Exit.BUSY: SyncRefused, Exit.LOCK_TIMEOUT: SyncRefused, Exit.NO_PYTHON: AgentError,
+    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
 OLD_SOURCE = AGENT_SOURCE.replace("PROTOCOL_VERSION = 1 ", "PROTOCOL_VERSION = 0 ", 1)
 
@@ -62,7 +64,7 @@ PREPARE = {"protocol": hostagent.PROTOCOL_VERSION, "root": "/srv/dbl", "home": "
            "installed": False}
 
 
-class AgentDouble:
+class AgentDouble(NoStandbys):
     """A transport whose "host" answers like the agent would: the boot's prepare reply, then whatever
     ``answer(command)`` says for each later call (exit code, stdout, stderr), framed as the real one."""
 
@@ -103,6 +105,7 @@ CALLS: dict[str, Callable[[AgentClient], object]] = {
     "apply": lambda agent: agent.apply("code", "state/x.json", b"", expected_tree=None, force=False),
     "status": lambda agent: agent.status("r1"),
     "tail": lambda agent: agent.tail("r1", 5, lambda chunk: None),
+    "read": lambda agent: agent.read("/srv/dbl/x.json"),
 }
 
 
@@ -121,7 +124,7 @@ def test_every_exit_code_maps_to_its_named_error_with_the_result(code, call):
     assert str(err.value).startswith("Host 'dbl'"), str(err.value)
     if code == Exit.NO_RUN:
         assert isinstance(err.value, JobError)
-        assert ("has no run 'r1'" if call != "apply" else "the reason, and the fix") in str(err.value)
+        assert ("has no run 'r1'" if call not in ("apply", "read") else "the reason, and the fix") in str(err.value)
     elif EXPECTED[code] is SyncRefused:
         assert isinstance(err.value, SyncError) and "the reason, and the fix." in str(err.value)
 
@@ -283,7 +286,7 @@ def test_a_timed_out_host_command_has_no_exit_code_in_its_result(local_host):
     assert err.value.result.exit_code is None and err.value.result.command == "echo started; sleep 5"
 
 
-class BootRefused:
+class BootRefused(NoStandbys):
     """A host whose boot is refused with ``code`` (as the real agent refuses root), counting the boots."""
 
     def __init__(self, code: int):

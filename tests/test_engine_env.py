@@ -16,7 +16,9 @@ import pytest
 
 from draftops.env import engine_env
 from draftops.env.engine_env import EngineError, EngineRecipe
+from draftops.runs.sync import sync
 from remote import exitcodes
+from tests.conftest import copy_remote_package
 
 PIP_VERSION = ensurepip.version()
 RECIPE = EngineRecipe(name="piptest", dist="pip", version=PIP_VERSION, venv="~/unused",
@@ -124,7 +126,9 @@ def test_probe_reads_versions_without_importing(recipe, tmp_path, monkeypatch) -
     venv = tmp_path / "probe venv"
     monkeypatch.setitem(engine_env.ENGINES, recipe.name, replace(recipe, venv=str(venv)))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    copy_remote_package(tmp_path)
     host = open_host("local", tmp_path)
+    sync(host)                                  # the venv's python reads its metadata with remote/
     rows = {r["engine"]: r for r in engine_env.probe(host)}
     assert rows[recipe.name]["version"] is None and rows[recipe.name]["current"] is False
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",

@@ -74,10 +74,9 @@ def test_plan_and_setup_script_run_verbatim_on_hostile_venv_paths(tmp_path, no_i
 
     plan = mlenv.plan(host)
     assert not plan.up_to_date
-    mlenv.upload_requirements(host, plan)
-    assert (Path(venv) / mlenv.requirements_file(plan.digest)).read_bytes() == plan.requirements
     result = host.transport.run(mlenv.setup_command(host, plan))
     assert result.text.strip().endswith("env ready"), result.text
+    assert (Path(venv) / mlenv.requirements_file(plan.digest)).read_bytes() == plan.requirements
     assert (Path(venv) / mlenv.HASH_FILE).read_text() == plan.digest
     assert mlenv.plan(host).up_to_date
     assert not marker.exists() and not (tmp_path / "root" / "pwned").exists()
@@ -119,19 +118,20 @@ def _rendered_rows(report: dict) -> list[tuple[str, str]]:
 
 
 def test_two_setups_at_once_each_install_their_own_requirements(tmp_path, no_inventory_env):
-    """Setup A uploads its requirements, then B (after an edit) uploads its own before A's pip read
-    them: A installed B's list and recorded A's hash, reporting ready for what it never installed."""
+    """Setup A uploaded its requirements, then B (after an edit) uploaded its own before A's pip read
+    them: A installed B's list and recorded A's hash, reporting ready for what it never installed.
+    Each setup's script now carries its own list."""
     venv = str(tmp_path / "venv")
     project = _local_project(tmp_path, venv, sys.executable)
     host = open_host(None, project)
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     (tmp_path / "reqs.txt").write_text("--no-index\nnot-a-real-package-draftops-a\n")
     plan_a = mlenv.plan(host)
-    mlenv.upload_requirements(host, plan_a)
+    script_a = mlenv.prepare_setup(host, plan_a)
     (tmp_path / "reqs.txt").write_text("--no-index\n")
     plan_b = mlenv.plan(host)
-    mlenv.upload_requirements(host, plan_b)                 # B's upload lands before A's job reads
-    a = host.transport.run(mlenv.setup_command(host, plan_a), check=False)
+    mlenv.prepare_setup(host, plan_b)                       # B is prepared before A's job runs
+    a = host.transport.run(script_a, check=False)
     assert a.exit_code != 0 and b"not-a-real-package-draftops-a" in a.stdout + a.stderr, a.text
     assert not (Path(venv) / mlenv.HASH_FILE).exists()
     b = host.transport.run(mlenv.setup_command(host, plan_b))
@@ -161,4 +161,8 @@ def test_a_requirements_path_that_is_a_folder_or_missing_is_named_as_such(tmp_pa
         mlenv.plan(open_host(None, project))
     (tmp_path / "reqs.txt").mkdir()
     with pytest.raises(InventoryError, match=r"reqs.txt is a folder, not a requirements file; fix the path"):
+        mlenv.plan(open_host(None, project))
+    (tmp_path / "reqs.txt").rmdir()
+    (tmp_path / "reqs.txt").write_bytes(b"torch\n\xff\xfe\n")
+    with pytest.raises(InventoryError, match=r"reqs.txt is not a requirements list .*not UTF-8 text"):
         mlenv.plan(open_host(None, project))

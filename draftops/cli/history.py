@@ -10,8 +10,8 @@ from invoke import Context
 from draftops import history, records
 from draftops.cli.common import project_root, warn
 from draftops.console import console, err_console, escape, show_not_shown
+from draftops.errors import RemoteError
 from draftops.link.host import Host
-from draftops.runs import jobs
 from draftops.runs.tools import ToolResult
 from remote.bench.digest import config_digest
 
@@ -113,9 +113,12 @@ def _host_config_digest(host: Host, report: dict[str, Any] | None) -> str | None
 
 
 def host_config_digest(host: Host, path: str) -> str | None:
-    """The config digest (remote.bench.digest) of a config file on the host, None when unreadable."""
-    result = host.transport.run(f"cat {jobs.shell_path(path)}", check=False)
-    return config_digest(result.stdout) if result.ok else None
+    """The config digest (remote.bench.digest) of a config file on the host, None when unreadable. The
+    agent reads its bytes, nothing else: a shell's banner in them made a digest that matched none."""
+    try:
+        return config_digest(host.agent.read(path).data)
+    except RemoteError:
+        return None
 
 
 def record_serve(host: Host, rec_args: dict[str, Any]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import shlex
@@ -22,9 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from draftops.env.mlenv import stored_hash
-from draftops.errors import EngineError
+from draftops.errors import EngineError, HostFileError
 from draftops.link.host import Host
 from draftops.runs.jobs import shell_path
+from draftops.runs.tools import ask_tool
 from draftops.serve.profiles import VLLM_VENV
 from remote import exitcodes
 
@@ -172,8 +172,7 @@ def plan(host: Host, engine: str, venv: str | None = None) -> EnginePlan:
     chosen = venv or engine_venv(host.spec, engine)
     base = _base_python(host.spec)
     digest = content_hash(rec, chosen, base)
-    v = shell_path(chosen)
-    current = stored_hash(host, f"{v}/bin/python", f"{v}/{HASH_FILE}")
+    current = stored_hash(host, f"{chosen}/bin/python", f"{chosen}/{HASH_FILE}")
     return EnginePlan(rec, chosen, base, digest, current == digest)
 
 
@@ -183,62 +182,39 @@ def setup_script(engine_plan: EnginePlan) -> str:
     return full_script(engine_plan.recipe, engine_plan.venv, engine_plan.base_python)
 
 
-_PROBE = r"""
-import json, sys
-from importlib import metadata
-try:
-    digest = open(sys.argv[1]).read().strip()
-except OSError:
-    digest = ""
-versions = {}
-for dist in sys.argv[2:]:
-    try:
-        versions[dist] = metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        versions[dist] = None
-print("@@draftops-engine " + json.dumps({"hash": digest, "versions": versions}))
-"""
-#: marks each answer line of the probe, so a host whose shell start-up files print (a banner, perhaps
-#: without a newline) is read right
-PROBE_MARK = "@@draftops-engine "
-
-
-def probe_command(spec: HostSpec) -> str:
-    """One shell line printing one JSON line per engine (in ENGINES order): the stored hash and the
-    installed versions, read from package metadata (nothing is imported), or ``{}`` when the venv's
-    python is missing or broken."""
-    parts = []
-    for name, rec in ENGINES.items():
-        v = shell_path(engine_venv(spec, name))
-        dists = " ".join(shlex.quote(d) for d in (rec.dist, rec.alias_dist) if d)
-        empty = shlex.quote(PROBE_MARK + "{}")
-        parts.append(f"if [ -x {v}/bin/python ]; then {v}/bin/python -c {shlex.quote(_PROBE)} "
-                     f"{v}/{HASH_FILE} {dists} 2>/dev/null || echo {empty}; else echo {empty}; fi")
-    return "; ".join(parts)
-
-
 def probe(host: Host) -> list[dict[str, Any]]:
     """The engines on the host: venv, installed version (None: not installed), and whether the
-    install is current (its stored hash equals this checkout's recipe)."""
+    install is current (its stored hash equals this checkout's recipe). Each venv's python reads its
+    own package metadata as a quick tool of the synced code (remote.engine_probe; nothing is
+    imported), and the agent reads the stored hash: no plain shell output is parsed."""
     base = _base_python(host.spec)
-    text = host.transport.run(probe_command(host.spec)).text
-    lines = [line.rpartition(PROBE_MARK)[2] for line in text.splitlines() if PROBE_MARK in line]
-    if len(lines) != len(ENGINES):
-        raise EngineError(f"Host {host.name!r}: the engine probe answered {len(lines)} line(s) for "
-                          f"{len(ENGINES)} engine(s): {text[-300:]!r}. Run `invoke env.check` again; if it "
-                          "persists, the host's shell prints into command output.")
     rows = []
-    for (name, rec), line in zip(ENGINES.items(), lines, strict=True):
-        try:
-            found = json.loads(line)
-        except ValueError:
-            found = {}                  # the probe's own line, cut: read as not installed
+    for name, rec in ENGINES.items():
         venv = engine_venv(host.spec, name)
-        versions = found.get("versions") or {}
+        python = f"{venv}/bin/python"
+        digest = stored_hash(host, python, f"{venv}/{HASH_FILE}")
+        versions = _versions(host, python, rec) if digest or _runnable(host, python) else {}
         rows.append({"engine": name, "venv": venv, "version": versions.get(rec.dist),
                      "cli_version": versions.get(rec.alias_dist) if rec.alias_dist else None,
-                     "current": found.get("hash") == content_hash(rec, venv, base)})
+                     "current": digest == content_hash(rec, venv, base)})
     return rows
+
+
+def _runnable(host: Host, python: str) -> bool:
+    """Whether ``python`` exists on the host and may be run (a venv never made has none)."""
+    try:
+        return host.agent.read(python, "size").executable
+    except HostFileError:
+        return False
+
+
+def _versions(host: Host, python: str, rec: EngineRecipe) -> dict[str, Any]:
+    """The installed versions of the recipe's distributions, as the venv's ``python`` reads them; {}
+    when that python cannot run the probe (a broken venv reads as not installed)."""
+    dists = [d for d in (rec.dist, rec.alias_dist) if d]
+    answer = ask_tool(host, "remote.engine_probe", dists, python=python)
+    versions = answer.data.get("versions") if answer.exit_code == 0 and isinstance(answer.data, dict) else None
+    return versions if isinstance(versions, dict) else {}
 
 
 def next_step(rec: EngineRecipe, host: str) -> str:

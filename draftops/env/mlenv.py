@@ -5,16 +5,18 @@ Named ``mlenv`` (not ``env``) so it never shadows ``os.environ`` idioms; the inv
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftops.errors import InventoryError
+from draftops.errors import HostFileError, InventoryError
 from draftops.link.host import Host
 from draftops.runs.jobs import shell_path
 
 HASH_FILE = ".draftops-env-hash"
 REQ_FILE = ".draftops-requirements.txt"
-HASH_MARK = "@@draftops-env-hash:"
+MAX_HASH = 4096                      # a stored hash is 64 hex digits; a bigger file is not one
+MAX_REQUIREMENTS = 96 << 10          # the list travels inside the setup job's command line (128 KiB a word)
 
 
 def requirements_file(digest: str) -> str:
@@ -39,32 +41,48 @@ def plan(host: Host) -> EnvPlan:
     if env is None:
         raise InventoryError(f"Host {host.name!r} has no `env:` entry in hosts.yaml; add one with `venv:` "
                              "(and `requirements:`) to let draftops manage its ml-env.")
-    requirements = b""
-    if env.requirements:
-        path = Path(env.requirements)
-        what = "is a folder, not a requirements file" if path.is_dir() else "does not exist"
-        read: bytes | None = None
-        try:
-            read = path.read_bytes() if path.is_file() else None
-        except OSError as exc:
-            what = f"cannot be read ({exc.strerror or exc})"
-        if read is None:
-            raise InventoryError(f"Host {host.name!r}: env.requirements {path} {what}; fix the path "
-                                 "in hosts.yaml (relative paths are taken from hosts.yaml's folder).")
-        requirements = read
+    requirements = _requirements(host, Path(env.requirements)) if env.requirements else b""
     digest = hashlib.sha256(b"\0".join([env.venv.encode(), env.base_python.encode(),
                                         str(env.system_site_packages).encode(), requirements])).hexdigest()
-    current = stored_hash(host, shell_path(_in_venv(env.venv, "bin/python")), shell_path(_in_venv(env.venv, HASH_FILE)))
+    current = stored_hash(host, _in_venv(env.venv, "bin/python"), _in_venv(env.venv, HASH_FILE))
     return EnvPlan(env.venv, digest, requirements, current == digest)
 
 
+def _requirements(host: Host, path: Path) -> bytes:
+    """The requirements file's bytes; a missing, unreadable, binary or oversized one is refused, naming it."""
+    what = "is a folder, not a requirements file" if path.is_dir() else "does not exist"
+    read: bytes | None = None
+    try:
+        read = path.read_bytes() if path.is_file() else None
+    except OSError as exc:
+        what = f"cannot be read ({exc.strerror or exc})"
+    if read is not None and not _text(read):
+        what, read = f"is not a requirements list (over {MAX_REQUIREMENTS >> 10} KiB, or not UTF-8 text)", None
+    if read is None:
+        raise InventoryError(f"Host {host.name!r}: env.requirements {path} {what}; fix the path "
+                             "in hosts.yaml (relative paths are taken from hosts.yaml's folder).")
+    return read
+
+
+def _text(data: bytes) -> bool:
+    """Whether ``data`` can travel in the setup job's command line: UTF-8 text, no NUL, not too long."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return len(data) <= MAX_REQUIREMENTS and b"\0" not in data
+
+
 def stored_hash(host: Host, python: str, hash_file: str) -> str:
-    """The install hash a venv keeps in ``hash_file`` when its ``python`` exists (both shell-quoted), else
-    "". A marker comes before it: a host whose shell start-up files print (a banner) still reads as
-    current."""
-    probe = f"[ -x {python} ] && {{ printf '\\n%s' {HASH_MARK}; cat {hash_file}; }} 2>/dev/null || true"
-    text = host.transport.run(probe).text
-    return text.rpartition(HASH_MARK)[2].strip() if HASH_MARK in text else ""
+    """The install hash a venv keeps in ``hash_file`` when its ``python`` exists and runs (host paths,
+    ``~/`` allowed), else "". The agent reads both (no shell: a host whose start-up files print a
+    banner still reads as current, and a hash file that became a FIFO is not waited on)."""
+    try:
+        if not host.agent.read(python, "size").executable:
+            return ""
+        return host.agent.read(hash_file, cap=MAX_HASH).data.decode("utf-8", "replace").strip()
+    except HostFileError:
+        return ""
 
 
 def _in_venv(venv: str, rel: str) -> str:
@@ -77,17 +95,24 @@ def _words(*argv: str) -> str:
 
 
 def setup_command(host: Host, env_plan: EnvPlan) -> str:
-    """The shell script of the setup job: venv if missing, pip install, then record the hash.
+    """The shell script of the setup job: write the requirements next to the venv, venv if missing,
+    pip install, then record the hash. The list travels inside the script (the agent's framed `start`
+    call), written under its content hash's name: a second setup started meanwhile writes its own.
 
-    Every user value (venv, base_python) reaches the shell only through ``_words``/``shell_path``."""
+    Every user value (venv, base_python, the list) reaches the shell only quoted (``_words``,
+    ``shell_path``, ``shlex.quote``)."""
     env = host.spec.env
     assert env is not None
     venv = env_plan.venv
     python = _in_venv(venv, "bin/python")
     req = _in_venv(venv, requirements_file(env_plan.digest))
+    text = env_plan.requirements.decode("utf-8")
     flags = ["--system-site-packages"] if env.system_site_packages else []
     return " && ".join([
         "set -e",
+        _words("mkdir", "-p", venv),
+        f"printf %s {shlex.quote(text)} > {shell_path(req + '.tmp-')}$$",
+        f"mv -f {shell_path(req + '.tmp-')}$$ {shell_path(req)}",
         # a venv cut off before its pip was installed (bin/python comes first) is made again over itself
         f"if [ ! -x {shell_path(python)} ] || ! {_words(python, '-c', 'import pip')} >/dev/null 2>&1; then "
         f"{_words('echo', 'creating venv ' + venv)}; {_words(env.base_python, '-m', 'venv', *flags, venv)}; fi",
@@ -99,15 +124,7 @@ def setup_command(host: Host, env_plan: EnvPlan) -> str:
     ])
 
 
-def upload_requirements(host: Host, env_plan: EnvPlan) -> None:
-    """Put the requirements file next to the venv (creating its folder), where the setup job reads it."""
-    req = shell_path(_in_venv(env_plan.venv, requirements_file(env_plan.digest)))
-    upload = f"{_words('mkdir', '-p', env_plan.venv)} && cat > {req}"
-    host.transport.run(upload, input=env_plan.requirements)
-
-
 def prepare_setup(host: Host, env_plan: EnvPlan) -> str:
-    """Upload the requirements next to the venv; returns the setup job's script (run from the
-    host's root: ``draftops.runs.tools.run_job(..., cwd=".")``)."""
-    upload_requirements(host, env_plan)
+    """The setup job's script (run from the host's root: ``draftops.runs.tools.run_job(..., cwd=".")``);
+    it writes the requirements itself, so nothing is uploaded ahead of it."""
     return setup_command(host, env_plan)

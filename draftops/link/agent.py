@@ -27,13 +27,15 @@ from draftops import onhost, timing
 from draftops.errors import (
     AgentError,
     FailedCommand,
+    HostFileError,
     RemoteError,
     RootError,
     SyncRefused,
     UnknownRun,
     host_prefix,
 )
-from draftops.link.framing import FramingError, Unframer, error_text, split_replies
+from draftops.link.connection import CommandResult
+from draftops.link.framing import FramingError, Unframer, error_text, marker, split_replies
 from draftops.onhost import wire
 from draftops.onhost.wire import Exit
 from draftops.terminal import clean, needs_cleaning
@@ -59,7 +61,9 @@ ERRORS: dict[Exit, type[RemoteError]] = {
     Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused, Exit.BUSY: SyncRefused,
     Exit.LOCK_TIMEOUT: SyncRefused,
     Exit.NO_RUN: UnknownRun,
+    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
+READ_CAP = 16 << 20      # a read's default byte cap (a config, a log's head): what the caller holds in memory
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,16 @@ class ApplyResult:
 class TailHeader:
     offset: int              # where the shown part of the log starts
     size: int                # the log's size when the tail began
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """A bounded read of one host file (``read``): the bytes asked for and where they sit in it."""
+
+    data: bytes
+    size: int                # the file's size when it was read
+    offset: int              # where ``data`` starts in the file
+    executable: bool         # the file may be run (what ``[ -x FILE ]`` says)
 
 
 def _entries(raw: Mapping[str, Any]) -> dict[str, Entry]:
@@ -235,6 +249,26 @@ class AgentClient:
         """TERM the run's process group, KILL it after ``grace_s``; the final status."""
         return self._row("kill", self._call(("kill", _run_dir(run_id), str(float(grace_s))), run_id=run_id))
 
+    def read(self, path: str, how: str = "whole", cap: int = READ_CAP, lines: int = 0) -> FileRead:
+        """One host file, bounded, never through a shell (a banner cannot get into its bytes): ``whole``
+        (at most ``cap`` bytes, else a HostFileError), ``head`` (its first ``cap`` bytes), ``tail`` (its
+        last ``lines`` lines, within its last ``cap`` bytes) or ``size`` (no bytes). ``~/`` is the host's
+        home. A missing file, a folder, FIFO or device (even behind a link) is a HostFileError."""
+        received = bytearray()
+
+        def keep(chunk: bytes) -> None:                  # never more than the cap (and a byte) is held
+            received.extend(chunk[:max(0, cap + 1 - len(received))])
+
+        args = ("read", path, how, str(int(cap)), str(int(lines)))
+        header = self._stream(args, keep, None)
+        length = self._typed("read", lambda: int(header["length"]))
+        if len(received) < length:
+            raise self._failure(AgentError, " ".join(args), 0, b"", b"",
+                                f"the draftops agent's `read` of {path} ended after {len(received)} of its "
+                                f"{length} bytes: the link dropped or the agent was stopped; try again")
+        return self._typed("read", lambda: FileRead(bytes(received[:length]), int(header["size"]),
+                                                    int(header["offset"]), bool(header["executable"])))
+
     def tail(self, run_id: str, lines: int | None, on_output: Callable[[bytes], object]) -> TailHeader:
         """The log's last ``lines`` lines (None: all of it) to ``on_output``."""
         header = self._stream(("tail", _run_dir(run_id), "all" if lines is None else str(lines)), on_output, run_id)
@@ -267,16 +301,33 @@ class AgentClient:
         quoted = " ".join(shlex.quote(a) for a in (self.info.root, *args))
         return f"{env} {shlex.quote(self.python)} -S {shlex.quote(self.info.run or self.info.agent)} {quoted}"
 
+    def quick(self, command: str, tool: dict[str, Any] | None, input: bytes | None = None,
+              timeout: float | None = None) -> CommandResult:
+        """A quick tool's shell ``command`` (draftops.runs.tools.ask_tool): given to a standby agent as
+        ``tool`` (a stdlib module the agent's python runs: docs/protocol.md § Kept connections) where
+        the transport keeps them, else one exec. Framed as an agent reply is: its stdout is what follows
+        a marker line with this call's nonce, so what the shell's start-up files print (a banner, even
+        one without a newline) never reaches the tool's answer; no marker, no stdout."""
+        nonce = secrets.token_hex(8)
+        framed = f"printf '\\n%s%s\\n' {shlex.quote(wire.FRAME_PREFIX)} {nonce}; {command}"
+        done = None
+        if tool is not None:
+            done = self.transport.run_standby(self.standby_request({"tool": {**tool, "frame": nonce}}), framed,
+                                              input, timeout)
+        if done is None:                     # not a stdlib tool, or no standbys on this transport: one exec
+            done = self.transport.run(framed, input=input, timeout=timeout, check=False)
+        mark = marker(wire.FRAME_PREFIX, nonce)
+        stdout = done.stdout.split(mark, 1)[1] if mark in done.stdout else b""
+        return CommandResult(command, done.exit_code, stdout, done.stderr)
+
     def standby_request(self, header: dict[str, Any]) -> dict[str, Any]:
         """A request for a standby of this session's agent and python (draftops/link/keeper.py): ``header``
         is what the standby is told (docs/protocol.md § Kept connections)."""
         return {"python": self.python, "agent": AGENT_NAME, "header": header}
 
-    def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any] | None:
-        """The same call for a standby agent (draftops/link/keeper.py), when the transport keeps them: which
+    def _standby(self, args: tuple[str, ...], nonce: str) -> dict[str, Any]:
+        """The same call for a standby agent (draftops/link/keeper.py), where the transport keeps them: which
         agent it needs, and what it is told in place of a command line (the boot's source included)."""
-        if not hasattr(self.transport, "run_standby"):
-            return None
         env = _env(nonce)
         if self.info is None:
             header = {"boot": True, "source": AGENT_SOURCE, "argv": [self.spec.root, AGENT_NAME, *args], "env": env}
@@ -291,11 +342,8 @@ class AgentClient:
         warm = booting and self.warm is not None
         command = self.command_line(args, nonce)
         sent_at = time.time()
-        standby = self._standby(args, nonce)
-        run_standby = getattr(self.transport, "run_standby", None)
-        if standby is not None and run_standby is not None:
-            result = run_standby(standby, command, input)
-        else:
+        result = self.transport.run_standby(self._standby(args, nonce), command, input)
+        if result is None:                   # no standbys on this transport: one exec
             result = self.transport.run(command, input=input, check=False)
         timing.host_stages(result.stderr, sent_at, time.time())
         what = " ".join(args) if args else "prepare"
@@ -312,9 +360,8 @@ class AgentClient:
             asked = self.python
             self._remember(self.info.python)
             self._note_warm(self.info.python, self.info.run or self.info.agent)
-            standby_ready = getattr(self.transport, "standby_ready", None)
-            if standby_ready is not None:         # a kept connection starts the next agent ahead
-                standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
+            # a kept connection starts the next agent ahead
+            self.transport.standby_ready(self.python, AGENT_NAME, self.info.run or self.info.agent, asked)
         unprepared = booting and self.info is None       # the boot failed before prepare answered
         if unprepared and 0 < result.exit_code < 128 \
                 and result.exit_code not in (Exit.ROOT_REFUSED, Exit.ROOT_UNWRITABLE) \
@@ -332,7 +379,7 @@ class AgentClient:
             raise self._unframed(what, result.exit_code, noise or result.stderr)
         return replies[-1]
 
-    def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str,
+    def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str | None,
                 retried: bool = False) -> dict[str, Any]:
         """Run a streaming command; returns its header once the stream has ended with exit 0."""
         self.prepare()                               # a stream has one marker: never through the boot
@@ -340,12 +387,9 @@ class AgentClient:
         unframer = Unframer(nonce, on_output, lambda header: None)
         what = " ".join(args)
         command = self.command_line(args, nonce)
-        standby = self._standby(args, nonce)
-        stream_standby = getattr(self.transport, "stream_standby", None)
         try:
-            if standby is not None and stream_standby is not None:
-                code = stream_standby(standby, command, unframer.feed)
-            else:
+            code = self.transport.stream_standby(self._standby(args, nonce), command, unframer.feed)
+            if code is None:                 # no standbys on this transport: one exec
                 code = self.transport.stream(command, unframer.feed)
         except FramingError as exc:
             raise self._failure(AgentError, what, None, unframer.noise, b"",
@@ -445,7 +489,7 @@ class AgentClient:
                        FailedCommand.of(self.spec.name, what, code, stdout, stderr))
         elif cls is UnknownRun:
             message = text
-        elif cls is SyncRefused:
+        elif cls in (SyncRefused, HostFileError):
             message = text.rstrip(".") + "."
         elif code == -1:        # no exit status came back: the link dropped (the boot too: python was not at fault)
             message = (f"the connection dropped during `{what}`, before its answer came back"

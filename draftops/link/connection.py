@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from draftops import timing
 from draftops.errors import (
@@ -100,6 +100,35 @@ class Transport(Protocol):
 
     def close(self) -> None: ...
 
+    def run_standby(self, standby: dict[str, Any], command: str, input: bytes | None,
+                    timeout: float | None = None) -> CommandResult | None:
+        """An agent call or quick tool given to a standby agent (a kept connection's,
+        draftops/link/keeper_link.py), ``command`` where none can take it; None: this transport keeps
+        no standbys, and the caller runs ``command`` itself."""
+        ...
+
+    def stream_standby(self, standby: dict[str, Any], command: str, on_output: Callable[[bytes], None]) -> int | None:
+        """``run_standby`` for a streaming agent call; None: no standbys here."""
+        ...
+
+    def standby_ready(self, python: str, agent: str, run: str, asked: str | None = None) -> None:
+        """Which agent to keep a standby of (the session's boot says it); nothing where none are kept."""
+        ...
+
+
+class NoStandbys:
+    """The standby calls of a transport that keeps no standby agents (every call is an exec)."""
+
+    def run_standby(self, standby: dict[str, Any], command: str, input: bytes | None,
+                    timeout: float | None = None) -> CommandResult | None:
+        return None
+
+    def stream_standby(self, standby: dict[str, Any], command: str, on_output: Callable[[bytes], None]) -> int | None:
+        return None
+
+    def standby_ready(self, python: str, agent: str, run: str, asked: str | None = None) -> None:
+        return None
+
 
 def _checked(result: CommandResult, spec: HostSpec, check: bool) -> CommandResult:
     if check and not result.ok:
@@ -114,7 +143,7 @@ def _timed_out(spec: HostSpec, command: str, timeout: float | None, out: bytes, 
                        f"{command[:200]}", FailedCommand.of(spec.name, command, None, out, err))
 
 
-class LocalTransport:
+class LocalTransport(NoStandbys):
     """Runs commands on this machine with ``sh -c``; same semantics as the SSH transport."""
 
     def __init__(self, spec: HostSpec):
@@ -369,7 +398,7 @@ def _bounded_exec(transport: paramiko.Transport, command: str, open_s: float, ex
     return channel
 
 
-class SSHTransport:
+class SSHTransport(NoStandbys):
     """A Fabric connection behind its chain of jump hosts (Fabric gateways), opened once, with
     keepalive and retries. Every hop is opened in turn, so an error names the hop that failed."""
 

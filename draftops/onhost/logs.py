@@ -1,5 +1,6 @@
 """A run's output on the host: tail and follow its log in bounded blocks (events and lines), and
-pack its run folder, never following links, for a pull.
+pack its run folder, never following links, for a pull. And the one bounded read of any host file
+(whole, head, tail, size) the local side does instead of a shell's cat, head, tail or wc.
 
 One part of the host agent: draftops/onhost/__init__.py assembles the parts, in order, into the one
 stdlib-only script the host runs (docs/protocol.md)."""
@@ -12,7 +13,17 @@ import sys
 import time
 
 from draftops.onhost.runs import BLOCK, ENV_FILE, FOLLOW_POLL_S, _exit_fd, _pause_or_exit, _run_dir_or_fail, _status  # noqa: F401
-from draftops.onhost.wire import EVENT_PREFIX, MAX_LINE, PULL_NOTES, TMP_MARK, Exit, _fail, _open_regular, _raw_start  # noqa: F401
+from draftops.onhost.wire import (  # noqa: F401
+    _CLOEXEC,
+    EVENT_PREFIX,
+    MAX_LINE,
+    PULL_NOTES,
+    TMP_MARK,
+    Exit,
+    _fail,
+    _open_regular,
+    _raw_start,
+)
 
 
 def _tail_offset(path, lines):
@@ -255,4 +266,91 @@ def cmd_pack(run_dir):
         info = tarfile.TarInfo(PULL_NOTES)
         info.size, info.mtime, info.mode = len(notes), int(time.time()), 0o644
         tar.addfile(info, io.BytesIO(notes))
+    sys.stdout.buffer.flush()
+
+
+READ_HOWS = ("whole", "head", "tail", "size")
+MAX_READ = 64 << 20                   # the most a read may ask for: its reply is held in memory here
+
+
+def _open_file(path):
+    """A descriptor of ``path``, a regular file (a link is followed to a file, never into a FIFO, a
+    device or a folder: an open would wait forever, a read never end); else exit NO_FILE, saying why."""
+    try:
+        st = os.stat(path)
+        kind = None if stat.S_ISREG(st.st_mode) else ("a folder" if stat.S_ISDIR(st.st_mode) else
+                                                       "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                                                       "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            kind = "no longer a regular file"
+    except OSError as exc:
+        _fail(f"{path} cannot be read: {exc.strerror or exc}", Exit.NO_FILE)
+    _fail(f"{path} is {kind}, not a regular file; draftops reads only files", Exit.NO_FILE)
+
+
+def _read_upto(fd, pos, limit):
+    """Up to ``limit`` bytes of ``fd`` from ``pos`` (fewer at its end), in blocks."""
+    parts, left = [], limit
+    while left > 0:
+        chunk = os.pread(fd, min(BLOCK, left), pos)
+        if not chunk:
+            break
+        parts.append(chunk)
+        pos += len(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _last_lines(data, lines, cut):
+    """Where the last ``lines`` lines of ``data`` start (a final newline ends a line, it starts none);
+    ``cut``: ``data`` begins mid-file, so its first, partial line is never shown."""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        end = data.rfind(b"\n", 0, end)
+        if end < 0:
+            return data.find(b"\n") + 1 if cut else 0
+    return end + 1
+
+
+def _read_part(fd, path, how, cap, lines):
+    """(offset, bytes) of the part asked for; a whole read of a file over ``cap`` bytes exits TOO_BIG."""
+    size = os.fstat(fd).st_size
+    if how == "size":
+        return size, b""
+    if how == "whole":
+        data = _read_upto(fd, 0, cap + 1)
+        if len(data) > cap:
+            _fail(f"{path} is {max(size, len(data))} bytes, more than the {cap} this read takes", Exit.TOO_BIG)
+        return 0, data
+    if how == "head":
+        return 0, _read_upto(fd, 0, cap)
+    start = max(0, size - cap)
+    data = _read_upto(fd, start, size - start)
+    at = _last_lines(data, lines, start > 0) if lines > 0 else len(data)
+    return start + at, data[at:]
+
+
+def cmd_read(path, how, cap, lines="0"):
+    """A bounded read of one host file as a framed stream: header ``{"size", "offset", "length",
+    "executable"}``, then ``length`` bytes: the whole file (at most ``cap`` bytes, else TOO_BIG), its
+    first ``cap`` bytes, its last ``lines`` lines within its last ``cap`` bytes, or nothing (size)."""
+    if how not in READ_HOWS or not cap.isdigit() or not 0 < int(cap) <= MAX_READ or not lines.isdigit():
+        _fail(f"usage: read PATH {'|'.join(READ_HOWS)} CAP (1..{MAX_READ}) [LINES]; got {how!r} {cap!r} "
+              f"{lines!r}", Exit.USAGE)
+    path = os.path.expanduser(path)
+    fd = _open_file(path)
+    try:
+        size = os.fstat(fd).st_size
+        offset, data = _read_part(fd, path, how, int(cap), int(lines))
+    except OSError as exc:
+        _fail(f"{path} cannot be read: {exc.strerror or exc}", Exit.NO_FILE)
+    finally:
+        os.close(fd)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _raw_start({"size": size, "offset": offset, "length": len(data), "executable": os.access(path, os.X_OK)})
+    sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()

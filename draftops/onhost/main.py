@@ -12,11 +12,12 @@ import sys
 import time
 
 from draftops.onhost.apply import cmd_apply  # noqa: F401
-from draftops.onhost.logs import cmd_follow, cmd_pack, cmd_tail  # noqa: F401
+from draftops.onhost.logs import cmd_follow, cmd_pack, cmd_read, cmd_tail  # noqa: F401
 from draftops.onhost.runs import cmd_kill, cmd_recent, cmd_runner, cmd_runs, cmd_start, cmd_status  # noqa: F401
 from draftops.onhost.sync import _create_code, cmd_manifest  # noqa: F401
 from draftops.onhost.wire import (  # noqa: F401
     _AGENT_PATH,
+    FRAME_PREFIX,
     MAX_STANDBY_REQUEST,
     PROTOCOL_ENV,
     PROTOCOL_VERSION,
@@ -199,7 +200,7 @@ def warm_boot(argv):
 # what the local side may call (docs/protocol.md); "runner" is started by "start" only
 COMMANDS = {"manifest": cmd_manifest, "apply": cmd_apply, "start": cmd_start, "runner": cmd_runner,
             "status": cmd_status, "runs": cmd_runs, "recent": cmd_recent, "kill": cmd_kill, "tail": cmd_tail,
-            "follow": cmd_follow, "pack": cmd_pack}  # type: dict
+            "follow": cmd_follow, "pack": cmd_pack, "read": cmd_read}  # type: dict
 
 
 def _check_call(argv):
@@ -248,7 +249,11 @@ def standby():
     exactly as a fresh exec would (the boot when ``boot`` is set). The call's
     input follows that line on stdin. The host's shell and this python's start-up were paid before
     the call was made; EOF before a request (the connection closed) ends it quietly."""
-    _preload(STANDBY_IMPORTS)        # what the quick tools import, loaded while nobody waits
+    for name in STANDBY_IMPORTS:     # what the quick tools import, loaded while nobody waits
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     out = sys.stdout.buffer
     out.write(STANDBY_READY + repr(time.monotonic()).encode() + b"\n")
     out.flush()
@@ -277,16 +282,8 @@ def standby():
     main(argv)
 
 
-def _preload(names):
-    for name in names:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-
-
 def _call_argv(request):
-    """The call's argv, its env applied to this process; an unusable request fails as USAGE."""
+    """An agent call's argv from a standby's request, its env set; an unusable request exits USAGE."""
     try:
         if request is None:
             raise ValueError("not JSON")
@@ -320,6 +317,10 @@ def _run_tool(tool):
     except (KeyError, TypeError, OSError) as exc:
         _fail(f"standby agent: unusable tool request ({type(exc).__name__}: {exc})", Exit.USAGE)
     os.environ.update({str(k): str(v) for k, v in env.items()})
+    frame = tool.get("frame")
+    if isinstance(frame, str):       # the tool's answer follows this call's marker, as an exec's does
+        sys.stdout.buffer.write(f"\n{FRAME_PREFIX}{frame}\n".encode())
+        sys.stdout.buffer.flush()
     extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *sys.path[1:]]       # [0] was this agent's own folder
     sys.argv = [module, *argv]

@@ -40,6 +40,8 @@ class Exit(enum.IntEnum):
     NO_RUN = 7             # no such run folder
     UNSAFE_RUN = 8         # the run folder cannot be opened without following a link
     PROTOCOL_MISMATCH = 9  # the caller speaks another PROTOCOL_VERSION; nothing was done
+    NO_FILE = 10           # read: no such file, not a regular file (a folder, FIFO, device), or unreadable
+    TOO_BIG = 11           # read: a whole read of a file larger than the caller's byte cap
     REFUSED_CODE = 20      # <root>/code is a link, unreadable or holds files draftops did not put there
     SCAN_FAILED = 21       # something under <root>/code cannot be read
     APPLY_FAILED = 22      # writing the sync failed (a full disk); every file is old or new, none partial

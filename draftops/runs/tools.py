@@ -282,12 +282,11 @@ def _tool_env(env: Mapping[str, str] | None) -> dict[str, str]:
 def _standby_tool(host: Host, module: str, args: list[str], python: str | None,
                   env: Mapping[str, str] | None) -> dict[str, Any] | None:
     """The same call for a kept connection's standby agent (the agent's python, already started on the
-    host: docs/protocol.md § Kept connections), when the transport keeps them and the tool is one of
-    the stdlib tools that the agent's python runs; None otherwise (then it is one exec)."""
-    if python is not None or module not in STDLIB_TOOLS or not hasattr(host.transport, "run_standby"):
+    host: docs/protocol.md § Kept connections), when the tool is one of the stdlib tools that the
+    agent's python runs; None otherwise (then it is one exec)."""
+    if python is not None or module not in STDLIB_TOOLS:
         return None
-    header = {"tool": {"module": module, "argv": list(args), "cwd": host.code_dir, "env": _tool_env(env)}}
-    return host.agent.standby_request(header)
+    return {"module": module, "argv": list(args), "cwd": host.code_dir, "env": _tool_env(env)}
 
 
 def call_tool(host: Host, module: str, args: list[str], *, python: str | None = None,
@@ -314,12 +313,7 @@ def ask_tool(host: Host, module: str, args: list[str], *, python: str | None = N
              timeout: float | None = None) -> Answer:
     """Run a quick tool and return what it said, whatever its exit code (see :func:`call_tool`)."""
     command = module_command(host, module, args, python=python, env=env)
-    standby = _standby_tool(host, module, args, python, env)
-    run_standby = getattr(host.transport, "run_standby", None)
-    if standby is not None and run_standby is not None:
-        done = run_standby(standby, command, input, timeout)
-    else:
-        done = host.transport.run(command, input=input, timeout=timeout, check=False)
+    done = host.agent.quick(command, _standby_tool(host, module, args, python, env), input, timeout)
     lines = done.text.strip().splitlines()
     error = None
     data: Any = None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftops.errors import JobError, ServeError, ServeRefused
+from draftops.errors import HostFileError, JobError, ServeError, ServeRefused
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.serve import hosttool
@@ -35,6 +35,7 @@ CLAIM_S = 120.0
 PROBE_TIMEOUT_S = 120.0
 #: how long one read-back request (server info, metrics) may take in all, its body included
 READBACK_TIMEOUT_S = 10.0
+READBACK_HEAD = 500_000      # the read-back looks for the engine's own lines in this much of the log's start
 
 
 @dataclass
@@ -278,15 +279,24 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
                   launch_.listen, "starting", job.pid, None, 0.0, asked, None, entry)
 
 
+def _log(host: Host, run_id: str) -> str:
+    return f"{host.runs_dir}/{run_id}/log"
+
+
 def log_tail(host: Host, run_id: str, lines: int = TAIL_LINES) -> str:
-    path = jobs.shell_path(f"{host.runs_dir}/{run_id}/log")
-    return host.transport.run(f"tail -n {int(lines)} {path}", check=False).text
+    """The server log's last ``lines`` lines, read by the agent ("" while there is no log)."""
+    try:
+        return host.agent.read(_log(host, run_id), "tail", lines=int(lines)).data.decode("utf-8", "replace")
+    except HostFileError:
+        return ""
 
 
 def log_size(host: Host, run_id: str) -> int:
-    path = jobs.shell_path(f"{host.runs_dir}/{run_id}/log")
-    text = host.transport.run(f"wc -c < {path}", check=False).text.strip()
-    return int(text) if text.isdigit() else 0
+    """The server log's size in bytes (0 while there is no log): where ``serve.logs --follow`` starts."""
+    try:
+        return host.agent.read(_log(host, run_id), "size").size
+    except HostFileError:
+        return 0
 
 
 def abandon(host: Host, server: Server, why: str) -> ServeError:
@@ -367,8 +377,10 @@ def _unread_warning(plan: Plan, rows: list[tuple[str, Any, Any, bool]], effectiv
 
 def read_back(host: Host, plan: Plan, server: Server) -> Readback:
     """Ask the server what it runs with, record it in the registry, and compare with the request."""
-    head = host.transport.run(f"head -c 500000 {jobs.shell_path(f'{host.runs_dir}/{server.run_id}/log')}",
-                              check=False).text
+    try:
+        head = host.agent.read(_log(host, server.run_id), "head", cap=READBACK_HEAD).data.decode("utf-8", "replace")
+    except HostFileError:
+        head = ""
 
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
         return hosttool.http(host, server.port, path, body, server.listen, timeout=READBACK_TIMEOUT_S)

@@ -489,7 +489,8 @@ def test_servers_are_joined_with_their_own_runs_not_the_whole_history(local_host
                {"port": 8001, "run_id": "../outside", "engine": "vllm"},
                {"port": 8002, "run_id": None, "engine": "vllm", "created": "2020-01-01T00:00:00Z"}]
     servers = lifecycle._joined(host, entries, time.time())
-    assert [(s.port, s.state) for s in servers] == [(8000, "succeeded"), (8001, "dead"), (8002, "dead")]
+    # 8002: an old claim that never started a run is a stale claim (issue 22, J), never alive
+    assert [(s.port, s.state) for s in servers] == [(8000, "succeeded"), (8001, "dead"), (8002, "stale claim")]
     assert len(commands) == 1 and commands[0].rstrip().endswith(f"runs runs {ids[1]}")
 
 

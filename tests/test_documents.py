@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from draftops.documents import load, parse
+from draftops.documents import Document, load, parse
+from draftops.documents.draft_config import DraftConfigResult
 from draftops.documents.drafter_report import DrafterReport
-from draftops.errors import DocumentError
+from draftops.documents.sglang_patch import SglangPatch
+from draftops.errors import DocumentError, ToolFailed
 from draftops.nightly import results
 from draftops.runs.tools import ToolResult
 from draftops.serve import verdicts
-from tests.drafter_support import run_eval
+from tests.conftest import REPO
+from tests.drafter_support import demo, run_eval
 
 RUN_ID = "20261201-100000-test-drafter-aaaa"
 OLDER = "20261130-100000-test-drafter-bbbb"
@@ -112,10 +119,13 @@ def test_the_tool_result_reads_its_file_into_the_model_once(report: dict[str, An
     done = ToolResult("box", RUN_ID, {"state": "succeeded"}, result_file=tmp_path / "report.json", data=report)
     assert done.document(DrafterReport).verdict.status == "MISMATCH"              # type: ignore[union-attr]
     assert ToolResult("box", RUN_ID, {"state": "failed"}).document(DrafterReport) is None
-    broken = ToolResult("box", RUN_ID, {}, result_file=tmp_path / "report.json",
+    broken = ToolResult("box", RUN_ID, {"state": "succeeded"}, result_file=tmp_path / "report.json",
                         data=_set(report, "verdict.fix_layer_ids", [1.5]))
     said = _refusal(lambda: broken.document(DrafterReport))
     assert f"{tmp_path / 'report.json'}: field 'verdict.fix_layer_ids.0'" in said
+    broken.final = {"state": "failed", "exit_code": 4, "outcome": {"error": "the evaluator crashed"}}
+    with pytest.raises(ToolFailed, match="the evaluator crashed"):      # the run's reason comes first
+        broken.document(DrafterReport)
 
 
 def test_serves_verdict_lookup_and_the_nightly_metric_pass_over_a_report_that_fails_its_model(
@@ -129,3 +139,41 @@ def test_serves_verdict_lookup_and_the_nightly_metric_pass_over_a_report_that_fa
     assert found.accept_best == report["predicted_accept_length"]["best"]
     assert results._report_step0(runs / RUN_ID / "report.json") is None
     assert results._report_step0(runs / OLDER / "report.json") == report["metrics"]["served"]["verifier"]["full_acc"][0]
+
+
+def _tool(tmp_path: Path, module: str, *args: str) -> Path:
+    """Run a remote tool as the host would (``python -m``) with ``--out``; the folder it wrote into."""
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", module, *args, "--out", str(out)], cwd=REPO, capture_output=True,
+                   timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return out
+
+
+def _draft_config(tmp_path: Path) -> Path:
+    ckpt = shutil.copytree(demo().draft, tmp_path / "draft")
+    return _tool(tmp_path, "remote.draft_config", "--ckpt", str(ckpt), "--layer-ids", "-1,1,3", "--dry-run") \
+        / "draft_config.json"
+
+
+def _sglang_patch(tmp_path: Path) -> Path:
+    """patch.json of a status on a python without SGLang (the tool's refusal still writes it)."""
+    return _tool(tmp_path, "remote.sglang_patch", "status", "--state-dir", str(tmp_path / "state")) / "patch.json"
+
+
+TOOLS: dict[str, tuple[type[Document], Callable[[Path], Path], str, Any]] = {
+    "draft-config": (DraftConfigResult, _draft_config, "written_ids", "-1,1,3"),
+    "sglang-patch": (SglangPatch, _sglang_patch, "files", {"file": "x"}),
+}
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_each_tools_real_result_reads_and_a_broken_one_is_one_paragraph(name: str, tmp_path: Path) -> None:
+    model, make, field, wrong = TOOLS[name]
+    path = make(tmp_path)
+    doc = json.loads(path.read_text())
+    assert load(model, path).model_dump(by_alias=True)[field] == doc[field]
+    for change, said in (({"schema": f"{model.SCHEMA[:-1]}2"}, f"this draftops reads {model.SCHEMA}"),
+                         ({field: wrong}, f"field '{field}"), ({"ok": float("nan")}, "field 'ok' is not a finite")):
+        path.write_text(json.dumps({**doc, **change}))
+        text = _refusal(lambda: load(model, path))
+        assert str(path) in text and said in text and model.TASK in text

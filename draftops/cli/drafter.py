@@ -63,13 +63,14 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
 
 def read_report(target: Host, done: ToolResult, given: dict[str, Any]) -> DrafterReport | None:
     """The run's report as its model, read once here (None when it left none). A report that fails
-    the model is recorded as a run without one, then refused in one paragraph naming the file."""
+    the model is recorded as a run without one, then refused in one paragraph naming the file (or,
+    when the run failed, by the run's own reason)."""
     from draftops.documents import drafter_report  # pydantic: imported when a run has ended
-    from draftops.errors import DocumentError
+    from draftops.errors import DocumentError, ToolFailed
 
     try:
         return done.document(drafter_report.DrafterReport)
-    except DocumentError:
+    except (DocumentError, ToolFailed):
         record_test_drafter(target, done, given, None)
         raise
 

@@ -145,12 +145,18 @@ class ToolResult:
 
     def document(self, model: type[D]) -> D | None:
         """The result file as its typed model (``draftops.documents``), None when the run left none;
-        a file that fails the model is a ``DocumentError`` naming it and the field."""
+        a file that fails the model is a ``DocumentError`` naming it and the field, unless the run
+        failed: then its own reason (:meth:`check`) comes first, the broken file being its consequence."""
         if self.data is None:
             return None
         from draftops.documents import parse  # pydantic: imported once there is a document to read
+        from draftops.errors import DocumentError
 
-        return parse(model, self.data, self.result_file or f"the result of run {self.run_id}")
+        try:
+            return parse(model, self.data, self.result_file or f"the result of run {self.run_id}")
+        except DocumentError:
+            self.check()
+            raise
 
     @property
     def meaning(self) -> str:

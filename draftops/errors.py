@@ -17,6 +17,7 @@
     │   └── ToolFailed        a remote tool's run ended other than ok; ``.result`` is its ToolResult
     ├── HistoryError        runs/history.sqlite cannot be read or written
     ├── BenchError          a benchmark result is unreadable, or two runs cannot be compared
+    ├── DocumentError       a JSON document a tool wrote is unreadable, of another version, or fails its model
     ├── ServeError          a server could not be started, probed or stopped
     │   └── ServeRefused      a pre-start check failed (one paragraph per reason)
     ├── EngineError         an engine name or engine venv that cannot be used as given
@@ -167,6 +168,11 @@ class HistoryError(DraftopsError):
 
 class BenchError(DraftopsError):
     """A benchmark result cannot be read, or two runs cannot be compared."""
+
+
+class DocumentError(DraftopsError):
+    """A JSON document a remote tool wrote (``draftops.documents``) cannot be read as its model: not
+    JSON, a schema version this draftops does not read, or a field of the wrong type."""
 
 
 class ServeError(DraftopsError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops import history
 from draftops.errors import DraftopsError, HistoryError
@@ -28,51 +28,49 @@ def keep(root: Path, what: str, build: Callable[[str | None], RunRecord], warn: 
         warn(f"{what} was not recorded in the local history: {why}")
 
 
-def _get(doc: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(doc, dict):
-            return None
-        doc = doc.get(key)
-    return doc
+if TYPE_CHECKING:                 # the model loads pydantic; the task modules import this one at listing time
+    from draftops.documents.drafter_report import DrafterReport
 
 
-def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: dict[str, Any] | None,
+def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: DrafterReport | None,
                         args: dict[str, Any], *, git_rev: str | None, config_digest: str | None) -> RunRecord:
     """A test-drafter run: its settings, predicted accept lengths and fix, and the verdict
     (MATCH / MISMATCH / UNKNOWN, or the job state when there is no report)."""
-    accept = _get(report, "predicted_accept_length") or {}
-    verdict = _get(report, "verdict") or {}
-    steps = accept.get("steps") if isinstance(accept, dict) else None
-    metrics: dict[str, Any] = {
-        "steps": steps if isinstance(steps, int) else args.get("steps"),
-        "basis": accept.get("basis"),
-        "predicted_served": finite(accept.get("served")),
-        "predicted_best": finite(accept.get("best")),
-        "predicted_value": finite(accept.get("value")),
-        "predicted_walk_served": finite(_get(accept, "walk", "served")),
-        "predicted_walk_best": finite(_get(accept, "walk", "best")),
-        "configured_layer_ids": _get(report, "checkpoint", "configured_layer_ids"),
-        "fix_layer_ids": verdict.get("fix_layer_ids"),
-        "fix_layer_ids_vllm": verdict.get("fix_layer_ids_vllm"),
-        "needs_capture_patch": verdict.get("needs_capture_patch"),
-        "serving_convention": verdict.get("serving_convention"),
-        "format": _get(report, "checkpoint", "format"),
-        "exit_code": final.get("exit_code"),
-    }
     state = final.get("state")
-    status = verdict.get("status") if isinstance(verdict, dict) else None
-    metrics["state"] = state
+    status = report.verdict.status if report else None
     return RunRecord(
         run_id=run_id, kind="test-drafter", host=host,
         time=final.get("ended") or final.get("started") or now_iso(), git_rev=git_rev,
-        target=_get(report, "verifier", "path") or args.get("verifier"),
-        draft=_get(report, "checkpoint", "path") or args.get("ckpt"), draft_digest=config_digest,
+        target=(report.verifier.path if report and report.verifier else None) or args.get("verifier"),
+        draft=(report.checkpoint.path if report else None) or args.get("ckpt"), draft_digest=config_digest,
         settings={**{k: v for k, v in args.items() if v is not None},
-                  "data": _get(report, "data", "path") or args.get("data"),
-                  "device": _get(report, "run", "device") or args.get("device"),
-                  "torch": _get(report, "run", "torch")},
-        metrics=metrics,
+                  "data": (report.data.path if report else None) or args.get("data"),
+                  "device": (report.run.device if report else None) or args.get("device"),
+                  "torch": report.run.torch if report else None},
+        metrics={**_drafter_metrics(report, args), "exit_code": final.get("exit_code"), "state": state},
         verdict=(status or "no-report") if state == "succeeded" else "failed")
+
+
+def _drafter_metrics(report: DrafterReport | None, args: dict[str, Any]) -> dict[str, Any]:
+    """The report's predictions, fix and format as the history keeps them (all None without a report)."""
+    accept = report.predicted_accept_length if report else None
+    verdict = report.verdict if report else None
+    checkpoint = report.checkpoint if report else None
+    return {
+        "steps": accept.steps if accept and accept.steps is not None else args.get("steps"),
+        "basis": accept.basis if accept else None,
+        "predicted_served": accept.served if accept else None,
+        "predicted_best": accept.best if accept else None,
+        "predicted_value": accept.value if accept else None,
+        "predicted_walk_served": accept.walk.served if accept else None,
+        "predicted_walk_best": accept.walk.best if accept else None,
+        "configured_layer_ids": checkpoint.configured_layer_ids if checkpoint else None,
+        "fix_layer_ids": verdict.fix_layer_ids if verdict else None,
+        "fix_layer_ids_vllm": verdict.fix_layer_ids_vllm if verdict else None,
+        "needs_capture_patch": verdict.needs_capture_patch if verdict else None,
+        "serving_convention": verdict.serving_convention if verdict else None,
+        "format": checkpoint.format if checkpoint else None,
+    }
 
 
 def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | None, target: str,

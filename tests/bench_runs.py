@@ -18,6 +18,8 @@ from draftops.bench.result import (
     Settings,
     Speculative,
 )
+from draftops.documents import parse
+from draftops.documents.drafter_report import DrafterReport
 from draftops.history import History, RunRecord
 from remote.bench import client_output, decode_log, server_metrics
 from tests import bench_formats as fmt
@@ -127,11 +129,16 @@ def drafter_report(*, status: str, served: float, best: float, steps: int = 3, c
             "run": {"device": "cpu", "torch": "2.13.0", "steps": steps}}
 
 
+def read_report(report: dict[str, Any]) -> DrafterReport:
+    """A drafter report as test-drafter reads its report.json: into its model."""
+    return parse(DrafterReport, json.loads(json.dumps(report)), "report.json")
+
+
 def record_prediction(history: History, run_id: str, report: dict[str, Any], digest: str,
                       time: str = "2026-11-30T09:00:00Z") -> RunRecord:
     """A test-drafter run in the history, through the same conversion the task's hook uses."""
     rec = records.test_drafter_record(run_id, "local", {"state": "succeeded", "exit_code": 0, "ended": time},
-                                      report, {"steps": report["predicted_accept_length"]["steps"]},
+                                      read_report(report), {"steps": report["predicted_accept_length"]["steps"]},
                                       git_rev=None, config_digest=digest)
     history.record(rec)
     return rec

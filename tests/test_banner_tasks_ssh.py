@@ -102,3 +102,26 @@ def test_every_task_that_reads_the_host_reads_right_through_a_banner(project, tm
     (row,) = history.for_project(project).query(kind="serve")
     assert row.draft_digest == file_digest(draft)          # what remote/bench/runner.py computes there
     clean(ok(invoke(project, "serve.stop", "--all")))
+
+
+def test_test_drafter_and_bench_read_right_through_a_banner(project, tmp_path):
+    """The two tasks the test above leaves out: the evaluator's job, pull and report, and a bench
+    with the engine client's output, the server's metrics and the history row."""
+    import shutil
+
+    from tests.drafter_support import demo
+    shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")   # the host's demo, seeded
+    evaluated = clean(ok(invoke(project, "sync", "test-drafter", "--steps", "3")))
+    assert "MISMATCH" in evaluated and "predicted accept length" in evaluated
+    (drafted,) = history.for_project(project).query(kind="test-drafter")
+    assert drafted.verdict == "MISMATCH"
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    clean(ok(invoke(project, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4")))
+    benched = clean(ok(invoke(project, "bench", "--prompts", "3", "--repeats", "1", "--input-len", "8",
+                              "--output-len", "8")))
+    assert "accept length" in benched
+    (row,) = history.for_project(project).query(kind="bench")
+    assert row.draft_digest == file_digest(draft)
+    run_dir = next((project / "runs").glob("*-bench-*"))
+    assert json.loads((run_dir / "bench-result.json").read_text())["schema"].startswith("draftops.bench-result/")
+    clean(ok(invoke(project, "serve.stop", "--all")))

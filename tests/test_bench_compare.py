@@ -130,7 +130,8 @@ def test_newest_prediction_wins_and_failed_ones_are_ignored(hist: History) -> No
     runs.record_prediction(hist, "td-old", old, "sha256:ffff000000000000", time="2026-11-01T00:00:00Z")
     runs.record_prediction(hist, "td-new", new, "sha256:ffff000000000000", time="2026-11-02T00:00:00Z")
     failed = runs.records.test_drafter_record("td-failed", "local",
-                                              {"state": "failed", "ended": "2026-11-03T00:00:00Z"}, new, {"steps": 3},
+                                              {"state": "failed", "ended": "2026-11-03T00:00:00Z"},
+                                              runs.read_report(new), {"steps": 3},
                                               git_rev=None, config_digest="sha256:ffff000000000000")
     hist.record(failed)
     spec = runs.vllm_run("spec", tok_s=[100.0] * 3, accept=2.5, draft=_draft("sha256:ffff000000000000", [0, 1, 3]))

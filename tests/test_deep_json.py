@@ -90,6 +90,6 @@ def test_a_deep_report_is_skipped_by_serves_verdict_lookup(tmp_path: Path) -> No
     (runs / "20261201-100000-test-drafter-aaaa" / "report.json").write_text(DEEP_OBJECT)
     (runs / "20261130-100000-test-drafter-bbbb").mkdir()
     (runs / "20261130-100000-test-drafter-bbbb" / "report.json").write_text(json.dumps(
-        {"checkpoint": {"path": "/d"}, "verdict": {"status": "MATCH"}}))
+        {"schema": "draftops.drafter-report/1", "checkpoint": {"path": "/d"}, "verdict": {"status": "MATCH"}}))
     found = verdicts.latest(runs, "/d")
     assert found is not None and found.run_id.endswith("bbbb")

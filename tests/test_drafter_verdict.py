@@ -13,6 +13,8 @@ import pytest
 from rich.console import Console
 
 from draftops import report as rich_report
+from draftops.documents import parse
+from draftops.documents.drafter_report import DrafterReport
 from remote.drafter import ConfigError, load_checkpoint
 from remote.drafter.cli import main
 from tests.drafter_lab import (
@@ -100,7 +102,8 @@ def test_the_message_quotes_only_the_full_set_numbers(neighbour: dict) -> None:
 
 def _panel_text(report: dict) -> str:
     out = io.StringIO()
-    Console(file=out, width=400, color_system=None).print(rich_report.verdict_panel(report))
+    read = parse(DrafterReport, json.loads(json.dumps(report)), "report.json")     # as the task reads it
+    Console(file=out, width=400, color_system=None).print(rich_report.verdict_panel(read))
     return out.getvalue()
 
 

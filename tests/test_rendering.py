@@ -13,6 +13,8 @@ from draftops.cli.history import show_history
 from draftops.cli.serve import show_findings, show_readback, show_servers
 from draftops.cli.sglang import show_patch
 from draftops.console import show_sync
+from draftops.documents import parse
+from draftops.documents.sglang_patch import SglangPatch
 from draftops.history import RunRecord
 from draftops.runs.sync import SyncReport
 from draftops.serve import checks, lifecycle
@@ -25,12 +27,13 @@ def render(show: Callable[..., None], *args: Any, width: int = 200) -> str:
 
 
 def test_patch_table_shows_states_changed_files_checks_and_notes_as_text():
-    report = {"sglang_version": "0.5.5", "action": "apply", "changed": ["srt/models/llama.py"],
+    report = {"schema": "draftops.sglang-patch/1", "sglang_version": "0.5.5", "action": "apply",
+              "changed": ["srt/models/llama.py"],
               "files": [{"file": "srt/models/llama.py", "model": "llama", "state": "patched", "detail": "[red]x"},
                         {"file": "srt/models/qwen2.py", "model": "qwen2", "state": "needs-patch", "detail": ""}],
               "checks": [{"file": "srt/models/llama.py", "check": "compiles", "ok": False, "detail": "line [1]"}],
               "notes": ["see [link]"]}
-    text = render(show_patch, report, "box")
+    text = render(show_patch, parse(SglangPatch, report, "patch.json"), "box")
     assert "SGLang 0.5.5 on box: apply" in text
     assert "patched (changed)" in text and "needs-patch" in text and "qwen2.py" in text
     assert "[red]x" in text and "FAIL srt/models/llama.py: compiles line [1]" in text and "see [link]" in text

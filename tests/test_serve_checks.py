@@ -219,7 +219,7 @@ def test_embedding_ids_need_the_capture_patch_on_sglang(tmp_path):
 
 def test_mismatch_verdict_is_refused_unless_forced_and_a_stale_one_is_not(tmp_path):
     runs = tmp_path / "runs"
-    report = {"checkpoint": {"path": "/d/", "configured_layer_ids": [2, 16, 29]},
+    report = {"schema": "draftops.drafter-report/1", "checkpoint": {"path": "/d/", "configured_layer_ids": [2, 16, 29]},
               "verdict": {"status": "MISMATCH", "message": "Trained on [-1, 1, 15].", "fix_layer_ids": [-1, 1, 15],
                           "serving_convention": "sglang"}}
     (runs / "20261130-100000-test-drafter-aaaa").mkdir(parents=True)

@@ -255,7 +255,7 @@ def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project,
     text = refused(invoke(root, "serve", "--draft", wrong, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
     assert "can only capture ids -1..30; [31] is outside" in text and "started run" not in text
     draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    report = {"checkpoint": {"path": draft, "configured_layer_ids": [1, 15, 28]},
+    report = {"schema": "draftops.drafter-report/1", "checkpoint": {"path": draft, "configured_layer_ids": [1, 15, 28]},
               "verdict": {"status": "MISMATCH", "message": "Trained on [-1, 1, 15].", "serving_convention": "sglang"}}
     (root / "runs" / "20261130-000000-test-drafter-abcd").mkdir(parents=True)
     (root / "runs" / "20261130-000000-test-drafter-abcd" / "report.json").write_text(json.dumps(report))

@@ -18,6 +18,8 @@ from rich.console import Console
 
 from draftops.cli.drafter import show_result
 from draftops.cli.serve import show_findings
+from draftops.documents import parse
+from draftops.documents.drafter_report import DrafterReport
 from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
@@ -27,6 +29,11 @@ from tests.drafter_support import demo, run_eval
 RUN_ID = "20261201-093015-test-drafter-7f3a"
 RUN = 8  # words: a run of this many words said twice is a repeated paragraph, not a shared phrase
 BORDERS = re.compile(r"[│╭╮╰╯─]")
+
+
+def read(report: dict[str, Any]) -> DrafterReport:
+    """The evaluator's report as the task reads it: through the JSON file format, into its model."""
+    return parse(DrafterReport, json.loads(json.dumps(report)), "report.json")
 
 
 def render(show: Callable[..., None], *args: Any) -> str:
@@ -76,7 +83,7 @@ def test_the_verdict_panel_and_the_fix_say_each_paragraph_once(case: str, tmp_pa
     if kw.pop("fixed", False):
         kw["ckpt"] = demo().draft_fixed
     report = run_eval(tmp_path / "out", limit=64, **kw)
-    text = verdict_and_after(render(show_result, report, str(tmp_path / "out" / "report.json"), RUN_ID, "demo"))
+    text = verdict_and_after(render(show_result, read(report), str(tmp_path / "out" / "report.json"), RUN_ID, "demo"))
     assert not repeats(text), (repeats(text), text)
     words = " ".join(BORDERS.sub(" ", text).split())
     verdict, accept = report["verdict"], report["predicted_accept_length"]
@@ -104,7 +111,7 @@ def test_the_fix_command_is_one_unbroken_line_at_80_columns(state: Path) -> None
     """However long the checkpoint path, the command is on one line, quoted, whole (it is pasted)."""
     report = verdicts_report(state)
     ckpt = "/data/checkpoints/team drafts/eagle3-llama-3.1-8b-instruct-sharegpt-ultrachat-run-0042"
-    lines = render(show_result, report, "/very/long/runs/" + RUN_ID + "/report.json", RUN_ID, ckpt).splitlines()
+    lines = render(show_result, read(report), "/very/long/runs/" + RUN_ID + "/report.json", RUN_ID, ckpt).splitlines()
     command = f"  invoke draft-config --ckpt '{ckpt}' --from-report {RUN_ID}"
     assert len(command) > 80 and command in lines
     assert f"report: /very/long/runs/{RUN_ID}/report.json" in lines
@@ -140,7 +147,7 @@ def test_serve_demo_warns_in_a_few_lines_with_the_run_and_the_command_whole(stat
     assert lines[-1] == command and len(lines) <= 4, text
     accept = report["predicted_accept_length"]
     assert RUN_ID in lines[0] + lines[1] and f"{accept['served']:.2f}" in text and f"{accept['best']:.2f}" in text
-    panel = verdict_and_after(render(show_result, report, "runs/x/report.json", RUN_ID, "demo"))
+    panel = verdict_and_after(render(show_result, read(report), "runs/x/report.json", RUN_ID, "demo"))
     panel = panel[:panel.index("report: ")]                            # the command is meant to be in both
     assert not shared(text, panel), shared(text, panel)                # nothing the panel already said
 

@@ -12,12 +12,15 @@ from draftops.cli.history import record_test_drafter
 from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
-from draftops.runs.tools import run_tool
+from draftops.runs.tools import ToolResult, run_tool
 from draftops.serve.request import demo_dir
 from draftops.serve.verdicts import serving_engine
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from draftops.documents.drafter_report import DrafterReport
+    from draftops.link.host import Host
 
 
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
@@ -53,22 +56,35 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     # result, shown once (a failure shows the log's end instead).
     done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
                     task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
-    if done.ok and isinstance(done.data, dict):
-        show_result(done.data, str(done.result_file), done.run_id, ckpt, console)
-    record_test_drafter(host, done, given)
+    report = read_report(host, done, given)
+    if done.ok and report is not None:
+        show_result(report, str(done.result_file), done.run_id, ckpt, console)
+    record_test_drafter(host, done, given, report)
     done.check()
 
 
-def show_result(data: dict[str, Any], result_file: str, run_id: str, ckpt: str | None, out: Console) -> None:
+def read_report(host: Host, done: ToolResult, given: dict[str, Any]) -> DrafterReport | None:
+    """The run's report as its model, read once here (None when it left none). A report that fails
+    the model is recorded as a run without one, then refused in one paragraph naming the file (or,
+    when the run failed, by the run's own reason)."""
+    from draftops.documents import drafter_report  # pydantic: imported when a run has ended
+    from draftops.errors import DocumentError, ToolFailed
+
+    try:
+        return done.document(drafter_report.DrafterReport)
+    except (DocumentError, ToolFailed):
+        record_test_drafter(host, done, given, None)
+        raise
+
+
+def show_result(data: DrafterReport, result_file: str, run_id: str, ckpt: str | None, out: Console) -> None:
     """The report's tables and verdict, where the report is, and the one command that applies its fix:
     on its own line, never wrapped, so it can be pasted whole at any terminal width."""
     from draftops import report  # rich panels: imported when there is a report to show
 
     report.show(data, out)
-    verdict = data.get("verdict")
-    fixable = isinstance(verdict, dict) and verdict.get("status") != "MATCH" and bool(verdict.get("fix_layer_ids"))
     out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
-    if fixable:    # draft-config refuses a report without a fix
+    if data.fixable:    # draft-config refuses a report without a fix
         out.print("fix it with:")
         out.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
                   soft_wrap=True)

@@ -18,6 +18,8 @@ from remote.bench.digest import config_digest
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from draftops.documents.drafter_report import DrafterReport
+
 LOCAL_RUNS_HELP = {
     "local": "list the local run history (runs/history.sqlite) instead of the host's run folders",
     "kind": "with --local: only runs of this kind (test-drafter, serve, bench, compare)",
@@ -103,13 +105,13 @@ def show_history(found: list[history.RunRecord], title: str, filters: str, out: 
                   "; test-drafter, serve and bench record theirs here.[/]")
 
 
-def _host_config_digest(host: Host, report: dict[str, Any] | None) -> str | None:
+def _host_config_digest(host: Host, report: DrafterReport | None) -> str | None:
     """The digest of the draft config the report evaluated (read on the host: it lives there)."""
-    checkpoint = (report or {}).get("checkpoint") or {}
-    if isinstance(checkpoint.get("config_digest"), str):
-        return checkpoint["config_digest"]
-    path = checkpoint.get("config_path")
-    return host_config_digest(host, path) if isinstance(path, str) and path else None
+    checkpoint = report.checkpoint if report else None
+    if checkpoint and checkpoint.config_digest:
+        return checkpoint.config_digest
+    path = checkpoint.config_path if checkpoint else None
+    return host_config_digest(host, path) if path else None
 
 
 def host_config_digest(host: Host, path: str) -> str | None:
@@ -131,10 +133,9 @@ def record_serve(host: Host, rec_args: dict[str, Any]) -> None:
     records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
 
 
-def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any]) -> None:
-    """Record a finished test-drafter run in the local history (one call at the end of the task)."""
+def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], report: DrafterReport | None) -> None:
+    """Record a finished test-drafter run and its report (read by the task) in the local history."""
     def build(git_rev: str | None) -> history.RunRecord:
-        report = done.data if isinstance(done.data, dict) else None
         return records.test_drafter_record(done.run_id, done.host, done.final, report, args, git_rev=git_rev,
                                            config_digest=_host_config_digest(host, report))
 

@@ -33,30 +33,32 @@ from draftops.serve.verdicts import serving_engine
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from draftops.documents.draft_config import DraftConfigResult
+    from draftops.documents.sglang_patch import SglangPatch
+
 STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
                "modified": "red bold"}
 
 
-def show_patch(report: dict[str, Any], host: str, out: Console) -> None:
+def show_patch(report: SglangPatch, host: str, out: Console) -> None:
     """patch.json as a table of files and states, then its checks and notes."""
     from rich.table import Table
 
-    table = Table(title=f"SGLang {report.get('sglang_version')} on {host}: {report.get('action')}",
+    table = Table(title=f"SGLang {escape(str(report.sglang_version))} on {host}: {escape(str(report.action))}",
                   title_justify="left")
     for col in ("file", "model", "state", "detail"):
         table.add_column(col, overflow="fold")
-    changed = set(report.get("changed") or [])
-    for row in report.get("files", []):
-        state = row["state"]
-        mark = " (changed)" if row["file"] in changed else ""
-        table.add_row(escape(row["file"]), escape(row["model"]),
-                      f"[{STATE_STYLE.get(state, 'white')}]{escape(state)}[/]{mark}", escape(row.get("detail") or ""))
+    changed = set(report.changed)
+    for row in report.files:
+        mark = " (changed)" if row.file in changed else ""
+        table.add_row(escape(row.file), escape(row.model),
+                      f"[{STATE_STYLE.get(row.state, 'white')}]{escape(row.state)}[/]{mark}", escape(row.detail or ""))
     out.print(table)
-    for check in report.get("checks") or []:
-        colour = "green" if check["ok"] else "red"
-        out.print(f"  [{colour}]{'ok' if check['ok'] else 'FAIL'}[/] {escape(check['file'])}: "
-                  f"{escape(check['check'])} {escape(check.get('detail') or '')}")
-    for note in report.get("notes") or []:
+    for check in report.checks:
+        colour = "green" if check.ok else "red"
+        out.print(f"  [{colour}]{'ok' if check.ok else 'FAIL'}[/] {escape(check.file)}: "
+                  f"{escape(check.check)} {escape(check.detail or '')}")
+    for note in report.notes:
         out.print(f"[dim]{escape(note)}[/]")
 
 
@@ -68,8 +70,11 @@ def _patch(c: Context, action: str, host: str | None, models: str | None) -> Non
         args += ["--models", models]
     done = run_tool(host, "remote.sglang_patch", args, name=f"patch-sglang-{action}", view=live("hide"),
                     env={"DRAFTOPS_STATE_DIR": host.state_dir})
-    if isinstance(done.data, dict) and done.data.get("files"):
-        show_patch(done.data, host.name, console)
+    from draftops.documents.sglang_patch import SglangPatch  # pydantic: once the run has ended
+
+    patch = done.document(SglangPatch)
+    if patch is not None and patch.files:
+        show_patch(patch, host.name, console)
     done.check()
 
 
@@ -140,17 +145,20 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
         args.append("--dry-run")
     done = run_tool(host, "remote.draft_config", args, name="draft-config", view=live("hide"),
                     env={"DRAFTOPS_STATE_DIR": host.state_dir}).check()
-    if isinstance(done.data, dict):
-        show_draft_config(done.data, console)
+    from draftops.documents.draft_config import DraftConfigResult  # pydantic: once the run has ended
+
+    result = done.document(DraftConfigResult)
+    if result is not None:
+        show_draft_config(result, console)
 
 
-def show_draft_config(result: dict[str, Any], out: Console) -> None:
+def show_draft_config(result: DraftConfigResult, out: Console) -> None:
     """draft_config.json in two lines: the ids before and after, the backup, the warnings."""
-    verb = "would write" if result.get("dry_run") else ("wrote" if result.get("changed") else "kept")
-    out.print(f"[green]draft-config[/] {safe(result.get('config'))} ({safe(result.get('format'))}, "
-              f"`{safe(result.get('field'))}`): {safe(result.get('old_ids'))} → {verb} "
-              f"{safe(result.get('written_ids'))}")
-    if result.get("backup"):
-        out.print(f"  backup: {safe(result['backup'])}")
-    for warning in result.get("warnings") or []:
+    verb = "would write" if result.dry_run else ("wrote" if result.changed else "kept")
+    out.print(f"[green]draft-config[/] {safe(result.config)} ({safe(result.format)}, "
+              f"`{safe(result.ids_field)}`): {safe(result.old_ids)} → {verb} "
+              f"{safe(result.written_ids)}")
+    if result.backup:
+        out.print(f"  backup: {safe(result.backup)}")
+    for warning in result.warnings:
         out.print(f"  [yellow]warning[/]: {safe(warning)}")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops import history
 from draftops.history import History, RunRecord
+
+if TYPE_CHECKING:
+    from draftops.documents.drafter_report import DrafterReport
 
 NIGHTLY_KIND = "nightly"
 _ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
@@ -33,14 +36,25 @@ def night_runs(hist: History, host: str, since: str, exclude: Iterable[str] = ()
             if r.kind != NIGHTLY_KIND and r.run_id not in skip]
 
 
-def step0_accuracy(report: Mapping[str, Any]) -> float | None:
+def step0_accuracy(report: DrafterReport) -> float | None:
     """Step-0 full accuracy of the served layout (verifier targets when given, else data tokens)."""
-    served = (report.get("metrics") or {}).get("served") or {}
-    for basis in ("verifier", "data"):
-        acc = (served.get(basis) or {}).get("full_acc")
-        if isinstance(acc, list) and acc and isinstance(acc[0], (int, float)):
-            return float(acc[0])
+    served = report.metrics.served
+    for counts in (served.verifier, served.data) if served else ():
+        if counts and counts.full_acc and counts.full_acc[0] is not None:
+            return counts.full_acc[0]
     return None
+
+
+def _report_step0(path: Path) -> float | None:
+    """:func:`step0_accuracy` of the report at ``path``; None when it is missing or fails its model."""
+    from draftops.documents import load
+    from draftops.documents.drafter_report import DrafterReport
+    from draftops.errors import DocumentError
+
+    try:
+        return step0_accuracy(load(DrafterReport, path))
+    except DocumentError:
+        return None
 
 
 def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
@@ -53,11 +67,7 @@ def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
         m = run.metrics
         if run.kind == "test-drafter":
             out["accept_length.predicted"] = m.get("predicted_served")
-            report = project_root / "runs" / run.run_id / "report.json"
-            try:
-                out["drafter.step0_acc"] = step0_accuracy(json.loads(report.read_text()))
-            except (OSError, ValueError, AttributeError):
-                out["drafter.step0_acc"] = None
+            out["drafter.step0_acc"] = _report_step0(project_root / "runs" / run.run_id / "report.json")
         elif run.kind == "bench":
             mode = str(run.settings.get("mode") or "bench")
             out[f"{mode}.tok_s"] = m.get("output_throughput")

@@ -28,13 +28,18 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from draftops.errors import DraftopsError, JobError, ToolFailed, host_prefix
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.terminal import clean
-from remote import events, exitcodes
+from remote import events, exitcodes, jsonread
+
+if TYPE_CHECKING:
+    from draftops.documents import Document
+
+D = TypeVar("D", bound="Document")
 
 LOG_TAIL_LINES = 15
 
@@ -138,6 +143,21 @@ class ToolResult:
     def ok(self) -> bool:
         return self.state == "succeeded"
 
+    def document(self, model: type[D]) -> D | None:
+        """The result file as its typed model (``draftops.documents``), None when the run left none;
+        a file that fails the model is a ``DocumentError`` naming it and the field, unless the run
+        failed: then its own reason (:meth:`check`) comes first, the broken file being its consequence."""
+        if self.data is None:
+            return None
+        from draftops.documents import parse  # pydantic: imported once there is a document to read
+        from draftops.errors import DocumentError
+
+        try:
+            return parse(model, self.data, self.result_file or f"the result of run {self.run_id}")
+        except DocumentError:
+            self.check()
+            raise
+
     @property
     def meaning(self) -> str:
         """The exit code's name in remote/exitcodes.py's table."""
@@ -236,7 +256,7 @@ def _read_result(result: ToolResult, announced: Any) -> None:
     if path.suffix != ".json":
         return
     try:
-        result.data = json.loads(path.read_text())
+        result.data = jsonread.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
         result.notes.append(f"{path} is not readable JSON: {exc}")
 

@@ -5,9 +5,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remote import jsonread
-from remote.bench.numbers import finite
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -48,27 +45,27 @@ def _norm(path: str) -> str:
 
 
 def latest(runs_dir: Path, draft: str) -> Verdict | None:
-    """The newest report whose checkpoint is ``draft`` (run ids sort by start time)."""
+    """The newest report whose checkpoint is ``draft`` (run ids sort by start time); a report that is
+    unreadable or fails its model (``draftops.documents``) is passed over."""
+    from draftops.documents import load  # pydantic: only when serve looks for a verdict
+    from draftops.documents.drafter_report import REPORT_NAME, DrafterReport
+    from draftops.errors import DocumentError
+
     if not runs_dir.is_dir():
         return None
     for run in sorted(runs_dir.iterdir(), reverse=True):
-        path = run / "report.json"
+        path = run / REPORT_NAME
         if not path.is_file():
             continue
         try:
-            doc = jsonread.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = load(DrafterReport, path)
+        except DocumentError:
             continue
-        if not isinstance(doc, dict):
+        ckpt, verdict = doc.checkpoint.path, doc.verdict
+        if ckpt is None or _norm(ckpt) != _norm(draft) or verdict.status is None:
             continue
-        ckpt = (doc.get("checkpoint") or {}).get("path")
-        verdict = doc.get("verdict") or {}
-        if not isinstance(ckpt, str) or _norm(ckpt) != _norm(draft) or "status" not in verdict:
-            continue
-        accept = doc.get("predicted_accept_length")
-        accept = accept if isinstance(accept, dict) else {}
-        return Verdict(run.name, str(verdict["status"]), str(verdict.get("message") or ""),
-                       (doc.get("checkpoint") or {}).get("configured_layer_ids"),
-                       verdict.get("serving_convention"), verdict.get("fix_layer_ids"),
-                       str(verdict.get("diagnosis") or ""), finite(accept.get("served")), finite(accept.get("best")))
+        accept = doc.predicted_accept_length
+        return Verdict(run.name, verdict.status, verdict.message, doc.checkpoint.configured_layer_ids,
+                       verdict.serving_convention, verdict.fix_layer_ids, verdict.diagnosis,
+                       accept.served if accept else None, accept.best if accept else None)
     return None

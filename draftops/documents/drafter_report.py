@@ -1,0 +1,153 @@
+"""``draftops.drafter-report/1``: the report ``invoke test-drafter`` pulls home as ``runs/<id>/report.json``.
+
+Written by ``remote/drafter/report.py`` (the table in docs/drafter.md); read here once, then by the
+report's tables (``draftops.report``), the history row (``draftops.records``), serve's verdict check
+(``draftops.serve.verdicts``) and the nightly metrics. Only the fields the local side reads are
+named; each may be absent (older reports of the same version lack the added ones), and those the
+tool writes as null are optional here too.
+"""
+from __future__ import annotations
+
+from draftops.documents import Document, Part
+
+REPORT_NAME = "report.json"
+
+
+class ExpectedAcc(Part):
+    """``verdict.expected_acc``: the training-reported step-0 accuracy against the served layout's."""
+
+    expected: float | None = None
+    served: float | None = None
+    best: float | None = None
+    flagged: bool = False
+
+
+class Comparison(Part):
+    """``verdict.comparison``: the paired served-vs-best test."""
+
+    samples: int | None = None
+    alpha: float = 0.05
+    gain: float | None = None
+    gain_ci: list[float | None] = [None, None]
+    samples_better: int | None = None
+    samples_worse: int | None = None
+    sign_test_p: float | None = None
+    margin: float | None = None
+    tolerance: float | None = None
+    outcome: str | None = None
+
+
+class VerdictPart(Part):
+    """``verdict``: the status, what to say about it and the fix."""
+
+    status: str | None = None
+    message: str = ""
+    diagnosis: str = ""             # added: the message's first part, without the figures
+    advice: str = ""                # added: its last part, what to do
+    fix_layer_ids: list[int] | None = None
+    fix_layer_ids_vllm: list[int] | None = None
+    needs_capture_patch: bool | None = None
+    serving_convention: str | None = None
+    advice_engine: str | None = None
+    served_slots: list[int] | None = None
+    expected_acc: ExpectedAcc | None = None
+    comparison: Comparison | None = None
+
+
+class SlotNorm(Part):
+    slot: int
+    layer_id: int | None = None
+    role: str | None = None
+    rms: float
+
+
+class Layout(Part):
+    slots: list[int] | None = None
+    layer_ids: list[int] | None = None
+    acc: float | None = None
+    tags: list[str] = []
+
+
+class Counts(Part):
+    """Accuracies on one basis (data or verifier targets)."""
+
+    full_acc: list[float | None] | None = None
+    cond_acc: list[float | None] | None = None
+    top5_acc_0: float | None = None
+
+
+class Evaluation(Part):
+    """``metrics.served`` / ``metrics.best``: one layout evaluated on all samples."""
+
+    layer_ids: list[int] | None = None
+    data: Counts | None = None
+    verifier: Counts | None = None
+
+
+class MetricsPart(Part):
+    steps: int = 0
+    basis: str = "data"
+    served: Evaluation | None = None
+    best: Evaluation | None = None
+
+
+class Walk(Part):
+    served: float | None = None
+    best: float | None = None
+
+
+class Accept(Part):
+    """``predicted_accept_length``: what a server should reach, as configured and with the best layout."""
+
+    steps: int | None = None
+    basis: str | None = None
+    served: float | None = None
+    best: float | None = None
+    value: float | None = None
+    walk: Walk = Walk()
+
+
+class Checkpoint(Part):
+    path: str | None = None
+    format: str | None = None
+    config_path: str | None = None
+    config_digest: str | None = None
+    configured_layer_ids: list[int] | None = None
+
+
+class VerifierPart(Part):
+    path: str | None = None
+
+
+class DataPart(Part):
+    path: str | None = None
+    samples: int | None = None
+    layout_scan_samples: int | None = None
+
+
+class RunPart(Part):
+    device: str | None = None
+    torch: str | None = None
+
+
+class DrafterReport(Document):
+    """The whole report; a part that is absent reads as its empty default."""
+
+    SCHEMA = "draftops.drafter-report/1"
+    TASK = "invoke test-drafter"
+
+    verdict: VerdictPart = VerdictPart()
+    slot_norms: list[SlotNorm] = []
+    layouts: list[Layout] = []
+    metrics: MetricsPart = MetricsPart()
+    predicted_accept_length: Accept | None = None
+    checkpoint: Checkpoint = Checkpoint()
+    verifier: VerifierPart | None = None
+    data: DataPart = DataPart()
+    run: RunPart = RunPart()
+    warnings: list[str] = []
+
+    @property
+    def fixable(self) -> bool:
+        """A verdict other than MATCH that names the ids to write (draft-config refuses one without)."""
+        return self.verdict.status != "MATCH" and bool(self.verdict.fix_layer_ids)

@@ -161,3 +161,15 @@ def test_serve_refusing_another_draft_gives_the_diagnosis_once_not_the_report(st
     assert refusal.count(report["verdict"]["diagnosis"]) == 1
     assert "sign test" not in refusal and "Put \"" not in refusal and "--force" in refusal
     assert f"--from-report {RUN_ID}" in refusal and f"{report['predicted_accept_length']['best']:.2f}" in refusal
+
+
+def test_host_text_in_a_report_reaches_the_terminal_cleaned(state: Path) -> None:
+    """The report is the host's text (its verdict's sentences, a slot's role, a layout's tags): escape
+    sequences and control characters in it never reach the terminal (issue 22, probe A)."""
+    esc = "\x1b]0;owned\x07\x1b[2J\x1b[31m"
+    report = json.loads(json.dumps(verdicts_report(state)))
+    report["verdict"]["message"] += esc
+    report["verdict"]["diagnosis"] += esc
+    report["verdict"]["advice"] = (report["verdict"].get("advice") or "") + esc
+    text = render(show_result, read(report), "/runs/" + RUN_ID + "/report.json", RUN_ID, "demo")
+    assert "\x1b" not in text and "\x07" not in text, repr(text)

@@ -12,7 +12,7 @@ from draftops.console import console, safe
 from draftops.nightly.schedule import BUSY_EXIT
 
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
-EXIT_FAILED, EXIT_REGRESSION = 1, 2
+EXIT_FAILED, EXIT_REGRESSION, EXIT_FINDINGS = 1, 2, 3
 EXIT_BUSY = BUSY_EXIT      # another night holds one of the hosts: as cron's flock says the project is busy
 
 
@@ -26,7 +26,8 @@ def _playbook_path(root: Path, playbook: str) -> Path:
 @friendly
 def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) -> None:
     """Run a playbook on its hosts in parallel, compare with earlier nights, write the report.
-    Exit 1 when a step failed, 2 when a metric regressed, 75 when another night of this project holds
+    Exit 1 when a step failed, 3 when a step's findings say something is wrong (a ✗ finding of
+    bench.compare), 2 when a metric regressed, 75 when another night of this project holds
     one of its hosts (nothing ran), 0 otherwise."""
     from draftops.errors import NightBusy
     from draftops.nightly import hostlock, report
@@ -54,6 +55,9 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}")
     if night.failed:
         raise Exit("nightly: a step failed (see the health summary above)", code=EXIT_FAILED)
+    if night.flagged:
+        raise Exit("nightly: every step ran, but a step's findings say something is wrong (✗, see the health "
+                   "summary above)", code=EXIT_FINDINGS)
     if night.regressed:
         raise Exit("nightly: a metric regressed on two nights in a row (see the report)", code=EXIT_REGRESSION)
 

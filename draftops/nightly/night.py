@@ -43,6 +43,10 @@ class Night:
     def regressed(self) -> bool:
         return any(h.regressed for h in self.hosts)
 
+    @property
+    def flagged(self) -> bool:
+        return any(h.outcome.flagged for h in self.hosts)
+
 
 def night_folder(runs: Path, now: datetime | None = None) -> tuple[str, Path]:
     """``runs/nightly-<date>``; another night on the same date gets ``-HHMMSS`` (then ``-2``, ``-3`` ...),
@@ -88,6 +92,8 @@ def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict]) -> 
         return "infrastructure"
     if outcome.failed:
         return "failed"
+    if outcome.flagged:
+        return "findings"
     if any(v.verdict == detect.REGRESSION for v in verdicts):
         return "regression"
     return "ok"
@@ -99,7 +105,8 @@ def record(hist: history.History, night: str, book: Playbook, path: Path, outcom
         run_id=f"{night}-{outcome.host}", kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
         or history.now_iso(), git_rev=revision, draft=outcome.facts.get("draft"),
         settings={"setup": book.setup, "playbook": str(path), "runs": outcome.run_ids,
-                  "steps": {s.name: s.status for s in outcome.steps}},
+                  "steps": {s.name: s.status for s in outcome.steps},
+                  "findings": [f"{f.severity}:{f.code}" for f in outcome.findings]},
         metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts)))
 
 

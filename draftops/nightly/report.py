@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from draftops.nightly import detect
-from draftops.nightly.night import Night
+from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.plots import draw_trends
 from draftops.nightly.runner import FAILED, INFRA, SKIPPED
 
@@ -49,9 +49,12 @@ def health(night: Night) -> list[str]:
         n_ok = sum(1 for s in o.steps if s.status == "ok")
         n_failed = sum(1 for s in o.steps if s.status == FAILED)
         n_skipped = sum(1 for s in o.steps if s.status == SKIPPED)
+        n_bad = sum(1 for f in o.findings if f.bad)
         state = ("ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
-                 "STEP FAILURE" if o.failed else "REGRESSION" if h.regressed else "healthy")
-        lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped")
+                 "STEP FAILURE" if o.failed else "NOT HEALTHY" if o.flagged else
+                 "REGRESSION" if h.regressed else "healthy")
+        lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped"
+                     + (f"; {n_bad} ✗ finding{'s' if n_bad != 1 else ''}" if n_bad else ""))
         if o.error:
             lines.append(f"  {o.host}: {o.error}")
         for s in o.steps:
@@ -60,7 +63,13 @@ def health(night: Night) -> list[str]:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) failed [{kind}]: {s.reason}")
             elif s.status == SKIPPED:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) skipped: {s.reason}")
+        lines += [f"  {o.host} / {f.run_id}: {f.mark} {f.code}: {f.text}" for f in o.findings if f.bad]
     return lines
+
+
+def findings_lines(h: HostNightReport) -> list[str]:
+    """Every finding of the host's night (✗ first, as bench.compare orders them), one line each."""
+    return [f"{f.mark} {f.code} ({f.run_id}): {f.text}" for f in h.outcome.findings]
 
 
 COLUMNS = ("metric", "baseline (median)", "current", "change", "noise", "limit", "verdict")
@@ -90,6 +99,8 @@ def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
         out += [f"## {h.outcome.host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         rows = table_rows(h.verdicts) or [["(no metrics this night)"] + [""] * (len(COLUMNS) - 1)]
         out += ["| " + " | ".join(r) + " |" for r in rows]
+        if h.outcome.findings:
+            out += ["", f"### {h.outcome.host}: findings", ""] + [f"- {ln}" for ln in findings_lines(h)]
         out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
     out += ["## Raw files", ""]
     out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]
@@ -109,7 +120,7 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
              f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION")
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ")
     parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]
@@ -120,6 +131,11 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
             parts.append(f"<tr class='{e(row[-1].replace(' ', '_'))}'>" + "".join(f"<td>{e(c)}</td>" for c in row)
                          + "</tr>")
         parts.append("</table>")
+        if h.outcome.findings:
+            parts.append(f"<h3>{e(h.outcome.host)}: findings</h3><ul class='findings'>")
+            parts += [f"<li class='{'failed' if f.bad else ''}'>{e(ln)}</li>"
+                      for f, ln in zip(h.outcome.findings, findings_lines(h), strict=True)]
+            parts.append("</ul>")
         for p in plots.get(h.outcome.host, []):
             data = base64.b64encode(p.read_bytes()).decode()
             parts.append(f"<img alt='{e(p.stem)}' src='data:image/png;base64,{data}'>")

@@ -52,12 +52,18 @@ class HostOutcome:
     metrics: dict[str, object] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
     run_ids: list[str] = field(default_factory=list)
+    findings: list[results.Finding] = field(default_factory=list)     # what the steps concluded
     started: str = ""
     error: str = ""                # the host's run itself crashed (a bug or a full disk)
 
     @property
     def failed(self) -> bool:
         return bool(self.error) or any(s.status == FAILED for s in self.steps)
+
+    @property
+    def flagged(self) -> bool:
+        """A step concluded something is wrong (a ✗ finding), though every step ran."""
+        return any(f.bad for f in self.findings)
 
     @property
     def infra_failed(self) -> bool:
@@ -106,6 +112,7 @@ class HostNight:
             runs = []
         outcome.run_ids = [r.run_id for r in runs]
         outcome.metrics = results.metrics_of(runs, self.project_root)
+        outcome.findings = results.findings_of(runs, self.project_root)
         outcome.facts = results.describe(runs, env_json)
         return outcome
 

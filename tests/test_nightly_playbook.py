@@ -95,3 +95,13 @@ def test_bad_playbooks_name_file_line_and_fix(tmp_path, text, line, words):
 def test_missing_playbook_says_which_exist(tmp_path):
     with pytest.raises(PlaybookError, match="smoke.yaml"):
         playbook.load(tmp_path / "nope.yaml")
+
+
+def test_the_smoke_playbook_benches_the_demos_language_not_random_ids():
+    """Random token ids are text no draft was trained on: the measured accept length falls far below
+    test-drafter's prediction and bench.compare suspects the wiring of a correctly wired server."""
+    book = playbook.load(REPO / "playbooks" / "smoke.yaml")
+    benches = [s for s in book.steps if s.task == "bench"]
+    assert len(benches) == 2
+    for step in benches:
+        assert step.args.get("dataset") == "demo" and "input_len" not in step.args, step

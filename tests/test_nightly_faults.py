@@ -63,4 +63,11 @@ def test_unknown_host_and_unknown_task_are_refused_before_anything_runs(project)
     assert done.returncode == 1 and "ghost" in done.stderr and "hosts.yaml" in done.stderr, done.stderr
     done = invoke(project, "nightly", "--playbook", playbook(project, steps=[{"name": "s", "task": "snyc"}]))
     assert done.returncode == 1 and "unknown task `snyc`" in done.stderr and "`sync`" in done.stderr, done.stderr
-    assert not list((project / "runs").glob("nightly-*"))
+    # an argument the task does not take, or a flag given text (it would run `serve.stop` as a task)
+    bad = playbook(project, steps=[{"name": "s", "task": "runs", "args": {"local": "serve.stop"}}])
+    for args in (("nightly", "--playbook", bad), ("nightly.schedule", "--at", "02:00", "--playbook", bad)):
+        done = invoke(project, *args)
+        assert done.returncode == 1 and "playbooks/p.yaml:" in done.stderr, done.stderr
+        assert "step 1 ('s'), argument `local`" in done.stderr and "on/off flag" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not list((project / "runs").glob("nightly-*")) and not list((project / "runs").glob("*-runs-*"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Context, task
+from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
 from draftops.cli.common import friendly, project_root
@@ -14,6 +14,22 @@ from draftops.nightly.schedule import BUSY_EXIT
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
 EXIT_FAILED, EXIT_REGRESSION, EXIT_FINDINGS = 1, 2, 3
 EXIT_BUSY = BUSY_EXIT      # another night holds one of the hosts: as cron's flock says the project is busy
+
+
+def task_options(ns: Collection) -> dict[str, dict[str, str]]:
+    """Each task of the collection (and each alias) -> its long options and their kinds, as Invoke
+    parses them: what a playbook step's `args` may hold (tasks.py puts it in the config)."""
+    found: dict[str, dict[str, str]] = {}
+    for name, aliases in ns.task_names.items():
+        options = {n: a.kind.__name__ for a in ns[name].get_arguments() for n in a.names if len(n) > 1}
+        for each in (name, *aliases):
+            found[each] = options
+    return found
+
+
+def _tasks(c: Context) -> dict[str, dict[str, str]] | None:
+    options = getattr(c.config.draftops, "task_options", None)
+    return {k: dict(v) for k, v in options.items()} if options else None
 
 
 def _playbook_path(root: Path, playbook: str) -> Path:
@@ -35,10 +51,7 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     from draftops.nightly import playbook as books
     root = project_root(c)
     path = _playbook_path(root, playbook)
-    book = books.load(path)
-    known = getattr(c.config.draftops, "task_names", None)
-    if known:
-        book.check_tasks(known, str(path))
+    book = books.load(path, _tasks(c))
     from draftops.inventory import default_inventory_path, load_inventory
     inventory = load_inventory(default_inventory_path(root), root)
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
@@ -81,7 +94,7 @@ def schedule(c: Context, at: str | None = None, playbook: str = DEFAULT_PLAYBOOK
         return
     if not at:
         raise Exit("error: give --at HH:MM (or --show to see the current schedule).", code=1)
-    books.load(_playbook_path(root, playbook))       # refuse to schedule a playbook that cannot run
+    books.load(_playbook_path(root, playbook), _tasks(c))       # refuse to schedule a playbook that cannot run
     lines = cron.schedule(tab, root, at, playbook)
     console.print("scheduled:\n" + safe("\n".join(lines)))
 

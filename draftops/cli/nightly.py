@@ -55,8 +55,9 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     from draftops.inventory import default_inventory_path, load_inventory
     inventory = load_inventory(default_inventory_path(root), root)
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
+    keys = hostlock.lock_keys({h: inventory.hosts[h] for h in chosen})
     try:
-        with hostlock.hold(root / "runs", chosen, str(path)):
+        with hostlock.hold(root / "runs", keys, str(path)):
             console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
             night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
     except NightBusy as exc:

@@ -71,9 +71,13 @@ def pick_hosts(book: Playbook, only: str | None, source: str, inventory: list[st
     if missing:
         raise PlaybookError(f"{source}: `hosts:` names {', '.join(missing)}, not in the inventory (known hosts: "
                             f"{', '.join(inventory)}); add them to hosts.yaml or change the playbook.")
-    if not only:
+    if only is None:
         return list(book.hosts)
-    wanted = [h.strip() for h in only.split(",") if h.strip()]
+    names = [h.strip() for h in only.split(",")]
+    if not all(names):
+        raise PlaybookError(f"--hosts {only!r} holds an empty host name (a comma too many, or nothing at all); "
+                            f"write the names separated by single commas, e.g. --hosts {','.join(book.hosts)}.")
+    wanted = list(dict.fromkeys(names))           # a name given twice is one host
     unknown = [h for h in wanted if h not in book.hosts]
     if unknown or not wanted:
         raise PlaybookError(f"--hosts {only!r}: {', '.join(unknown) or 'no host'} not in the playbook {source} "

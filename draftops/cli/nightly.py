@@ -2,7 +2,11 @@
 runs/nightly-<date>/report.{md,html}; and `nightly.schedule` / `nightly.unschedule` for cron."""
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
@@ -12,6 +16,9 @@ from draftops.console import console, safe
 from draftops.nightly.schedule import BUSY_EXIT
 
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
+if TYPE_CHECKING:
+    from draftops.nightly.runner import Stop
+
 EXIT_FAILED, EXIT_REGRESSION, EXIT_FINDINGS = 1, 2, 3
 EXIT_BUSY = BUSY_EXIT      # another night holds one of the hosts: as cron's flock says the project is busy
 
@@ -30,6 +37,24 @@ def task_options(ns: Collection) -> dict[str, dict[str, str]]:
 def _tasks(c: Context) -> dict[str, dict[str, str]] | None:
     options = getattr(c.config.draftops, "task_options", None)
     return {k: dict(v) for k, v in options.items()} if options else None
+
+
+_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP, "SIGINT": signal.SIGINT}
+
+
+@contextmanager
+def _stopping() -> Iterator[Stop]:
+    """While the night runs, SIGTERM, SIGHUP and Ctrl-C stop it in order (end the running steps, run the
+    clean-up, record, report) instead of killing this process and orphaning a step and its server."""
+    from draftops.nightly.runner import Stop
+    stop = Stop()
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stop.set(signal.Signals(signum).name))
+                for sig in _SIGNALS.values() if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _playbook_path(root: Path, playbook: str) -> Path:
@@ -57,9 +82,10 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     chosen = nights.pick_hosts(book, hosts, str(path), inventory.names())
     keys = hostlock.lock_keys({h: inventory.hosts[h] for h in chosen})
     try:
-        with hostlock.hold(root / "runs", keys, str(path)):
+        with hostlock.hold(root / "runs", keys, str(path)), _stopping() as stop:
             console.print(f"nightly [bold]{safe(book.name)}[/] on {safe(', '.join(chosen))}")
-            night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen})
+            night = nights.run_night(book, path, root, {h: inventory.hosts[h].root for h in chosen}, stop,
+                                     lambda line: console.print(safe(line), soft_wrap=True))
     except NightBusy as exc:
         raise Exit(f"error: {safe(str(exc))}", code=EXIT_BUSY) from None
     written = report.write(night)
@@ -67,6 +93,9 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
         console.print(safe(line))
     console.print(report.counts_line(night))
     console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}")
+    if night.stopped:
+        raise Exit(f"nightly: stopped by {night.stopped}: the running steps were ended, the clean-up steps ran, "
+                   "the night is recorded as stopped and its report written", code=128 + _SIGNALS[night.stopped])
     if night.failed:
         raise Exit("nightly: a step failed (see the health summary above)", code=EXIT_FAILED)
     if night.flagged:

@@ -2,6 +2,7 @@
 nights, record the night in the history, write the report. The report is written whatever failed."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -10,7 +11,7 @@ from draftops import history
 from draftops.errors import HistoryError, PlaybookError
 from draftops.nightly import detect, results
 from draftops.nightly.playbook import Playbook
-from draftops.nightly.runner import HostOutcome, run_hosts
+from draftops.nightly.runner import HostOutcome, Stop, run_hosts
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Night:
     revision: str | None
     hosts: list[HostNightReport]
     notes: list[str] = field(default_factory=list)     # what went wrong outside the steps
+    stopped: str = ""                                  # the signal that stopped the night, if one did
 
     @property
     def failed(self) -> bool:
@@ -91,7 +93,9 @@ def judge_host(hist: history.History, book: Playbook, outcome: HostOutcome) -> l
                             lower_better=book.lower_better, window=book.baseline_window, min_nights=book.min_nights)
 
 
-def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict]) -> str:
+def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict], stopped: str = "") -> str:
+    if stopped:
+        return "stopped"
     if outcome.error or outcome.infra_failed:
         return "infrastructure"
     if outcome.failed:
@@ -104,28 +108,31 @@ def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict]) -> 
 
 
 def record(hist: history.History, night: str, book: Playbook, path: Path, outcome: HostOutcome,
-           verdicts: list[detect.MetricVerdict], revision: str | None) -> None:
+           verdicts: list[detect.MetricVerdict], revision: str | None, stopped: str = "") -> None:
     hist.record(history.RunRecord(
         run_id=f"{night}-{outcome.host}", kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
         or history.now_iso(), git_rev=revision, draft=outcome.facts.get("draft"),
         settings={"setup": book.setup, "playbook": str(path), "runs": outcome.run_ids,
                   "steps": {s.name: s.status for s in outcome.steps},
                   "findings": [f"{f.severity}:{f.code}" for f in outcome.findings]},
-        metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts)))
+        metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts, stopped)))
 
 
-def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, str]) -> Night:
-    """Run, judge, record; the caller writes the report."""
+def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, str], stop: Stop | None = None,
+              say: Callable[[str], None] | None = None) -> Night:
+    """Run, judge, record; the caller writes the report. A night told to ``stop`` ends its running
+    steps, runs the clean-up steps, and is still judged and recorded (as stopped)."""
     night_id, folder = night_folder(project_root / "runs")
     started = history.now_iso()
-    outcomes = run_hosts(book, hosts, project_root, folder)
+    stop = stop if stop is not None else Stop()
+    outcomes = run_hosts(book, hosts, project_root, folder, stop, say)
     hist = history.for_project(project_root)
     revision = history.project_revision(project_root)
-    night = Night(night_id, folder, book, path, started, revision, [])
+    night = Night(night_id, folder, book, path, started, revision, [], stopped=stop.why)
     for outcome in outcomes:
         try:
             verdicts = judge_host(hist, book, outcome)
-            record(hist, night_id, book, path, outcome, verdicts, revision)
+            record(hist, night_id, book, path, outcome, verdicts, revision, night.stopped)
             trend = results.baseline_nights(hist, outcome.host, book.setup, 60)
         except HistoryError as exc:          # the report is still written, saying why it is partial
             outcome.error = outcome.error or f"not recorded in the history: {exc}"

@@ -41,6 +41,15 @@ def counts_line(night: Night) -> str:
     return " · ".join(f"{n} {name.lower()}" for name, n in total.items())
 
 
+def _state(night: Night, h: HostNightReport) -> str:
+    o = h.outcome
+    if night.stopped:
+        return f"STOPPED ({night.stopped})"
+    if o.error or o.infra_failed or o.failed:
+        return "ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else "STEP FAILURE"
+    return "NOT HEALTHY" if o.flagged else "REGRESSION" if h.regressed else "healthy"
+
+
 def health(night: Night) -> list[str]:
     """One line per host, then one per failed or skipped step."""
     lines = []
@@ -50,9 +59,7 @@ def health(night: Night) -> list[str]:
         n_failed = sum(1 for s in o.steps if s.status == FAILED)
         n_skipped = sum(1 for s in o.steps if s.status == SKIPPED)
         n_bad = sum(1 for f in o.findings if f.bad)
-        state = ("ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
-                 "STEP FAILURE" if o.failed else "NOT HEALTHY" if o.flagged else
-                 "REGRESSION" if h.regressed else "healthy")
+        state = _state(night, h)
         lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped"
                      + (f"; {n_bad} ✗ finding{'s' if n_bad != 1 else ''}" if n_bad else ""))
         if o.error:
@@ -120,7 +127,7 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
              f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ")
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ", ": STOPPED")
     parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]

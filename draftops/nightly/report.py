@@ -9,12 +9,38 @@ from __future__ import annotations
 import base64
 import html
 import os
+import re
 from pathlib import Path
+from urllib.parse import quote
 
 from draftops.nightly import detect
 from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.plots import draw_trends
 from draftops.nightly.runner import FAILED, INFRA, SKIPPED
+from draftops.terminal import clean
+
+# Markdown that text from a playbook or a host could start: emphasis, code, links, images, raw HTML,
+# table cells, strike-through; `_` only where it could open or close emphasis (not inside a word).
+_MD_SPECIAL = re.compile(r"[\\`*\[\]<>|~&]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+_MD_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def md(text: object) -> str:
+    """``text`` as one line of literal Markdown: control characters and line breaks (a newline would
+    start a heading or end a table row) become spaces, and every character Markdown would read as
+    markup or HTML is escaped."""
+    flat = " ".join(clean(str(text)).replace("\u2028", " ").replace("\u2029", " ").replace("\x85", " ").split())
+    return _MD_SPECIAL.sub(lambda m: _MD_ENTITY.get(m.group(), "\\" + m.group()), flat)
+
+
+def md_link(target: str) -> str:
+    """A relative link target that Markdown reads as one path, whatever its characters."""
+    return quote(target, safe="/.-_~")
+
+
+def esc(text: object) -> str:
+    """Text for the HTML page: cleaned of control characters, then HTML-escaped (quotes too)."""
+    return html.escape(clean(str(text)))
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -93,25 +119,33 @@ def _raw_files(night: Night) -> list[Path]:
 
 
 def _run_ids(night: Night) -> list[str]:
-    """The runs the steps recorded (their folders sit next to the night's, under runs/)."""
-    return sorted({r for h in night.hosts for r in h.outcome.run_ids})
+    """The runs the steps recorded whose folders are here (next to the night's, under runs/): a serve
+    run's folder stays on the host, and a link to it would lead nowhere."""
+    runs = night.folder.parent
+    return sorted({r for h in night.hosts for r in h.outcome.run_ids if (runs / r).is_dir()})
+
+
+def title(night: Night) -> str:
+    return f"{night.night_id}: playbook {night.playbook.name}"
 
 
 def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
-    out = [f"# Nightly {night.night_id}", ""]
-    out += [f"- **{k}**: {v}" for k, v in header(night)]
-    out += ["", "## Health", ""] + [f"- {ln.strip()}" for ln in health(night)]
-    out += ["", "## Counts", "", counts_line(night), ""]
+    out = [f"# {md(title(night))}", ""]
+    out += [f"- **{md(k)}**: {md(v)}" for k, v in header(night)]
+    out += ["", "## Health", ""] + [f"- {md(ln)}" for ln in health(night)]
+    out += ["", "## Counts", "", md(counts_line(night)), ""]
     for h in night.hosts:
-        out += [f"## {h.outcome.host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        host = md(h.outcome.host)
+        out += [f"## {host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         rows = table_rows(h.verdicts) or [["(no metrics this night)"] + [""] * (len(COLUMNS) - 1)]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
+        out += ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
         if h.outcome.findings:
-            out += ["", f"### {h.outcome.host}: findings", ""] + [f"- {ln}" for ln in findings_lines(h)]
-        out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
+            out += ["", f"### {host}: findings", ""] + [f"- {md(ln)}" for ln in findings_lines(h)]
+        out += [""] + [f"![{md(p.stem)}]({md_link(p.name)})" for p in plots.get(h.outcome.host, [])] + [""]
     out += ["## Raw files", ""]
-    out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]
-    out += [f"- run `{r}`: [../{r}/](../{r}/)" for r in _run_ids(night)]
+    out += [f"- [{md(p.relative_to(night.folder))}]({md_link(str(p.relative_to(night.folder)))})"
+            for p in _raw_files(night)]
+    out += [f"- run {md(r)}: [../{md(r)}/](../{md_link(r)}/)" for r in _run_ids(night)]
     return "\n".join(out) + "\n"
 
 
@@ -122,9 +156,9 @@ td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child,th:f
 
 
 def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
-    e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Nightly {e(night.night_id)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
+    e = esc
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title(night))}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{e(title(night))}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
     bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ", ": STOPPED")

@@ -4,10 +4,12 @@ in report.html (no tag from `<script>` or `<img onerror>`); only run folders tha
 one night's trend plot spans days, not years; the title does not read "Nightly nightly-"."""
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 from matplotlib.dates import num2date
 
 from draftops import history
@@ -82,3 +84,36 @@ def test_one_nights_trend_spans_days_not_years():
     fig = plots.panel_figure("box: speedup", "x", [("speedup", [(d, 1.0) for d in many])])
     low, high = (num2date(x) for x in fig.axes[0].get_xlim())
     assert timedelta(days=59) <= high - low <= timedelta(days=66)
+
+
+def test_a_full_disk_while_the_report_is_written_leaves_no_file_and_still_prints_the_summary(tmp_path):
+    from invoke.exceptions import Exit
+
+    from draftops.cli.nightly import finish
+    from draftops.console import console
+    from tests.conftest import small_tmpfs
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        night = build_night(disk)
+        when = datetime(2026, 11, 1, tzinfo=timezone.utc)
+        night.hosts[0].trend = [history.RunRecord(run_id=f"n{i}", kind="nightly", host="box",
+                                                  time=history.to_iso(when + timedelta(days=i)),
+                                                  metrics={"speedup": 1.0 + i / 10}) for i in range(3)]
+        fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)   # fill the disk to its last byte
+        try:
+            while os.write(fd, b"x" * 512):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        before = sorted(p.name for p in night.folder.rglob("*"))
+        with console.capture() as shown, pytest.raises(Exit) as info:
+            finish(night)
+        after = sorted(p.name for p in night.folder.rglob("*"))
+    assert after == before, after                       # no 0-byte report, no temporary file, no half plot
+    assert info.value.code == 1
+    message = str(info.value.message)
+    assert message.startswith("error: the night's report could not be written into ") and str(night.folder) in message
+    assert "No space left on device" in message and "Traceback" not in message
+    text = shown.get()
+    assert "box: STEP FAILURE — 2 steps: 1 ok, 1 failed" in text and "insufficient data" in text, text

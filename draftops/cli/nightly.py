@@ -17,6 +17,7 @@ from draftops.nightly.schedule import BUSY_EXIT
 
 DEFAULT_PLAYBOOK = "playbooks/nightly.yaml"
 if TYPE_CHECKING:
+    from draftops.nightly.night import Night
     from draftops.nightly.runner import Stop
 
 EXIT_FAILED, EXIT_REGRESSION, EXIT_FINDINGS = 1, 2, 3
@@ -71,7 +72,7 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
     bench.compare), 2 when a metric regressed, 75 when another night of this project holds
     one of its hosts (nothing ran), 0 otherwise."""
     from draftops.errors import NightBusy
-    from draftops.nightly import hostlock, report
+    from draftops.nightly import hostlock
     from draftops.nightly import night as nights
     from draftops.nightly import playbook as books
     root = project_root(c)
@@ -88,11 +89,25 @@ def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) 
                                      lambda line: console.print(safe(line), soft_wrap=True))
     except NightBusy as exc:
         raise Exit(f"error: {safe(str(exc))}", code=EXIT_BUSY) from None
-    written = report.write(night)
+    finish(night)
+
+
+def finish(night: Night) -> None:
+    """Write the report, print the night's summary, and exit with the night's status. A report that
+    cannot be written (a full disk) is one paragraph after the summary, which is printed anyway."""
+    from draftops.nightly import report
+    try:
+        written: dict[str, Path] | None = report.write(night)
+        problem = None
+    except report.ReportError as exc:
+        written, problem = None, exc
     for line in report.health(night):
-        console.print(safe(line))
+        console.print(safe(line), soft_wrap=True)
     console.print(report.counts_line(night))
-    console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}")
+    if written:
+        console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}", soft_wrap=True)
+    if problem:
+        raise Exit(f"error: {safe(str(problem))}", code=EXIT_FAILED)
     if night.stopped:
         raise Exit(f"nightly: stopped by {night.stopped}: the running steps were ended, the clean-up steps ran, "
                    "the night is recorded as stopped and its report written", code=128 + _SIGNALS[night.stopped])

@@ -2,6 +2,7 @@
 accuracy per host. Drawn on a bare Agg ``Figure`` (no pyplot state, no display), like bench/chart.py."""
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -68,6 +69,11 @@ def draw_trends(host: str, nights: Sequence[RunRecord], folder: Path) -> list[Pa
             continue
         fig = panel_figure(f"{host}: {title}", ylabel, lines)
         path = folder / f"trend-{host}-{stem}.png"
-        fig.savefig(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:                                    # whole or not at all: a full disk leaves no half PNG
+            fig.savefig(tmp, format="png")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         written.append(path)
     return written

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+from draftops.errors import PlaybookError
 from draftops.nightly import detect
 from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.plots import draw_trends
@@ -188,16 +189,33 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
     return "".join(parts)
 
 
+class ReportError(PlaybookError):
+    """The report could not be written (a full disk, a folder made read-only)."""
+
+
 def _atomic_write(path: Path, text: str) -> None:
+    """Write a temporary file and rename it into place; a failed write leaves neither half a report
+    nor the temporary file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write(night: Night) -> dict[str, Path]:
-    """Draw the plots and write report.md and report.html into the night's folder."""
-    plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
-    md, page = night.folder / "report.md", night.folder / "report.html"
-    _atomic_write(md, markdown(night, plots))
-    _atomic_write(page, html_page(night, plots))
-    return {"markdown": md, "html": page}
+    """Draw the plots and write report.md and report.html into the night's folder; ReportError (one
+    paragraph naming the folder) when that fails."""
+    md_path, page = night.folder / "report.md", night.folder / "report.html"
+    try:
+        plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
+        _atomic_write(md_path, markdown(night, plots))
+        _atomic_write(page, html_page(night, plots))
+    except OSError as exc:
+        raise ReportError(f"the night's report could not be written into {night.folder} ({exc.strerror or exc}). "
+                          "The night is recorded in the history (`invoke runs --local --kind nightly`) and its step "
+                          "logs are in that folder; free disk space there. No half-written report was left."
+                          ) from None
+    return {"markdown": md_path, "html": page}

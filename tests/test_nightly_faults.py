@@ -115,3 +115,32 @@ def test_unknown_host_and_unknown_task_are_refused_before_anything_runs(project)
         assert "step 1 ('s'), argument `local`" in done.stderr and "on/off flag" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert not list((project / "runs").glob("nightly-*")) and not list((project / "runs").glob("*-runs-*"))
+
+
+def test_a_night_id_reused_the_same_day_does_not_overwrite_the_earlier_nights_row(project, tmp_path):
+    import shutil
+
+    from draftops import history
+    path = playbook(project)
+    first = invoke(project, "nightly", "--playbook", path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (folder,) = (project / "runs").glob("nightly-*")
+    shutil.move(folder, tmp_path / "moved-away")             # the report folder is moved away, its row stays
+    second = invoke(project, "nightly", "--playbook", path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    rows = history.for_project(project).query(kind="nightly")
+    assert len(rows) == 2 and len({r.run_id for r in rows}) == 2, [r.run_id for r in rows]
+    assert f"{folder.name}-loc" in {r.run_id for r in rows}
+    (again,) = (project / "runs").glob("nightly-*")
+    assert again.name != folder.name and f"{again.name}-loc" in {r.run_id for r in rows}
+
+
+def test_a_nights_row_is_never_replaced(tmp_path):
+    from draftops import history
+    from draftops.errors import HistoryError
+    hist = history.History(tmp_path / "history.sqlite")
+    hist.insert(history.RunRecord(run_id="nightly-2026-12-01-loc", kind="nightly", host="loc", verdict="ok"))
+    with pytest.raises(HistoryError, match="already in"):
+        hist.insert(history.RunRecord(run_id="nightly-2026-12-01-loc", kind="nightly", host="loc", verdict="failed"))
+    row = hist.get("nightly-2026-12-01-loc")
+    assert row is not None and row.verdict == "ok"

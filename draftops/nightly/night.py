@@ -2,7 +2,7 @@
 nights, record the night in the history, write the report. The report is written whatever failed."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,14 +50,18 @@ class Night:
         return any(h.outcome.flagged for h in self.hosts)
 
 
-def night_folder(runs: Path, now: datetime | None = None) -> tuple[str, Path]:
+def night_folder(runs: Path, now: datetime | None = None, hosts: Iterable[str] = (),
+                 hist: history.History | None = None) -> tuple[str, Path]:
     """``runs/nightly-<date>``; another night on the same date gets ``-HHMMSS`` (then ``-2``, ``-3`` ...),
-    so a night never overwrites another, also when two start in the same second."""
+    so a night never overwrites another, also when two start in the same second, or when an earlier
+    night's folder was moved away but its history rows (``<id>-<host>``) are still there."""
     now = now or datetime.now(timezone.utc)
     runs.mkdir(parents=True, exist_ok=True)
     names = [f"nightly-{now:%Y-%m-%d}", f"nightly-{now:%Y-%m-%d-%H%M%S}"]
     names += [f"{names[1]}-{n}" for n in range(2, 1000)]
     for name in names:
+        if hist is not None and any(hist.get(row_id(name, h)) for h in hosts):
+            continue
         try:
             (runs / name).mkdir()
         except FileExistsError:
@@ -107,10 +111,14 @@ def host_verdict(outcome: HostOutcome, verdicts: list[detect.MetricVerdict], sto
     return "ok"
 
 
+def row_id(night: str, host: str) -> str:
+    return f"{night}-{host}"
+
+
 def record(hist: history.History, night: str, book: Playbook, path: Path, outcome: HostOutcome,
            verdicts: list[detect.MetricVerdict], revision: str | None, stopped: str = "") -> None:
-    hist.record(history.RunRecord(
-        run_id=f"{night}-{outcome.host}", kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
+    hist.insert(history.RunRecord(                # never replaces an earlier night's row
+        run_id=row_id(night, outcome.host), kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
         or history.now_iso(), git_rev=revision, draft=outcome.facts.get("draft"),
         settings={"setup": book.setup, "playbook": str(path), "runs": outcome.run_ids,
                   "steps": {s.name: s.status for s in outcome.steps},
@@ -122,11 +130,14 @@ def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, s
               say: Callable[[str], None] | None = None) -> Night:
     """Run, judge, record; the caller writes the report. A night told to ``stop`` ends its running
     steps, runs the clean-up steps, and is still judged and recorded (as stopped)."""
-    night_id, folder = night_folder(project_root / "runs")
+    hist = history.for_project(project_root)
+    try:
+        night_id, folder = night_folder(project_root / "runs", hosts=hosts, hist=hist)
+    except HistoryError:                      # an unreadable history: the night runs, and says so when it records
+        night_id, folder = night_folder(project_root / "runs")
     started = history.now_iso()
     stop = stop if stop is not None else Stop()
     outcomes = run_hosts(book, hosts, project_root, folder, stop, say)
-    hist = history.for_project(project_root)
     revision = history.project_revision(project_root)
     night = Night(night_id, folder, book, path, started, revision, [], stopped=stop.why)
     for outcome in outcomes:

@@ -190,7 +190,6 @@ class HostNight:
             result.reason = _last_line(text)
         return result, text
 
-
     def _wait(self, proc: subprocess.Popen[bytes], step: Step, began: float) -> tuple[int | None, str]:
         """The step's exit code, or None and why it was ended: its timeout, or the night's stop (a
         clean-up step then gets CLEANUP_AFTER_STOP_S more; a second stop ends it too)."""

@@ -34,6 +34,7 @@ ns.add_collection(Collection.from_module(bench, name="bench"))
 ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))
 ns.add_collection(Collection("nightly", nightly.run, nightly.schedule, nightly.unschedule))
 first_paragraph_as_summary([*ns.tasks.values(), *(t for sub in ns.collections.values() for t in sub.tasks.values())])
-# task_names: what a playbook step may name (checked before a night starts)
+# task_names, task_options: what a playbook step may name and pass (checked when a playbook loads)
 ns.configure({"draftops": {"project_root": str(Path(__file__).resolve().parent),
-                           "task_names": sorted({*ns.task_names, *(a for al in ns.task_names.values() for a in al)})}})
+                           "task_names": sorted({*ns.task_names, *(a for al in ns.task_names.values() for a in al)}),
+                           "task_options": nightly.task_options(ns)}})

@@ -141,6 +141,17 @@ def _check(rec: RunRecord) -> None:
                                f"{type(getattr(rec, name)).__name__}.")
 
 
+def _values(rec: RunRecord) -> list[Any]:
+    """The row's column values (checked; time in the table's form; settings and metrics as JSON)."""
+    _check(rec)
+    rec = clean_record(rec)
+    values = [getattr(rec, c) for c in _COLUMNS]
+    values[_COLUMNS.index("time")] = to_iso(parse_time(rec.time))
+    for name in ("settings", "metrics"):
+        values[_COLUMNS.index(name)] = json.dumps(json_safe(getattr(rec, name)), sort_keys=True, allow_nan=False)
+    return values
+
+
 def _row(row: sqlite3.Row) -> RunRecord:
     data = {key: row[key] for key in _COLUMNS}
     for key in ("settings", "metrics"):
@@ -306,12 +317,7 @@ class History:
 
     def record(self, rec: RunRecord) -> None:
         """Insert the run, or update it in place when its id is already there."""
-        _check(rec)
-        rec = clean_record(rec)
-        values = [getattr(rec, c) for c in _COLUMNS]
-        values[_COLUMNS.index("time")] = to_iso(parse_time(rec.time))
-        for name in ("settings", "metrics"):
-            values[_COLUMNS.index(name)] = json.dumps(json_safe(getattr(rec, name)), sort_keys=True, allow_nan=False)
+        values = _values(rec)
         placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 1))
         updates = ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "recorded_at"))
         with self._connect(write=True) as conn:
@@ -319,6 +325,23 @@ class History:
             try:
                 conn.execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}, recorded_at) VALUES ({placeholders}) "
                              f"ON CONFLICT(run_id) DO UPDATE SET {updates}", [*values, now_iso()])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    def insert(self, rec: RunRecord) -> None:
+        """Add the run; HistoryError when its id is already there (a row that must never be replaced,
+        such as a night's: an id reused must not overwrite the earlier night)."""
+        values = _values(rec)
+        placeholders = ", ".join("?" for _ in range(len(_COLUMNS) + 1))
+        with self._connect(write=True) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", [rec.run_id]).fetchone():
+                    raise HistoryError(f"run {rec.run_id} is already in {self.path}; it is not replaced.")
+                conn.execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}, recorded_at) VALUES ({placeholders})",
+                             [*values, now_iso()])
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)

@@ -22,14 +22,23 @@ steps:
 """
 
 
-def task_names() -> set[str]:
-    """The tasks of the repo's real tasks.py collection (what `invoke --list` shows)."""
+def _tasks_config() -> dict:
     import importlib.util
     spec = importlib.util.spec_from_file_location("draftops_tasks_for_test", REPO / "tasks.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return set(module.ns.configuration()["draftops"]["task_names"])
+    return dict(module.ns.configuration()["draftops"])
+
+
+def task_names() -> set[str]:
+    """The tasks of the repo's real tasks.py collection (what `invoke --list` shows)."""
+    return set(_tasks_config()["task_names"])
+
+
+def task_options() -> dict[str, dict[str, str]]:
+    """Each task of the real collection -> its long options and their kinds, as tasks.py configures them."""
+    return _tasks_config()["task_options"]
 
 
 @pytest.mark.parametrize("name", ["smoke", "nightly"])
@@ -39,6 +48,7 @@ def test_shipped_playbooks_load_and_name_real_tasks(name):
     assert any(s.cleanup and s.task == "serve.stop" for s in book.steps)
     # `bench` (the runner) lands on another branch; every other task must exist today
     book.check_tasks(task_names() | {"bench"}, name)
+    playbook.load(REPO / "playbooks" / f"{name}.yaml", task_options())      # every argument is a real option
     assert book.threshold("speculative.tok_s") != book.threshold("drafter.step0_acc")
     assert book.lower_better("speculative.ttft_ms") and not book.lower_better("speculative.tok_s")
 
@@ -47,8 +57,8 @@ def test_argv_is_what_a_user_types(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)
     book = playbook.load(path)
-    assert book.steps[1].argv("box", "/r") == ["test-drafter", "--host", "box", "--steps", "3", "--ckpt",
-                                               "/r/m/it's a box draft {x}", "--force"]
+    assert book.steps[1].argv("box", "/r") == ["test-drafter", "--host", "box", "--steps=3",
+                                               "--ckpt=/r/m/it's a box draft {x}", "--force"]
     assert book.setup == "p" and book.name == "p"
 
 
@@ -95,3 +105,52 @@ def test_bad_playbooks_name_file_line_and_fix(tmp_path, text, line, words):
 def test_missing_playbook_says_which_exist(tmp_path):
     with pytest.raises(PlaybookError, match="smoke.yaml"):
         playbook.load(tmp_path / "nope.yaml")
+
+
+def test_the_smoke_playbook_benches_the_demos_language_not_random_ids():
+    """Random token ids are text no draft was trained on: the measured accept length falls far below
+    test-drafter's prediction and bench.compare suspects the wiring of a correctly wired server."""
+    book = playbook.load(REPO / "playbooks" / "smoke.yaml")
+    benches = [s for s in book.steps if s.task == "bench"]
+    assert len(benches) == 2
+    for step in benches:
+        assert step.args.get("dataset") == "demo" and "input_len" not in step.args, step
+
+
+ARGS = """\
+hosts: [box]
+steps:
+  - name: look
+    task: {task}
+    args: {{{args}}}
+"""
+
+
+@pytest.mark.parametrize("task, args, words", [
+    ("runs", "local: serve.stop", ["step 1 ('look'), argument `local`", "on/off flag", "'serve.stop'"]),
+    ("test-drafter", "stpes: 3", ["argument `stpes`", "no option `--stpes`", "did you mean `steps`"]),
+    ("serve.stop", "al: true", ["did you mean `all`", "its options: all, grace, port"]),
+    ("test-drafter", "steps: three", ["argument `steps`", "whole number"]),
+    ("test-drafter", "ckpt: true", ["`--ckpt` of `test-drafter` takes a value"]),
+    ("bench.compare", "tolerance: lots", ["takes a number"]),
+    ("sync", "p: 1", ["no option `--p`"]),
+])
+def test_step_args_are_checked_against_the_tasks_real_options_when_the_playbook_loads(tmp_path, task, args, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(ARGS.format(task=task, args=args))
+    with pytest.raises(PlaybookError) as info:
+        playbook.load(path, task_options())
+    message = str(info.value)
+    assert message.startswith(f"{path}:5: "), message
+    for word in words:
+        assert word in message, message
+
+
+def test_good_args_of_every_kind_load():
+    path = REPO / "tests" / "nonexistent.yaml"
+    book = playbook.Playbook(hosts=["box"], steps=[
+        {"name": "a", "task": "bench", "args": {"prompts": 8, "dataset": "demo", "output_len": 32}},
+        {"name": "b", "task": "bench.compare", "args": {"tolerance": 0.2, "run_a": "-odd"}},
+        {"name": "c", "task": "serve.stop", "args": {"all": True, "port": 8000}}])
+    book.check_tasks(task_options(), str(path))
+    assert book.steps[1].argv("box") == ["bench.compare", "--host", "box", "--tolerance=0.2", "--run-a=-odd"]

@@ -60,9 +60,9 @@ def test_two_hosts_at_once_one_unreachable(make_project, sshd, tmp_path, no_inve
     md = (folder / "report.md").read_text()
     page = (folder / "report.html").read_text()
     assert "box: healthy" in md and "down: INFRASTRUCTURE FAILURE" in md, md
-    assert "down / sync (sync) failed [infrastructure]" in md and "could not be reached" in md
+    assert "down / sync (sync) failed \\[infrastructure\\]" in md and "could not be reached" in md
     assert "down / env (env.check) skipped: needs sync" in md
-    assert "down / stop (serve.stop) failed [infrastructure]" in md      # clean-up ran there too
+    assert "down / stop (serve.stop) failed \\[infrastructure\\]" in md      # clean-up ran there too
     for step in ("01-sync", "02-env", "03-drafter", "04-stop"):
         assert "[exit 0]" in (folder / "box" / f"{step}.log").read_text()
     assert not (folder / "down" / "02-env.log").exists()
@@ -103,7 +103,7 @@ def test_a_step_failing_in_the_middle_stops_the_server_and_writes_the_report(mak
     assert done.returncode == 1, done.stdout + done.stderr
     folder = the_night(root)
     md = (folder / "report.md").read_text()
-    assert "box / drafter (test-drafter) failed [step]" in md, md
+    assert "box / drafter (test-drafter) failed \\[step\\]" in md, md
     assert "box / after (serve.status) skipped: needs drafter" in md
     serve_log = (folder / "box" / "02-serve.log").read_text()
     assert "[exit 0]" in serve_log

@@ -143,3 +143,43 @@ def test_the_cron_line_runs_from_a_folder_with_quotes_and_dollar_parens(tmp_path
     else:
         assert done.returncode == 0, done.stderr + log
         assert "ran: -m invoke nightly --playbook playbooks/a b's.yaml" in log, log
+
+
+# what the user's own lines may hold: a form feed, U+2028, U+0085, a CRLF line end, bytes that are not UTF-8
+ODD = (b"0 1 * * * echo 'form\x0cfeed'\n0 2 * * * echo 'line\xe2\x80\xa8sep'\n0 3 * * * echo 'nel\xc2\x85x'\n"
+       b"0 4 * * * echo crlf\r\n0 5 * * * echo '\xff\xfe not utf-8'\n")
+
+
+def crontab_bytes(user: str) -> bytes:
+    return subprocess.run(["crontab", "-u", user, "-l"], capture_output=True, check=True).stdout
+
+
+def test_the_users_lines_are_kept_byte_for_byte_whatever_they_hold(project, cron_user):
+    subprocess.run(["crontab", "-u", cron_user, "-"], input=ODD, check=True)
+    mine = crontab_bytes(cron_user)                 # as cron keeps it (Debian's lists a CR as `\r`)
+    assert b"\xff\xfe" in mine and b"\x0c" in mine and b"\xe2\x80\xa8" in mine and b"\xc2\x85" in mine
+    args = ("--playbook", "playbooks/tiny.yaml", "--user", cron_user)
+    for at in ("02:30", "03:15"):
+        done = invoke(project, "nightly.schedule", "--at", at, *args)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+        table = crontab_bytes(cron_user)
+        assert table.startswith(mine) and table.count(b"draftops nightly") == 2, table
+    assert b"15 3 * * * " in table and b"30 2 * * * " not in table
+    shown = invoke(project, "nightly.schedule", "--show", "--user", cron_user)
+    assert shown.returncode == 0 and "draftops nightly" in shown.stdout, shown.stdout + shown.stderr
+    gone = invoke(project, "nightly.unschedule", "--user", cron_user)
+    assert gone.returncode == 0 and "removed" in gone.stdout, gone.stdout + gone.stderr
+    assert crontab_bytes(cron_user) == mine
+
+
+def test_a_block_is_replaced_where_it_stands_and_a_table_without_a_final_newline_gets_one(tmp_path):
+    root = tmp_path / "proj"
+    first = schedule.block(root, "1:00", "p.yaml")
+    second = schedule.block(root, "2:00", "p.yaml")
+    table = schedule.with_block(b"A \xff\x0cB", root, first)             # no final newline
+    assert table == b"A \xff\x0cB\n" + "\n".join(first).encode() + b"\n"
+    table = b"top\r\n" + table + b"bottom \xe2\x80\xa8 end\n"
+    moved = schedule.with_block(table, root, second)
+    assert moved == table.replace("\n".join(first).encode(), "\n".join(second).encode())
+    rest, old, at = schedule.without_block(moved.split(b"\n"), root)
+    assert [ln.decode() for ln in old] == second and at == 2

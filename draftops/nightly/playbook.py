@@ -12,7 +12,7 @@ import difflib
 import fnmatch
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ _STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 _TASK = re.compile(r"[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)?")
 _ARG = re.compile(r"[a-z][a-z0-9_-]{0,47}")
 Scalar = str | int | float | bool
+TaskOptions = Mapping[str, Mapping[str, str]]      # task name -> {long option (dashes): kind (bool, int, ...)}
 # Numbers are strict (pydantic's lax mode reads `true` as 1 and "5" as 5): a threshold, window or
 # timeout written as a boolean or text is a mistake to name, not a value to guess.
 
@@ -94,14 +95,41 @@ class Step(BaseModel):
         is expanded; the words go to the task as an argv list, never through a shell)."""
         words = [self.task, "--host", host]
         for key, arg in self.args.items():
-            flag = "--" + key.replace("_", "-")
+            flag = "--" + flag_name(key)
             if arg is True:
                 words.append(flag)
-            elif isinstance(arg, str):
-                words += [flag, arg.replace("{host}", host).replace("{root}", root)]
+            elif isinstance(arg, str):        # `--flag=value`: a value that starts with `-` stays the value
+                words.append(f"{flag}={arg.replace('{host}', host).replace('{root}', root)}")
             elif arg is not False:
-                words += [flag, str(arg)]
+                words.append(f"{flag}={arg}")
         return words
+
+
+def flag_name(key: str) -> str:
+    """A playbook argument's task option, as Invoke names it (``output_len`` -> ``output-len``)."""
+    return key.replace("_", "-")
+
+
+def arg_problem(task: str, key: str, arg: Scalar, options: Mapping[str, str]) -> str | None:
+    """Why ``key: arg`` is not an option value ``task`` takes (None when it is). Checked when the
+    playbook loads: a bool flag given text would run that text as another task at night."""
+    flag = flag_name(key)
+    if flag not in options:
+        valid = sorted(o for o in options if o != "host")
+        close = difflib.get_close_matches(flag, valid, n=1)
+        hint = f" (did you mean `{close[0].replace('-', '_')}`?)" if close else ""
+        return (f"`{task}` has no option `--{flag}`{hint}; its options: "
+                f"{', '.join(v.replace('-', '_') for v in valid) or 'none'}")
+    kind = options[flag]
+    if kind == "bool" and not isinstance(arg, bool):
+        return f"`--{flag}` is an on/off flag of `{task}`: write true or false, not {arg!r}"
+    if kind != "bool" and arg is True:
+        return f"`--{flag}` of `{task}` takes a value; `true` would leave it without one"
+    if kind == "int" and (isinstance(arg, (float, str))):
+        return f"`--{flag}` of `{task}` takes a whole number, not {arg!r}"
+    if kind == "float" and isinstance(arg, str):
+        return f"`--{flag}` of `{task}` takes a number, not {arg!r}"
+    return None
 
 
 class Playbook(BaseModel):
@@ -167,19 +195,35 @@ class Playbook(BaseModel):
     def lower_better(self, metric: str) -> bool:
         return any(fnmatch.fnmatchcase(metric, p) for p in self.lower_is_better)
 
-    def check_tasks(self, known: Iterable[str], source: str = "playbook") -> None:
-        """Every step's task must exist in this project's task collection."""
+    def check_tasks(self, known: Iterable[str] | TaskOptions, source: str = "playbook",
+                    line: Callable[[tuple[str | int, ...]], int] | None = None) -> None:
+        """Every step's task must exist in this project's task collection; given the tasks' options
+        (a mapping), every argument must be one of them, with a value of its kind."""
         names = set(known)
-        for step in self.steps:
+        for i, step in enumerate(self.steps):
+            where = f"{source}:{line(('steps', i, 'task'))}" if line else source
             if step.task not in names:
                 close = difflib.get_close_matches(step.task, sorted(names), n=1)
                 hint = f" (did you mean `{close[0]}`?)" if close else ""
-                raise PlaybookError(f"{source}: step {step.name!r}: unknown task `{step.task}`{hint}; "
+                raise PlaybookError(f"{where}: step {i + 1} ({step.name!r}): unknown task `{step.task}`{hint}; "
                                     "`invoke --list` shows the tasks a step can name.")
+            if isinstance(known, Mapping):
+                self._check_args(i, step, known[step.task], source, line)
+
+    @staticmethod
+    def _check_args(i: int, step: Step, options: Mapping[str, str], source: str,
+                    line: Callable[[tuple[str | int, ...]], int] | None) -> None:
+        for key, arg in step.args.items():
+            problem = arg_problem(step.task, key, arg, options)
+            if problem:
+                where = f"{source}:{line(('steps', i, 'args', key))}" if line else source
+                raise PlaybookError(f"{where}: step {i + 1} ({step.name!r}), argument `{key}`: {problem}. "
+                                    "Fix the playbook; nothing was run.")
 
 
-def load(path: Path) -> Playbook:
-    """Read and validate ``path``; PlaybookError names file, line and field."""
+def load(path: Path, tasks: TaskOptions | None = None) -> Playbook:
+    """Read and validate ``path``; PlaybookError names file, line and field. With ``tasks`` (the
+    project's tasks and their options), every step's task and arguments are checked too."""
     path = Path(path)
     if not path.is_file():
         raise PlaybookError(f"playbook {path} does not exist; pass --playbook playbooks/<name>.yaml "
@@ -203,6 +247,8 @@ def load(path: Path) -> Playbook:
         raise PlaybookError(f"{path}:1: {exc}; top-level keys are names such as `hosts` and `steps`.") from None
     if not book.setup:
         book.setup = book.name
+    if tasks is not None:
+        book.check_tasks(tasks, str(path), lambda loc: yamlfile.line_of(root, loc))
     return book
 
 

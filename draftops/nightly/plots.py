@@ -3,6 +3,7 @@ accuracy per host. Drawn on a bare Agg ``Figure`` (no pyplot state, no display),
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -24,6 +25,40 @@ PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
 )
 
 
+MIN_SPAN = timedelta(days=2)
+
+
+def x_range(dates: Sequence[datetime]) -> tuple[float, float]:
+    """The x-axis limits: the nights' span, widened to at least MIN_SPAN around them. matplotlib's
+    own limits for one point (or a few close ones) span years (one night showed 2025-2029)."""
+    first, last = min(dates), max(dates)
+    pad = max((MIN_SPAN - (last - first)) / 2, (last - first) * 0.05, timedelta(hours=6))
+    low, high = date2num([first - pad, last + pad])
+    return float(low), float(high)
+
+
+def panel_figure(title: str, ylabel: str, lines: Sequence[tuple[str, Sequence[tuple[datetime, float | None]]]]
+                 ) -> Figure:
+    """One trend panel: a line per series, the nights that have a value."""
+    fig = Figure(figsize=(7, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for label, points in lines:
+        xs = [d for d, v in points if v is not None]
+        ys = [v for _, v in points if v is not None]
+        if xs:
+            ax.plot(date2num(xs), ys, marker="o", label=label)
+    ax.xaxis_date()
+    ax.set_xlim(*x_range([d for _, points in lines for d, v in points if v is not None]))
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
 def draw_trends(host: str, nights: Sequence[RunRecord], folder: Path) -> list[Path]:
     """One PNG per panel that has at least one value; returns the files written."""
     written = []
@@ -33,21 +68,7 @@ def draw_trends(host: str, nights: Sequence[RunRecord], folder: Path) -> list[Pa
                  for metric, label in series]
         if not any(v is not None for _, points in lines for _, v in points):
             continue
-        fig = Figure(figsize=(7, 3.2), dpi=100)
-        FigureCanvasAgg(fig)
-        ax = fig.subplots()
-        for label, points in lines:
-            xs = [d for d, v in points if v is not None]
-            ys = [v for _, v in points if v is not None]
-            if xs:
-                ax.plot(date2num(xs), ys, marker="o", label=label)
-        ax.xaxis_date()
-        ax.set_title(f"{host}: {title}")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-        fig.autofmt_xdate()
-        fig.tight_layout()
+        fig = panel_figure(f"{host}: {title}", ylabel, lines)
         path = folder / f"trend-{host}-{stem}.png"
         atomic_write_with(path, partial(fig.savefig, format="png"))    # never half a plot
         written.append(path)

@@ -8,13 +8,40 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
+from urllib.parse import quote
 
+from draftops.errors import PlaybookError
 from draftops.nightly import detect
-from draftops.nightly.night import Night
+from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.plots import draw_trends
 from draftops.nightly.runner import FAILED, INFRA, SKIPPED
+from draftops.terminal import clean
 from remote.fileio import atomic_write_text
+
+# Markdown that text from a playbook or a host could start: emphasis, code, links, images, raw HTML,
+# table cells, strike-through; `_` only where it could open or close emphasis (not inside a word).
+_MD_SPECIAL = re.compile(r"[\\`*\[\]<>|~&]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+_MD_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def md(text: object) -> str:
+    """``text`` as one line of literal Markdown: control characters and line breaks (a newline would
+    start a heading or end a table row) become spaces, and every character Markdown would read as
+    markup or HTML is escaped."""
+    flat = " ".join(clean(str(text)).replace("\u2028", " ").replace("\u2029", " ").replace("\x85", " ").split())
+    return _MD_SPECIAL.sub(lambda m: _MD_ENTITY.get(m.group(), "\\" + m.group()), flat)
+
+
+def md_link(target: str) -> str:
+    """A relative link target that Markdown reads as one path, whatever its characters."""
+    return quote(target, safe="/.-_~")
+
+
+def esc(text: object) -> str:
+    """Text for the HTML page: cleaned of control characters, then HTML-escaped (quotes too)."""
+    return html.escape(clean(str(text)))
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -41,6 +68,15 @@ def counts_line(night: Night) -> str:
     return " · ".join(f"{n} {name.lower()}" for name, n in total.items())
 
 
+def _state(night: Night, h: HostNightReport) -> str:
+    o = h.outcome
+    if night.stopped:
+        return f"STOPPED ({night.stopped})"
+    if o.error or o.infra_failed or o.failed:
+        return "ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else "STEP FAILURE"
+    return "NOT HEALTHY" if o.flagged else "REGRESSION" if h.regressed else "healthy"
+
+
 def health(night: Night) -> list[str]:
     """One line per host, then one per failed or skipped step."""
     lines = []
@@ -49,9 +85,10 @@ def health(night: Night) -> list[str]:
         n_ok = sum(1 for s in o.steps if s.status == "ok")
         n_failed = sum(1 for s in o.steps if s.status == FAILED)
         n_skipped = sum(1 for s in o.steps if s.status == SKIPPED)
-        state = ("ERROR" if o.error else "INFRASTRUCTURE FAILURE" if o.infra_failed else
-                 "STEP FAILURE" if o.failed else "REGRESSION" if h.regressed else "healthy")
-        lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped")
+        n_bad = sum(1 for f in o.findings if f.bad)
+        state = _state(night, h)
+        lines.append(f"{o.host}: {state} — {len(o.steps)} steps: {n_ok} ok, {n_failed} failed, {n_skipped} skipped"
+                     + (f"; {n_bad} ✗ finding{'s' if n_bad != 1 else ''}" if n_bad else ""))
         if o.error:
             lines.append(f"  {o.host}: {o.error}")
         for s in o.steps:
@@ -60,7 +97,13 @@ def health(night: Night) -> list[str]:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) failed [{kind}]: {s.reason}")
             elif s.status == SKIPPED:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) skipped: {s.reason}")
+        lines += [f"  {o.host} / {f.run_id}: {f.mark} {f.code}: {f.text}" for f in o.findings if f.bad]
     return lines
+
+
+def findings_lines(h: HostNightReport) -> list[str]:
+    """Every finding of the host's night (✗ first, as bench.compare orders them), one line each."""
+    return [f"{f.mark} {f.code} ({f.run_id}): {f.text}" for f in h.outcome.findings]
 
 
 COLUMNS = ("metric", "baseline (median)", "current", "change", "noise", "limit", "verdict")
@@ -77,23 +120,33 @@ def _raw_files(night: Night) -> list[Path]:
 
 
 def _run_ids(night: Night) -> list[str]:
-    """The runs the steps recorded (their folders sit next to the night's, under runs/)."""
-    return sorted({r for h in night.hosts for r in h.outcome.run_ids})
+    """The runs the steps recorded whose folders are here (next to the night's, under runs/): a serve
+    run's folder stays on the host, and a link to it would lead nowhere."""
+    runs = night.folder.parent
+    return sorted({r for h in night.hosts for r in h.outcome.run_ids if (runs / r).is_dir()})
+
+
+def title(night: Night) -> str:
+    return f"{night.night_id}: playbook {night.playbook.name}"
 
 
 def markdown(night: Night, plots: dict[str, list[Path]]) -> str:
-    out = [f"# Nightly {night.night_id}", ""]
-    out += [f"- **{k}**: {v}" for k, v in header(night)]
-    out += ["", "## Health", ""] + [f"- {ln.strip()}" for ln in health(night)]
-    out += ["", "## Counts", "", counts_line(night), ""]
+    out = [f"# {md(title(night))}", ""]
+    out += [f"- **{md(k)}**: {md(v)}" for k, v in header(night)]
+    out += ["", "## Health", ""] + [f"- {md(ln)}" for ln in health(night)]
+    out += ["", "## Counts", "", md(counts_line(night)), ""]
     for h in night.hosts:
-        out += [f"## {h.outcome.host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        host = md(h.outcome.host)
+        out += [f"## {host}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         rows = table_rows(h.verdicts) or [["(no metrics this night)"] + [""] * (len(COLUMNS) - 1)]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        out += [""] + [f"![{p.stem}]({p.name})" for p in plots.get(h.outcome.host, [])] + [""]
+        out += ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
+        if h.outcome.findings:
+            out += ["", f"### {host}: findings", ""] + [f"- {md(ln)}" for ln in findings_lines(h)]
+        out += [""] + [f"![{md(p.stem)}]({md_link(p.name)})" for p in plots.get(h.outcome.host, [])] + [""]
     out += ["## Raw files", ""]
-    out += [f"- [{p.relative_to(night.folder)}]({p.relative_to(night.folder)})" for p in _raw_files(night)]
-    out += [f"- run `{r}`: [../{r}/](../{r}/)" for r in _run_ids(night)]
+    out += [f"- [{md(p.relative_to(night.folder))}]({md_link(str(p.relative_to(night.folder)))})"
+            for p in _raw_files(night)]
+    out += [f"- run {md(r)}: [../{md(r)}/](../{md_link(r)}/)" for r in _run_ids(night)]
     return "\n".join(out) + "\n"
 
 
@@ -104,12 +157,12 @@ td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child,th:f
 
 
 def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
-    e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Nightly {e(night.night_id)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>Nightly {e(night.night_id)}</h1><table id='header'>"]
+    e = esc
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title(night))}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{e(title(night))}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION")
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ", ": STOPPED")
     parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]
@@ -120,6 +173,11 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
             parts.append(f"<tr class='{e(row[-1].replace(' ', '_'))}'>" + "".join(f"<td>{e(c)}</td>" for c in row)
                          + "</tr>")
         parts.append("</table>")
+        if h.outcome.findings:
+            parts.append(f"<h3>{e(h.outcome.host)}: findings</h3><ul class='findings'>")
+            parts += [f"<li class='{'failed' if f.bad else ''}'>{e(ln)}</li>"
+                      for f, ln in zip(h.outcome.findings, findings_lines(h), strict=True)]
+            parts.append("</ul>")
         for p in plots.get(h.outcome.host, []):
             data = base64.b64encode(p.read_bytes()).decode()
             parts.append(f"<img alt='{e(p.stem)}' src='data:image/png;base64,{data}'>")
@@ -131,10 +189,21 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
     return "".join(parts)
 
 
+class ReportError(PlaybookError):
+    """The report could not be written (a full disk, a folder made read-only)."""
+
+
 def write(night: Night) -> dict[str, Path]:
-    """Draw the plots and write report.md and report.html into the night's folder."""
-    plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
-    md, page = night.folder / "report.md", night.folder / "report.html"
-    atomic_write_text(md, markdown(night, plots))
-    atomic_write_text(page, html_page(night, plots))
-    return {"markdown": md, "html": page}
+    """Draw the plots and write report.md and report.html into the night's folder; ReportError (one
+    paragraph naming the folder) when that fails."""
+    md_path, page = night.folder / "report.md", night.folder / "report.html"
+    try:
+        plots = {h.outcome.host: draw_trends(h.outcome.host, h.trend, night.folder) for h in night.hosts}
+        atomic_write_text(md_path, markdown(night, plots))
+        atomic_write_text(page, html_page(night, plots))
+    except OSError as exc:
+        raise ReportError(f"the night's report could not be written into {night.folder} ({exc.strerror or exc}). "
+                          "The night is recorded in the history (`invoke runs --local --kind nightly`) and its step "
+                          "logs are in that folder; free disk space there. No half-written report was left."
+                          ) from None
+    return {"markdown": md_path, "html": page}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,26 @@ if TYPE_CHECKING:
 
 NIGHTLY_KIND = "nightly"
 _ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
+COMPARE_SCHEMA = "draftops.bench-compare/1"
+MARK = {"bad": "✗", "warn": "!", "good": "✓", "info": "·"}       # as bench.compare shows them
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One conclusion a step of the night drew (bench.compare's findings), read from its output."""
+
+    run_id: str
+    severity: str                  # bad | warn | good | info
+    code: str
+    text: str
+
+    @property
+    def bad(self) -> bool:
+        return self.severity == "bad"
+
+    @property
+    def mark(self) -> str:
+        return MARK.get(self.severity, "?")
 
 
 def baseline_nights(hist: History, host: str, setup: str, limit: int) -> list[RunRecord]:
@@ -78,6 +99,41 @@ def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
         elif run.kind == "compare":
             out["speedup"] = m.get("speedup")
     return {k: v for k, v in history.json_safe(out).items() if v is not None}
+
+
+def findings_of(runs: Iterable[RunRecord], project_root: Path) -> list[Finding]:
+    """The findings of the night's comparisons, read from the compare.json each one wrote (the history
+    row holds only the codes). A comparison whose file cannot be read is a ✗ finding itself: a night
+    whose conclusions are unknown is not healthy."""
+    found: list[Finding] = []
+    for run in runs:
+        if run.kind == "compare":
+            found += _compare_findings(run, project_root / "runs" / run.run_id / "compare.json")
+    return found
+
+
+def _compare_findings(run: RunRecord, path: Path) -> list[Finding]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or doc.get("schema") != COMPARE_SCHEMA:
+            raise ValueError(f"not a {COMPARE_SCHEMA} document")
+        items = doc.get("findings")
+        if not isinstance(items, list):
+            raise ValueError("its `findings` is not a list")
+        return [_finding(run.run_id, item) for item in items]
+    except (OSError, ValueError) as exc:
+        return [Finding(run.run_id, "bad", "compare-unreadable",
+                        f"the comparison {run.run_id} (history verdict {run.verdict}) left no readable {path} "
+                        f"({exc}), so its findings are unknown; run `invoke bench.compare` again.")]
+
+
+def _finding(run_id: str, item: object) -> Finding:
+    if not isinstance(item, dict):
+        raise ValueError(f"a finding is {type(item).__name__}, not an object")
+    severity, code, text = (item.get(k) for k in ("severity", "code", "text"))
+    if not all(isinstance(v, str) for v in (severity, code, text)):
+        raise ValueError("a finding lacks its severity, code or text")
+    return Finding(run_id, str(severity), str(code), str(text))
 
 
 def describe(runs: Iterable[RunRecord], env_json: Path | None) -> dict[str, str]:

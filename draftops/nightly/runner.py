@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from draftops import history
@@ -30,6 +34,31 @@ INFRA_TASKS = {"sync", "env.check", "env.setup", "serve", "serve.start", "serve.
 _UNREACHABLE = ("could not be reached", "rejected key", "host key", "Connection refused")
 #: at most this many hosts' nights at once (a thread each, starting one invoke process at a time)
 MAX_PARALLEL_HOSTS = 32
+CLEANUP_AFTER_STOP_S = 120.0     # how long a clean-up step may run once the night was told to stop
+END_GRACE_S = 10.0               # TERM, then KILL after this, for a step's process group
+POLL_S = 0.25
+
+
+class Stop:
+    """The night was told to stop (SIGTERM, SIGHUP, Ctrl-C): the running step is ended, later steps are
+    skipped, the clean-up steps still run (each for at most CLEANUP_AFTER_STOP_S); a second signal
+    ends the clean-up too. Set from the signal handler, read by every host's thread."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.why = ""
+        self.at = 0.0
+        self.hard = False
+
+    def set(self, why: str) -> None:
+        if self._event.is_set():
+            self.hard = True
+            return
+        self.why, self.at = why, time.monotonic()
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
 
 
 @dataclass
@@ -52,12 +81,18 @@ class HostOutcome:
     metrics: dict[str, object] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
     run_ids: list[str] = field(default_factory=list)
+    findings: list[results.Finding] = field(default_factory=list)     # what the steps concluded
     started: str = ""
     error: str = ""                # the host's run itself crashed (a bug or a full disk)
 
     @property
     def failed(self) -> bool:
         return bool(self.error) or any(s.status == FAILED for s in self.steps)
+
+    @property
+    def flagged(self) -> bool:
+        """A step concluded something is wrong (a ✗ finding), though every step ran."""
+        return any(f.bad for f in self.findings)
 
     @property
     def infra_failed(self) -> bool:
@@ -73,12 +108,15 @@ def _last_line(text: str) -> str:
 class HostNight:
     """One host's night; ``run`` runs in this host's thread of ``run_hosts``' pool."""
 
-    def __init__(self, host: str, book: Playbook, project_root: Path, folder: Path, root: str = ""):
+    def __init__(self, host: str, book: Playbook, project_root: Path, folder: Path, root: str = "",
+                 stop: Stop | None = None, say: Callable[[str], None] | None = None):
         self.host = host
         self.root = root                 # the host's `root:` in hosts.yaml, for `{root}` in step args
         self.book = book
         self.project_root = project_root
         self.folder = folder / host
+        self.stop = stop if stop is not None else Stop()
+        self.say = say or (lambda line: None)
 
     def __repr__(self) -> str:
         return f"HostNight({self.host!r})"
@@ -89,15 +127,17 @@ class HostNight:
         done: dict[str, str] = {}
         env_json: Path | None = None
         for index, step in enumerate(self.book.steps, start=1):
-            blocked = [n for n in step.needs if done.get(n) != OK]
-            if blocked and not step.cleanup:
-                outcome.steps.append(StepResult(step.name, step.task, SKIPPED, reason=f"needs {', '.join(blocked)}, "
-                                                "which did not succeed"))
+            reason = self._skip_reason(step, done)
+            if reason:
+                outcome.steps.append(StepResult(step.name, step.task, SKIPPED, step.cleanup, reason=reason))
                 done[step.name] = SKIPPED
+                self._tell(step, f"skipped: {reason}")
                 continue
             result, text = self._step(index, step)
             outcome.steps.append(result)
             done[step.name] = result.status
+            self._tell(step, f"{result.status}" + (f" (exit {result.exit_code})" if result.status == FAILED else "")
+                       + f" in {result.seconds:.1f} s" + (f": {result.reason}" if result.reason else ""))
             env_json = results.env_json_in(text, self.project_root) or env_json
         try:
             runs = results.night_runs(history.for_project(self.project_root), self.host, outcome.started)
@@ -106,8 +146,21 @@ class HostNight:
             runs = []
         outcome.run_ids = [r.run_id for r in runs]
         outcome.metrics = results.metrics_of(runs, self.project_root)
+        outcome.findings = results.findings_of(runs, self.project_root)
         outcome.facts = results.describe(runs, env_json)
         return outcome
+
+    def _skip_reason(self, step: Step, done: dict[str, str]) -> str:
+        if step.cleanup:
+            return "the night was stopped again during its clean-up" if self.stop.hard else ""
+        if self.stop:
+            return f"the night was stopped ({self.stop.why}) before this step"
+        blocked = [n for n in step.needs if done.get(n) != OK]
+        return f"needs {', '.join(blocked)}, which did not succeed" if blocked else ""
+
+    def _tell(self, step: Step, what: str) -> None:
+        """One line per step start and end, so a night is never silent for minutes (cron, a pipe)."""
+        self.say(f"{datetime.now():%H:%M:%S} {self.host} / {step.name} ({step.task}): {what}")
 
     def _step(self, index: int, step: Step) -> tuple[StepResult, str]:
         log = self.folder / f"{index:02d}-{step.name}.log"
@@ -115,17 +168,20 @@ class HostNight:
         argv = [sys.executable, "-m", "invoke", *words]
         env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
         env.pop("DRAFTOPS_HOST", None)
+        self._tell(step, "started")
         began = time.monotonic()
-        try:
-            done = subprocess.run(argv, cwd=self.project_root, env=env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, errors="replace", timeout=step.timeout)
-            code: int | None = done.returncode
-            text = done.stdout + done.stderr
-        except subprocess.TimeoutExpired as exc:
-            code = None
-            text = _text(exc.stdout) + _text(exc.stderr) + f"\nerror: timed out after {step.timeout:g} s\n"
+        with log.open("w", encoding="utf-8") as out:
+            out.write(f"$ invoke {shlex.join(words)}\n")
+            out.flush()
+            # its own session: the step's whole process tree can be ended, and a Ctrl-C on the
+            # terminal reaches the night (which ends the step) rather than the step behind its back
+            proc = subprocess.Popen(argv, cwd=self.project_root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            code, ending = self._wait(proc, step, began)
         seconds = time.monotonic() - began
-        log.write_text(f"$ invoke {shlex.join(words)}\n{text}\n[exit {code}]\n", encoding="utf-8")
+        text = log.read_text(encoding="utf-8", errors="replace").split("\n", 1)[-1] + ending
+        with log.open("a", encoding="utf-8") as out:
+            out.write(f"{ending}\n[exit {code}]\n")
         result = StepResult(step.name, step.task, OK if code == 0 else FAILED, step.cleanup, exit_code=code,
                             seconds=seconds, log=log)
         if result.status == FAILED:
@@ -134,18 +190,52 @@ class HostNight:
             result.reason = _last_line(text)
         return result, text
 
+    def _wait(self, proc: subprocess.Popen[bytes], step: Step, began: float) -> tuple[int | None, str]:
+        """The step's exit code, or None and why it was ended: its timeout, or the night's stop (a
+        clean-up step then gets CLEANUP_AFTER_STOP_S more; a second stop ends it too)."""
+        while True:
+            try:
+                return proc.wait(POLL_S), ""
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if self.stop and (not step.cleanup or self.stop.hard):
+                why = f"\nerror: ended: the night was stopped ({self.stop.why})\n"
+            elif self.stop and now > self.stop.at + CLEANUP_AFTER_STOP_S:
+                why = (f"\nerror: ended: the night was stopped ({self.stop.why}) and this clean-up step ran "
+                       f"{CLEANUP_AFTER_STOP_S:g} s past it\n")
+            elif now > began + step.timeout:
+                why = f"\nerror: timed out after {step.timeout:g} s\n"
+            else:
+                continue
+            end_group(proc)
+            return None, why
 
-def _text(raw: str | bytes | None) -> str:
-    if raw is None:
-        return ""
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+def end_group(proc: subprocess.Popen[bytes]) -> None:
+    """TERM the step's process group, then KILL it after END_GRACE_S; wait for the step itself."""
+    for sig, grace in ((signal.SIGTERM, END_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+            if sig == signal.SIGTERM:
+                os.killpg(proc.pid, signal.SIGKILL)      # what the step left behind in its group
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
-def run_hosts(book: Playbook, hosts: dict[str, str], project_root: Path, folder: Path) -> list[HostOutcome]:
+def run_hosts(book: Playbook, hosts: dict[str, str], project_root: Path, folder: Path, stop: Stop | None = None,
+              say: Callable[[str], None] | None = None) -> list[HostOutcome]:
     """Every host's night (``hosts``: name -> root), in parallel (up to ``MAX_PARALLEL_HOSTS`` at once),
     in the order given; a host whose run raised gets an outcome holding the error. Each step of a
     night has its timeout, so the pool's wait is bounded."""
-    nights = [HostNight(h, book, project_root, folder, root) for h, root in hosts.items()]
+    nights = [HostNight(h, book, project_root, folder, root, stop, say) for h, root in hosts.items()]
     if not nights:
         return []
     with ThreadPoolExecutor(max_workers=min(len(nights), MAX_PARALLEL_HOSTS), thread_name_prefix="night") as pool:

@@ -1,7 +1,10 @@
 """The nightly's crontab entry: one block between marker lines, owned by this project checkout.
 
-* Idempotent: scheduling again replaces the block (never a second copy); unscheduling removes only
-  it. Lines outside the block, other checkouts' blocks included, are kept byte for byte.
+* Idempotent: scheduling again replaces the block in place (never a second copy); unscheduling removes
+  only it. Everything outside the block, other checkouts' blocks included, is kept byte for byte: the
+  table is handled as bytes and split only on b"\n" (a form feed, U+2028, U+0085, a CR or a byte that
+  is not UTF-8 is the user's text, not a line break). A table that does not end in a newline gets one
+  (cron refuses it otherwise).
 * The right interpreter: the python running this task (the project's venv), by absolute path, from
   the project folder, so cron's bare PATH and environment do not matter.
 * ``flock -n`` on ``runs/.nightly.lock``: a night still running when the next one is due makes the
@@ -10,6 +13,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -65,65 +69,96 @@ def block(project_root: Path, at: str, playbook: str, python: str = sys.executab
 
 @dataclass
 class Crontab:
-    """The crontab of ``user`` (None: the current user), read and written with the ``crontab`` command."""
+    """The crontab of ``user`` (None: the current user), read and written with the ``crontab`` command,
+    as bytes (a crontab may hold any bytes; draftops changes only its own block)."""
 
     user: str | None = None
 
     def _argv(self, *args: str) -> list[str]:
         return ["crontab", *(["-u", self.user] if self.user else []), *args]
 
-    def read(self) -> list[str]:
+    def read(self) -> bytes:
         try:
-            done = subprocess.run(self._argv("-l"), capture_output=True, text=True, timeout=30, check=False)
+            done = subprocess.run(self._argv("-l"), capture_output=True, timeout=30, check=False)
         except FileNotFoundError:
             raise ScheduleError("the `crontab` command is not installed; install cron (Debian: apt-get install "
                                 "cron) to schedule the nightly.") from None
         if done.returncode != 0:
-            if "no crontab" in done.stderr:
-                return []
-            raise ScheduleError(f"`crontab -l` failed: {done.stderr.strip()}")
-        return done.stdout.splitlines()
+            if b"no crontab" in done.stderr:
+                return b""
+            raise ScheduleError(f"`crontab -l` failed: {_said(done.stderr)}")
+        return done.stdout
 
-    def write(self, lines: list[str]) -> None:
-        text = "\n".join(lines) + "\n" if lines else ""
-        done = subprocess.run(self._argv("-"), input=text, capture_output=True, text=True, timeout=30, check=False)
+    def write(self, data: bytes) -> None:
+        done = subprocess.run(self._argv("-"), input=data, capture_output=True, timeout=30, check=False)
         if done.returncode != 0:
-            raise ScheduleError(f"`crontab -` refused the new table ({done.stderr.strip()}); the old one is "
+            raise ScheduleError(f"`crontab -` refused the new table ({_said(done.stderr)}); the old one is "
                                 "unchanged.")
 
 
-def without_block(lines: list[str], project_root: Path) -> tuple[list[str], list[str]]:
-    """(lines outside this project's block, the block's lines). A start marker without its end marker
-    is an error: guessing where the block ends could delete the user's own lines."""
-    start, end = markers(project_root)
-    if lines.count(start) != lines.count(end) or lines.count(start) > 1:
-        raise ScheduleError(f"the crontab holds {lines.count(start)} start and {lines.count(end)} end marker(s) of "
+def _said(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").strip()
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The table's lines, split on b"\n" only; a final newline leaves a last empty item."""
+    return data.split(b"\n") if data else []
+
+
+def _is(line: bytes, marker: bytes) -> bool:
+    return line.rstrip(b"\r") == marker          # a block an editor saved with CRLF is still ours
+
+
+def without_block(lines: list[bytes], project_root: Path) -> tuple[list[bytes], list[bytes], int]:
+    """(lines outside this project's block, the block's lines, where the block was in the rest; -1:
+    none). A start marker without its end marker is an error: guessing where the block ends could
+    delete the user's own lines."""
+    start, end = (os.fsencode(m) for m in markers(project_root))
+    starts = [i for i, ln in enumerate(lines) if _is(ln, start)]
+    ends = [i for i, ln in enumerate(lines) if _is(ln, end)]
+    if len(starts) != len(ends) or len(starts) > 1:
+        raise ScheduleError(f"the crontab holds {len(starts)} start and {len(ends)} end marker(s) of "
                             f"this project's nightly block; fix it by hand with `crontab -e` (keep one pair "
                             f"or none), then run again.")
-    if start not in lines:
-        return list(lines), []
-    i, j = lines.index(start), lines.index(end)
+    if not starts:
+        return list(lines), [], -1
+    i, j = starts[0], ends[0]
     if j < i:
         raise ScheduleError("the crontab's nightly end marker comes before its start marker; fix it with "
                             "`crontab -e`, then run again.")
-    return lines[:i] + lines[j + 1:], lines[i:j + 1]
+    return lines[:i] + lines[j + 1:], lines[i:j + 1], i
+
+
+def _joined(lines: list[bytes]) -> bytes:
+    if lines and lines[-1] != b"":
+        lines = [*lines, b""]                     # cron refuses a table without its final newline
+    return b"\n".join(lines)
+
+
+def with_block(data: bytes, project_root: Path, new: list[str]) -> bytes:
+    """``data`` with this project's block replaced in place by ``new`` (or added at the end)."""
+    rest, _, at = without_block(_lines(data), project_root)
+    block_lines = [os.fsencode(line) for line in new]
+    if at < 0:
+        at = len(rest) - 1 if rest and rest[-1] == b"" else len(rest)
+    return _joined(rest[:at] + block_lines + rest[at:])
 
 
 def schedule(tab: Crontab, project_root: Path, at: str, playbook: str, python: str = sys.executable) -> list[str]:
     """Install or replace this project's block; returns the block."""
     new = block(project_root, at, playbook, python)
-    rest, _ = without_block(tab.read(), project_root)
-    tab.write(rest + new)
+    tab.write(with_block(tab.read(), project_root, new))
     return new
 
 
 def unschedule(tab: Crontab, project_root: Path) -> bool:
     """Remove this project's block; False when there was none."""
-    rest, old = without_block(tab.read(), project_root)
+    rest, old, _ = without_block(_lines(tab.read()), project_root)
     if old:
-        tab.write(rest)
+        tab.write(_joined(rest) if rest != [b""] else b"")
     return bool(old)
 
 
 def show(tab: Crontab, project_root: Path) -> list[str]:
-    return without_block(tab.read(), project_root)[1]
+    """This project's block, as text to show (bytes that are not UTF-8 replaced)."""
+    return [line.decode("utf-8", "replace") for line in without_block(_lines(tab.read()), project_root)[1]]

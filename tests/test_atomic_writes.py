@@ -148,7 +148,7 @@ def test_the_nightly_report_on_a_full_disk(tmp_path: Path, disk: Path) -> None:
     names = {Path(name).name for name in before}
     assert {"report.md", "report.html"} <= names and any(name.endswith(".png") for name in names)
     fill(disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(report.ReportError, match="No space left"):   # one paragraph naming the folder
         report.write(night)
     assert contents(disk) == before
 

@@ -127,7 +127,7 @@ def arg_problem(task: str, key: str, arg: Scalar, options: Mapping[str, str]) ->
         return f"`--{flag}` of `{task}` takes a value; `true` would leave it without one"
     if kind == "int" and (isinstance(arg, (float, str))):
         return f"`--{flag}` of `{task}` takes a whole number, not {arg!r}"
-    if kind == "float" and isinstance(arg, str):
+    if kind in ("float", "number") and isinstance(arg, str):     # "number": an option cli/options.py declares
         return f"`--{flag}` of `{task}` takes a number, not {arg!r}"
     return None
 

@@ -19,6 +19,7 @@ import pytest
 from draftops.documents import Document, load, parse
 from draftops.documents.draft_config import DraftConfigResult
 from draftops.documents.drafter_report import DrafterReport
+from draftops.documents.env_check import EnvCheck
 from draftops.documents.serve_inspect import ServeInspect
 from draftops.documents.sglang_patch import SglangPatch
 from draftops.errors import DocumentError, ToolFailed
@@ -161,9 +162,15 @@ def _sglang_patch(tmp_path: Path) -> Path:
     return _tool(tmp_path, "remote.sglang_patch", "status", "--state-dir", str(tmp_path / "state")) / "patch.json"
 
 
+def _env_check(tmp_path: Path) -> Path:
+    """env.json of this python (torch without CUDA here; the GPU rows are read in test_env_document)."""
+    return _tool(tmp_path, "remote.envcheck") / "env.json"
+
+
 TOOLS: dict[str, tuple[type[Document], Callable[[Path], Path], str, Any]] = {
     "draft-config": (DraftConfigResult, _draft_config, "written_ids", "-1,1,3"),
     "sglang-patch": (SglangPatch, _sglang_patch, "files", {"file": "x"}),
+    "env-check": (EnvCheck, _env_check, "packages", ["torch"]),
 }
 
 

@@ -1,7 +1,8 @@
 """A bench run's own files read once into their models (draftops.documents.bench_run) where the result is
 built: host.json as `remote.bench.runner.host_facts` writes it gives the draft's format and layer ids;
 a host.json or runner.json that fails its model still gives a result, with a warning naming the file
-and the field (it used to stop with an AttributeError)."""
+and the field (it used to stop with an AttributeError); and bench-result.json's load uses the shared
+reader's checks with its own messages."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 from draftops.bench import result as bench_result
 from draftops.bench import runner
 from draftops.bench.plan import BenchSettings, Client, Server, plan
+from draftops.errors import BenchError
 from remote.bench.runner import host_facts
 from tests.drafter_support import demo
 
@@ -79,3 +81,9 @@ def test_a_missing_runner_json_is_a_failed_result_as_before(tmp_path: Path, host
     assert res.status == "failed" and res.failure and "(no runner.json)" in res.failure
     assert not [w for w in res.warnings if "runner.json" in w]
 
+
+def test_a_bench_result_nested_too_deep_is_not_readable_json(tmp_path: Path) -> None:
+    path = tmp_path / bench_result.RESULT_NAME
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BenchError, match="not readable JSON .*nested too deep.*Run the benchmark again"):
+        bench_result.load(path)

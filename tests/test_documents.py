@@ -19,6 +19,8 @@ import pytest
 from draftops.documents import Document, load, parse
 from draftops.documents.draft_config import DraftConfigResult
 from draftops.documents.drafter_report import DrafterReport
+from draftops.documents.env_check import EnvCheck
+from draftops.documents.serve_inspect import ServeInspect
 from draftops.documents.sglang_patch import SglangPatch
 from draftops.errors import DocumentError, ToolFailed
 from draftops.nightly import results
@@ -160,9 +162,15 @@ def _sglang_patch(tmp_path: Path) -> Path:
     return _tool(tmp_path, "remote.sglang_patch", "status", "--state-dir", str(tmp_path / "state")) / "patch.json"
 
 
+def _env_check(tmp_path: Path) -> Path:
+    """env.json of this python (torch without CUDA here; the GPU rows are read in test_env_document)."""
+    return _tool(tmp_path, "remote.envcheck") / "env.json"
+
+
 TOOLS: dict[str, tuple[type[Document], Callable[[Path], Path], str, Any]] = {
     "draft-config": (DraftConfigResult, _draft_config, "written_ids", "-1,1,3"),
     "sglang-patch": (SglangPatch, _sglang_patch, "files", {"file": "x"}),
+    "env-check": (EnvCheck, _env_check, "packages", ["torch"]),
 }
 
 
@@ -177,3 +185,28 @@ def test_each_tools_real_result_reads_and_a_broken_one_is_one_paragraph(name: st
         path.write_text(json.dumps({**doc, **change}))
         text = _refusal(lambda: load(model, path))
         assert str(path) in text and said in text and model.TASK in text
+
+
+def _inspect_answer(tmp_path: Path) -> dict[str, Any]:
+    """What `remote.serve inspect` answers about the demo's target and draft (its stdout's JSON)."""
+    d = demo()
+    done = subprocess.run([sys.executable, "-m", "remote.serve", "inspect", "--engine", "sglang", "--target",
+                           str(d.target), "--draft", str(d.draft), "--sglang-status"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return answer
+
+
+def test_the_serve_inspect_answer_reads_and_a_broken_one_is_one_paragraph(tmp_path: Path) -> None:
+    answer = _inspect_answer(tmp_path)
+    facts = parse(ServeInspect, answer, "the answer of `remote.serve inspect` on host 'box'")
+    assert facts.draft and facts.draft.reading and answer["draft"]["reading"]["ids"] == facts.draft.reading.ids
+    assert facts.draft.ids_by_engine == answer["draft"]["ids_by_engine"] and facts.target
+    assert facts.target.num_hidden_layers == answer["target"]["num_hidden_layers"]
+    for path, value, said in (("schema", "draftops.serve-inspect/2", "this draftops reads draftops.serve-inspect/1"),
+                              ("draft.reading.ids", "1,2", "field 'draft.reading.ids'"),
+                              ("target.num_hidden_layers", float("nan"), "field 'target.num_hidden_layers' is not"),
+                              ("engine.importable", "maybe", "field 'engine.importable'")):
+        broken = _set(answer, path, value)
+        text = _refusal(lambda: parse(ServeInspect, broken, "the answer on host 'box'"))  # noqa: B023
+        assert "the answer on host 'box'" in text and said in text and "invoke serve" in text

@@ -12,6 +12,8 @@ import yaml
 from rich.console import Console
 
 from draftops.cli.env import show_env
+from draftops.documents import parse
+from draftops.documents.env_check import EnvCheck
 from draftops.env import mlenv
 from draftops.link.host import open_host
 
@@ -111,7 +113,8 @@ def test_env_table_without_torch_still_lists_it_once():
 def _rendered_rows(report: dict) -> list[tuple[str, str]]:
     """env.check's table as shown: (label, value) per line, read back from the text."""
     out = io.StringIO()
-    show_env(report, "ml-env on box", Console(file=out, width=200, color_system=None))
+    env = parse(EnvCheck, {"schema": EnvCheck.SCHEMA, **report}, "env.json")
+    show_env(env, "ml-env on box", Console(file=out, width=200, color_system=None))
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.getvalue().splitlines()
             if line.startswith("│")]
     return [(label, value) for label, value in rows]

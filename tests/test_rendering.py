@@ -128,8 +128,11 @@ def test_server_run_ids_never_wrap():
 
 def test_readback_shows_asked_and_effective_aux_layer_ids():
     from draftops.cli.serve import LayerIds, layer_ids
-    facts = {"draft": {"reading": {"engine": "vllm", "field": "eagle_aux_hidden_state_layer_ids",
-                                   "ids": [1, 2, 3], "fallback": False}}}
+    from draftops.documents import parse
+    from draftops.documents.serve_inspect import ServeInspect
+    facts = parse(ServeInspect, {"schema": ServeInspect.SCHEMA, "draft": {"reading": {
+        "engine": "vllm", "field": "eagle_aux_hidden_state_layer_ids", "ids": [1, 2, 3], "fallback": False}}},
+        "the inspect answer")
     layers = layer_ids(facts, "vLLM")
     assert layers == LayerIds("vLLM", [1, 2, 3], "eagle_aux_hidden_state_layer_ids")
     rows = [("speculative method", "eagle3", "eagle3", False), ("draft model", "/d", "/d", False),

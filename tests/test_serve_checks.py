@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from draftops.documents import parse
+from draftops.documents.serve_inspect import ServeInspect
 from draftops.errors import InventoryError, ServeRefused
 from draftops.inventory import HostSpec, ServeProfile, load_inventory
 from draftops.serve import checks, profiles, verdicts
@@ -38,7 +40,7 @@ def plan_for(engine: str, *, python: str = sys.executable, **req: Any) -> Any:
     return resolve(Request(**req), profiles.resolve(spec), "/root/state/demo")
 
 
-def refusals(plan: Any, facts: dict[str, Any] | None = None, verdict: Any = None) -> checks.Findings:
+def refusals(plan: Any, facts: ServeInspect | None = None, verdict: Any = None) -> checks.Findings:
     found = checks.Findings()
     checks.flag_checks(plan, found)
     if facts is not None:
@@ -121,19 +123,24 @@ def test_request_needs_a_draft_or_baseline_and_a_target():
 
 
 # ---------------------------------------------------------------- facts from the host's files
+def inspected(engine: str, target: Path, draft: Path | None, sglang_status: bool) -> ServeInspect:
+    """What `remote.serve inspect` answers, read as `serve/hosttool.inspect` reads it."""
+    return parse(ServeInspect, inspect(engine, target, draft, sglang_status), "the inspect answer")
+
+
 def facts(tmp_path: Path, engine: str, draft: dict[str, Any] | None, target: dict[str, Any] | None = None,
-          ) -> dict[str, Any]:
+          ) -> ServeInspect:
     tdir = write(tmp_path / "target", target or TARGET) if target is not False else str(tmp_path / "none")
     ddir = write(tmp_path / "draft", draft) if draft is not None else None
-    found = inspect(engine, Path(tdir), Path(ddir) if ddir else None, sglang_status=True)
+    found = inspected(engine, Path(tdir), Path(ddir) if ddir else None, sglang_status=True)
     # the engine as the profile's python sees it: the SGLang double, or vLLM "installed"
-    found["engine"]["importable"] = True
+    found.engine.importable = True
     return found
 
 
 def test_engine_missing_on_the_host_is_refused(tmp_path):
-    answer = inspect("vllm", Path(write(tmp_path / "t", TARGET)), None, sglang_status=False)
-    if answer["engine"]["importable"]:
+    answer = inspected("vllm", Path(write(tmp_path / "t", TARGET)), None, sglang_status=False)
+    if answer.engine.importable:
         pytest.skip("this python imports vllm")
     found = refusals(plan_for("vllm", baseline=True), answer)
     assert "cannot import vllm" in found.refusals[0] and "invoke env.setup --engine vllm" in found.refusals[0]
@@ -143,8 +150,8 @@ def test_unreadable_target_and_draft_are_refused(tmp_path):
     answer = facts(tmp_path, "sglang", None, target=False)
     found = refusals(plan_for("sglang", baseline=True), answer)
     assert "the target /models/target cannot be served" in found.refusals[0]
-    answer = inspect("sglang", Path(write(tmp_path / "t", TARGET)), tmp_path / "nowhere", sglang_status=False)
-    answer["engine"]["importable"] = True
+    answer = inspected("sglang", Path(write(tmp_path / "t", TARGET)), tmp_path / "nowhere", sglang_status=False)
+    answer.engine.importable = True
     found = refusals(plan_for("sglang", draft=str(tmp_path / "nowhere")), answer)
     assert "cannot read the draft config" in found.refusals[0]
 
@@ -211,7 +218,7 @@ def test_embedding_ids_need_the_capture_patch_on_sglang(tmp_path):
         answer = facts(tmp_path, "sglang", flat_draft([-1, 1, 3]), {**TARGET, "num_hidden_layers": 6})
     finally:
         sys.path.remove(str(site))
-    assert answer["sglang"]["summary"]["version"] == "0.5.13"
+    assert answer.sglang and answer.sglang.summary and answer.sglang.summary.version == "0.5.13"
     text = refusals(plan_for("sglang", draft="/d"), answer).refusals[0]
     assert "include -1 (the embedding output)" in text and "srt/models/llama.py" in text
     assert "invoke patch-sglang.apply --host box" in text

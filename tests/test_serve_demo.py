@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from draftops.documents import parse
+from draftops.documents.serve_inspect import ServeInspect
 from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
@@ -39,11 +41,12 @@ def served(state: Path, force: bool = False) -> tuple[str, list[int] | None, che
     plan = resolve(Request(draft="demo", force=force), profiles.resolve(spec), demo_dir(str(state)))
     argv = plan.engine.command(plan.launch)
     folder = json.loads(argv[argv.index("--speculative-config") + 1])["model"]
-    facts = inspect("vllm", Path(plan.launch.target), Path(folder), sglang_status=False)
-    facts["engine"]["importable"] = True            # as the profile's engine python would see it
+    answer = inspect("vllm", Path(plan.launch.target), Path(folder), sglang_status=False)
+    facts = parse(ServeInspect, answer, "the inspect answer")
+    facts.engine.importable = True            # as the profile's engine python would see it
     found = checks.Findings()
     checks.fact_checks(plan, facts, verdicts.latest(state.parent / "runs", folder), found)
-    return folder, facts["draft"]["ids_by_engine"]["vllm"], found
+    return folder, facts.draft.ids_by_engine["vllm"] if facts.draft else None, found
 
 
 def test_demo_is_served_as_configured_then_with_the_ids_draft_config_wrote(tmp_path):
@@ -86,8 +89,9 @@ def test_a_mismatch_verdict_still_refuses_a_draft_that_is_not_the_demo(tmp_path)
                     serve={"p": ServeProfile(python=sys.executable, max_running_requests=8)})
     plan = resolve(Request(draft=str(mine), target=str(state / "demo" / "target")), profiles.resolve(spec),
                    demo_dir(str(state)))
-    facts = inspect("vllm", Path(plan.launch.target), mine, sglang_status=False)
-    facts["engine"]["importable"] = True
+    answer = inspect("vllm", Path(plan.launch.target), mine, sglang_status=False)
+    facts = parse(ServeInspect, answer, "the inspect answer")
+    facts.engine.importable = True
     found = checks.Findings()
     checks.fact_checks(plan, facts, verdicts.latest(tmp_path / "runs", str(mine)), found)
     assert any("is MISMATCH" in r and "--force" in r for r in found.refusals)

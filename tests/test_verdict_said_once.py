@@ -20,6 +20,7 @@ from draftops.cli.drafter import show_result
 from draftops.cli.serve import show_findings
 from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
+from draftops.documents.serve_inspect import ServeInspect
 from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
@@ -130,8 +131,9 @@ def serve_findings(state: Path, draft: str) -> checks.Findings:
     plan = resolve(Request(draft=draft, target=target), profiles.resolve(spec),
                    demo_dir(str(state)))
     folder = state / "demo" / "draft"
-    facts = inspect("vllm", Path(plan.launch.target), folder, sglang_status=False)
-    facts["engine"]["importable"] = True            # as the profile's engine python would see it
+    answer = inspect("vllm", Path(plan.launch.target), folder, sglang_status=False)
+    facts = parse(ServeInspect, answer, "the inspect answer")
+    facts.engine.importable = True            # as the profile's engine python would see it
     found = checks.Findings()
     checks.fact_checks(plan, facts, verdicts.latest(state.parent / "runs", str(folder)), found)
     return found

@@ -9,8 +9,6 @@ schema version; renaming or removing one bumps it (docs/bench.md has the full ta
 """
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftops.bench.stats import Stat, summarize
+from draftops.documents import first_problem, non_finite
 from draftops.errors import BenchError
 from draftops.history import RunRecord
+from remote import jsonread
 from remote.bench.client_output import ClientRecord
 from remote.bench.crosscheck import TOLERANCE, cross_check
 from remote.fileio import atomic_write_bytes
@@ -172,25 +172,15 @@ def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float 
                         server_source=server_source, value=value, source=source, cross_check=check.to_dict())
 
 
-def _non_finite(value: Any, where: str = "") -> str | None:
-    """The dotted path of the first NaN or infinity in a JSON value (json reads them; we never write them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where or "(top level)"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
-
-
 def load(path: Path) -> BenchResult:
-    """Read and validate a bench result; the error names the file, the field and the fix."""
+    """Read and validate a bench result; the error names the file, the field and the fix. The checks
+    are the shared reader's (``draftops.documents``: too deep, NaN, pydantic's first error); the
+    messages are the bench's own, which say how to measure again."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULT_NAME
     try:
-        doc = json.loads(path.read_text())
+        doc = jsonread.loads(path.read_bytes())
     except FileNotFoundError:
         raise BenchError(f"no bench result at {path}: give a run id whose folder runs/<id>/ holds "
                          f"{RESULT_NAME} (`invoke runs --local --kind bench` lists them).") from None
@@ -201,7 +191,7 @@ def load(path: Path) -> BenchResult:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise BenchError(f"{path} has schema {found!r}; this draftops reads {SCHEMA}. Use a draftops of the "
                          "same generation as the run, or run the benchmark again.")
-    where = _non_finite(doc)
+    where = non_finite(doc)
     if where is not None:
         raise BenchError(f"{path}: field '{where}' is not a finite number (NaN or infinity); draftops writes "
                          "null for a value it did not measure, so the file was edited or is broken. Set it to "
@@ -209,10 +199,8 @@ def load(path: Path) -> BenchResult:
     try:
         return BenchResult.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise BenchError(f"{path}: field '{where}': {first['msg']} ({len(exc.errors())} problem(s) in all). "
-                         "The file was edited or written by a broken run; run the benchmark again.") from None
+        raise BenchError(f"{path}: {first_problem(exc)}. The file was edited or written by a broken run; run "
+                         "the benchmark again.") from None
 
 
 def write(result: BenchResult, run_dir: Path) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from draftops.bench import plan as planning
 from draftops.bench import result as bench_result
@@ -24,7 +24,9 @@ from draftops.bench.result import (
     Settings,
     Speculative,
 )
-from draftops.errors import BenchError
+from draftops.documents import Document, parse
+from draftops.documents.bench_run import HostDoc, RunnerDoc
+from draftops.errors import BenchError, DocumentError
 from draftops.history import now_iso
 from remote.bench import client_output, decode_log, server_metrics
 from remote.bench.errors import BenchParseError
@@ -113,6 +115,23 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
+        return None
+
+
+D = TypeVar("D", bound=Document)
+
+
+def _run_file(model: type[D], path: Path, problems: list[str], given: Any = None) -> D | None:
+    """A file the job wrote (``given``: as the caller read it already), read once into ``model``; None
+    when it is missing or no JSON (a run cut off leaves none), and when it fails its model: then
+    ``problems`` says which field, since the result is still built from the repeats that finished."""
+    doc = given if isinstance(given, dict) else _read_json(path)
+    if doc is None:
+        return None
+    try:
+        return parse(model, doc, path)
+    except DocumentError as exc:
+        problems.append(str(exc))
         return None
 
 
@@ -234,13 +253,13 @@ def _speculative(served: ServedBy, info: dict[str, Any] | None, problems: list[s
                        num_draft_tokens=steps, asked=served.asked)
 
 
-def _draft(served: ServedBy, facts: dict[str, Any]) -> DraftInfo | None:
+def _draft(served: ServedBy, facts: HostDoc) -> DraftInfo | None:
     if not served.draft:
         return None
-    seen = ((facts.get("inspect") or {}).get("draft")) or {}
-    native = seen.get("native_engine")
-    ids = (seen.get("ids_by_engine") or {}).get(native) if native else None
-    return DraftInfo(path=served.draft, digest=facts.get("draft_digest"), format=seen.get("format"),
+    seen = facts.inspect.draft if facts.inspect else None
+    native = seen.native_engine if seen else None
+    ids = seen.ids_by_engine.get(native) if seen and native else None
+    return DraftInfo(path=served.draft, digest=facts.draft_digest, format=seen.format if seen else None,
                      layer_ids=ids, layer_id_convention=native if native in ("sglang", "vllm") else None)
 
 
@@ -254,24 +273,31 @@ def _max_running(served: ServedBy, info: dict[str, Any] | None) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def _status(runner: RunnerDoc | None, job_state: str | None) -> tuple[str, str | None]:
+    """succeeded (the runner said so and the job ended so) or failed, and why it failed."""
+    failure = runner.failure if runner else None
+    if runner and runner.status == "succeeded" and job_state == "succeeded":
+        return "succeeded", failure
+    if not failure:
+        failure = (f"the bench job ended {job_state} before it finished (no runner.json)" if runner is None
+                   else f"the bench job ended {job_state}")
+    return "failed", failure
+
+
 def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: planning.BenchPlan,
           served: ServedBy, job_state: str | None, runner_doc: Any = None) -> BenchResult:
     """The bench result of a pulled run folder (succeeded, or failed with what was written);
     ``runner_doc`` is its runner.json when the caller read it already (``ToolResult.data``)."""
-    runner = runner_doc if isinstance(runner_doc, dict) else (_read_json(folder / RUNNER_FILE) or {})
-    facts = _read_json(folder / HOST_FILE) or {}
-    done = {s["name"] for s in runner.get("steps", []) if s.get("exit_code") == 0 and s.get("server_alive_after")}
-    got = measure(served.engine, folder, job, done)
-    failure = runner.get("failure")
-    status = "succeeded" if runner.get("status") == "succeeded" and job_state == "succeeded" else "failed"
-    if status == "failed" and not failure:
-        failure = (f"the bench job ended {job_state} before it finished (no runner.json)" if not runner
-                   else f"the bench job ended {job_state}")
-    engine_facts = ((facts.get("inspect") or {}).get("engine")) or {}
+    unread: list[str] = []
+    runner = _run_file(RunnerDoc, folder / RUNNER_FILE, unread, runner_doc)
+    facts = _run_file(HostDoc, folder / HOST_FILE, unread) or HostDoc()
+    got = measure(served.engine, folder, job, runner.done if runner else set())
+    status, failure = _status(runner, job_state)
+    inspected = facts.inspect
     info = got.server_info or (_read_json(folder / "server-info.json") if served.engine == "sglang" else None)
     info = info if isinstance(info, dict) else None     # 200 with JSON that is no object: not SGLang's answer
     settings = bench.settings
-    warnings = list(bench.warnings) + got.problems
+    warnings = list(bench.warnings) + unread + got.problems
     accept = (bench_result.build_accept(got.records, got.server, got.source) if served.draft else None)
     if accept and accept.cross_check and accept.cross_check.get("agree") is False:
         warnings.append(str(accept.cross_check.get("message")))
@@ -280,13 +306,12 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
         if path.name.startswith(("client-", "metrics-", "server-")):
             files[path.stem] = path.name
     return BenchResult(
-        run_id=run_id, time=runner.get("ended") or runner.get("started") or now_iso(), status=status,
+        run_id=run_id, time=((runner.ended or runner.started) if runner else None) or now_iso(), status=status,
         failure=failure,
-        host=HostFacts(name=host, gpu=facts.get("gpu"), driver=facts.get("driver"), cuda=facts.get("cuda"),
-                       cpu=facts.get("cpu")),
-        engine=EngineInfo(name=served.engine, version=engine_facts.get("version")), target=served.target,
-        draft=_draft(served, facts), speculative=_speculative(served, info, warnings),
-        patch_state=(((facts.get("inspect") or {}).get("sglang")) or {}).get("state"),
+        host=HostFacts(name=host, gpu=facts.gpu, driver=facts.driver, cuda=facts.cuda, cpu=facts.cpu),
+        engine=EngineInfo(name=served.engine, version=inspected.engine.version if inspected else None),
+        target=served.target, draft=_draft(served, facts), speculative=_speculative(served, info, warnings),
+        patch_state=inspected.sglang.state if inspected and inspected.sglang else None,
         settings=Settings(dataset=settings.dataset or ("random" if served.engine == "vllm" else "random-ids"),
                           dataset_kind=bench.dataset_kind, prompts=settings.prompts, repeats=settings.repeats,
                           concurrency=settings.concurrency, input_len=settings.input_len,

@@ -1,7 +1,7 @@
 """Tasks for the host's ml-env: env.setup and env.check."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
@@ -17,6 +17,8 @@ from draftops.runs.tools import run_job, run_tool
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+
+    from draftops.documents.env_check import EnvCheck
 
 
 @task(help={"host": HOST_HELP,
@@ -48,17 +50,20 @@ def check(c: Context, host: str | None = None) -> None:
     """Show python, torch, CUDA, GPUs, sglang and speculators on the host (table + env.json)."""
     host = connect(c, host)
     ensure_code(host)
+    from draftops.documents.env_check import EnvCheck
+
     done = run_tool(host, "remote.envcheck", ["--out", jobs.RUN_DIR], name="env-check", view=live("hide")).check()
-    if not isinstance(done.data, dict):
+    report = done.document(EnvCheck)
+    if report is None:
         raise JobError(f"Run {done.run_id} on host {host.name!r} left no readable env.json "
                             f"({'; '.join(done.notes) or 'no result announced'}); see {done.folder}/log.")
-    table = env_table(done.data, f"ml-env on {host.name} ({host.spec.interpreter})")
+    table = env_table(report, f"ml-env on {host.name} ({host.spec.interpreter})")
     add_engine_rows(engine_env.probe(host), table)
     console.print(table)
     console.print(f"[dim]JSON: {escape(str(done.result_file))}[/]")
 
 
-def env_table(report: dict[str, Any], title: str) -> Table:
+def env_table(report: EnvCheck, title: str) -> Table:
     """env.json as a two-column table (host text escaped); the engine rows are added after it."""
     from rich.table import Table
 
@@ -68,27 +73,26 @@ def env_table(report: dict[str, Any], title: str) -> Table:
     return table
 
 
-def show_env(report: dict[str, Any], title: str, out: Console) -> None:
+def show_env(report: EnvCheck, title: str, out: Console) -> None:
     """env.json as the env.check table, without the engine rows (they need the host)."""
     out.print(env_table(report, title))
 
 
-def env_rows(report: dict[str, Any]) -> dict[str, str]:
+def env_rows(report: EnvCheck) -> dict[str, str]:
     """The table's rows as {label: rich text}; one row per label, so nothing is listed twice (the
     torch row already carries torch's version, so the package list skips it). Host text is escaped."""
-    rows = {"python": escape(f"{report.get('python')} ({report.get('executable')})")}
-    torch = report.get("torch") or {}
-    if torch.get("available"):
-        rows["torch"] = escape(f"{torch.get('version')} (CUDA build {torch.get('cuda_build') or 'none'}, "
-                               f"CUDA available: {torch.get('cuda_available')})")
-        for dev in torch.get("devices") or []:
-            rows[f"cuda:{dev.get('index')}"] = escape(f"{dev.get('name')}, {dev.get('memory_gib')} GiB, "
-                                                     f"sm {dev.get('capability')}")
+    rows = {"python": escape(f"{report.python} ({report.executable})")}
+    torch = report.torch
+    if torch.available:
+        rows["torch"] = escape(f"{torch.version} (CUDA build {torch.cuda_build or 'none'}, "
+                               f"CUDA available: {torch.cuda_available})")
+        for dev in torch.devices:
+            rows[f"cuda:{dev.index}"] = escape(f"{dev.name}, {dev.memory_gib} GiB, sm {dev.capability}")
     else:
-        rows["torch"] = f"[red]not importable[/]: {escape(str(torch.get('error')))}"
-    smi = report.get("nvidia_smi")
+        rows["torch"] = f"[red]not importable[/]: {escape(str(torch.error))}"
+    smi = report.nvidia_smi
     rows["nvidia-smi"] = "not found" if smi is None else "\n".join(
-        escape(", ".join(f"{k}={v}" for k, v in row.items())) for row in smi) or "no GPUs listed"
-    for name, version in (report.get("packages") or {}).items():
+        escape(", ".join(f"{k}={v}" for k, v in row.shown().items())) for row in smi) or "no GPUs listed"
+    for name, version in report.packages.items():
         rows.setdefault(name, escape(version) if version else "[dim]not installed[/]")
     return rows

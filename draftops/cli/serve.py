@@ -34,6 +34,8 @@ from draftops.terminal import clean
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from draftops.documents.serve_inspect import ServeInspect
+
 _HELP = {
     "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's target and its draft "
              "as configured: the seed's wrong ids until `invoke draft-config --ckpt demo` fixes them)",
@@ -105,16 +107,13 @@ class LayerIds:
     field: str | None
 
 
-def layer_ids(facts: dict[str, Any], label: str) -> LayerIds | None:
+def layer_ids(facts: ServeInspect, label: str) -> LayerIds | None:
     """From `remote.serve inspect`'s reading of the draft config for the chosen engine; None for a
     baseline or a config whose format was not recognised."""
-    reading = (facts.get("draft") or {}).get("reading")
-    if not isinstance(reading, dict):
+    reading = facts.draft.reading if facts.draft else None
+    if reading is None:
         return None
-    ids = reading.get("ids")
-    ids = [int(i) for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
-    field = reading.get("field")
-    return LayerIds(label, ids, str(field) if field else None)
+    return LayerIds(label, reading.ids, reading.field or None)
 
 
 def _layer_row(layers: LayerIds, effective: dict[str, Any]) -> tuple[tuple[str, Any, Any, bool], str | None]:
@@ -182,14 +181,13 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     facts = hosttool.inspect(host, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
     verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None
     checks.fact_checks(plan, facts, verdict, found)
-    engine_info = facts.get("engine") or {}
-    console.print(f"[bold]{plan.engine.label}[/] {escape(str(engine_info.get('version') or ''))} on {host.name} "
+    console.print(f"[bold]{plan.engine.label}[/] {escape(str(facts.engine.version or ''))} on {host.name} "
                   f"(profile {chosen.name}, {escape(launch.python)})")
     show_findings(found, console)
     if found.refusals:
         raise ServeRefused(*found.refusals)
     layers = layer_ids(facts, plan.engine.label) if launch.draft else None
-    ids = ((facts.get("draft") or {}).get("ids_by_engine") or {}).get("sglang")
+    ids = facts.draft.ids_by_engine.get("sglang") if facts.draft else None
     plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
     room = lifecycle.make_room(host, plan)
     for note in room.notes:
@@ -201,7 +199,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     later = (f"Check it with `invoke serve.status --host {host.name}`; stop it with `invoke serve.stop --port "
              f"{server.port} --host {host.name}`.")
     started = time.monotonic()
-    record = {"run_id": server.run_id, "engine": plan.engine.name, "engine_version": engine_info.get("version"),
+    record = {"run_id": server.run_id, "engine": plan.engine.name, "engine_version": facts.engine.version,
               "target": launch.target, "draft": launch.draft,
               "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps, "topk": launch.topk,
                         "draft_tokens": launch.draft_tokens, "max_running_requests": launch.max_running_requests,

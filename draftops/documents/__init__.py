@@ -4,7 +4,8 @@ A remote tool (stdlib + torch, no pydantic) writes a versioned JSON document; th
 it here, once, into a pydantic model, and every reader after that uses attributes: no ``.get()``
 chains, no ``isinstance`` guards. One model per document (docs/architecture.md § The JSON documents
 says which reads which): ``drafter_report``, ``serve_inspect``, ``sglang_patch``, ``draft_config``,
-``env_check``; the bench result, which the local side writes too, is ``draftops.bench.result``.
+``env_check``, ``bench_run`` (a bench run's ``runner.json`` and ``host.json``); the bench result,
+which the local side writes too, is ``draftops.bench.result`` (its own messages, these checks).
 
 The rules every model follows, so a document is refused the same way whichever it is:
 
@@ -36,7 +37,7 @@ class Part(BaseModel):
 class Document(Part):
     """A whole document: its ``schema`` value and the task that writes it again (for the fix)."""
 
-    SCHEMA: ClassVar[str] = ""
+    SCHEMA: ClassVar[str] = ""        # empty: a run's own file that names no version (must be an object)
     TASK: ClassVar[str] = ""          # what to run again when the file is broken
 
 
@@ -65,10 +66,7 @@ def first_problem(exc: ValidationError) -> str:
 def parse(model: type[D], doc: Any, source: str | Path) -> D:
     """``doc`` (parsed JSON) as ``model``; ``source`` names the file (or the answer) in the message."""
     again = f"run `{model.TASK}` again" if model.TASK else "run the tool that wrote it again"
-    if not isinstance(doc, dict) or doc.get("schema") != model.SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise DocumentError(f"{source} has schema {found!r}; this draftops reads {model.SCHEMA}. Use a draftops "
-                            f"of the same generation as the run that wrote it, or {again}.")
+    _check_schema(model, doc, source, again)
     where = non_finite(doc)
     if where is not None:
         raise DocumentError(f"{source}: field '{where}' is not a finite number (NaN or infinity); the tool writes "
@@ -78,6 +76,18 @@ def parse(model: type[D], doc: Any, source: str | Path) -> D:
     except ValidationError as exc:
         raise DocumentError(f"{source}: {first_problem(exc)}. The file was edited or written by a broken run: "
                             f"{again}.") from None
+
+
+def _check_schema(model: type[Document], doc: Any, source: str | Path, again: str) -> None:
+    """Refuse another version than the model's (or, for a file that names none, a value that is no object)."""
+    if isinstance(doc, dict) and (not model.SCHEMA or doc.get("schema") == model.SCHEMA):
+        return
+    if not model.SCHEMA:
+        raise DocumentError(f"{source} holds {type(doc).__name__}, not a JSON object; the run that wrote it was "
+                            f"cut off or the file was edited: {again}.")
+    found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    raise DocumentError(f"{source} has schema {found!r}; this draftops reads {model.SCHEMA}. Use a draftops "
+                        f"of the same generation as the run that wrote it, or {again}.")
 
 
 def load(model: type[D], path: Path) -> D:

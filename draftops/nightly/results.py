@@ -7,7 +7,6 @@ stored as one ``nightly`` row per host so later nights find their baseline with 
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from draftops.history import History, RunRecord
 
 if TYPE_CHECKING:
     from draftops.documents.drafter_report import DrafterReport
+    from draftops.documents.env_check import EnvCheck
 
 NIGHTLY_KIND = "nightly"
 _ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
@@ -144,20 +144,35 @@ def describe(runs: Iterable[RunRecord], env_json: Path | None) -> dict[str, str]
             facts["engine"] = f"{run.engine} {run.engine_version or ''}".strip()
         if run.draft:
             facts["draft"] = run.draft + (f" ({run.draft_digest[:19]})" if run.draft_digest else "")
-    if env_json is not None:
-        try:
-            env = json.loads(env_json.read_text())
-        except (OSError, ValueError):
-            env = {}
-        smi = env.get("nvidia_smi") if isinstance(env, dict) else None
-        if isinstance(smi, list) and smi:
-            facts["gpu"] = ", ".join(sorted({str(g.get("name")) for g in smi if isinstance(g, dict)}))
-            facts["driver"] = ", ".join(sorted({str(g.get("driver_version")) for g in smi if isinstance(g, dict)}))
-        elif isinstance(env, dict) and env:
-            facts.setdefault("gpu", "none (nvidia-smi not found)")
-        torch = env.get("torch") if isinstance(env, dict) else None
-        if isinstance(torch, dict) and torch.get("version"):
-            facts["torch"] = str(torch["version"])
+    env = _env_check(env_json) if env_json is not None else None
+    if env is not None:
+        facts.update(_env_facts(env))
+    return facts
+
+
+def _env_check(path: Path) -> EnvCheck | None:
+    """The env.json an env.check step wrote; None when it is missing or fails its model (the header
+    then says only what the runs say)."""
+    from draftops.documents import load
+    from draftops.documents.env_check import EnvCheck
+    from draftops.errors import DocumentError
+
+    try:
+        return load(EnvCheck, path)
+    except DocumentError:
+        return None
+
+
+def _env_facts(env: EnvCheck) -> dict[str, str]:
+    """GPU and driver (nvidia-smi's rows), torch's version: the header facts env.json gives."""
+    facts: dict[str, str] = {}
+    if env.nvidia_smi:
+        facts["gpu"] = ", ".join(sorted({str(g.name) for g in env.nvidia_smi}))
+        facts["driver"] = ", ".join(sorted({str(g.driver_version) for g in env.nvidia_smi}))
+    else:
+        facts["gpu"] = "none (nvidia-smi not found)"
+    if env.torch.version:
+        facts["torch"] = env.torch.version
     return facts
 
 

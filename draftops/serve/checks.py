@@ -4,13 +4,16 @@ and what to change. Facts about the files come from the host (``remote/serve`` i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.request import DEMO, Plan
 from draftops.serve.verdicts import Verdict
 from draftops.terminal import clean
 from remote.eagle import convention
+
+if TYPE_CHECKING:
+    from draftops.documents.serve_inspect import CaptureFacts, DraftFacts, Reading, ServeInspect, TargetFacts
 
 OVERRIDE_WARNING = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
                     "speculative_eagle_topk == 1")
@@ -117,52 +120,49 @@ def _vllm_flags(plan: Plan, found: Findings) -> None:
         found.notes.append(f"vLLM speculative config: method eagle3, num_speculative_tokens = --steps = {steps}")
 
 
-def fact_checks(plan: Plan, facts: dict[str, Any], verdict: Verdict | None, found: Findings) -> None:
+def fact_checks(plan: Plan, facts: ServeInspect, verdict: Verdict | None, found: Findings) -> None:
     """Checks on what the host holds: the engine, the target, the draft's config and the patch."""
     host, engine, launch = plan.profile.host, plan.engine, plan.launch
-    info = facts.get("engine") or {}
-    if not info.get("importable"):
+    if not facts.engine.importable:
         install = ("`invoke env.setup --engine vllm --host " + host + "`" if engine.name == "vllm"
                    else "SGLang into the host's ml-env (`invoke env.setup`, with sglang in its requirements)")
         found.refusals.append(
             f"Host {host!r}: the python {launch.python} (serve profile {plan.profile.name!r}) cannot import "
             f"{engine.name}, so the server would die at once. Install it with {install}, or point `python:` "
             "in the serve profile (or `engine_python:` in the host entry) at the interpreter that has it.")
-    if facts.get("target_error"):
+    if facts.target_error:
         found.refusals.append(
-            f"Host {host!r}: the target {launch.target} cannot be served: {facts['target_error']} Set "
+            f"Host {host!r}: the target {launch.target} cannot be served: {facts.target_error} Set "
             "`target:` in the serve profile, or pass --target, to the model folder on the host.")
-    draft = facts.get("draft")
+    draft = facts.draft
     if launch.draft is None or draft is None:
         return
-    target = facts.get("target") or {}
-    if draft.get("error"):
-        found.refusals.append(f"Host {host!r}: {draft['error']}. Pass --draft the draft checkpoint folder "
+    if draft.error:
+        found.refusals.append(f"Host {host!r}: {draft.error}. Pass --draft the draft checkpoint folder "
                               "(the one that holds config.json and the safetensors).")
         return
     _algorithm(plan, draft, found)
-    reading = draft.get("reading")
-    if reading is None:
+    if draft.reading is None:
         return
-    _layer_ids(plan, draft, reading, target, found)
-    _capture_patch(plan, reading, facts.get("sglang"), found)
+    _layer_ids(plan, draft, draft.reading, facts.target, found)
+    _capture_patch(plan, draft.reading, facts.sglang, found)
     _verdict(plan, draft, verdict, found)
-    _context(plan, draft, target, found)
+    _context(plan, draft, facts.target, found)
 
 
-def _algorithm(plan: Plan, draft: dict[str, Any], found: Findings) -> None:
-    algorithm = draft.get("algorithm")
+def _algorithm(plan: Plan, draft: DraftFacts, found: Findings) -> None:
+    algorithm = draft.algorithm
     if algorithm == "eagle3":
         return
     if algorithm is None and plan.engine.name == "vllm":
         # vLLM's EAGLEConfig names the model class itself under method eagle3 (LlamaForCausalLM ->
         # Eagle3LlamaForCausalLM), so a plain architecture serves; an EAGLE-1/2 head fails to load
         # there (its fc has another width) rather than accepting nothing
-        found.notes.append(f"the draft's config declares architectures {draft.get('architectures')}; vLLM "
+        found.notes.append(f"the draft's config declares architectures {draft.architectures}; vLLM "
                            "serves it as Eagle3<architecture> under method eagle3")
         return
-    declared = (f"speculators_model_type {draft['speculators_model_type']!r}" if draft.get("speculators_model_type")
-                else f"architectures {draft.get('architectures')}")
+    declared = (f"speculators_model_type {draft.speculators_model_type!r}" if draft.speculators_model_type
+                else f"architectures {draft.architectures}")
     flag = "--speculative-algorithm EAGLE3" if plan.engine.name == "sglang" else '"method": "eagle3"'
     found.refusals.append(
         f"The draft {plan.launch.draft} is not an EAGLE-3 draft: its config declares {declared}. `invoke "
@@ -172,68 +172,67 @@ def _algorithm(plan: Plan, draft: dict[str, Any], found: Findings) -> None:
         "1.0, SGLang PR #21272). Point --draft at an EAGLE-3 checkpoint.")
 
 
-def _layer_ids(plan: Plan, draft: dict[str, Any], reading: dict[str, Any], target: dict[str, Any],
+def _layer_ids(plan: Plan, draft: DraftFacts, reading: Reading, target: TargetFacts | None,
                found: Findings) -> None:
     name = plan.engine.label
-    layers = target.get("num_hidden_layers")
-    for field_name, value in (reading.get("malformed") or {}).items():
+    layers = target.num_hidden_layers if target else None
+    for field_name, value in reading.malformed.items():
         found.refusals.append(
-            f"The draft config {draft['config']} holds {value!r} in `{field_name}`, which {name} reads as "
+            f"The draft config {draft.config} holds {value!r} in `{field_name}`, which {name} reads as "
             "the aux layer ids; that is not a non-empty list of integers. Write the ids with `invoke "
             f"draft-config --ckpt {plan.launch.draft} --layer-ids ...` (SGLang convention, e.g. -1,2,30).")
-    explanation = draft.get("explain") or ""
-    bad = reading.get("out_of_range") or []
-    if bad and layers:
+    explanation = draft.explain
+    bad = reading.out_of_range
+    if bad and layers and target:
         low, high = convention.usable_ids(plan.engine.name, layers)
         found.refusals.append(
             f"The draft's layer ids do not fit the target: {explanation} The target "
-            f"({target.get('path')}) has {layers} layers, so {name} can only capture ids {low}..{high}; "
+            f"({target.path}) has {layers} layers, so {name} can only capture ids {low}..{high}; "
             f"{bad} {'is' if len(bad) == 1 else 'are'} outside. The server would fail to start or feed the "
             f"draft the wrong states. Fix the ids with `invoke draft-config --ckpt {plan.launch.draft} "
             "--layer-ids ...`, or check that the target is the model the draft was trained for.")
         return
-    crossed = draft.get("native_engine") != plan.engine.name
-    if reading.get("fallback") or crossed or reading.get("ignored"):
-        where = (f"This is a {draft.get('format')} config, written for "
-                 f"{convention.ENGINE_NAME[draft.get('native_engine') or 'sglang']}, served by {name}. "
+    crossed = draft.native_engine != plan.engine.name
+    if reading.fallback or crossed or reading.ignored:
+        where = (f"This is a {draft.format} config, written for "
+                 f"{convention.ENGINE_NAME[draft.native_engine or 'sglang']}, served by {name}. "
                  if crossed else "")
         found.warnings.append(where + explanation)
     else:
         found.notes.append(explanation)
 
 
-def _capture_patch(plan: Plan, reading: dict[str, Any], sglang: dict[str, Any] | None,
-                   found: Findings) -> None:
+def _capture_patch(plan: Plan, reading: Reading, sglang: CaptureFacts | None, found: Findings) -> None:
     if plan.engine.name != convention.SGLANG:
         return
     host = plan.profile.host
-    if sglang and sglang.get("graph"):
-        found.warnings.extend(sglang["graph"])
-    if not reading.get("needs_embedding"):
+    if sglang:
+        found.warnings.extend(sglang.graph)
+    if not reading.needs_embedding:
         return
-    if sglang is None or sglang.get("error"):
+    if sglang is None or sglang.error:
         found.refusals.append(
             f"The draft's ids include -1 (the embedding output), which stock SGLang does not capture, and "
             f"the capture patch's status on host {host!r} could not be read: "
-            f"{(sglang or {}).get('error') or 'SGLang was not found'}. Check with `invoke patch-sglang "
+            f"{(sglang.error if sglang else None) or 'SGLang was not found'}. Check with `invoke patch-sglang "
             f"--host {host}`.")
-    elif sglang.get("embedding"):
-        version = (sglang.get("summary") or {}).get("version")
+    elif sglang.embedding:
+        version = sglang.summary.version if sglang.summary else None
         found.refusals.append(
             f"The draft's ids include -1 (the embedding output), which SGLang {version} on host {host!r} "
-            f"does not capture: {'; '.join(sglang['embedding'])}. Without the patch SGLang crashes on the "
+            f"does not capture: {'; '.join(sglang.embedding)}. Without the patch SGLang crashes on the "
             f"first capture or feeds the draft another layer. Run `invoke patch-sglang.apply --host {host}` "
             "(it keeps the originals; `patch-sglang.revert` restores them), then serve again.")
     else:
-        found.notes.append(f"capture patch: SGLang {(sglang.get('summary') or {}).get('version')} captures "
-                           "the embedding (id -1)")
+        found.notes.append(f"capture patch: SGLang {sglang.summary.version if sglang.summary else None} "
+                           "captures the embedding (id -1)")
 
 
-def _verdict(plan: Plan, draft: dict[str, Any], verdict: Verdict | None, found: Findings) -> None:
+def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Findings) -> None:
     if verdict is None:
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
         return
-    current = (draft.get("ids_by_engine") or {}).get(convention.VLLM)
+    current = draft.ids_by_engine.get(convention.VLLM)
     head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
     if verdict.stale(current):
         found.notes.append(f"{head}, for ids {verdict.configured_ids}; the config now holds {current}, "
@@ -275,9 +274,9 @@ def _predicted(verdict: Verdict) -> str:
             f"{fmt(verdict.accept_best)} with the trained layout")
 
 
-def _context(plan: Plan, draft: dict[str, Any], target: dict[str, Any], found: Findings) -> None:
-    draft_max = draft.get("max_position_embeddings")
-    context = plan.launch.context_length or target.get("max_position_embeddings")
+def _context(plan: Plan, draft: DraftFacts, target: TargetFacts | None, found: Findings) -> None:
+    draft_max = draft.max_position_embeddings
+    context = plan.launch.context_length or (target.max_position_embeddings if target else None)
     source = ("the profile's context_length" if plan.launch.context_length
               else "the target's max_position_embeddings")
     if draft_max and context and draft_max < context:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops.errors import ServeError
 from draftops.link.host import Host
 from draftops.runs.tools import call_tool
+
+if TYPE_CHECKING:
+    from draftops.documents.serve_inspect import ServeInspect
 
 
 def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[str, str] | None = None,
@@ -26,16 +29,21 @@ def run(host: Host, args: list[str], *, python: str | None = None, env: Mapping[
 
 
 def inspect(host: Host, python: str, env: Mapping[str, str], engine: str, target: str,
-            draft: str | None) -> dict[str, Any]:
-    """Facts about target and draft as ``engine`` (run by ``python``) will read them."""
+            draft: str | None) -> ServeInspect:
+    """Facts about target and draft as ``engine`` (run by ``python``) will read them: the answer read
+    once into its model (``draftops.serve-inspect/1``), so the checks use attributes."""
+    from draftops.documents import parse  # pydantic: imported once there is a document to read
+    from draftops.documents.serve_inspect import ServeInspect
+
     args = ["inspect", "--engine", engine, "--target", target, "--sglang-status"]
     if draft:
         args += ["--draft", draft]
     install = (f"Install vLLM there with `invoke env.setup --engine vllm --host {host.name}`" if engine == "vllm"
                else "Install SGLang into the host's ml-env (`sglang` in env.requirements, `invoke env.setup`)")
     # the capture patcher keeps its records in <root>/state (as `invoke patch-sglang` does)
-    return run(host, args, python=python, env={**env, "DRAFTOPS_STATE_DIR": host.state_dir}, timeout=120,
-               install=install)
+    answer = run(host, args, python=python, env={**env, "DRAFTOPS_STATE_DIR": host.state_dir}, timeout=120,
+                 install=install)
+    return parse(ServeInspect, answer, f"the answer of `remote.serve inspect` on host {host.name!r}")
 
 
 def port(host: Host, number: int, listen: str = "127.0.0.1", wait_free: float = 0.0) -> dict[str, Any]:

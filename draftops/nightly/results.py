@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftops import history
 from draftops.history import History, RunRecord
+from remote import jsonread
 
 if TYPE_CHECKING:
     from draftops.documents.drafter_report import DrafterReport
@@ -114,7 +115,7 @@ def findings_of(runs: Iterable[RunRecord], project_root: Path) -> list[Finding]:
 
 def _compare_findings(run: RunRecord, path: Path) -> list[Finding]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = jsonread.loads(path.read_text(encoding="utf-8"))      # a deep file is ValueError too
         if not isinstance(doc, dict) or doc.get("schema") != COMPARE_SCHEMA:
             raise ValueError(f"not a {COMPARE_SCHEMA} document")
         items = doc.get("findings")

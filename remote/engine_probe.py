@@ -16,4 +16,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from remote import exitcodes
+    exitcodes.run("engine-probe", lambda: main(sys.argv[1:]))

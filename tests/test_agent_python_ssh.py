@@ -74,7 +74,8 @@ def test_the_next_session_boots_through_the_installed_copy_and_a_lost_one_costs_
     host = open_host(None, project)
     commands = recorded_commands(host)
     assert host.agent.runs() == []
-    assert len(commands) == 1 and " --warm " in commands[0] and len(commands[0]) < 2000
+    # the warm stub that checks the installed copy (about 1.5 kB), not the 60 kB source
+    assert len(commands) == 1 and " --warm " in commands[0] and len(commands[0]) < 4000
     assert host.agent.info is not None and host.agent.info.run == info.run
     close_all()
     os.unlink(info.run)                                         # the host lost the bytecode

@@ -6,7 +6,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from invoke import Collection, Context
 from invoke.exceptions import Exit
@@ -30,10 +30,21 @@ def task_options(ns: Collection) -> dict[str, dict[str, str]]:
     parses them: what a playbook step's `args` may hold (tasks.py puts it in the config)."""
     found: dict[str, dict[str, str]] = {}
     for name, aliases in ns.task_names.items():
-        options = {n: a.kind.__name__ for a in ns[name].get_arguments() for n in a.names if len(n) > 1}
+        options = {n: a.kind.__name__ for a in _arguments(ns[name]) for n in a.names if len(n) > 1}
         for each in (name, *aliases):
             found[each] = options
     return found
+
+
+def _arguments(task_: Any) -> list[Any]:
+    """The task's arguments, leaving its option help in place: Invoke's ``get_arguments`` pops each
+    option's help text as it builds the argument, so a second call (the one `--help` makes) showed
+    every option without its help."""
+    saved = dict(task_.help)
+    try:
+        return list(task_.get_arguments())
+    finally:
+        task_.help = saved
 
 
 def _tasks(c: Context) -> dict[str, dict[str, str]] | None:

@@ -79,10 +79,10 @@ def test_seed_story_measured_against_predicted(project, where):  # noqa: F811
     assert compared.returncode == 0, flat(compared)
     # run A measured the config test-drafter called wrong, which has been fixed since: its finding
     # says so (config-changed) rather than telling its user to run draft-config again (issue 22, item 6)
-    assert "test-drafter says that config is wrong" in flat(compared) and "findings" in compared.stdout
-    assert "has changed since this run" in flat(compared)
+    assert "findings" in compared.stdout
     folder = next(p for p in (root / "runs").iterdir() if "-bench-compare-" in p.name)
     written = (folder / "compare.md").read_text()       # the findings unwrapped (the terminal boxes them)
+    assert "test-drafter says that config is wrong" in written and "has changed since this run" in written
     assert "the wiring is right, and the draft itself is the limit" in written, written
     doc = json.loads((folder / "compare.json").read_text())
     assert [doc["a"], doc["b"]] == [wrong["run_id"], fixed["run_id"]]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from draftops import timing
 from draftops.runs.tools import JobView
-from draftops.terminal import clean
+from draftops.terminal import clean, markup_safe
 
 if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never needs it
     from rich.console import Console, Group
@@ -122,9 +122,7 @@ def escape(text: str) -> str:
     """Text ready for rich markup: terminal escapes and control characters removed (text shown is
     mostly from a host: a version, a path, a registry entry), then rich's brackets escaped. Importing
     rich only when something is shown."""
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(clean(text))
+    return markup_safe(text)
 
 
 def safe(value: Any) -> str:

@@ -6,19 +6,12 @@ Pure presentation: it reads the report the remote evaluator wrote, as its model
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape as rich_escape
 from rich.panel import Panel
 from rich.table import Table
 
 from draftops.documents.drafter_report import Comparison, DrafterReport
-from draftops.terminal import clean
+from draftops.terminal import markup_safe as escape
 from remote.eagle.formats import IDS_KEY, NESTED_FIELD
-
-
-def escape(text: str) -> str:
-    """Report text (from the host: tags, paths, the verdict's sentences) ready for rich markup:
-    terminal escapes and control characters removed, then brackets escaped."""
-    return rich_escape(clean(text))
 
 
 def _pct(x: float | None) -> str:

@@ -45,3 +45,11 @@ def needs_cleaning(text: str) -> bool:
 def _last_redraw(line: str) -> str:
     parts = [part for part in line.split("\r") if part]
     return parts[-1] if parts else ""
+
+
+def markup_safe(text: str) -> str:
+    """Host text ready for rich markup: terminal escapes and control characters removed, then rich's
+    brackets escaped (rich imported only when something is shown)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(clean(text))

@@ -50,6 +50,7 @@ def test_every_option_keeps_its_help_text_in_help():
     """Invoke pops an option's help as it builds the option: the playbook check's look at every
     task's options (tasks.py, at import) must leave them, or `--help` lists bare flags."""
     for name, words in (("runs", "list the local run history"), ("bench.compare", "run A"),
-                        ("serve", "serve the profile's target with no draft"), ("test-drafter", "hidden-state dump folder on the host")):
+                        ("serve", "serve the profile's target with no draft"),
+                        ("test-drafter", "hidden-state dump folder on the host")):
         text = " ".join(invoke("--help", name).split())
         assert words in text, (name, text)

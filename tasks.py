@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, core, drafter, env, nightly, serve, sglang
+from draftops.cli import bench, capture, core, drafter, env, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -27,6 +27,7 @@ ns = Collection()
 for name in ("sync", "runs", "logs", "kill", "pull", "disconnect"):
     ns.add_task(getattr(core, name))
 ns.add_task(drafter.test_drafter)
+ns.add_task(capture.capture_check)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
 ns.add_collection(Collection.from_module(env, name="env"))

@@ -95,16 +95,22 @@ verify = _patch_task("verify", "Check that patched files compile and map [-1, a,
 revert = _patch_task("revert", "Restore the original files byte for byte (refused if changed by someone else).")
 
 
+CAPTURE_REPORT = "capture-check.json"
+
+
 def _ids_from_report(c: Context, host: Host, run_id: str) -> tuple[list[str], Path | None]:
-    """`--from-report RUN_ID`: the report on the host if the run is there, else the pulled copy here."""
+    """`--from-report RUN_ID`: the report on the host if the run is there, else the pulled copy here; a
+    test-drafter run's report.json or a capture-check run's capture-check.json (both carry a verdict)."""
     try:
-        jobs.status(host, run_id)
-        return ["--from-report", f"{host.runs_dir}/{run_id}/report.json"], None
+        status = jobs.status(host, run_id)
+        name = CAPTURE_REPORT if status.get("task") == "capture-check" else "report.json"
+        return ["--from-report", f"{host.runs_dir}/{run_id}/{name}"], None
     except JobError:
-        local = project_root(c) / "runs" / run_id / "report.json"
+        folder = project_root(c) / "runs" / run_id
+        local = folder / CAPTURE_REPORT if (folder / CAPTURE_REPORT).is_file() else folder / "report.json"
         if not local.is_file():
             raise Exit(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the id of a "
-                       "`invoke test-drafter` run (see `invoke runs`).", code=1) from None
+                       "`invoke test-drafter` or `invoke capture-check` run (see `invoke runs`).", code=1) from None
         from remote.draft_config.errors import DraftConfigError
         from remote.draft_config.report import read_fix
         try:
@@ -116,8 +122,9 @@ def _ids_from_report(c: Context, host: Host, run_id: str) -> tuple[list[str], Pa
 
 @task(help={"ckpt": "draft checkpoint folder on the host (`demo`: the generated demo's draft)",
             "layer_ids": "new ids, SGLang convention: -1,2,30",
-            "from_report": "take the fix from this test-drafter run id", "target": "target model folder "
-            "on the host (checks the id range)", "dry_run": "validate only", "host": HOST_HELP})
+            "from_report": "take the fix from this test-drafter or capture-check run id",
+            "target": "target model folder on the host (checks the id range)", "dry_run": "validate only",
+            "host": HOST_HELP})
 @friendly
 def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_report: str | None = None,
                  target: str | None = None, dry_run: bool = False, host: str | None = None) -> None:

@@ -1,0 +1,120 @@
+"""`invoke capture-check`: the serving engine's own hidden states against the training dumps."""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from invoke import Context
+
+from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, live
+from draftops.cli.options import Number, task
+from draftops.console import console, escape
+from draftops.errors import ServeRefused
+from draftops.runs import jobs
+from draftops.runs.tools import run_tool
+from draftops.serve import profiles
+from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from draftops.documents.capture_check import CaptureCheck
+    from draftops.link.host import Host
+
+DEMO_DATA = "data"
+SAMPLES = Number(int, 1, 4096, refusal="{flag} must be {low} to {high}, not {value}.")
+PORT = Number(int, 1, 65535, refusal="{flag} must be a TCP port ({low}-{high}), not {value}.")
+
+
+def _paths(host: Host, data: str | None, draft: str | None, target: str | None,
+           chosen: profiles.Profile) -> tuple[str, str | None, str, bool]:
+    """(data, draft, target, demo) on the host: `--draft demo` (or nothing at all) is the generated demo."""
+    if draft == DEMO or (draft is None and data is None and target is None):
+        if target not in (None, DEMO):
+            raise ServeRefused(f"The demo's dumps belong to the demo target only; drop --target {target}.")
+        root = demo_dir(host.state_dir)
+        given = host_path(host, data)
+        return given or f"{root}/{DEMO_DATA}", f"{root}/{DEMO_DRAFT}", f"{root}/{DEMO_TARGET}", True
+    if data is None:
+        raise ServeRefused("Say which dumps to check: --data DUMPS (the hidden-state folder on the host), or "
+                           "--draft demo for the generated demo.")
+    chosen_target = target or chosen.settings.target
+    if not chosen_target:
+        raise ServeRefused(f"No target model: serve profile {chosen.name!r} of host {chosen.host!r} has no "
+                           "`target:`; pass --target PATH (the model the dumps were made with).")
+    found = host_path(host, data)
+    assert found is not None
+    return found, host_path(host, draft), str(host_path(host, chosen_target)), False
+
+
+@task(help={"data": "hidden-state dump folder on the host (default: the demo's)",
+            "draft": "draft checkpoint folder on the host whose configured ids to check (demo: the demo)",
+            "profile": "serve profile whose engine, python, tensor parallel size and dtype to use",
+            "target": "target model folder on the host (default: the profile's)",
+            "samples": "dump samples to send (default 24)",
+            "port": "port for the short-lived engine instance (default: a free one)", "host": HOST_HELP},
+      options={"samples": SAMPLES, "port": PORT})
+@friendly
+def capture_check(c: Context, data: str | None = None, draft: str | None = None, profile: str | None = None,
+                  target: str | None = None, samples: int = 24, port: int | None = None,
+                  host: str | None = None) -> None:
+    """Ask the serving engine which layer each dumped slot holds, and what it will feed the draft."""
+    host_ = connect(c, host)
+    ensure_code(host_)
+    chosen = profiles.resolve(host_.spec, profile)
+    if chosen.engine != "vllm":
+        raise ServeRefused(f"capture-check drives vLLM's extract_hidden_states; serve profile {chosen.name!r} "
+                           f"serves with {chosen.engine}. SGLang returns only the final layer's states "
+                           "(--enable-return-hidden-states), so its aux slots cannot be measured: check the "
+                           "layout with `invoke test-drafter`, and apply the capture patch (`invoke "
+                           "patch-sglang.apply`) for an embedding slot.")
+    data_, draft_, target_, demo = _paths(host_, data, draft, target, chosen)
+    if demo:
+        ensure_demo(host_)
+    settings = chosen.settings
+    args = ["check", "--out", jobs.RUN_DIR, "--python", host_path(host_, chosen.python) or chosen.python,
+            "--target", target_, "--data", data_, "--samples", str(samples), "--tp", str(settings.tp or 1),
+            "--extra-args", json.dumps(list(settings.extra_args))]
+    if settings.context_length:
+        args += ["--max-model-len", str(settings.context_length)]
+    for flag, value in (("--draft", draft_), ("--port", port)):
+        if value is not None:
+            args += [flag, str(value)]
+    given: dict[str, Any] = {"data": data_, "draft": draft_, "target": target_, "profile": chosen.name,
+                             "samples": samples, "port": port}
+    done = run_tool(host_, "remote.capture", args, name="capture-check", task="capture-check", given=given,
+                    env=dict(settings.env),
+                    view=live("window", on_detach="The check goes on and stops its engine instance when it ends."))
+    if done.ok:
+        from draftops.documents.capture_check import CaptureCheck
+        doc = done.document(CaptureCheck)
+        if doc is not None:
+            show(doc, str(done.result_file), console)
+    done.check()
+
+
+def show(doc: CaptureCheck, result_file: str, out: Console) -> None:
+    """The slot table, then the story in sentences, then where the file is."""
+    from rich.table import Table
+
+    table = Table(title=f"capture check: {escape(doc.engine.name)} {escape(doc.engine.version or '')} on "
+                        f"{escape(doc.target.path)}", title_justify="left")
+    for column in ("slot", "holds", "vLLM id", "SGLang id", "rel. error", "runner-up"):
+        table.add_column(column)
+    for s in doc.slots:
+        runner = f"{s.runner_up} at {s.runner_up_error:.3g}" if s.runner_up is not None and s.runner_up_error is \
+            not None else "-"
+        holds = escape(s.layer) if s.matched and s.layer else f"[red]no boundary[/] (nearest {s.boundary})"
+        table.add_row(str(s.slot), holds, str(s.vllm_id) if s.matched else "-",
+                      str(s.sglang_id) if s.matched else "-", f"{s.relative_error:.2g}", runner)
+    out.print(table)
+    colour = {"MATCHED": "green", "PARTIAL": "yellow", "NOT_THIS_TARGET": "red"}.get(doc.status, "white")
+    out.print(f"[bold {colour}]{escape(doc.headline)}[/]")
+    for line in doc.lines:
+        if not line.startswith("slot "):
+            out.print(escape(line))
+    seconds = doc.seconds
+    if seconds:
+        out.print(f"[dim]engine ready in {seconds.get('engine_ready_s', 0):.0f} s, {doc.data.samples} samples "
+                  f"in {seconds.get('requests_s', 0):.1f} s, {seconds.get('total_s', 0):.0f} s in all[/]")
+    out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)

@@ -1,0 +1,259 @@
+"""``python -m remote.capture check``: start the engine in hidden-state mode, send dump samples,
+match every slot, stop the engine, write ``capture-check.json``.
+
+Exit codes (remote/exitcodes.py): 0 the check ran (whatever it found: "not this target" is a
+finding), 3 a refusal in one paragraph (bad dumps, a port in use, an engine that died or hung, a
+full disk), 4 a bug. The engine is stopped and its hidden-state files removed in every case,
+SIGTERM and Ctrl-C included (``exitcodes.run`` unwinds through the ``finally``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import events, exitcodes, fileio
+from . import differences, draft, dumps, instance, matching, report, target, vllm_engine
+from .errors import CaptureError, DumpMismatchError, EngineError, StorageError
+
+RESULT = "capture-check.json"
+SCHEMA = "draftops.capture-check/1"
+CODE_ROOT = Path(__file__).resolve().parents[2]
+#: room kept free beyond the largest hidden-state file (the engine writes one per request)
+DISK_MARGIN = 64 << 20
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m remote.capture")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ck = sub.add_parser("check", help="match the dumps' slots against the engine's own hidden states")
+    ck.add_argument("--engine", choices=("vllm",), default="vllm")
+    ck.add_argument("--python", required=True, help="the engine's python (the serve profile's)")
+    ck.add_argument("--target", type=Path, required=True)
+    ck.add_argument("--data", type=Path, required=True)
+    ck.add_argument("--draft", type=Path)
+    ck.add_argument("--samples", type=int, default=dumps.DEFAULT_SAMPLES)
+    ck.add_argument("--port", type=int)
+    ck.add_argument("--tp", type=int, default=1)
+    ck.add_argument("--max-model-len", type=int)
+    ck.add_argument("--extra-args", default="[]", help="JSON list: the profile's extra engine arguments")
+    ck.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ck.add_argument("--ready-timeout", type=float, default=900.0)
+    ck.add_argument("--request-timeout", type=float, default=120.0)
+    ck.add_argument("--storage", type=Path, help="folder for the engine's hidden-state files (default: the run's)")
+    ck.add_argument("--out", type=Path, default=Path("."))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return exitcodes.main("capture", lambda: check(args))
+
+
+def _extra(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CaptureError("--extra-args must be a JSON list of strings", field="--extra-args", found=text[:200])
+    return tuple(value)
+
+
+def _cuda(device: str) -> bool:
+    return torch.cuda.is_available() if device == "auto" else device == "cuda"
+
+
+def engine_version(python: str) -> str | None:
+    try:
+        done = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip()[:80] or None if done.returncode == 0 else None
+
+
+def _check_inputs(picked: dumps.Picked, tgt: target.Target, context: int) -> tuple[int, int]:
+    """Every sample sent is checked before the engine starts; (slots, longest)."""
+    slots, longest = None, 0
+    for sample in dumps.load(picked):
+        dumps.check(sample, tgt.vocab, context, str(tgt.path))
+        t, s, h = sample.hidden.shape
+        if h != tgt.hidden:
+            raise DumpMismatchError(
+                f"The dump's hidden states are {h} wide but the target {tgt.path} has hidden_size {tgt.hidden}, "
+                "so these dumps were not made by this target", path=sample.path, tensor="hidden_states",
+                fix="check --target (or the profile's target) against the model the dumps were made with")
+        if slots is not None and s != slots:
+            raise CaptureError(f"Dump samples hold different slot counts ({slots} and {s})", path=sample.path,
+                               tensor="hidden_states", fix="use one dump folder made by one generator run")
+        slots, longest = s, max(longest, t)
+    assert slots is not None
+    return slots, longest
+
+
+def _check_disk(storage: Path, longest: int, tgt: target.Target) -> None:
+    need = longest * (tgt.num_layers + 1) * tgt.hidden * 4 + DISK_MARGIN
+    free = shutil.disk_usage(storage).free
+    if free < need:
+        raise StorageError(f"The folder for the engine's hidden-state files has {free >> 20} MiB free, less than "
+                           f"one file needs ({need >> 20} MiB: {longest} tokens x {tgt.num_layers + 1} boundaries x "
+                           f"{tgt.hidden} x 4 bytes, plus a margin)", path=str(storage),
+                           fix="free space there, or pass --storage DIR on a disk with room")
+
+
+def check(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    tgt = target.read(args.target)
+    picked = dumps.pick(args.data, args.samples)
+    context = args.max_model_len or tgt.context or 4096
+    slots, longest = _check_inputs(picked, tgt, context)
+    out = Path(args.out)
+    storage = (args.storage or out / "hidden-states").resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    _check_disk(storage, longest, tgt)
+    if args.port is not None:
+        instance.check_port(args.port)
+    port = args.port or instance.free_port()
+    setup = vllm_engine.Setup(args.python, str(args.target), port, args.tp, args.max_model_len,
+                              _extra(args.extra_args), storage, tgt.num_layers, _cuda(args.device))
+    version = engine_version(args.python)
+    print(f"capture check: vLLM {version or '?'} on {tgt.path} ({tgt.num_layers} layers, hidden {tgt.hidden}); "
+          f"{len(picked.indices)} samples of {picked.dumps.root}; port {port}", flush=True)
+    tally = matching.Tally(slots, tgt.num_layers + 1)
+    timing: dict[str, float] = {}
+    engine = instance.Instance.start(vllm_engine.command(setup), vllm_engine.environment(dict(os.environ), CODE_ROOT),
+                                     port, out / "engine.log", "vLLM")
+    try:
+        timing["engine_ready_s"] = round(engine.wait_ready("/health", args.ready_timeout), 2)
+        print(f"engine ready after {timing['engine_ready_s']:.0f} s", flush=True)
+        sent = time.monotonic()
+        rows = matching.rows_to_keep(tgt.num_layers + 1, tgt.hidden, len(picked.indices))
+        for done, sample in enumerate(dumps.load(picked), 1):
+            served_ids, served = vllm_engine.fetch_states(engine, setup, sample.token_ids.tolist(),
+                                                          args.request_timeout, args.request_timeout)
+            _same_tokens(sample, served_ids, served, tgt)
+            tally.add(sample.hidden, served, rows)
+            events.progress(done, len(picked.indices), "samples")
+        timing["requests_s"] = round(time.monotonic() - sent, 2)
+    finally:
+        stopped = engine.stop()
+        _remove_storage(storage, owned=args.storage is None)
+        print(f"engine stopped (status {stopped})", flush=True)
+    timing["total_s"] = round(time.monotonic() - started, 2)
+    result = build_report(args, tgt, picked, tally, version, timing, port)
+    fileio.atomic_write_text(out / RESULT, json.dumps(_finite(result), indent=2, default=str) + "\n")
+    for line in result["lines"]:
+        print(line)
+    events.result(RESULT, status=result["status"], headline=result["headline"])
+    return exitcodes.OK
+
+
+def _finite(value: Any) -> Any:
+    """The document with null for every value that is not a finite number (JSON has no infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _same_tokens(sample: Any, served_ids: torch.Tensor, served: torch.Tensor, tgt: target.Target) -> None:
+    expected = (sample.token_ids.shape[0], tgt.num_layers + 1, tgt.hidden)
+    if tuple(served.shape) != expected or not torch.equal(served_ids.to(torch.long).reshape(-1), sample.token_ids):
+        raise EngineError(f"The engine returned states for other tokens or of another shape than sent "
+                          f"({list(served.shape)} for {list(expected)})", path=str(sample.path),
+                          fix="report this with the engine's version; the capture check cannot use the answer")
+
+
+def _remove_storage(storage: Path, owned: bool) -> None:
+    """The hidden-state files (and their locks) are removed; the folder too when the run made it."""
+    if not storage.is_dir():
+        return
+    for entry in storage.iterdir():
+        if entry.suffix in (".safetensors", ".lock") and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+    if owned:
+        try:
+            storage.rmdir()
+        except OSError:
+            pass
+
+
+def build_report(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, tally: matching.Tally,
+                 version: str | None, timing: dict[str, float], port: int) -> dict[str, Any]:
+    matches = matching.match(tally)
+    declared = _declared(picked, len(matches))
+    entries = [report.slot_entry(m, tgt.num_layers, declared[m.slot]) for m in matches]
+    status = report.status_of(matches)
+    final = next((m.slot for m in matches if m.matched and m.boundary == tgt.num_layers), None)
+    diffs = [differences.explain(tally, m) for m in matches if not m.matched]
+    lines = [report.slot_line(e) for e in entries]
+    verdict: dict[str, Any] = {"status": status}
+    if status == report.NOT_THIS_TARGET:
+        summary = report.not_target_words(diffs, status)
+        lines.append(summary)
+        headline = "not this target: " + ", ".join(sorted({d["kind"] for d in diffs}))
+    else:
+        lines.append(report.final_words(final, len(matches), tgt.num_layers))
+        if diffs:
+            lines.append(report.not_target_words(diffs, status))
+        headline = f"{sum(m.matched for m in matches)} of {len(matches)} slots matched"
+    feed = None
+    if args.draft is not None and status != report.NOT_THIS_TARGET:
+        boundaries = [m.boundary if m.matched else None for m in matches]
+        feed = draft.feeding(args.draft, args.engine, tgt.num_layers, tgt.hidden, boundaries, final)
+        diagnosis, advice = report.draft_words(feed, tgt.num_layers)
+        lines += [diagnosis, advice]
+        verdict.update(_draft_verdict(feed))
+        headline = f"draft {feed['status']}; " + headline
+    elif status != report.NOT_THIS_TARGET:
+        lines.append(report.needs_words(entries, final, tgt.num_layers))
+    return {"schema": SCHEMA, "tool": "capture-check", "status": status, "headline": headline, "lines": lines,
+            "engine": {"name": args.engine, "version": version, "python": args.python, "tp": args.tp,
+                       "max_model_len": args.max_model_len, "extra_args": list(_extra(args.extra_args)),
+                       "port": port, "convention": "vLLM boundary ids: 0 = embedding, k = after k layers"},
+            "target": {"num_hidden_layers": tgt.num_layers, "hidden_size": tgt.hidden, "vocab_size": tgt.vocab,
+                       **tgt.identity},
+            "data": {"path": str(picked.dumps.root), "files": len(picked.dumps.files), "samples": tally.samples,
+                     "tokens": tally.tokens, "slots": len(matches), "sent": [str(f) for f in picked.files],
+                     "data_config": picked.slots.path},
+            "match_rule": f"a slot matches boundary b when its relative error there is under "
+                          f"{matching.MATCH_FRACTION:g} x the relative distance from b to its nearest neighbouring "
+                          f"boundary on the engine's own states, and under {matching.MATCH_CEILING:g}",
+            "slots": entries, "final_slot": final, "errors": matching.error_table(tally),
+            "neighbour_distance": [round(float(x), 6) for x in tally.neighbour_distance()],
+            "differences": diffs, "draft": feed, "verdict": verdict, "checkpoint": {"path": str(args.draft)}
+            if args.draft else None, "seconds": timing}
+
+
+def _declared(picked: dumps.Picked, slots: int) -> list[int | None]:
+    """The boundary data_config.json says each slot holds (None: it does not say)."""
+    ids = picked.slots.layer_ids
+    if ids is None or len(ids) != slots:
+        return [None] * slots
+    return [i + 1 for i in ids]     # SlotInfo keeps SGLang ids: boundary = id + 1
+
+
+def _draft_verdict(feed: dict[str, Any]) -> dict[str, Any]:
+    """The fields `invoke draft-config --from-report` reads (remote/draft_config/report.py)."""
+    fix = feed.get("fix") or {}
+    return {"status": feed["status"], "fix_layer_ids": fix.get("sglang_ids"),
+            "fix_layer_ids_vllm": fix.get("vllm_ids"), "needs_capture_patch": bool(fix.get("needs_capture_patch")),
+            "measured_from_engine": True}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

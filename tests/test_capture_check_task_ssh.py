@@ -71,3 +71,18 @@ def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
 def test_no_dumps_and_no_demo_is_refused_in_words(project):
     done = invoke(project, "capture-check", "--draft", "/nowhere/draft")
     assert done.returncode == 1 and "--data DUMPS" in done.stdout + done.stderr
+
+
+def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(project):
+    """serve reads capture-check.json as the check wrote it (the pulled run folder)."""
+    demo_on_host = project.parent / "hostroot" / "state" / "demo"
+    mine = project.parent / "mine" / "draft"
+    shutil.copytree(demo_on_host / "draft", mine)
+    where = ["--target", str(demo_on_host / "target")]
+    done = invoke(project, "capture-check", "--data", str(demo_on_host / "data"), "--draft", str(mine),
+                  "--samples", "4", *where)
+    assert done.returncode == 0 and "draft MISMATCH" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    served = invoke(project, "serve", "--draft", str(mine), *where)
+    text = " ".join((served.stdout + served.stderr).split())
+    assert served.returncode == 1, text[-2000:]
+    assert "capture-check run" in text and "--from-report" in text and "--force" in text

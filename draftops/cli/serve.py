@@ -179,8 +179,10 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
         ensure_demo(host)
     launch = plan.launch
     facts = hosttool.inspect(host, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
-    verdict = verdicts.latest(project_root(c) / "runs", launch.draft) if launch.draft else None
-    checks.fact_checks(plan, facts, verdict, found)
+    runs = project_root(c) / "runs"
+    verdict = verdicts.latest(runs, launch.draft) if launch.draft else None
+    measured = verdicts.latest_capture(runs, launch.draft, launch.target, plan.engine.name) if launch.draft else None
+    checks.fact_checks(plan, facts, verdict, found, measured)
     console.print(f"[bold]{plan.engine.label}[/] {escape(str(facts.engine.version or ''))} on {host.name} "
                   f"(profile {chosen.name}, {escape(launch.python)})")
     show_findings(found, console)

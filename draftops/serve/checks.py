@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.request import DEMO, Plan
-from draftops.serve.verdicts import Verdict
+from draftops.serve.verdicts import Measured, Verdict
 from draftops.terminal import clean
 from remote.eagle import convention
 
@@ -120,8 +120,10 @@ def _vllm_flags(plan: Plan, found: Findings) -> None:
         found.notes.append(f"vLLM speculative config: method eagle3, num_speculative_tokens = --steps = {steps}")
 
 
-def fact_checks(plan: Plan, facts: ServeInspect, verdict: Verdict | None, found: Findings) -> None:
-    """Checks on what the host holds: the engine, the target, the draft's config and the patch."""
+def fact_checks(plan: Plan, facts: ServeInspect, verdict: Verdict | None, found: Findings,
+                measured: Measured | None = None) -> None:
+    """Checks on what the host holds: the engine, the target, the draft's config and the patch; the
+    latest test-drafter verdict and capture-check measurement of the draft, when there are any."""
     host, engine, launch = plan.profile.host, plan.engine, plan.launch
     if not facts.engine.importable:
         install = ("`invoke env.setup --engine vllm --host " + host + "`" if engine.name == "vllm"
@@ -147,6 +149,7 @@ def fact_checks(plan: Plan, facts: ServeInspect, verdict: Verdict | None, found:
     _layer_ids(plan, draft, draft.reading, facts.target, found)
     _capture_patch(plan, draft.reading, facts.sglang, found)
     _verdict(plan, draft, verdict, found)
+    _measured(plan, draft, measured, found)
     _context(plan, draft, facts.target, found)
 
 
@@ -261,6 +264,33 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
                         "Serving it would spend GPU time at a low accept length. Apply the fix with `invoke "
                         f"draft-config --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and test "
                         "again, or pass --force to serve it as it is.")
+
+
+def _measured(plan: Plan, draft: DraftFacts, measured: Measured | None, found: Findings) -> None:
+    """A capture-check of this draft on this target and engine: the engine's own states said which layers
+    it feeds. A MISMATCH there is refused (the demo: shown), unless the config changed since."""
+    if measured is None:
+        return
+    current = draft.ids_by_engine.get(plan.engine.name)
+    head = f"capture-check run {measured.run_id} (measured from the engine): {measured.status}"
+    if measured.stale(current):
+        found.notes.append(f"{head}, for ids {measured.configured_ids}; the config now holds {current}, so it no "
+                           "longer applies: run `invoke capture-check` again to measure the new ids")
+        return
+    if measured.status != "MISMATCH":
+        found.notes.append(head)
+        return
+    said = (f"The engine's own hidden states (capture-check run {measured.run_id}) show that {plan.engine.label} "
+            f"will feed this draft the states after layers {measured.fed}, while training fed those after layers "
+            f"{measured.trained}.")
+    fix = f"invoke draft-config --ckpt {'demo' if plan.request.draft == DEMO else plan.launch.draft} " \
+          f"--from-report {measured.run_id}"
+    if plan.request.draft == DEMO:
+        found.warnings.append(f"{said} The demo is served as configured to show it. Fix it with:\n  {fix}")
+        return
+    found.refuse_unless(plan.request.force, "--force", said,
+                        f"Apply the measured fix (ids {measured.fix_ids}) with `{fix}`, or pass --force to serve "
+                        "it as it is.")
 
 
 def _predicted(verdict: Verdict) -> str:

@@ -69,3 +69,46 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
                        verdict.serving_convention, verdict.fix_layer_ids, verdict.diagnosis,
                        accept.served if accept else None, accept.best if accept else None)
     return None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The latest `invoke capture-check` on a draft: what the engine feeds it, measured, not inferred."""
+
+    run_id: str
+    status: str                       # MATCH / MISMATCH / UNKNOWN (the draft's side)
+    engine: str
+    target: str
+    configured_ids: list[int] | None  # the ids the config held when it was checked
+    fed: list[int] | None             # boundaries the engine feeds
+    trained: list[int | None]         # boundaries training fed
+    fix_ids: list[int] | None         # in the engine's convention
+
+    def stale(self, current_ids: list[int] | None) -> bool:
+        return self.configured_ids != current_ids
+
+
+def latest_capture(runs_dir: Path, draft: str, target: str, engine: str) -> Measured | None:
+    """The newest capture-check of ``draft`` against ``target`` on ``engine`` pulled into ``runs_dir``;
+    one that is unreadable or fails its model is passed over."""
+    from draftops.documents import load
+    from draftops.documents.capture_check import CaptureCheck
+    from draftops.errors import DocumentError
+
+    if not runs_dir.is_dir():
+        return None
+    for run in sorted(runs_dir.iterdir(), reverse=True):
+        path = run / "capture-check.json"
+        if not path.is_file():
+            continue
+        try:
+            doc = load(CaptureCheck, path)
+        except DocumentError:
+            continue
+        fed = doc.draft
+        if (fed is None or _norm(fed.path) != _norm(draft) or _norm(doc.target.path) != _norm(target)
+                or doc.engine.name != engine):
+            continue
+        return Measured(run.name, fed.status, doc.engine.name, doc.target.path, fed.ids, fed.fed_boundaries,
+                        list(fed.trained_boundaries), fed.fix.ids if fed.fix else None)
+    return None

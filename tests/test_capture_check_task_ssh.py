@@ -56,6 +56,20 @@ def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it
     assert again.returncode == 0 and "draft MATCH" in again.stdout, again.stdout[-2000:]
 
 
+def test_test_drafter_takes_the_slot_layers_the_engine_measured(project):
+    """After a capture-check of the same dumps, target and engine, the verdict is measured, not inferred."""
+    checked = invoke(project, "capture-check", "--draft", "demo", "--samples", "4")
+    assert checked.returncode == 0, checked.stdout[-2000:]
+    check_run = sorted((project / "runs").glob("*-capture-check*"))[-1].name
+    done = invoke(project, "test-drafter", "--limit", "24")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = sorted((project / "runs").glob("*-test-drafter*"))[-1]
+    report = json.loads((run / "report.json").read_text())
+    assert report["verdict"]["message"].startswith(f"Measured from the engine (capture-check run {check_run})")
+    assert report["slot_layers_from"].startswith("capture-check")
+    assert "Measured from the engine" in " ".join(done.stdout.split())
+
+
 def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
     hosts = yaml.safe_load((project / "hosts.yaml").read_text())
     hosts["hosts"]["box"]["serve"]["cpu"]["env"] = {"FAKE_VLLM_FAULT": "die-at-start"}
@@ -77,7 +91,7 @@ def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(projec
     """serve reads capture-check.json as the check wrote it (the pulled run folder)."""
     demo_on_host = project.parent / "hostroot" / "state" / "demo"
     mine = project.parent / "mine" / "draft"
-    shutil.copytree(demo_on_host / "draft", mine)
+    shutil.copytree(demo().draft, mine)         # as shipped (the host's copy was fixed by the test above)
     where = ["--target", str(demo_on_host / "target")]
     done = invoke(project, "capture-check", "--data", str(demo_on_host / "data"), "--draft", str(mine),
                   "--samples", "4", *where)

@@ -128,7 +128,8 @@ sys.meta_path.insert(0, OnlyDeclared())
 for pkg in packages:
     module = importlib.import_module(pkg)
     for info in pkgutil.walk_packages(module.__path__, pkg + "."):
-        if not info.name.endswith("__main__"):
+        # the capture check's connector runs inside the engine's own process (its venv has vllm)
+        if not info.name.endswith("__main__") and info.name != "remote.capture.cpu_connector":
             importlib.import_module(info.name)
 import torch
 from remote.drafter import demo

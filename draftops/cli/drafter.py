@@ -49,8 +49,11 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                         ("--limit", limit), ("--expected-acc", expected_acc)):
         if value is not None:
             args += [flag, str(value)]
+    measured = _capture_check(c, host, data, verifier, engine)
+    if measured:
+        args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
-             "limit": limit, "expected_acc": expected_acc, "device": device}
+             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
@@ -61,6 +64,27 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
         show_result(report, str(done.result_file), done.run_id, ckpt, console)
     record_test_drafter(host, done, given, report)
     done.check()
+
+
+def _capture_check(c: Context, host: Host, data: str | None, verifier: str | None, engine: str | None) -> str | None:
+    """The newest capture-check of these dumps and target on the engine the host serves with, whose run
+    folder the host still holds; its measured slot layers replace data_config.json's claims."""
+    from draftops.cli.common import project_root
+    from draftops.errors import JobError
+    from draftops.serve.verdicts import capture_for_dumps
+
+    root = demo_dir(host.state_dir)
+    data, target = (data, verifier) if data else (f"{root}/data", verifier or f"{root}/target")
+    if engine is None or target is None:
+        return None
+    run = capture_for_dumps(project_root(c) / "runs", data, target, engine)
+    if run is None:
+        return None
+    try:
+        jobs.status(host, run)
+    except JobError:
+        return None
+    return run
 
 
 def read_report(host: Host, done: ToolResult, given: dict[str, Any]) -> DrafterReport | None:

@@ -71,6 +71,29 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
     return None
 
 
+def capture_for_dumps(runs_dir: Path, data: str, target: str, engine: str) -> str | None:
+    """The run id of the newest capture-check of these dumps on this target and engine whose every slot
+    matched (what `test-drafter` can take the slot layers from), else None."""
+    from draftops.documents import load
+    from draftops.documents.capture_check import CaptureCheck
+    from draftops.errors import DocumentError
+
+    if not runs_dir.is_dir():
+        return None
+    for run in sorted(runs_dir.iterdir(), reverse=True):
+        path = run / "capture-check.json"
+        if not path.is_file():
+            continue
+        try:
+            doc = load(CaptureCheck, path)
+        except DocumentError:
+            continue
+        if (_norm(doc.data.path) == _norm(data) and _norm(doc.target.path) == _norm(target)
+                and doc.engine.name == engine and doc.status == "MATCHED"):
+            return run.name
+    return None
+
+
 @dataclass(frozen=True)
 class Measured:
     """The latest `invoke capture-check` on a draft: what the engine feeds it, measured, not inferred."""

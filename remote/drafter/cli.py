@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ev.add_argument("--engine", choices=("sglang", "vllm"),
                     help="the engine the host serves with: the verdict's advice is for it (default: both)")
+    ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
     ev.add_argument("--layout-samples", type=int, default=64, help="samples for the layout scan (64)")
@@ -80,7 +81,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
                        acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
-                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine)
+                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured)
 
 
 def summary(report: dict[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ from .errors import (
     UnsupportedError,
 )
 from .layouts import Evidence, Interpretation, Measured
+from .measured import slots_from_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
@@ -72,6 +73,8 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
+    if opts.measured is not None:
+        verdict = _measured_from_engine(verdict, opts.measured)
     doc = report.build(opts, ctx, report.Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
@@ -80,6 +83,15 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
+
+
+def _measured_from_engine(verdict: layouts.Verdict, source: Path) -> layouts.Verdict:
+    """The slot layers came from the engine's own states: the verdict says so first."""
+    run = source.parent.name
+    head = f"Measured from the engine (capture-check run {run}): "
+    verdict.message = head + verdict.message
+    verdict.diagnosis = head + verdict.diagnosis if verdict.diagnosis else verdict.diagnosis
+    return verdict
 
 
 def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalContext:
@@ -100,6 +112,8 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
         raise DataError("The dump has fewer slots than the draft's fc takes", path=first.path,
                         tensor="hidden_states", expected=f">= {arch.num_aux} slots", found=f"{s} slots",
                         fix="dump at least as many layers as the draft was trained on")
+    if opts.measured is not None:
+        dumps.slots = slots_from_capture_check(opts.measured, s)
     slots = dumps.slots
     if slots.layer_ids is not None and len(slots.layer_ids) != s:
         raise ConfigError("data_config.json lists a different number of layer ids than the dump has slots",

@@ -34,6 +34,7 @@ class EvalOptions:
     alpha: float = 0.05  # significance level of the paired layout comparison
     min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
     engine: str | None = None  # the engine the host serves with (its advice); None: advise for both
+    measured: Path | None = None  # a capture-check.json: slot layers measured from the engine
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""

@@ -59,6 +59,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
                     "expected_acc": expected},
+        "slot_layers_from": ("capture-check (measured from the engine): " + str(opts.measured)
+                             if opts.measured is not None else ctx.dumps.slots.path),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
                        for i, rms in enumerate(res.norms)],

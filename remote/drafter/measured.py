@@ -1,0 +1,36 @@
+"""Slot layers measured by `invoke capture-check` (the engine's own states), used in place of what
+``data_config.json`` claims: with them the verdict's served layout is measured, not inferred."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from .. import jsonread
+from .data import SlotInfo
+from .errors import ConfigError
+
+
+def slots_from_capture_check(path: Path, slot_count: int) -> SlotInfo:
+    """The SlotInfo a capture-check.json measured (SGLang ids: boundary - 1), refused in one paragraph
+    when it is unreadable, for another slot count, or left a slot unmatched."""
+    try:
+        doc = jsonread.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"The capture-check report cannot be read ({type(exc).__name__}: {exc})", path=path,
+                          fix="run `invoke capture-check` again, or drop --measured") from exc
+    slots = doc.get("slots") if isinstance(doc, dict) else None
+    if not isinstance(slots, list) or len(slots) != slot_count:
+        raise ConfigError("The capture-check report measured another number of slots than this dump holds",
+                          path=path, field="slots", expected=f"{slot_count} slots",
+                          found=len(slots) if isinstance(slots, list) else slots,
+                          fix="run `invoke capture-check` on these dumps")
+    if not all(isinstance(s, dict) and s.get("matched") is True and isinstance(s.get("boundary"), int)
+               for s in slots):
+        raise ConfigError("The capture-check report left slots unmatched: these dumps are not of this target as "
+                          "served, so no layout can be measured from it", path=path, field="slots",
+                          fix="read the capture check's report (its differences) before evaluating the draft")
+    final = doc.get("final_slot")
+    layers = doc.get("target", {}).get("num_hidden_layers") if isinstance(doc.get("target"), dict) else None
+    return replace(SlotInfo(), layer_ids=tuple(int(s["boundary"]) - 1 for s in slots),
+                   final_slot=final if isinstance(final, int) else None, final_slot_given=isinstance(final, int),
+                   num_hidden_layers=layers if isinstance(layers, int) else None, path=str(path))

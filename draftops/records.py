@@ -64,6 +64,10 @@ def _drafter_metrics(report: DrafterReport | None, args: dict[str, Any]) -> dict
         "predicted_value": accept.value if accept else None,
         "predicted_walk_served": accept.walk.served if accept else None,
         "predicted_walk_best": accept.walk.best if accept else None,
+        "predicted_cond_served": _step_counts(report, "served", "cond_acc"),
+        "predicted_cond_best": _step_counts(report, "best", "cond_acc"),
+        "predicted_cond_rows_served": _step_counts(report, "served", "cond_total"),
+        "predicted_cond_rows_best": _step_counts(report, "best", "cond_total"),
         "configured_layer_ids": checkpoint.configured_layer_ids if checkpoint else None,
         "fix_layer_ids": verdict.fix_layer_ids if verdict else None,
         "fix_layer_ids_vllm": verdict.fix_layer_ids_vllm if verdict else None,
@@ -71,6 +75,21 @@ def _drafter_metrics(report: DrafterReport | None, args: dict[str, Any]) -> dict
         "serving_convention": verdict.serving_convention if verdict else None,
         "format": checkpoint.format if checkpoint else None,
     }
+
+
+def _step_counts(report: DrafterReport | None, role: str, name: str) -> list[Any] | None:
+    """The layout's predicted conditional acceptance per TTT step (``cond_acc``) or the rows each
+    counts (``cond_total``), on the basis its accept length was predicted on, so ``bench compare``
+    can tell at which position a server parts from the prediction (remote/drafter/report.py takes
+    the same counts: the verifier's, the data's without a verifier)."""
+    if report is None:
+        return None
+    evaluation = report.metrics.served if role == "served" else report.metrics.best
+    if evaluation is None:
+        return None
+    counts = (evaluation.verifier if report.metrics.basis == "verifier" else None) or evaluation.data
+    values = getattr(counts, name) if counts is not None else None
+    return list(values) if values is not None else None
 
 
 def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | None, target: str,

@@ -37,35 +37,46 @@ def _settings(**over: Any) -> Settings:
 def vllm_run(run_id: str, *, tok_s: list[float], accept: float | None = None, draft: DraftInfo | None = None,
              steps: int = 3, time: str = "2026-11-30T10:00:00Z", host: str = "local",
              server_accept: float | None = None, status: Literal["succeeded", "failed"] = "succeeded",
-             failure: str | None = None,
+             failure: str | None = None, per_pos: list[float] | None = None,
              version: str = "0.32.0+cpu", **settings: Any) -> BenchResult:
     """A vLLM bench run: one ``--save-result`` JSON and a /metrics pair per repeat.
 
     ``accept`` sets the client's spec-decode deltas, ``server_accept`` (default: the same) the
-    /metrics window, so a test can make the two disagree.
+    /metrics window, so a test can make the two disagree. ``per_pos``: the share of drafts accepted
+    at each position (cumulative, as vLLM counts it), in both the client's JSON and the counters;
+    ``accept`` then defaults to 1 + their sum.
     """
-    recs, server, repeats = [], [], []
+    recs, server, repeats, windows = [], [], [], []
+    if per_pos is not None and accept is None:
+        accept = 1 + sum(round(share * DRAFTS) for share in per_pos) / DRAFTS
     server_accept = accept if server_accept is None else server_accept
     for i, tput in enumerate(tok_s):
         spec = None
+        window = None
         if accept is not None and server_accept is not None:
-            spec = {"drafts": DRAFTS, "draft_tokens": DRAFTS * steps, "accepted": round((accept - 1) * DRAFTS)}
+            counts = [round(share * DRAFTS) for share in per_pos or []]
+            spec = {"drafts": DRAFTS, "draft_tokens": DRAFTS * steps, "accepted": round((accept - 1) * DRAFTS),
+                    **({"per_pos": counts} if per_pos is not None else {})}
             base = 10_000.0 * i
-            before = fmt.vllm_metrics_text(drafts=base, draft_tokens=base * steps, accepted=base)
+            before = fmt.vllm_metrics_text(drafts=base, draft_tokens=base * steps, accepted=base,
+                                           per_pos=[base] * len(counts))
             after = fmt.vllm_metrics_text(drafts=base + DRAFTS, draft_tokens=(base + DRAFTS) * steps,
-                                          accepted=base + round((server_accept - 1) * DRAFTS))
+                                          accepted=base + round((server_accept - 1) * DRAFTS),
+                                          per_pos=[base + c for c in counts])
             window = server_metrics.accept_length_window(server_metrics.spec_counters(before),
                                                          server_metrics.spec_counters(after))
             server.append(window.value if window else None)
+        windows.append(window)
         doc = fmt.vllm_bench_result(ttfts_ms=[80.0, 95.0, 300.0], tpots_ms=[1000 / tput] * 3,
                                     itls_ms=[900 / tput, 1000 / tput, 2000 / tput], output_tokens=round(tput * 10),
                                     duration=10.0, spec=spec)
         rec = client_output.parse_vllm(json.dumps(doc)).records[0]
         recs.append(rec)
         repeats.append(Repeat(index=i + 1, client_file=f"client-rep{i + 1}.json", record=rec.to_dict(),
-                              server_accept=server[-1] if server else None))
+                              server_accept=server[-1] if server else None,
+                              server_per_position=window.per_position if window else None))
     return _result(run_id, "vllm", version, recs, server, "metrics window", repeats, draft=draft, steps=steps,
-                   time=time, host=host, status=status, failure=failure, **settings)
+                   time=time, host=host, status=status, failure=failure, windows=windows, **settings)
 
 
 def sglang_run(run_id: str, *, tok_s: list[float], accept: float | None = None, draft: DraftInfo | None = None,
@@ -93,7 +104,7 @@ def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: 
             repeats: list,
             *, draft: DraftInfo | None, steps: int, time: str, host: str,
             status: Literal["succeeded", "failed"] = "succeeded",
-            failure: str | None = None, **settings: Any) -> BenchResult:
+            failure: str | None = None, windows: list | None = None, **settings: Any) -> BenchResult:
     spec = Speculative(algorithm="eagle3", num_steps=steps, topk=1, num_draft_tokens=steps + 1) if draft else None
     return BenchResult(schema="draftops.bench-result/1", run_id=run_id, time=time, status=status, failure=failure,
                        host=HostFacts(name=host, gpu="cpu" if engine == "vllm" else "NVIDIA H200"),
@@ -101,6 +112,8 @@ def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: 
                        speculative=spec, settings=_settings(repeats=len(repeats), **settings),
                        metrics=bench_result.build_metrics(recs),
                        accept_length=bench_result.build_accept(recs, server if draft else [], source),
+                       per_position=(bench_result.build_per_position(engine, recs, windows or [None] * len(recs))
+                                     if draft else None),
                        repeats=repeats)
 
 
@@ -114,9 +127,15 @@ def save(project: Path, res: BenchResult, history: History | None = None) -> Pat
 def drafter_report(*, status: str, served: float, best: float, steps: int = 3, ckpt: str = "/m/draft",
                    configured: list[int] | None = None, fix: list[int] | None = None,
                    fix_vllm: list[int] | None = None, fmt_name: str = "speculators",
-                   walk: tuple[float, float] | None = None) -> dict[str, Any]:
-    """The keys of a ``draftops.drafter-report/1`` the history hook reads (see remote/drafter/report.py)."""
-    return {"schema": "draftops.drafter-report/1",
+                   walk: tuple[float, float] | None = None,
+                   cond: tuple[list[float], list[float]] | None = None) -> dict[str, Any]:
+    """The keys of a ``draftops.drafter-report/1`` the history hook reads (see remote/drafter/report.py);
+    ``cond``: the served and best layouts' cond_acc per step on the verifier basis."""
+    metrics: dict[str, Any] = {}
+    if cond:
+        metrics = {"steps": steps, "basis": "verifier", "served": {"verifier": {"cond_acc": cond[0]}},
+                   "best": {"verifier": {"cond_acc": cond[1]}}}
+    return {"schema": "draftops.drafter-report/1", **({"metrics": metrics} if metrics else {}),
             "verdict": {"status": status, "fix_layer_ids": fix, "fix_layer_ids_vllm": fix_vllm,
                         "needs_capture_patch": bool(fix and -1 in fix), "message": "",
                         "serving_convention": "vllm" if fmt_name == "speculators" else "sglang"},

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from draftops.bench.positions import PositionTable, compare_positions
 from draftops.bench.result import BenchResult, DraftInfo
 from draftops.bench.stats import Stat
 from draftops.errors import BenchError
@@ -38,6 +39,19 @@ class Prediction:
     fix_layer_ids: list[int] | None
     how: str
     walk: float | None = None     # a greedy server's rounds on the dump text (docs/bench.md)
+    cond_served: list[float | None] | None = None   # predicted cond_acc_k per TTT step, served layout
+    cond_best: list[float | None] | None = None     # ... and the best (trained) layout
+    cond_rows_served: list[int] | None = None       # the rows each of those counts
+    cond_rows_best: list[int] | None = None
+
+    @property
+    def cond(self) -> list[float | None] | None:
+        """The predicted conditional acceptance per step of the layout this prediction is for."""
+        return self.cond_served if self.role == "served" else self.cond_best
+
+    @property
+    def cond_rows(self) -> list[int] | None:
+        return self.cond_rows_served if self.role == "served" else self.cond_rows_best
 
 
 @dataclass
@@ -57,6 +71,7 @@ class Comparison:
     speedup: float | None = None
     tolerance: float = TOLERANCE
     noise: float | None = None        # the larger spread of the two runs' repeats (a fraction)
+    positions: list[PositionTable] = field(default_factory=list)   # per position, predicted vs measured
 
     @property
     def within_noise(self) -> bool:
@@ -80,7 +95,8 @@ class Comparison:
                 "modes": [self.a.mode, self.b.mode], "speedup": self.speedup, "tolerance": self.tolerance,
                 "noise": self.noise, "within_noise": self.within_noise,
                 "predictions": {k: asdict(v) if v else None for k, v in self.predictions.items()},
-                "rows": self.rows, "findings": [asdict(f) for f in self.findings]}
+                "rows": self.rows, "findings": [asdict(f) for f in self.findings],
+                "per_position": [t.to_dict() for t in self.positions]}
 
 
 # --- which runs, which prediction ----------------------------------------------------------------
@@ -122,7 +138,23 @@ def _prediction(r: RunRecord, role: str, steps: int, how: str) -> Prediction | N
                       served=finite(r.metrics.get("predicted_served")),
                       best=finite(r.metrics.get("predicted_best")),
                       fix_layer_ids=_ints(r.metrics.get("fix_layer_ids")), how=how,
-                      walk=finite(r.metrics.get(f"predicted_walk_{role}")))
+                      walk=finite(r.metrics.get(f"predicted_walk_{role}")),
+                      cond_served=_probabilities(r.metrics.get("predicted_cond_served")),
+                      cond_best=_probabilities(r.metrics.get("predicted_cond_best")),
+                      cond_rows_served=_ints(r.metrics.get("predicted_cond_rows_served")),
+                      cond_rows_best=_ints(r.metrics.get("predicted_cond_rows_best")))
+
+
+def _probabilities(value: Any) -> list[float | None] | None:
+    """A recorded per-step list of probabilities; an entry that is no number in [0, 1] reads as None
+    (an edited or broken row), and anything but a list as no list."""
+    if not isinstance(value, list):
+        return None
+    out: list[float | None] = []
+    for v in value:
+        x = finite(v)
+        out.append(x if x is not None and 0 <= x <= 1 else None)
+    return out
 
 
 def _of_this_config(runs: list[RunRecord], draft: DraftInfo, steps: int) -> Prediction | None:
@@ -430,6 +462,19 @@ def _newer_config(res: BenchResult, other: BenchResult) -> tuple[str, str] | Non
     return other.draft.digest, other.run_id
 
 
+def _positions(label: str, res: BenchResult, pred: Prediction | None) -> PositionTable | None:
+    """The run's per-position comparison, when it measured per position (or says why not) and its
+    prediction recorded per-step acceptance; a prediction for ids test-drafter called wrong also
+    shows the trained layout's, which is where such a config parts."""
+    if res.mode != "speculative" or res.per_position is None or pred is None or pred.cond is None:
+        return None
+    trained = pred.cond_best if pred.role == "served" and pred.status == "MISMATCH" else None
+    return compare_positions(f"{label} ({res.run_id})", res.run_id, res.per_position, pred.cond,
+                             prediction_run=pred.run_id, role=pred.role, trained=trained,
+                             predicted_rows=pred.cond_rows,
+                             trained_rows=pred.cond_rows_best if trained is not None else None)
+
+
 def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
             tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None) -> Comparison:
     """Hold two runs against each other (a baseline is put first) and derive the findings.
@@ -447,10 +492,13 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
                                          now)
     through, speedup = _throughput_findings(a, b, findings)
     findings += through + _settings_findings(a, b)
+    tables = [t for t in (_positions(label, res, predictions.get(res.run_id))
+                          for label, res in (("run A", a), ("run B", b))) if t is not None]
+    findings += [Finding(*t.finding) for t in tables if t.finding]
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     noise = max(a.metrics.output_throughput.spread or 0.0, b.metrics.output_throughput.spread or 0.0)
     cmp = Comparison(a=a, b=b, predictions=predictions, findings=findings, speedup=speedup, tolerance=tolerance,
-                     noise=noise)
+                     noise=noise, positions=tables)
     cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
     return cmp
 

@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from draftops.bench.compare import Comparison
+from draftops.bench.positions import MIN_REACHED, PositionTable, StepRow
 from draftops.terminal import clean
 
 STYLE = {"bad": "red", "warn": "yellow", "good": "green", "info": "cyan"}
@@ -42,9 +43,58 @@ def findings_panel(cmp: Comparison) -> Panel:
     return Panel("\n".join(lines), title="findings", border_style=STYLE.get(worst, "white"))
 
 
+def _p(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _has_trained(t: PositionTable) -> bool:
+    return any(r.trained is not None for r in t.rows)
+
+
+def _position_cells(t: PositionTable, row: StepRow) -> list[str]:
+    cells = [str(row.step), _p(row.predicted)]
+    if _has_trained(t):
+        cells.append(_p(row.trained))
+    return cells + [_p(row.measured), "—" if row.reached is None else f"{row.reached:.0f}", row.verdict]
+
+
+def _position_header(t: PositionTable) -> list[str]:
+    layout = "served ids" if t.role == "served" else "ids now served"
+    head = ["step", f"predicted ({layout})"]
+    if _has_trained(t):
+        head.append("predicted (trained layout)")
+    return head + ["measured", "drafts reached", ""]
+
+
+def _position_caption(t: PositionTable) -> str:
+    """What the numbers are: both conditional, where each comes from, the tolerance."""
+    if not t.available:
+        return f"measured: {t.note}"
+    source = {"client": "the vLLM client's spec_decode_per_position_acceptance_rates",
+              "metrics window": "vLLM's /metrics per-position counters around each repeat"}.get(t.source or "",
+                                                                                              t.source or "?")
+    return (f"conditional acceptance P(step k right | steps < k right): predicted = test-drafter run "
+            f"{t.prediction_run}'s cond_acc_k (teacher-forced); measured = {source} ({t.definition}); part = more "
+            f"than ±{t.tolerance:.2f} apart, judged where at least {MIN_REACHED} drafts got to the step (and as "
+            "many evaluated rows)")
+
+
+def position_table(t: PositionTable) -> Table:
+    out = Table(title=f"per position: {_safe(t.run_id)}", title_justify="left", caption=_safe(_position_caption(t)),
+                caption_justify="left")
+    for i, name in enumerate(_position_header(t)):
+        out.add_column(name, justify="left" if i == len(_position_header(t)) - 1 else "right")
+    for row in t.rows:
+        style = "red" if row.verdict in ("low", "high") else ""
+        out.add_row(*[_safe(c) for c in _position_cells(t, row)], style=style)
+    return out
+
+
 def show(cmp: Comparison, console: Console) -> None:
     console.print(f"bench compare: {_run_ids(cmp)}", soft_wrap=True)   # never broken inside an id
     console.print(table(cmp))
+    for t in cmp.positions:
+        console.print(position_table(t))
     console.print(findings_panel(cmp))
 
 
@@ -86,6 +136,11 @@ def markdown(cmp: Comparison, chart_name: str | None = "compare.png") -> str:
              f"judged against test-drafter's prediction with a {cmp.tolerance:.0%} tolerance."), "",
              "| | A | B |", "|---|---:|---:|"]
     lines += [f"| {_md_cell(r['metric'])} | {_md_cell(r['a_text'])} | {_md_cell(r['b_text'])} |" for r in cmp.rows]
+    for t in cmp.positions:
+        lines += ["", f"## Per position: {md_text(t.run_id)}", "", md_text(_position_caption(t)), "",
+                  "| " + " | ".join(_md_cell(h) for h in _position_header(t)) + " |",
+                  "|" + "---:|" * (len(_position_header(t)) - 1) + "---|"]
+        lines += ["| " + " | ".join(_md_cell(c) for c in _position_cells(t, row)) + " |" for row in t.rows]
     lines += ["", "## Findings", ""]
     lines += [f"- **{f.severity}** ({f.code}): {md_text(f.text)}" for f in cmp.findings] or ["- nothing to report"]
     if chart_name:

@@ -22,6 +22,7 @@ from draftops.history import RunRecord
 from remote import jsonread
 from remote.bench.client_output import ClientRecord
 from remote.bench.crosscheck import TOLERANCE, cross_check
+from remote.bench.server_metrics import WindowAccept
 from remote.fileio import atomic_write_bytes
 
 SCHEMA = "draftops.bench-result/1"
@@ -101,11 +102,36 @@ class AcceptLength(_Model):
     cross_check: dict[str, Any] | None = None
 
 
+#: what the measured per-position figures mean, written into every result that has them
+VLLM_DEFINITION = ("vLLM's per-position acceptance: accepted tokens at draft position k / drafts = the share of "
+                   "drafts whose positions 0..k were all accepted (cumulative, per draft: the +1 bonus token is "
+                   "not in it, accept length = 1 + their sum); conditional at k = cumulative[k] / "
+                   "cumulative[k-1], at k = 0 cumulative[0]")
+SGLANG_NOTE = ("not available: SGLang reports no per-position acceptance; its server info holds one average "
+               "accept length, cumulative since the last /flush_cache (the +1 bonus token included), and its "
+               "decode log one per interval")
+
+
+class PerPosition(_Model):
+    """The server's acceptance per draft position, normalised to what test-drafter predicts per TTT
+    step (docs/bench.md § Per position): both sides as P(position k accepted | positions < k were)."""
+
+    available: bool
+    source: str | None = None              # "client" (spec_decode_per_position_acceptance_rates), "metrics window"
+    drafts: float | None = None            # drafts the figures count, over all repeats
+    cumulative: list[float] = []           # k: share of drafts whose positions 0..k were all accepted
+    conditional: list[float | None] = []   # k: cumulative[k] / cumulative[k-1]; k = 0: cumulative[0]
+    reached: list[float] = []              # k: drafts that got to position k (all of them at k = 0)
+    definition: str | None = None
+    note: str | None = None
+
+
 class Repeat(_Model):
     index: int
     client_file: str | None = None
     record: dict[str, Any] | None = None
     server_accept: float | None = None
+    server_per_position: list[float] | None = None             # the /metrics window's, per draft
     problems: list[dict[str, Any]] = []
 
 
@@ -124,6 +150,7 @@ class BenchResult(_Model):
     settings: Settings
     metrics: Metrics
     accept_length: AcceptLength | None = None
+    per_position: PerPosition | None = None                    # added: None for a baseline
     repeats: list[Repeat] = []
     warnings: list[str] = []
     files: dict[str, str] = {}                                 # role -> path inside the run folder
@@ -170,6 +197,47 @@ def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float 
                      else (server_stat.median, server_source or "server"))
     return AcceptLength(client=client if client.n else None, server=server_stat if server_stat.n else None,
                         server_source=server_source, value=value, source=source, cross_check=check.to_dict())
+
+
+def conditional(cumulative: Sequence[float]) -> list[float | None]:
+    """P(position k accepted | positions < k accepted) from the cumulative shares: cumulative[k] /
+    cumulative[k-1], cumulative[0] at k = 0; None where no draft got that far."""
+    out: list[float | None] = []
+    for k, share in enumerate(cumulative):
+        before = cumulative[k - 1] if k else 1.0
+        out.append(share / before if before > 0 else None)
+    return out
+
+
+def _repeat_positions(record: ClientRecord | None, window: WindowAccept | None
+                      ) -> tuple[str, list[float], float] | None:
+    """One repeat's (source, per-draft shares, drafts): the client's when it wrote them (it reads the
+    same counters around exactly its own requests, as for the accept length), else the /metrics window's."""
+    if record and record.per_position_acceptance and record.num_drafts:
+        return "client", record.per_position_acceptance, record.num_drafts
+    if window and window.per_position and window.drafts:
+        return "metrics window", window.per_position, window.drafts
+    return None
+
+
+def build_per_position(engine: str, records: Sequence[ClientRecord | None],
+                       windows: Sequence[WindowAccept | None]) -> PerPosition:
+    """The measured per-position acceptance over all repeats: each position's accepted drafts summed
+    over the repeats, divided by all their drafts (a draft-weighted mean), then made conditional."""
+    if engine != "vllm":
+        return PerPosition(available=False, note=SGLANG_NOTE)
+    pairs = list(zip(records, windows, strict=False))
+    found = [got for got in (_repeat_positions(r, w) for r, w in pairs) if got is not None]
+    if not found:
+        return PerPosition(available=False, note="not available: neither the client's result nor the /metrics "
+                           "windows had per-position counts (a vLLM without num_accepted_tokens_per_pos?)")
+    width = min(len(shares) for _, shares, _ in found)
+    drafts = sum(n for _, _, n in found)
+    cumulative = [sum(shares[k] * n for _, shares, n in found) / drafts for k in range(width)]
+    return PerPosition(available=True, source=" and ".join(sorted({s for s, _, _ in found})), drafts=drafts,
+                       cumulative=cumulative, conditional=conditional(cumulative),
+                       reached=[drafts * (cumulative[k - 1] if k else 1.0) for k in range(width)],
+                       definition=VLLM_DEFINITION)
 
 
 def load(path: Path) -> BenchResult:

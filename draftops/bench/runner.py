@@ -155,23 +155,43 @@ class _Measured:
     repeats: list[Repeat]
     problems: list[str]
     server_info: dict[str, Any] | None
+    windows: list[server_metrics.WindowAccept | None] = dataclasses.field(default_factory=list)
+
+
+def _server_side(engine: str, folder: Path, step: dict[str, Any], out: _Measured, name: str) -> float | None:
+    """The server's accept length over one repeat; notes its source, SGLang's server info and vLLM's
+    /metrics window (its per-position counts) in ``out``."""
+    if engine == "vllm":
+        window = _metrics_window(folder, out.problems, name)
+        out.windows.append(window)
+        if window is None:
+            return None
+        out.source = out.source or "metrics window"
+        return window.value
+    value, source, info = _server_accept(engine, folder, step, out.problems, name)
+    out.windows.append(None)
+    out.source = out.source or source
+    out.server_info = info or out.server_info
+    return value
+
+
+def _metrics_window(folder: Path, problems: list[str], name: str) -> server_metrics.WindowAccept | None:
+    """vLLM's /metrics counters over one repeat (accept length and per position); None without both pages."""
+    before = _text(folder / f"metrics-before-{name}.prom")
+    after = _text(folder / f"metrics-after-{name}.prom")
+    if before is None or after is None:
+        return None
+    try:
+        return server_metrics.accept_length_window(server_metrics.spec_counters(before),
+                                                   server_metrics.spec_counters(after))
+    except BenchParseError as exc:
+        problems.append(f"{name}: {exc}")
+        return None
 
 
 def _server_accept(engine: str, folder: Path, step: dict[str, Any], problems: list[str], name: str
                    ) -> tuple[float | None, str | None, dict[str, Any] | None]:
-    """The server's own accept length over one repeat, and where it came from."""
-    if engine == "vllm":
-        before = _text(folder / f"metrics-before-{name}.prom")
-        after = _text(folder / f"metrics-after-{name}.prom")
-        if before is None or after is None:
-            return None, None, None
-        try:
-            window = server_metrics.accept_length_window(server_metrics.spec_counters(before),
-                                                         server_metrics.spec_counters(after))
-        except BenchParseError as exc:
-            problems.append(f"{name}: {exc}")
-            return None, None, None
-        return (window.value if window else None), "metrics window", None
+    """The server's own accept length over one repeat (SGLang), and where it came from."""
     info = _read_json(folder / f"server-info-{name}.json")
     log = _text(folder / step["log_slice"]) if step.get("log_slice") else None
     if log:
@@ -202,18 +222,20 @@ def measure(engine: str, folder: Path, job: dict[str, Any], done: set[str]) -> _
             parsed = client_output.parse(engine, text)
             problems_here = parsed.problems
             rec = parsed.last
-            value, source, info = _server_accept(engine, folder, step, out.problems, name)
-            out.source = out.source or source
-            out.server_info = info or out.server_info
-        elif name in done:
-            out.problems.append(f"{name}: the client wrote no result file {path.name}")
+            value = _server_side(engine, folder, step, out, name)
+        else:
+            out.windows.append(None)
+            if name in done:
+                out.problems.append(f"{name}: the client wrote no result file {path.name}")
         for p in problems_here:
             out.problems.append(f"{name}: {path.name} line {p.get('line')}: {p.get('message')}")
         out.records.append(rec)
         out.server.append(value)
         if name in done or text is not None:
+            window = out.windows[-1]
             out.repeats.append(Repeat(index=step["index"], client_file=path.name if text is not None else None,
                                       record=rec.to_dict() if rec else None, server_accept=value,
+                                      server_per_position=window.per_position if window else None,
                                       problems=problems_here))
     return out
 
@@ -299,6 +321,7 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
     settings = bench.settings
     warnings = list(bench.warnings) + unread + got.problems
     accept = (bench_result.build_accept(got.records, got.server, got.source) if served.draft else None)
+    positions = bench_result.build_per_position(served.engine, got.records, got.windows) if served.draft else None
     if accept and accept.cross_check and accept.cross_check.get("agree") is False:
         warnings.append(str(accept.cross_check.get("message")))
     files = {"plan": "plan.json", "runner": RUNNER_FILE, "host facts": HOST_FILE}
@@ -318,5 +341,6 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
                           output_len=settings.output_len, seed=settings.seed, temperature=0.0,
                           request_rate=settings.request_rate, max_running_requests=_max_running(served, info),
                           warmup=settings.warmup, ignore_eos=settings.dataset is None),
-        metrics=bench_result.build_metrics(got.records), accept_length=accept, repeats=got.repeats,
+        metrics=bench_result.build_metrics(got.records), accept_length=accept, per_position=positions,
+        repeats=got.repeats,
         warnings=warnings, files=files)

@@ -73,6 +73,7 @@ class Counts(Part):
 
     full_acc: list[float | None] | None = None
     cond_acc: list[float | None] | None = None
+    cond_total: list[int] | None = None      # rows each cond_acc_k counts (those right up to step k-1)
     top5_acc_0: float | None = None
 
 

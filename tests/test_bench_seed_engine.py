@@ -89,6 +89,14 @@ def test_seed_story_measured_against_predicted(project, where):  # noqa: F811
     codes = [f["code"] for f in doc["findings"]]
     assert "config-changed" in codes and "draft-limit" in codes and "change" in codes, codes
     assert {p.name for p in folder.iterdir()} == {"compare.json", "compare.md", "compare.png"}
+    # per position, from vLLM's own per-position counters: the wrong run parts from the trained layout
+    # at step 0 (the input wiring), the fixed run agrees with its prediction step by step (issue 24)
+    tables = {t["run_id"]: t for t in doc["per_position"]}
+    assert set(tables) == {wrong["run_id"], fixed["run_id"]}, doc["per_position"]
+    assert all(t["available"] and len(t["rows"]) == 3 for t in tables.values()), tables
+    assert tables[wrong["run_id"]]["trained_part"]["step"] == 0, tables[wrong["run_id"]]
+    assert tables[fixed["run_id"]]["part"] is None and tables[fixed["run_id"]]["rows"][0]["verdict"] == "agree"
+    assert "## Per position" in written
 
     rows = History(root / "runs" / "history.sqlite").query()
     kinds = sorted(r.kind for r in rows)

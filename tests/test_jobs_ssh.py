@@ -386,8 +386,10 @@ def test_a_run_folder_removed_while_it_is_followed_ends_the_follow_with_a_note(p
     wait_state(project, job.id, {"running"})
     lines: list[str] = []
 
-    def move_it():
-        time.sleep(0.3)
+    def move_it():      # once the follow has read from the folder (a fixed sleep raced it under load)
+        deadline = time.monotonic() + 20
+        while not any("first" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.rename(job.run_dir, tmp_path / "moved")
     import threading
     mover = threading.Thread(target=move_it)

@@ -14,7 +14,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -254,6 +253,3 @@ def _draft_verdict(feed: dict[str, Any]) -> dict[str, Any]:
             "fix_layer_ids_vllm": fix.get("vllm_ids"), "needs_capture_patch": bool(fix.get("needs_capture_patch")),
             "measured_from_engine": True}
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -178,3 +178,24 @@ def test_sigterm_while_the_engine_starts_stops_it(demo, engine_python, tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, err[-2000:]
     assert processes_with(mark) == []
+
+
+def test_sigkill_of_the_tool_still_stops_the_engine(demo, engine_python, tmp_path):
+    """The engine runs in its own session (so the tool can stop its whole tree); killed outright, the
+    tool cannot stop it, so the engine's leader is told by the kernel (PR_SET_PDEATHSIG)."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_VLLM_FAULT": "slow-start", "DRAFTOPS_RUN_ID": mark}
+    proc = subprocess.Popen([sys.executable, "-m", "remote.capture", "check", "--python", str(engine_python),
+                             "--target", str(demo / "target"), "--data", str(demo / "data"), "--out",
+                             str(tmp_path / "run")], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=_cap)
+    deadline = time.monotonic() + 60
+    while len(processes_with(mark)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(processes_with(mark)) >= 2, "the engine never started"
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while processes_with(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(mark) == []

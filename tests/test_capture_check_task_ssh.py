@@ -100,3 +100,40 @@ def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(projec
     text = " ".join((served.stdout + served.stderr).split())
     assert served.returncode == 1, text[-2000:]
     assert "capture-check run" in text and "--from-report" in text and "--force" in text
+
+
+def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
+    """The engine instance exists only for the check: Ctrl-C stops the job (and so the engine), it does
+    not leave it running detached."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from tests.test_capture_check_faults import processes_with
+
+    hosts = yaml.safe_load((project / "hosts.yaml").read_text())
+    hosts["hosts"]["box"]["serve"]["cpu"]["env"] = {"FAKE_VLLM_FAULT": "slow-start"}
+    other = tmp_path / "p"
+    shutil.copytree(project, other, ignore=shutil.ignore_patterns("runs", ".draftops"))
+    (other / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "capture-check", "--draft", "demo"], cwd=other,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    run_id, deadline = None, time.monotonic() + 120
+    while run_id is None and time.monotonic() < deadline:
+        found = re.search(r"run (\S+-capture-check-\S+) on box", proc.stdout.readline())
+        run_id = found.group(1) if found else None
+    assert run_id, "the job never started"
+    while len(processes_with(run_id)) < 2 and time.monotonic() < deadline:    # the tool and its engine
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=60)[0]
+    assert "stopping capture check" in said and proc.returncode == 130, said[-2000:]
+    deadline = time.monotonic() + 60
+    while processes_with(run_id) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert processes_with(run_id) == [], "the engine was left running"

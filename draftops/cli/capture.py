@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
-from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, live
+from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
 from draftops.cli.options import Number, task
-from draftops.console import console, escape
+from draftops.console import LiveJob, console, escape
 from draftops.errors import ServeRefused
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
@@ -83,14 +87,40 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
     given: dict[str, Any] = {"data": data_, "draft": draft_, "target": target_, "profile": chosen.name,
                              "samples": samples, "port": port}
     done = run_tool(host_, "remote.capture", args, name="capture-check", task="capture-check", given=given,
-                    env=dict(settings.env),
-                    view=live("window", on_detach="The check goes on and stops its engine instance when it ends."))
+                    env=dict(settings.env), view=StopOnInterrupt(console, project_root(c)))
     if done.ok:
         from draftops.documents.capture_check import CaptureCheck
         doc = done.document(CaptureCheck)
         if doc is not None:
             show(doc, str(done.result_file), console)
     done.check()
+
+
+class StopOnInterrupt(LiveJob):
+    """Ctrl-C stops the check instead of detaching from it: its engine instance exists only for the check.
+    From the signal handler nothing may wait on a lock (console.LiveJob), so the stop is its own process,
+    `invoke kill RUN` (SIGTERM: the tool stops its engine and removes its files), started and left."""
+
+    def __init__(self, out: Console, root: Path) -> None:
+        super().__init__(out, "window")
+        self.root = root
+
+    def _detached_text(self, host: str, run_id: str) -> str:
+        return (f"stopping capture check {run_id} on {host}: its engine instance is stopped and its hidden-state "
+                f"files removed (`invoke runs --host {host}` shows it ended).")
+
+    def leave_on_interrupt(self, host: str, run_id: str) -> Callable[[], None]:
+        leave = super().leave_on_interrupt(host, run_id)
+
+        def stop_then_leave() -> None:
+            try:
+                subprocess.Popen([sys.executable, "-m", "invoke", "kill", run_id, "--host", host], cwd=self.root,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            except OSError:
+                pass
+            leave()
+        return stop_then_leave
 
 
 def show(doc: CaptureCheck, result_file: str, out: Console) -> None:

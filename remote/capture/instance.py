@@ -15,8 +15,10 @@ from typing import Any
 from ..serve import net
 from .errors import EngineError
 
-#: seconds a stopping engine gets between SIGTERM and SIGKILL
-STOP_GRACE_S = 15.0
+#: seconds a stopping engine gets between SIGTERM and SIGKILL: within the 10 s a job kill (`invoke
+#: kill`) gives the tool before it kills it, so the tool's own stop always runs to its end
+STOP_GRACE_S = 8.0
+PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 4000
 
 
@@ -50,7 +52,7 @@ class Instance:
         with open(log, "ab") as out:
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                                        env=env, start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 raise EngineError(f"The {label} engine could not be started: {exc.strerror or exc}",
                                   path=argv[0], fix="check the serve profile's python (`invoke env.check`)") from exc
@@ -126,6 +128,16 @@ class Instance:
             return self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return None
+
+
+def _die_with_parent() -> None:
+    """In the engine's leader, before exec: SIGTERM it when the tool dies, even by SIGKILL (Linux), so an
+    engine in its own session is never left running without the tool that would stop it."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

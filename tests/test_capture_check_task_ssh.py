@@ -137,3 +137,30 @@ def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
     while processes_with(run_id) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert processes_with(run_id) == [], "the engine was left running"
+
+
+def test_against_sglang_only_the_final_slot_is_placed_and_the_aux_slots_are_said_unmeasurable(project, tmp_path):
+    """SGLang returns the final layer's states after the norm, nothing else (its test double reproduces
+    that answer): the check places the final slot, says the rest needs vLLM or test-drafter, and says
+    what SGLang will feed the draft as configured."""
+    engine = tmp_path / "sglang" / "python"
+    engine.parent.mkdir()
+    doubles = REPO / "tests" / "doubles"
+    engine.write_text(f'#!/bin/sh\nPYTHONPATH="{doubles}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    engine.chmod(0o755)
+    hosts = yaml.safe_load((project / "hosts.yaml").read_text())
+    hosts["hosts"]["box"]["serve"] = {"gpu": {"engine": "sglang", "python": str(engine),
+                                              "env": {"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "0.2",
+                                                      "DRAFTOPS_SGLANG_DOUBLE_WARMUP_S": "0.2"}}}
+    other = tmp_path / "p"
+    shutil.copytree(project, other, ignore=shutil.ignore_patterns("runs", ".draftops"))
+    (other / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    done = invoke(other, "capture-check", "--draft", "demo", "--samples", "4")
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "final state in slot 4" in out and "aux slots cannot be measured" in out
+    run = next((other / "runs").glob("*-capture-check*"))
+    doc = json.loads((run / "capture-check.json").read_text())
+    assert doc["status"] == "FINAL_ONLY" and doc["final_slot"] == 4 and doc["engine"]["name"] == "sglang"
+    assert [s["matched"] for s in doc["slots"]] == [False, False, False, False, True]
+    assert doc["draft"]["engine"] == "sglang" and doc["draft"]["status"] == "UNKNOWN"

@@ -66,17 +66,12 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
     host_ = connect(c, host)
     ensure_code(host_)
     chosen = profiles.resolve(host_.spec, profile)
-    if chosen.engine != "vllm":
-        raise ServeRefused(f"capture-check drives vLLM's extract_hidden_states; serve profile {chosen.name!r} "
-                           f"serves with {chosen.engine}. SGLang returns only the final layer's states "
-                           "(--enable-return-hidden-states), so its aux slots cannot be measured: check the "
-                           "layout with `invoke test-drafter`, and apply the capture patch (`invoke "
-                           "patch-sglang.apply`) for an embedding slot.")
     data_, draft_, target_, demo = _paths(host_, data, draft, target, chosen)
     if demo:
         ensure_demo(host_)
     settings = chosen.settings
-    args = ["check", "--out", jobs.RUN_DIR, "--python", host_path(host_, chosen.python) or chosen.python,
+    args = ["check", "--out", jobs.RUN_DIR, "--engine", chosen.engine,
+            "--python", host_path(host_, chosen.python) or chosen.python,
             "--target", target_, "--data", data_, "--samples", str(samples), "--tp", str(settings.tp or 1),
             "--extra-args", json.dumps(list(settings.extra_args))]
     if settings.context_length:
@@ -138,7 +133,8 @@ def show(doc: CaptureCheck, result_file: str, out: Console) -> None:
         table.add_row(str(s.slot), holds, str(s.vllm_id) if s.matched else "-",
                       str(s.sglang_id) if s.matched else "-", f"{s.relative_error:.2g}", runner)
     out.print(table)
-    colour = {"MATCHED": "green", "PARTIAL": "yellow", "NOT_THIS_TARGET": "red"}.get(doc.status, "white")
+    colour = {"MATCHED": "green", "PARTIAL": "yellow", "FINAL_ONLY": "yellow", "NOT_THIS_TARGET": "red"}.get(
+        doc.status, "white")
     out.print(f"[bold {colour}]{escape(doc.headline)}[/]")
     for line in doc.lines:
         if not line.startswith("slot "):

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import events, exitcodes, fileio
-from . import differences, draft, dumps, instance, matching, report, target, vllm_engine
+from . import differences, draft, dumps, instance, matching, report, sglang_check, sglang_engine, target, vllm_engine
 from .errors import CaptureError, DumpMismatchError, EngineError, StorageError
 
 RESULT = "capture-check.json"
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m remote.capture")
     sub = parser.add_subparsers(dest="command", required=True)
     ck = sub.add_parser("check", help="match the dumps' slots against the engine's own hidden states")
-    ck.add_argument("--engine", choices=("vllm",), default="vllm")
+    ck.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
     ck.add_argument("--python", required=True, help="the engine's python (the serve profile's)")
     ck.add_argument("--target", type=Path, required=True)
     ck.add_argument("--data", type=Path, required=True)
@@ -73,9 +73,9 @@ def _cuda(device: str) -> bool:
     return torch.cuda.is_available() if device == "auto" else device == "cuda"
 
 
-def engine_version(python: str) -> str | None:
+def engine_version(python: str, engine: str) -> str | None:
     try:
-        done = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        done = subprocess.run([python, "-c", f"import importlib.metadata as m; print(m.version({engine!r}))"],
                               capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -118,44 +118,104 @@ def check(args: argparse.Namespace) -> int:
     context = args.max_model_len or tgt.context or 4096
     slots, longest = _check_inputs(picked, tgt, context)
     out = Path(args.out)
-    storage = (args.storage or out / "hidden-states").resolve()
-    storage.mkdir(parents=True, exist_ok=True)
-    _check_disk(storage, longest, tgt)
     if args.port is not None:
         instance.check_port(args.port)
     port = args.port or instance.free_port()
-    setup = vllm_engine.Setup(args.python, str(args.target), port, args.tp, args.max_model_len,
-                              _extra(args.extra_args), storage, tgt.num_layers, _cuda(args.device))
-    version = engine_version(args.python)
-    print(f"capture check: vLLM {version or '?'} on {tgt.path} ({tgt.num_layers} layers, hidden {tgt.hidden}); "
+    version = engine_version(args.python, args.engine)
+    label = "vLLM" if args.engine == "vllm" else "SGLang"
+    print(f"capture check: {label} {version or '?'} on {tgt.path} ({tgt.num_layers} layers, hidden {tgt.hidden}); "
           f"{len(picked.indices)} samples of {picked.dumps.root}; port {port}", flush=True)
-    tally = matching.Tally(slots, tgt.num_layers + 1)
     timing: dict[str, float] = {}
-    engine = instance.Instance.start(vllm_engine.command(setup), vllm_engine.environment(dict(os.environ), CODE_ROOT),
-                                     port, out / "engine.log", "vLLM")
-    try:
-        timing["engine_ready_s"] = round(engine.wait_ready("/health", args.ready_timeout), 2)
-        print(f"engine ready after {timing['engine_ready_s']:.0f} s", flush=True)
-        sent = time.monotonic()
-        rows = matching.rows_to_keep(tgt.num_layers + 1, tgt.hidden, len(picked.indices))
-        for done, sample in enumerate(dumps.load(picked), 1):
-            served_ids, served = vllm_engine.fetch_states(engine, setup, sample.token_ids.tolist(),
-                                                          args.request_timeout, args.request_timeout)
-            _same_tokens(sample, served_ids, served, tgt)
-            tally.add(sample.hidden, served, rows)
-            events.progress(done, len(picked.indices), "samples")
-        timing["requests_s"] = round(time.monotonic() - sent, 2)
-    finally:
-        stopped = engine.stop()
-        _remove_storage(storage, owned=args.storage is None)
-        print(f"engine stopped (status {stopped})", flush=True)
+    if args.engine == "vllm":
+        result = _run_vllm(args, tgt, picked, slots, longest, port, out, timing)
+    else:
+        result = _run_sglang(args, tgt, picked, slots, port, out, timing)
     timing["total_s"] = round(time.monotonic() - started, 2)
-    result = build_report(args, tgt, picked, tally, version, timing, port)
+    result.update(schema=SCHEMA, tool="capture-check", seconds=timing,
+                  engine={"name": args.engine, "version": version, "python": args.python, "tp": args.tp,
+                          "max_model_len": args.max_model_len, "extra_args": list(_extra(args.extra_args)),
+                          "port": port, "convention": "vLLM boundary ids: 0 = embedding, k = after k layers"},
+                  target={"num_hidden_layers": tgt.num_layers, "hidden_size": tgt.hidden, "vocab_size": tgt.vocab,
+                          **tgt.identity},
+                  checkpoint={"path": str(args.draft)} if args.draft else None)
+    result["data"].update(path=str(picked.dumps.root), files=len(picked.dumps.files), slots=slots,
+                          sent=[str(f) for f in picked.files], data_config=picked.slots.path)
     fileio.atomic_write_text(out / RESULT, json.dumps(_finite(result), indent=2, default=str) + "\n")
     for line in result["lines"]:
         print(line)
     events.result(RESULT, status=result["status"], headline=result["headline"])
     return exitcodes.OK
+
+
+def _sent(engine: instance.Instance, timing: dict[str, float], picked: dumps.Picked, ready_within: float,
+          one: Any) -> None:
+    """Wait for the engine, then ``one(sample)`` for every sample sent, with progress events."""
+    timing["engine_ready_s"] = round(engine.wait_ready("/health", ready_within), 2)
+    print(f"engine ready after {timing['engine_ready_s']:.0f} s", flush=True)
+    sent = time.monotonic()
+    for done, sample in enumerate(dumps.load(picked), 1):
+        one(sample)
+        events.progress(done, len(picked.indices), "samples")
+    timing["requests_s"] = round(time.monotonic() - sent, 2)
+
+
+def _run_vllm(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, slots: int, longest: int,
+              port: int, out: Path, timing: dict[str, float]) -> dict[str, Any]:
+    storage = (args.storage or out / "hidden-states").resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    _check_disk(storage, longest, tgt)
+    setup = vllm_engine.Setup(args.python, str(args.target), port, args.tp, args.max_model_len,
+                              _extra(args.extra_args), storage, tgt.num_layers, _cuda(args.device))
+    tally = matching.Tally(slots, tgt.num_layers + 1)
+    rows = matching.rows_to_keep(tgt.num_layers + 1, tgt.hidden, len(picked.indices))
+    engine = instance.Instance.start(vllm_engine.command(setup), vllm_engine.environment(dict(os.environ), CODE_ROOT),
+                                     port, out / "engine.log", "vLLM")
+
+    def one(sample: Any) -> None:
+        served_ids, served = vllm_engine.fetch_states(engine, setup, sample.token_ids.tolist(),
+                                                      args.request_timeout, args.request_timeout)
+        _same_tokens(sample, served_ids, served, tgt)
+        tally.add(sample.hidden, served, rows)
+    try:
+        _sent(engine, timing, picked, args.ready_timeout, one)
+    finally:
+        stopped = engine.stop()
+        _remove_storage(storage, owned=args.storage is None)
+        print(f"engine stopped (status {stopped})", flush=True)
+    return build_report(args, tgt, picked, tally)
+
+
+def _run_sglang(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, slots: int, port: int,
+                out: Path, timing: dict[str, float]) -> dict[str, Any]:
+    setup = sglang_engine.Setup(args.python, str(args.target), port, args.tp, args.max_model_len,
+                                _extra(args.extra_args))
+    tally = matching.PostNormTally(slots, tgt.hidden)
+    engine = instance.Instance.start(sglang_engine.command(setup), dict(os.environ), port, out / "engine.log",
+                                     "SGLang")
+
+    def one(sample: Any) -> None:
+        tally.add(sample.hidden, sglang_engine.fetch_final(engine, sample.token_ids.tolist(), tgt.hidden,
+                                                           args.request_timeout))
+    try:
+        _sent(engine, timing, picked, args.ready_timeout, one)
+    finally:
+        print(f"engine stopped (status {engine.stop()})", flush=True)
+    entries, final = sglang_check.slot_entries(tally, tgt.num_layers)
+    said = sglang_check.lines(entries, final, tgt.num_layers)
+    status = sglang_check.FINAL_ONLY if final is not None else report.NOT_THIS_TARGET
+    feed = None
+    if args.draft is not None:
+        feed, more = sglang_check.draft_side(args.draft, tgt.num_layers)
+        said += more
+    headline = (f"final state in slot {final}; aux slots not measurable with SGLang" if final is not None
+                else "not this target: no slot is the final state SGLang computes")
+    return {"status": status, "headline": headline, "lines": said, "slots": entries, "final_slot": final,
+            "errors": [[e["relative_error"]] for e in entries], "neighbour_distance": [],
+            "differences": [], "draft": feed, "verdict": {"status": status},
+            "match_rule": f"a slot is the final state when, RMS-normalized and fitted per channel, it is within "
+                          f"{matching.MATCH_CEILING:g} of SGLang's post-norm state and the next-best slot is over "
+                          "twice as far",
+            "data": {"samples": tally.samples, "tokens": tally.tokens}}
 
 
 def _finite(value: Any) -> Any:
@@ -191,8 +251,8 @@ def _remove_storage(storage: Path, owned: bool) -> None:
             pass
 
 
-def build_report(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, tally: matching.Tally,
-                 version: str | None, timing: dict[str, float], port: int) -> dict[str, Any]:
+def build_report(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked,
+                 tally: matching.Tally) -> dict[str, Any]:
     matches = matching.match(tally)
     declared = _declared(picked, len(matches))
     entries = [report.slot_entry(m, tgt.num_layers, declared[m.slot]) for m in matches]
@@ -202,8 +262,7 @@ def build_report(args: argparse.Namespace, tgt: target.Target, picked: dumps.Pic
     lines = [report.slot_line(e) for e in entries]
     verdict: dict[str, Any] = {"status": status}
     if status == report.NOT_THIS_TARGET:
-        summary = report.not_target_words(diffs, status)
-        lines.append(summary)
+        lines.append(report.not_target_words(diffs, status))
         headline = "not this target: " + ", ".join(sorted({d["kind"] for d in diffs}))
     else:
         lines.append(report.final_words(final, len(matches), tgt.num_layers))
@@ -220,22 +279,14 @@ def build_report(args: argparse.Namespace, tgt: target.Target, picked: dumps.Pic
         headline = f"draft {feed['status']}; " + headline
     elif status != report.NOT_THIS_TARGET:
         lines.append(report.needs_words(entries, final, tgt.num_layers))
-    return {"schema": SCHEMA, "tool": "capture-check", "status": status, "headline": headline, "lines": lines,
-            "engine": {"name": args.engine, "version": version, "python": args.python, "tp": args.tp,
-                       "max_model_len": args.max_model_len, "extra_args": list(_extra(args.extra_args)),
-                       "port": port, "convention": "vLLM boundary ids: 0 = embedding, k = after k layers"},
-            "target": {"num_hidden_layers": tgt.num_layers, "hidden_size": tgt.hidden, "vocab_size": tgt.vocab,
-                       **tgt.identity},
-            "data": {"path": str(picked.dumps.root), "files": len(picked.dumps.files), "samples": tally.samples,
-                     "tokens": tally.tokens, "slots": len(matches), "sent": [str(f) for f in picked.files],
-                     "data_config": picked.slots.path},
+    return {"status": status, "headline": headline, "lines": lines,
+            "data": {"samples": tally.samples, "tokens": tally.tokens},
             "match_rule": f"a slot matches boundary b when its relative error there is under "
                           f"{matching.MATCH_FRACTION:g} x the relative distance from b to its nearest neighbouring "
                           f"boundary on the engine's own states, and under {matching.MATCH_CEILING:g}",
             "slots": entries, "final_slot": final, "errors": matching.error_table(tally),
             "neighbour_distance": [round(float(x), 6) for x in tally.neighbour_distance()],
-            "differences": diffs, "draft": feed, "verdict": verdict, "checkpoint": {"path": str(args.draft)}
-            if args.draft else None, "seconds": timing}
+            "differences": diffs, "draft": feed, "verdict": verdict}
 
 
 def _declared(picked: dumps.Picked, slots: int) -> list[int | None]:

@@ -134,3 +134,37 @@ def match(tally: Tally) -> list[SlotMatch]:
 def error_table(tally: Tally) -> list[list[float]]:
     """Every slot's error against every boundary (for the report's full table)."""
     return [[round(float(e), 6) for e in row] for row in tally.errors()]
+
+
+@dataclass
+class PostNormTally:
+    """Each slot against the one state SGLang returns, the final layer's output after the final norm:
+    the slot, RMS-normalized per token, fitted per channel (the norm's weight, unknown here) to it."""
+
+    slots: int
+    hidden: int
+    nn: torch.Tensor = field(init=False)       # [S, H] sum of n^2
+    ns: torch.Tensor = field(init=False)       # [S, H] sum of n * served
+    ss: torch.Tensor = field(init=False)       # [H] sum of served^2
+    tokens: int = 0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        self.nn = torch.zeros(self.slots, self.hidden, dtype=torch.float64)
+        self.ns = torch.zeros(self.slots, self.hidden, dtype=torch.float64)
+        self.ss = torch.zeros(self.hidden, dtype=torch.float64)
+
+    def add(self, dump: torch.Tensor, served: torch.Tensor) -> None:
+        """``dump`` [T, S, H], ``served`` [T, H] (post-norm)."""
+        d, s = dump.to(torch.float64), served.to(torch.float64)
+        n = d / d.pow(2).mean(dim=-1, keepdim=True).add(1e-6).sqrt()
+        self.nn += (n * n).sum(dim=0)
+        self.ns += (n * s[:, None, :]).sum(dim=0)
+        self.ss += (s * s).sum(dim=0)
+        self.tokens += d.shape[0]
+        self.samples += 1
+
+    def errors(self) -> list[float]:
+        """Per slot: what is left of the served states after the best per-channel fit, relative."""
+        left = (self.ss[None, :] - self.ns ** 2 / self.nn.clamp(min=1e-300)).clamp(min=0).sum(dim=1)
+        return [float(x) for x in (left / self.ss.sum().clamp(min=1e-300)).sqrt()]

@@ -79,6 +79,7 @@ class ServerArgs:
     speculative_accept_threshold_single: float = 1.0
     speculative_accept_threshold_acc: float = 1.0
     speculative_token_map: str | None = None
+    enable_return_hidden_states: bool = False
 
     def __post_init__(self) -> None:
         if self.tokenizer_path is None:
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--speculative-accept-threshold-single", type=float, default=1.0)
     add("--speculative-accept-threshold-acc", type=float, default=1.0)
     add("--speculative-token-map", type=str)
+    add("--enable-return-hidden-states", action="store_true")
     return parser
 
 
@@ -324,6 +326,9 @@ class Handler(BaseHTTPRequestHandler):
                           "was encountered")
             os._exit(1)
         params = body.get("sampling_params") or {}
+        if body.get("return_hidden_states"):
+            self._hidden_states(body, params)
+            return
         prompt = body.get("text") if "text" in body else json.dumps(body.get("input_ids"))
         max_new = int(params.get("max_new_tokens", 128))
         ids, steps = self.engine.generate(str(prompt), max_new)
@@ -331,6 +336,28 @@ class Handler(BaseHTTPRequestHandler):
                 "spec_verify_ct": steps if self.engine.spec else 0,
                 "finish_reason": {"type": "length", "length": max_new}}
         self._send(200, {"text": "".join(f" t{i}" for i in ids), "output_ids": ids, "meta_info": meta})
+
+    def _hidden_states(self, body: dict[str, Any], params: dict[str, Any]) -> None:
+        """As SGLang answers ``return_hidden_states``: meta_info.hidden_states, one entry per generated
+        token, the first the prompt's [T][H]; the states the LM head reads (after the final norm),
+        computed with draftops' reference forward of a tiny Llama target (the demo's)."""
+        if not self.args.enable_return_hidden_states:
+            self._send(400, {"error": {"message": "return_hidden_states=True requires the server to be started "
+                                                  "with --enable-return-hidden-states"}})
+            return
+        import torch
+
+        from remote.drafter import layers, tinyllama
+        cfg, weights = tinyllama.load(self.args.model_path)
+        ids = torch.tensor(body["input_ids"], dtype=torch.long)
+        states, logits = tinyllama.forward(cfg, weights, ids[None])
+        final = layers.rms_norm(states[0, :, -1], weights["model.norm.weight"], cfg.rms_norm_eps)
+        max_new = int(params.get("max_new_tokens", 1))
+        hidden = [final.tolist()] + [final[-1].tolist()] * (max_new - 1)
+        out = [int(logits[0, -1].argmax())] * max_new
+        self._send(200, {"text": "", "output_ids": out, "meta_info": {
+            "prompt_tokens": len(ids), "completion_tokens": max_new, "hidden_states": hidden,
+            "finish_reason": {"type": "length", "length": max_new}}})
 
     def _completions(self, body: dict[str, Any]) -> None:
         prompt = str(body.get("prompt", ""))

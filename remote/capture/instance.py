@@ -96,7 +96,7 @@ class Instance:
             raise self.died("before a request")
         answer = net.request(self.port, path, body=body, timeout=timeout)
         if answer["status"] is None:
-            if self.proc.poll() is not None:
+            if self._exits_within(2.0):       # a dropped connection is often the engine dying: say so
                 raise self.died("during a request")
             raise EngineError(f"The {self.label} engine did not answer POST {path} within {timeout:g} s "
                               f"({answer['error']}); it was stopped", path=str(self.log),
@@ -114,6 +114,13 @@ class Instance:
             raise EngineError(f"The {self.label} engine answered POST {path} with something that is not a JSON "
                               f"object: {' '.join(text.split())[:200]}", path=str(self.log))
         return data
+
+    def _exits_within(self, seconds: float) -> bool:
+        try:
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """TERM the whole group, KILL what is left after ``grace`` seconds; the exit status."""

@@ -1,9 +1,12 @@
-"""Hidden-state dumps in both speculators formats, plus the optional ``data_config.json``.
+"""Hidden-state dumps in speculators', SpecForge's and ModelOpt's formats, plus the optional
+``data_config.json``.
 
 * safetensors (speculators >= 0.5): one file per sample with ``token_ids`` [T] and
   ``hidden_states`` [T, S, H]; an optional ``loss_mask`` [T] is honoured.
 * legacy ``.pt`` (speculators <= 0.4): ``{"input_ids": [T], "hidden_states": S x [T, H],
   "loss_mask": [T]}``.
+* SpecForge (``rows_*/*.ckpt[.gz]``) and ModelOpt (``*.pt``): see ``dumpformats``; a torch-saved
+  file's format is read from its keys, and a folder holds one format.
 
 ``data_config.json`` (next to the files, or one folder up) names the layer of each slot; see
 ``SlotInfo`` and docs/drafter.md for the keys.  Slots are kept in file order; which of them is the
@@ -12,13 +15,15 @@ target's final pre-norm state (the source of verifier targets) is resolved in ``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..eagle import convention
+from . import dumpformats as fmts
+from . import torchfile
 from .config import Fields, is_integral, json_object
 from .errors import (
     ConfigError,
@@ -58,6 +63,7 @@ class SlotInfo:
     num_hidden_layers: int | None = None
     path: str | None = None
     convention: str = "sglang"
+    final_source: str = "data_config"  # where final_slot came from when final_slot_given
 
     @classmethod
     def read(cls, folder: Path) -> SlotInfo:
@@ -98,42 +104,52 @@ class SlotInfo:
 
 
 class DumpSet:
-    """The dump files under a path, loaded one sample at a time."""
+    """The dump files under a path, loaded one sample at a time; one format per set (dumpformats)."""
 
-    def __init__(self, root: Path, files: list[Path], slots: SlotInfo) -> None:
+    def __init__(self, root: Path, files: list[Path], slots: SlotInfo, fmt: str = fmts.SAFETENSORS) -> None:
         self.root = root
         self.files = files
         self.slots = slots
+        self.format = fmt
 
     @classmethod
     def open(cls, path: str | Path) -> DumpSet:
         root = Path(path)
         if root.is_file():
-            return cls(root, [root], SlotInfo.read(root.parent))
-        if not root.is_dir():
+            files = [root]
+        elif not root.is_dir():
             raise EmptyDataError("The data path does not exist", path=root,
-                                 fix="pass --data the folder of hs_*.safetensors or data_*.pt files")
-        files = _dump_files(root) or _dump_files(root / "hidden_states")
+                                 fix="pass --data the folder of hs_*.safetensors, *.pt or rows_*/*.ckpt files")
+        else:
+            files = _dump_files(root) or _dump_files(root / "hidden_states") or _rows_files(root)
         if not files:
             raise EmptyDataError(
                 "The data folder holds no dump file", path=root,
-                expected="*.safetensors or *.pt files (or a hidden_states/ subfolder of them)",
+                expected="*.safetensors or *.pt files (or a hidden_states/ subfolder of them), or SpecForge's "
+                         "rows_*/ folders of *.ckpt / *.ckpt.gz",
                 found="none", fix="point --data at the folder the hidden-state generator wrote",
             )
-        return cls(root, files, SlotInfo.read(files[0].parent))
+        kind = _one_kind(files)
+        slots = SlotInfo.read(files[0].parent)
+        if kind == fmts.SAFETENSORS:
+            return cls(root, files, slots)
+        raw = torchfile.load(files[0], _regenerate(fmts.SPECFORGE if _is_ckpt(files[0]) else ""))
+        fmt = fmts.classify(raw, files[0])
+        if fmt in fmts.TRAINERS:
+            slots = _trainer_slots(slots, _decoded(raw, fmt, files[0]).hidden.shape[1], fmt)
+        return cls(root, files, slots, fmt)
 
     @property
     def formats(self) -> list[str]:
-        return sorted({"pt" if f.suffix == ".pt" else "safetensors" for f in self.files})
+        return [self.format]
 
     def lengths(self, count: int | None = None) -> list[int] | None:
-        """Token counts of the first ``count`` files from safetensors headers alone (None when
-        any of them is .pt)."""
-        files = self.files[:count]
-        if any(f.suffix == ".pt" for f in files):
+        """Token counts of the first ``count`` files from safetensors headers alone (None for the
+        torch-saved formats)."""
+        if self.format != fmts.SAFETENSORS:
             return None
         out = []
-        for f in files:
+        for f in self.files[:count]:
             header = read_header(f)
             name = "token_ids" if "token_ids" in header else "input_ids"
             out.append(header[name].shape[0] if name in header else 0)
@@ -141,7 +157,69 @@ class DumpSet:
 
     def load(self, index: int) -> Sample:
         file = self.files[index]
-        return load_pt(file) if file.suffix == ".pt" else load_safetensors(file)
+        if self.format == fmts.SAFETENSORS:
+            return load_safetensors(file)
+        raw = torchfile.load(file, _regenerate(self.format))
+        fmt = fmts.classify(raw, file)
+        if fmt != self.format:
+            raise DataError(
+                f"The folder mixes dump formats: {file.name} is {fmts.NAME[fmt]}, {self.files[0].name} is "
+                f"{fmts.NAME[self.format]}; one reading of the slots cannot hold for both", path=file,
+                expected=f"{fmts.NAME[self.format]} files only (as {self.files[0]})", found=fmts.NAME[fmt],
+                fix="keep one trainer's dumps per folder and pass --data that folder")
+        return _decoded(raw, fmt, file)
+
+
+def _regenerate(fmt: str) -> str:
+    """How to remake a file of ``fmt`` ("" before a .pt's format is known)."""
+    if fmt in fmts.KEYS:
+        return fmts.KEYS[fmt].regenerate
+    return fmts.LEGACY_FIX if fmt else "regenerate the dump with the tool that wrote it"
+
+
+def _is_ckpt(file: Path) -> bool:
+    return file.suffix == ".ckpt" or file.name.endswith(".ckpt.gz")
+
+
+def _decoded(raw: dict[Any, Any], fmt: str, file: Path) -> Sample:
+    if fmt == fmts.LEGACY_PT:
+        return _legacy(raw, file)
+    return _checked(*fmts.decode_trainer(raw, fmt, file), file)
+
+
+def _trainer_slots(slots: SlotInfo, count: int, fmt: str) -> SlotInfo:
+    """A SpecForge/ModelOpt set's final state is its last slot, whatever data_config.json says."""
+    if slots.final_slot_given and slots.final_slot != count - 1:
+        raise ConfigError(
+            f"data_config.json names another final slot than the {fmts.NAME[fmt]} dumps hold", path=slots.path,
+            field="final_slot", expected=f"{count - 1} (the final state, after the {count - 1} aux slots)",
+            found=slots.final_slot, fix=f"set \"final_slot\": {count - 1} or remove the key")
+    return replace(slots, final_slot=count - 1, final_slot_given=True,
+                   final_source=f"{fmts.NAME[fmt]}: {fmts.KEYS[fmt].final}")
+
+
+def _kind(file: Path) -> str:
+    return fmts.SAFETENSORS if file.suffix == ".safetensors" else "torch"
+
+
+def _one_kind(files: list[Path]) -> str:
+    """safetensors or torch-saved; a set with both is refused (files of a torch kind are told apart
+    by their keys as they load)."""
+    kinds: dict[str, Path] = {}
+    for f in files:
+        kinds.setdefault(_kind(f), f)
+    if len(kinds) > 1:
+        a, b = kinds[fmts.SAFETENSORS], kinds["torch"]
+        raise DataError(
+            f"The folder mixes dump formats: {a.name} is speculators safetensors, {b.name} a torch save; "
+            "one reading of the slots cannot hold for both", path=b.parent,
+            expected="one trainer's dump files per folder", found=f"{a.name} and {b.name}",
+            fix="keep one trainer's dumps per folder and pass --data that folder")
+    return next(iter(kinds))
+
+
+def _is_dump(f: Path) -> bool:
+    return f.suffix in (".safetensors", ".pt") or _is_ckpt(f)
 
 
 def _dump_files(folder: Path) -> list[Path]:
@@ -149,7 +227,7 @@ def _dump_files(folder: Path) -> list[Path]:
     skipping it would evaluate fewer samples than the user has, and say nothing."""
     if not folder.is_dir():
         return []
-    named = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".pt")]
+    named = [f for f in folder.iterdir() if _is_dump(f)]
     dangling = sorted((f for f in named if f.is_symlink() and not f.exists()), key=_natural_key)
     if dangling:
         raise CorruptFileError(
@@ -157,6 +235,12 @@ def _dump_files(folder: Path) -> list[Path]:
             path=dangling[0], fix="restore what the links point to (a moved or unmounted dump folder), or remove "
                                   "the links to evaluate without those samples")
     return sorted((f for f in named if f.is_file()), key=_natural_key)
+
+
+def _rows_files(root: Path) -> list[Path]:
+    """SpecForge's layout: the files of every ``rows_{a}-{b}/`` folder, folders in natural order."""
+    folders = sorted((d for d in root.iterdir() if d.is_dir() and d.name.startswith("rows_")), key=_natural_key)
+    return [f for d in folders for f in _dump_files(d)]
 
 
 def _link_target(link: Path) -> str:
@@ -185,15 +269,14 @@ def load_safetensors(file: Path) -> Sample:
 
 
 def load_pt(file: Path) -> Sample:
-    try:
-        raw = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle/zip errors have many types
-        raise CorruptFileError(f"The .pt dump cannot be read ({type(exc).__name__}: {exc})", path=file,
-                               fix="re-copy or regenerate the file; it is truncated or not a torch save") \
-            from exc
-    if not isinstance(raw, dict):
-        raise DataError("The .pt dump is not a dict", path=file, expected="dict", found=type(raw).__name__,
-                        fix="use speculators' legacy {input_ids, hidden_states, loss_mask} files")
+    """One speculators legacy .pt file (DumpSet.load tells the torch-saved formats apart)."""
+    raw = torchfile.load(file, fmts.LEGACY_FIX)
+    if fmts.classify(raw, file) != fmts.LEGACY_PT:
+        raise DataError("The .pt file is not a speculators legacy dump", path=file, fix=fmts.LEGACY_FIX)
+    return _legacy(raw, file)
+
+
+def _legacy(raw: dict[Any, Any], file: Path) -> Sample:
     for name in ("input_ids", "hidden_states"):
         if name not in raw:
             raise MissingTensorError(

@@ -23,7 +23,7 @@ from .batching import Batch, background, iter_batches, to_device
 from .chance import ChanceLevel
 from .checkpoint import load_checkpoint
 from .context import EvalContext
-from .data import DumpSet
+from .data import DumpSet, SlotInfo
 from .errors import (
     ConfigError,
     DataError,
@@ -125,8 +125,7 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                           tensor="final_slot", expected=f"0..{s - 1} or null", found=slots.final_slot,
                           fix="set final_slot to the index of the final-layer slot, or null")
     num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
-    final_slot, final_source = _final_slot(slots.final_slot, slots.final_slot_given, slots.layer_ids,
-                                           num_layers, s, arch.num_aux)
+    final_slot, final_source = _final_slot(slots, num_layers, s, arch.num_aux)
     head = None
     if verifier is not None:
         if final_slot is None:
@@ -144,11 +143,11 @@ def _log(line: str) -> None:
     print(f"drafter: {line}", flush=True)
 
 
-def _final_slot(given: int | None, was_given: bool, slot_ids: tuple[int, ...] | None,
-                num_layers: int | None, slots: int, num_aux: int) -> tuple[int | None, str | None]:
+def _final_slot(info: SlotInfo, num_layers: int | None, slots: int, num_aux: int) -> tuple[int | None, str | None]:
     """The dump slot holding the target's final pre-norm state (see docs/drafter.md)."""
-    if was_given:
-        return (int(given), "data_config") if given is not None else (None, "data_config")
+    given, slot_ids = info.final_slot, info.layer_ids
+    if info.final_slot_given:
+        return (int(given) if given is not None else None), info.final_source
     if slot_ids is not None and num_layers is not None and num_layers - 1 in slot_ids:
         return list(slot_ids).index(num_layers - 1), "num_hidden_layers"
     if slots > num_aux:

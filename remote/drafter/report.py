@@ -15,7 +15,7 @@ import torch
 
 from ..eagle import convention
 from ..fileio import atomic_write_bytes
-from . import layouts
+from . import dumpformats, layouts
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .layouts import Interpretation, Verdict
@@ -59,8 +59,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
                     "expected_acc": expected},
-        "slot_layers_from": ("capture-check (measured from the engine): " + str(opts.measured)
-                             if opts.measured is not None else ctx.dumps.slots.path),
+        "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
                        for i, rms in enumerate(res.norms)],
@@ -95,6 +94,17 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                 "layout_tolerance": opts.layout_tolerance, "min_skill": opts.min_skill},
         "warnings": list(ctx.info.warnings),
     }
+
+
+def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
+    """Where the slots' layer ids came from: a capture-check, data_config.json, or nowhere (said why
+    for the formats that never record them)."""
+    if opts.measured is not None:
+        return "capture-check (measured from the engine): " + str(opts.measured)
+    if ctx.dumps.slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
+        return ctx.dumps.slots.path
+    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers; pass a "
+            "data_config.json next to them (or one folder up) or run invoke capture-check")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:

@@ -1,0 +1,66 @@
+"""Reading one torch.save file of a dump (``.pt``, ``.ckpt``, ``.ckpt.gz``), safely, or one paragraph.
+
+Always ``weights_only=True``: a pickle that would build anything but tensors and plain containers
+(a class whose ``__reduce__`` runs a command) is refused before any of it runs.  A zip-format file
+is memory-mapped, so a sample costs the pages it touches; ``.ckpt.gz`` is decompressed as a stream
+into memory, never to a temp file (torch's zip reader needs random access, and seeking backwards
+in a gzip stream decompresses it again from the start: 8x slower on a 24 MB sample).
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CorruptFileError
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def is_gzip(file: Path) -> bool:
+    return file.name.endswith(".gz")
+
+
+def load(file: Path, regenerate: str) -> Any:
+    """The object ``file`` holds; ``regenerate`` says how to remake the file (the fix of a refusal)."""
+    try:
+        return _load(file)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise CorruptFileError(
+            f"The gzip stream is cut short or damaged ({type(exc).__name__}: {exc}), so no sample is read from it",
+            path=file, fix=f"re-copy the file whole, or {regenerate}") from exc
+    except OSError as exc:
+        raise CorruptFileError(f"The dump file cannot be read ({type(exc).__name__}: {exc})", path=file,
+                               fix=f"check the path and its permissions, or {regenerate}") from exc
+    except Exception as exc:  # pickle/zip errors have many types
+        raise _refusal(file, exc, regenerate) from exc
+
+
+def _load(file: Path) -> Any:
+    if is_gzip(file):
+        buffer = io.BytesIO()
+        with gzip.open(file, "rb") as stream:
+            shutil.copyfileobj(stream, buffer, 1 << 22)
+        buffer.seek(0)
+        return torch.load(buffer, map_location="cpu", weights_only=True)
+    with open(file, "rb") as fh:
+        zipped = fh.read(4) == ZIP_MAGIC
+    return torch.load(file, map_location="cpu", weights_only=True, mmap=zipped)
+
+
+def _refusal(file: Path, exc: Exception, regenerate: str) -> CorruptFileError:
+    text = str(exc)
+    if "Weights only load failed" in text or "Unsupported global" in text:
+        culprit = next((line.strip() for line in text.splitlines() if "GLOBAL" in line or "global" in line), "")
+        return CorruptFileError(
+            "The file is a pickle that would run code or build objects other than tensors when loaded, so "
+            "it is refused unread (torch.load weights_only=True)" + (f": {culprit[:160]}" if culprit else ""),
+            path=file, fix=f"do not load this file with weights_only=False; {regenerate} from a source you trust")
+    first = text.splitlines()[0][:200] if text else ""
+    return CorruptFileError(f"The file is not a readable torch save ({type(exc).__name__}: {first})", path=file,
+                            fix=f"re-copy the file (it is truncated or not a torch.save), or {regenerate}")

@@ -63,13 +63,14 @@ def processes_of_runs_under(folder: Path) -> list[int]:
 
 
 def stop_processes(pids: list[int], grace_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM, then SIGKILL whatever is still alive after ``grace_s``, and wait (5 s at most) until it
+    is gone: a KILL is delivered asynchronously, and on a loaded machine the process lingers a moment."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < deadline:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
             pids = [pid for pid in pids if _alive(pid)]
             if not pids:
                 return

@@ -173,8 +173,19 @@ def _fmt(x: float | None) -> str:
 
 
 def show(report: DrafterReport, console: Console) -> None:
-    """Print every table of the report, verdict last (it is what the user acts on)."""
+    """Print every table of the report, the verdict then its findings last (what the user acts on)."""
     console.print(slot_table(report))
     console.print(layout_table(report))
     console.print(metrics_table(report))
     console.print(verdict_panel(report))
+    if report.findings:
+        console.print(findings_panel(report))
+
+
+def findings_panel(report: DrafterReport) -> Panel:
+    """The named causes found in this draft, each with its fix ("bad" ones first)."""
+    ordered = sorted(report.findings, key=lambda f: f.severity != "bad")
+    lines = [f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
+             f"{escape(f.text)} fix: {escape(f.fix)}" for f in ordered]
+    colour = "red" if any(f.severity == "bad" for f in ordered) else "yellow"
+    return Panel("\n".join(lines), title="findings", border_style=colour)

@@ -8,6 +8,8 @@ tool writes as null are optional here too.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from draftops.documents import Document, Part
 
 REPORT_NAME = "report.json"
@@ -131,6 +133,16 @@ class RunPart(Part):
     torch: str | None = None
 
 
+class Finding(Part):
+    """``findings[]``: one named cause of low acceptance in this draft, with its evidence and fix."""
+
+    id: str
+    severity: str = "warn"          # "bad" (serving is pointless) or "warn"
+    text: str = ""
+    evidence: dict[str, Any] = {}
+    fix: str = ""
+
+
 class DrafterReport(Document):
     """The whole report; a part that is absent reads as its empty default."""
 
@@ -138,6 +150,7 @@ class DrafterReport(Document):
     TASK = "invoke test-drafter"
 
     verdict: VerdictPart = VerdictPart()
+    findings: list[Finding] = []    # added
     slot_norms: list[SlotNorm] = []
     layouts: list[Layout] = []
     metrics: MetricsPart = MetricsPart()

@@ -235,6 +235,7 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
     if verdict is None:
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
         return
+    _bad_findings(plan, verdict, found)
     current = draft.ids_by_engine.get(convention.VLLM)
     head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
     if verdict.stale(current):
@@ -264,6 +265,19 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
                         "Serving it would spend GPU time at a low accept length. Apply the fix with `invoke "
                         f"draft-config --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and test "
                         "again, or pass --force to serve it as it is.")
+
+
+def _bad_findings(plan: Plan, verdict: Verdict, found: Findings) -> None:
+    """A `bad` finding of the latest report (e.g. vocab-map-identity) is refused unless --force (the demo:
+    shown); it is about the weights, so a change of the config's ids since does not retire it."""
+    for fid, _, text, fix in verdict.bad:
+        said = f"test-drafter run {verdict.run_id} found {fid}: {clean(text)}"
+        if plan.request.draft == DEMO:
+            found.warnings.append(f"{said} Fix: {clean(fix)}")
+            continue
+        found.refuse_unless(plan.request.force, "--force", said,
+                            f"Serving it would spend GPU time on drafts the target rejects. Fix: {clean(fix)} Then "
+                            f"run `invoke test-drafter` again, or pass --force to serve it as it is.")
 
 
 def _measured(plan: Plan, draft: DraftFacts, measured: Measured | None, found: Findings) -> None:

@@ -19,6 +19,12 @@ class Verdict:
     diagnosis: str = ""  # what the engine feeds against what the draft was trained on (no figures)
     accept_served: float | None = None  # predicted accept length as configured
     accept_best: float | None = None  # ... with the layout the draft was trained on
+    findings: tuple[tuple[str, str, str, str], ...] = ()  # (id, severity, text, fix) of the report's findings
+
+    @property
+    def bad(self) -> list[tuple[str, str, str, str]]:
+        """The findings that make serving pointless."""
+        return [f for f in self.findings if f[1] == "bad"]
 
     @property
     def why(self) -> str:
@@ -67,7 +73,8 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
         accept = doc.predicted_accept_length
         return Verdict(run.name, verdict.status, verdict.message, doc.checkpoint.configured_layer_ids,
                        verdict.serving_convention, verdict.fix_layer_ids, verdict.diagnosis,
-                       accept.served if accept else None, accept.best if accept else None)
+                       accept.served if accept else None, accept.best if accept else None,
+                       tuple((f.id, f.severity, f.text, f.fix) for f in doc.findings))
     return None
 
 

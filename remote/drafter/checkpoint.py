@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..eagle import convention
-from . import config, rope
+from . import config, rope, vocabmap
 from .errors import (
     ConfigError,
     CorruptFileError,
@@ -43,12 +43,14 @@ class CheckpointInfo:
     arch: DraftArch
     warnings: list[str] = field(default_factory=list)
     ids_by_engine: dict[str, list[int] | None] = field(default_factory=dict)   # what each engine reads
+    vocab_map: vocabmap.MapFacts | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "path": self.path, "config_path": self.config_path,
                 "weight_files": self.weight_files, "configured_layer_ids": self.configured_layer_ids,
                 "layer_ids_key": self.layer_ids_key, "embed_source": self.embed_source,
-                "structure": self.arch.to_dict(), "warnings": self.warnings}
+                "structure": self.arch.to_dict(), "warnings": self.warnings,
+                "vocab_map": self.vocab_map.to_dict() if self.vocab_map else None}
 
 
 def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
@@ -82,7 +84,8 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
         warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
                         "(its residual is always the un-normed hidden), so SGLang serves a different model")
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
-                          cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine))
+                          cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine),
+                          vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d")))
     return Eagle3Draft(arch, weights, device, dtype), info
 
 
@@ -250,6 +253,12 @@ def _vocab_maps(arch: DraftArch, weights: dict[str, torch.Tensor], names: dict[s
     d2t = raw.to(torch.long)
     targets = d2t + torch.arange(d2t.shape[0])
     out = {"d2t": d2t}
+    if vocabmap.pattern(d2t, arch.vocab_size) is not None:
+        # an identity or arange map: loaded as the engine would use it, judged by the evaluation
+        # (finding vocab-map-identity) instead of failing on its range or on the t2d it disagrees with
+        if "t2d" in weights:
+            out["t2d"] = weights["t2d"].to(torch.bool)
+        return out
     if "t2d" in weights:
         t2d = weights["t2d"].to(torch.bool)
         if t2d.shape[0] != arch.vocab_size or not torch.equal(torch.nonzero(t2d).flatten(),

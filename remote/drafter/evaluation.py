@@ -18,7 +18,7 @@ import torch
 
 from .. import events
 from ..eagle import convention
-from . import layouts, report, stats
+from . import layouts, report, stats, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .chance import ChanceLevel
 from .checkpoint import load_checkpoint
@@ -69,7 +69,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
-    full, tokens, chance = _metrics(ctx, count, roles, opts)
+    full, tokens, chance, coverage = _metrics(ctx, count, roles, opts)
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
@@ -78,7 +78,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     doc = report.build(opts, ctx, report.Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
-        seconds=time.time() - started, skipped=dict(ctx.skipped)))
+        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
@@ -165,8 +165,9 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
                                  fix="pass --verifier the target model the draft was trained for")
     verifier.check_head_width(arch.hidden_size)
     targets = draft.draft_to_target(torch.arange(arch.draft_vocab_size, device=draft.device)).cpu()
-    order = torch.argsort(targets)
-    rows = torch.empty(arch.draft_vocab_size, arch.hidden_size)
+    inside = (targets >= 0) & (targets < arch.vocab_size)  # a broken (arange) map sends some past the vocab
+    order = torch.argsort(torch.where(inside, targets, arch.vocab_size))[: int(inside.sum())]
+    rows = torch.zeros(arch.draft_vocab_size, arch.hidden_size)  # a draft id the target lacks: logit 0
     rows[order] = verifier.lm_head_rows(targets[order]).to(torch.float32)
     return VerifierHead(verifier.final_norm().to(device, dtype), rows.to(device, dtype), arch.rms_norm_eps)
 
@@ -220,16 +221,19 @@ def _roles(scan: dict[tuple[int, ...], LayoutScore], basis: str, served: Interpr
 
 
 def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions
-             ) -> tuple[dict[str, LayoutScore], int, ChanceLevel]:
+             ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
     scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
     draft = ctx.draft
     emit_ids = draft.draft_to_target(torch.arange(draft.arch.draft_vocab_size, device=draft.device)).cpu()
+    emit = torch.zeros(draft.arch.vocab_size, dtype=torch.bool)
+    emit[emit_ids[(emit_ids >= 0) & (emit_ids < draft.arch.vocab_size)]] = True
     if ctx.head is not None:  # verifier targets are draft-vocab ids, all of them emittable
         chance = ChanceLevel(draft.arch.draft_vocab_size, torch.ones(draft.arch.draft_vocab_size, dtype=torch.bool))
     else:
-        emit = torch.zeros(draft.arch.vocab_size, dtype=torch.bool)
-        emit[emit_ids] = True
         chance = ChanceLevel(draft.arch.vocab_size, emit)
+    t2d = draft.w.get("t2d")
+    stored = t2d.to(draft.device) if t2d is not None and t2d.shape[0] == emit.shape[0] else None
+    coverage = vocabmap.Coverage(emit.to(draft.device), stored)
     tokens = done = 0
     with torch.inference_mode():
         for batch in _batches(ctx, count, opts.max_len):
@@ -238,12 +242,13 @@ def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], op
                 chance.update(batch.input_ids, vt, batch.scored)
             else:
                 chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
+            coverage.update(batch.next_ids, batch.scored)
             for score in scores.values():
                 score_batch(ctx.draft, batch, score, opts.steps, vt)
             tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
             done += batch.lengths.shape[0]
             events.progress(done, count, "metrics samples")
-    return scores, tokens, chance
+    return scores, tokens, chance, coverage.to_dict()
 
 
 def _evidence(ctx: EvalContext, opts: EvalOptions, full: dict[str, LayoutScore], chance: ChanceLevel,

@@ -15,7 +15,7 @@ import torch
 
 from ..eagle import convention
 from ..fileio import atomic_write_bytes
-from . import dumpformats, layouts
+from . import dumpformats, layouts, vocabmap
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .layouts import Interpretation, Verdict
@@ -42,6 +42,7 @@ class Results:
     dtype: str
     seconds: float
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+    coverage: dict[str, Any] | None = None  # vocabmap.Coverage.to_dict() of the metrics pass
 
 
 def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
@@ -59,6 +60,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
                     "expected_acc": expected},
+        "findings": vocabmap.findings(ctx.info.vocab_map, res.coverage),
         "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
@@ -87,6 +89,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "num_hidden_layers": ctx.num_layers, "final_slot": ctx.final_slot,
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
+            "vocab_coverage": res.coverage,
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,

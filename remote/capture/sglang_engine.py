@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .errors import EngineError
-from .instance import Instance
+from .instance import Instance, without_owned
 
 #: flags the capture instance sets itself; a profile's extra_args holding them are left out
 OWNED = ("--model-path", "--model", "--host", "--port", "--tp-size", "--tensor-parallel-size",
@@ -34,26 +34,12 @@ class Setup:
     extra_args: tuple[str, ...]
 
 
-def _without_owned(args: tuple[str, ...]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg.split("=", 1)[0] in OWNED:
-            skip = "=" not in arg and not arg.startswith("--enable")
-            continue
-        out.append(arg)
-    return out
-
-
 def command(setup: Setup) -> list[str]:
     argv = [setup.python, "-m", "sglang.launch_server", "--model-path", setup.target, "--host", "127.0.0.1",
             "--port", str(setup.port), "--tp-size", str(setup.tp), "--enable-return-hidden-states"]
     if setup.context_length is not None:
         argv += ["--context-length", str(setup.context_length)]
-    return argv + _without_owned(setup.extra_args)
+    return argv + without_owned(setup.extra_args, OWNED)
 
 
 def fetch_final(instance: Instance, token_ids: list[int], hidden: int, timeout: float) -> torch.Tensor:

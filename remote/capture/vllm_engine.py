@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import EngineError, StorageError
-from .instance import Instance
+from .instance import Instance, without_owned
 
 #: the connector this package ships for CPU engines (the stock one needs CUDA; see cpu_connector.py)
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "remote.capture.cpu_connector")
@@ -41,21 +41,6 @@ class Setup:
     cuda: bool
 
 
-def _without_owned(args: tuple[str, ...]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in OWNED:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
 def command(setup: Setup) -> list[str]:
     """argv of the hidden-state instance: the target as the profile serves it, plus extraction."""
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
@@ -70,7 +55,7 @@ def command(setup: Setup) -> list[str]:
             "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(connector)]
     if setup.max_model_len is not None:
         argv += ["--max-model-len", str(setup.max_model_len)]
-    return argv + _without_owned(setup.extra_args)
+    return argv + without_owned(setup.extra_args, OWNED)
 
 
 def environment(base: dict[str, str], code_root: Path) -> dict[str, str]:

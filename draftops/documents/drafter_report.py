@@ -54,6 +54,7 @@ class VerdictPart(Part):
     served_slots: list[int] | None = None
     expected_acc: ExpectedAcc | None = None
     comparison: Comparison | None = None
+    findings: list[str] = []        # added: the ids of the report's findings, bad ones first
 
 
 class SlotNorm(Part):

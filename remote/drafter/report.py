@@ -15,7 +15,7 @@ import torch
 
 from ..eagle import convention
 from ..fileio import atomic_write_bytes
-from . import dumpformats, layouts, vocabmap
+from . import causes, dumpformats, layouts
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .layouts import Interpretation, Verdict
@@ -43,6 +43,7 @@ class Results:
     seconds: float
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
     coverage: dict[str, Any] | None = None  # vocabmap.Coverage.to_dict() of the metrics pass
+    extra: dict[str, Any] = field(default_factory=dict)  # measurements for the cause checks (causes/facts.py)
 
 
 def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     ids_of = (lambda slots: [slot_ids[s] for s in slots]) if slot_ids is not None else (lambda slots: None)
     expected = _expected(opts, res)
     note = _expected_note(expected) if expected and expected["flagged"] else ""
+    findings = causes.collect(causes.Facts(opts, ctx, res, res.extra))
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
@@ -59,8 +61,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "diagnosis": res.verdict.diagnosis + note,
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
-                    "expected_acc": expected},
-        "findings": vocabmap.findings(ctx.info.vocab_map, res.coverage),
+                    "expected_acc": expected, "findings": [f["id"] for f in findings]},
+        "findings": findings,
         "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}

@@ -1,0 +1,37 @@
+"""The report's named findings: one module per family of known causes of low acceptance
+(../shared/reference/failure-modes.md), each a ``check(facts) -> list[finding]``, collected here in a
+fixed order so that a report lists them the same way every run.
+
+A finding is a dict ``{"id", "severity", "text", "evidence", "fix"}`` (docs/drafter.md § Findings):
+``id`` is stable (tests, serve's refusals and nightly comparisons key on it), ``severity`` is
+``bad`` (serving is pointless: ``invoke serve`` refuses unless forced) or ``warn``, ``text`` says
+what is wrong in this draft in one sentence, ``evidence`` holds the numbers, ``fix`` a command or
+what to change in training.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .facts import Facts
+from .vocab import check as vocab_check
+
+Finding = dict[str, Any]
+Check = Callable[[Facts], list[Finding]]
+
+#: every cause family, in report order; a new family adds its module's ``check`` here
+CHECKS: tuple[Check, ...] = (
+    vocab_check,
+)
+SEVERITIES = ("bad", "warn")
+
+
+def collect(facts: Facts) -> list[Finding]:
+    """Every check's findings, bad ones first (stable within a severity)."""
+    found = [f for check in CHECKS for f in check(facts)]
+    for f in found:
+        assert f["severity"] in SEVERITIES and f["id"] and f["text"] and f["fix"], f
+    return sorted(found, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+__all__ = ["CHECKS", "Facts", "Finding", "collect"]

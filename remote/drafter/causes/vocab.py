@@ -1,0 +1,11 @@
+"""Vocabulary-map causes (failure-modes.md #6), judged by remote/drafter/vocabmap.py."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import vocabmap
+from .facts import Facts
+
+
+def check(facts: Facts) -> list[dict[str, Any]]:
+    return vocabmap.findings(facts.ctx.info.vocab_map, facts.res.coverage)

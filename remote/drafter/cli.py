@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ev.add_argument("--engine", choices=("sglang", "vllm"),
                     help="the engine the host serves with: the verdict's advice is for it (default: both)")
+    ev.add_argument("--engine-version",
+                    help="that engine's version (e.g. 0.5.13): the findings apply its rules (default: the "
+                         "newest version read, said in each finding)")
+    ev.add_argument("--serve-algorithm",
+                    help="the speculative algorithm the host's serve profile launches with, when it sets one "
+                         "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
@@ -81,7 +87,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
                        acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
-                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured)
+                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
+                       engine_version=args.engine_version, serve_algorithm=args.serve_algorithm)
 
 
 def summary(report: dict[str, Any]) -> list[str]:

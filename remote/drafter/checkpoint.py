@@ -83,9 +83,6 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
     check_shapes(arch, weights, origins, str(path))
     _check_rope(arch, cfg)
     warnings += _unread_ids(cfg)
-    if arch.norm_before_residual:
-        warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
-                        "(its residual is always the un-normed hidden), so SGLang serves a different model")
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
                           cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine),
                           vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d")),

@@ -13,8 +13,8 @@ from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult, run_tool
+from draftops.serve.host_engine import host_engine
 from draftops.serve.request import demo_dir
-from draftops.serve.verdicts import serving_engine
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,9 +41,9 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     host = connect(c, host)
     ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(host.spec)
-    if engine:
-        args += ["--engine", engine]
+    served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets
+    engine = served.engine
+    args += served.eval_args()
     ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc)):
@@ -53,7 +53,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
-             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured}
+             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured,
+             "engine": engine, "engine_version": served.version, "serve_algorithm": served.algorithm}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).

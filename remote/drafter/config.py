@@ -60,10 +60,11 @@ class DraftConfig:
         return formats.layer_prefix(self.format) + key
 
 
-def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
-    """Read and validate ``config_file``, else ``path/config.json``."""
+def read(path: Path, config_file: str | Path | None = None, layout: str | None = None) -> DraftConfig:
+    """Read and validate ``config_file``, else ``path/config.json``; ``layout`` as
+    ``draftformat.detect`` found it from config and weights (None: from the config alone)."""
     raw, cfg_path = read_json(path, config_file)
-    return parse(raw, cfg_path)
+    return parse(raw, cfg_path, layout)
 
 
 def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
@@ -105,9 +106,10 @@ def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
     return fmt
 
 
-def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
-    """Validate every field the drafter reads; the first bad one raises ConfigError."""
-    fmt = detect_format(cfg, cfg_path)
+def parse(cfg: dict[str, Any], cfg_path: Path, layout: str | None = None) -> DraftConfig:
+    """Validate every field the drafter reads; the first bad one raises ConfigError. Every layout
+    but speculators keeps the decoder fields at the top level (``draftformat``)."""
+    fmt = layout or detect_format(cfg, cfg_path)
     top = Fields(cfg, cfg_path, "")
     if fmt == SPECULATORS:
         tlc = top.mapping(LAYER_CONFIG)

@@ -176,9 +176,14 @@ def _modelopt_module(mo: Any, constant_input_norm: bool) -> tuple[Any, Any]:
     return module, cfg
 
 
-def _modelopt_export(mo: Any, module: Any, cfg: Any, folder: Path) -> Path:
+#: ModelOpt's default eagle_export_rope_scaling (modelopt/torch/speculative/config.py)
+MODELOPT_EXPORT_ROPE = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048}
+
+
+def _modelopt_export(mo: Any, module: Any, cfg: Any, folder: Path, export_rope: dict | None = None) -> Path:
     holder = torch.nn.Module()   # what EagleExporter reads of HFEagleModel: eagle_module, eagle_config, config
     holder.eagle_module, holder.eagle_config, holder.config = module, cfg, cfg
+    holder.eagle_export_rope_scaling = export_rope   # HFEagleModel's field ({} / None: no injection)
     mo.EagleExporter(holder).export(folder)
     return folder
 
@@ -203,13 +208,17 @@ def _modelopt_logits(mo: Any, module: Any, cfg: Any, aux: torch.Tensor, embeds: 
     return out
 
 
-def _compare_modelopt(mo: Any, tmp: Path, constant_input_norm: bool) -> tuple[float, list[str]]:
+def _compare_modelopt(mo: Any, tmp: Path, constant_input_norm: bool, export_rope: dict | None = None,
+                      config: Path | None = None) -> tuple[float, list[str]]:
     module, cfg = _modelopt_module(mo, constant_input_norm)
-    folder = _modelopt_export(mo, module, cfg, tmp / "export")
+    folder = _modelopt_export(mo, module, cfg, tmp / "export", export_rope)
+    if config is not None:   # the exported config with rope_scaling back to the trained default
+        exported = json.loads((folder / "config.json").read_text())
+        config.write_text(json.dumps({**exported, "rope_scaling": None}))
     embed = torch.randn(VOCAB, H, generator=torch.Generator().manual_seed(2))
     aux, ids = _inputs(torch.Generator().manual_seed(3), 3 * H)
     ref = _modelopt_logits(mo, module, cfg, aux, embed[ids], STEPS)
-    ours, info = load_checkpoint(folder, verifier=Verifier(_target(tmp / "target", embed)))
+    ours, info = load_checkpoint(folder, config, verifier=Verifier(_target(tmp / "target", embed)))
     assert info.format == "modelopt" and info.configured_layer_ids == [1, 2, 3]
     assert info.embed_source == "verifier" and "t2d" not in load_file(str(folder / "model.safetensors"))
     with torch.inference_mode():
@@ -235,3 +244,14 @@ def test_modelopt_trains_a_different_first_layer_than_the_engines_serve(modelopt
     worst, warnings = _compare_modelopt(modelopt, tmp_path, constant_input_norm=False)
     assert worst > 1e-3
     assert any("hidden_norm(input_layernorm(h))" in w and "spans [" in w for w in warnings)
+
+
+def test_modelopts_injected_export_rope_is_the_served_one_and_named(modelopt: Any, tmp_path: Path) -> None:
+    """ModelOpt's export writes yarn (factor 32) over a draft trained with the default rope: the
+    engines serve yarn, so the report does, and says which other reading the file has; with
+    rope_scaling reset (--config) the logits are ModelOpt's training forward again."""
+    served, warnings = _compare_modelopt(modelopt, tmp_path / "served", True, MODELOPT_EXPORT_ROPE)
+    assert served > 1e-3 and any("eagle_export_rope_scaling" in w for w in warnings)
+    trained, _ = _compare_modelopt(modelopt, tmp_path / "trained", True, MODELOPT_EXPORT_ROPE,
+                                   config=tmp_path / "trained_config.json")
+    assert trained <= BOUND

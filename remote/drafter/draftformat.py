@@ -103,6 +103,14 @@ def notes(layout: str, raw: dict[str, Any], names: list[str]) -> list[str]:
     if layout != SPECULATORS and any(re.match(r"^(model\.)?layers\.0\.", n) for n in names):
         out.append("layer 0 is named layers.0.* (not midlayer.*): SGLang up to 0.5.11 loads only "
                    "midlayer.* and silently skips these weights; serve with SGLang >= 0.5.12 or vLLM")
+    rope = raw.get("rope_scaling")
+    if layout == MODELOPT and isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn":
+        out.append(f"rope_scaling {rope} has two readings: ModelOpt's export writes its "
+                   "eagle_export_rope_scaling (default yarn, factor 32) over a draft trained with the "
+                   "default rope, or the draft was trained with this yarn rope (export override off). "
+                   "The engines serve this rope and the report scores it; if ModelOpt injected it, the "
+                   "served draft differs from the trained one at every position (pass --config with "
+                   "rope_scaling null to score the trained draft)")
     if layout == EAGLE:
         archs = raw.get("architectures")
         out.append(f"the config (architectures {archs}) does not say EAGLE-3; the weights do (midlayer.*, "

@@ -1,8 +1,10 @@
-"""Load an EAGLE-3 draft checkpoint in either config format, inferring structure from the weights.
+"""Load an EAGLE-3 draft checkpoint in any trainer's layout, inferring structure from the weights.
 
-Formats (``remote.eagle.formats``): *speculators* (nested ``transformer_layer_config``, layers named
-``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config, layer 0
-named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both.
+Config formats (``remote.eagle.formats``): *speculators* (nested ``transformer_layer_config``, layers
+named ``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config, layer 0
+named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both. The layout
+(``draftformat``: also ``modelopt`` and the EAGLE repository's ``eagle``) comes from config + weight
+names and is the report's ``checkpoint.format``.
 The config is trusted only for what the weights cannot show (heads, eps, rope, the norm flags);
 widths, the number of aux slots, head_dim, norms present and vocab sizes come from the tensors.
 """

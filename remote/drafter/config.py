@@ -60,11 +60,10 @@ class DraftConfig:
         return formats.layer_prefix(self.format) + key
 
 
-def read(path: Path, config_file: str | Path | None = None, layout: str | None = None) -> DraftConfig:
-    """Read and validate ``config_file``, else ``path/config.json``; ``layout`` as
-    ``draftformat.detect`` found it from config and weights (None: from the config alone)."""
+def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
+    """Read and validate ``config_file``, else ``path/config.json``."""
     raw, cfg_path = read_json(path, config_file)
-    return parse(raw, cfg_path, layout)
+    return parse(raw, cfg_path)
 
 
 def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
@@ -107,8 +106,9 @@ def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
 
 
 def parse(cfg: dict[str, Any], cfg_path: Path, layout: str | None = None) -> DraftConfig:
-    """Validate every field the drafter reads; the first bad one raises ConfigError. Every layout
-    but speculators keeps the decoder fields at the top level (``draftformat``)."""
+    """Validate every field the drafter reads; the first bad one raises ConfigError. ``layout``: the
+    one ``draftformat.detect`` found from config and weights (None: from the config alone); every
+    layout but speculators keeps the decoder fields at the top level."""
     fmt = layout or detect_format(cfg, cfg_path)
     top = Fields(cfg, cfg_path, "")
     if fmt == SPECULATORS:

@@ -13,6 +13,7 @@ from draftops.serve.request import DEMO, Plan
 from draftops.serve.verdicts import Measured, Verdict
 from draftops.terminal import clean
 from remote.eagle import convention
+from remote.eagle.engine_rules import LAYER_FINDINGS
 
 if TYPE_CHECKING:
     from draftops.documents.serve_inspect import CaptureFacts, DraftFacts, Reading, ServeInspect, TargetFacts
@@ -247,8 +248,8 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
     if verdict is None:
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
         return
-    _bad_findings(plan, verdict, found)
     current = draft.ids_by_engine.get(convention.VLLM)
+    _bad_findings(plan, verdict, found, stale=verdict.stale(current))
     head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
     if verdict.stale(current):
         found.notes.append(f"{head}, for ids {verdict.configured_ids}; the config now holds {current}, "
@@ -279,10 +280,13 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
                         "again, or pass --force to serve it as it is.")
 
 
-def _bad_findings(plan: Plan, verdict: Verdict, found: Findings) -> None:
+def _bad_findings(plan: Plan, verdict: Verdict, found: Findings, stale: bool = False) -> None:
     """A `bad` finding of the latest report (e.g. vocab-map-identity) is refused unless --force (the demo:
-    shown); it is about the weights, so a change of the config's ids since does not retire it."""
+    shown). One about the weights stays after the config's ids change; one about the ids does not, and
+    while the verdict is MISMATCH the verdict's own refusal says it."""
     for fid, _, text, fix in verdict.bad:
+        if fid in LAYER_FINDINGS and (stale or verdict.status == "MISMATCH"):
+            continue
         said = f"test-drafter run {verdict.run_id} found {fid}: {clean(text)}"
         if plan.request.draft == DEMO:
             found.warnings.append(f"{said} Fix: {clean(fix)}")

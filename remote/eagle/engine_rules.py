@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 from .convention import ENGINE_NAME, SGLANG, VLLM, default_boundaries
 
+#: the drafter's findings about the config's aux layer ids (remote/drafter/causes/layer_ids.py): a
+#: MISMATCH verdict tells their story, and new ids retire them until the draft is evaluated again
+LAYER_FINDINGS = ("layer-convention-shift", "layer-ids-wrong", "ids-missing-engine-default",
+                  "final-boundary-uncapturable")
 #: the newest version whose sources were read: what a finding assumes without --engine-version
 ASSUMED = {SGLANG: "0.5.23", VLLM: "0.32.0"}
 

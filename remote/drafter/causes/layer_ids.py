@@ -119,14 +119,14 @@ class _Case:
                 and tuple(verdict.served_slots) == slots)
 
     def _scores(self) -> str:
+        """Step-0 accuracies only: the accept lengths are the verdict's figures (said once, in its panel)."""
         fed_acc, fed_len = self._score(self.fed)
-        trained_acc, trained_len = self._score(self.trained)
-        fed = ("not in the dump, so not scored" if fed_acc is None
-               else f"step-0 accuracy {fed_acc:.3f}" + (f", predicted accept length {fed_len:.2f}"
-                                                        if fed_len is not None else " (layout scan)"))
-        trained = "n/a" if trained_acc is None else f"{trained_acc:.3f}" + (
-            f", predicted accept length {trained_len:.2f}" if trained_len is not None else "")
-        return (f"As fed, the draft scores {fed}; on the layers it was trained on, step-0 accuracy {trained} "
+        trained_acc, _ = self._score(self.trained)
+        fed = ("the layers fed are not in the dump, so they cannot be scored" if fed_acc is None
+               else f"as fed, the draft scores step-0 accuracy {fed_acc:.3f}"
+               + ("" if fed_len is not None else " (layout scan)"))
+        trained = "n/a" if trained_acc is None else f"{trained_acc:.3f}"
+        return (f"{fed[0].upper()}{fed[1:]}; on the layers it was trained on, {trained} "
                 f"({self.facts.res.basis} targets).")
 
     # -- fixes ----------------------------------------------------------------------------------

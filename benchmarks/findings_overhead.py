@@ -6,7 +6,8 @@ eval`` on the demo's draft, dumps and target (with the demo's expected accuracy)
 imports included.  The base commit (default 5b04e3f, before the findings work) is checked out with
 ``git worktree add --detach`` into a temporary folder (removed at the end); both trees evaluate the
 same demo, built by the working tree.  The two run in turn (base, tree, base, tree, ...) after one
-warm-up each, so drift of a shared machine hits both; printed: each one's median wall seconds
+warm-up each, so drift of a shared machine hits both; printed, for wall seconds and for the
+child's cpu seconds (user + system: steadier when the machine is shared): each one's median
 (min..max), the ratio of the medians and the median of the paired ratios.
 
     python benchmarks/findings_overhead.py [--base 5b04e3f] [--repeats 7] [--device cpu]
@@ -21,6 +22,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,15 +48,21 @@ def eval_command(paths: DemoPaths, out: Path, device: str) -> list[str]:
     return cmd + (["--expected-acc", str(expected)] if expected is not None else [])
 
 
-def timed(tree: Path, cmd: list[str]) -> float:
-    """Wall seconds of one evaluation run from ``tree`` (its code on PYTHONPATH); a failure stops the run."""
+def _child_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(tree: Path, cmd: list[str]) -> tuple[float, float]:
+    """(wall, cpu) seconds of one evaluation run from ``tree`` (its code on PYTHONPATH); cpu (user +
+    system of the finished child) is the steadier figure on a shared machine. A failure stops the run."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    start = time.perf_counter()
+    cpu, start = _child_cpu(), time.perf_counter()
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _child_cpu() - cpu
     if done.returncode != 0:
         sys.exit(f"eval failed in {tree} (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def base_tree(commit: str, parent: Path) -> Path:
@@ -84,19 +92,21 @@ def main() -> None:
             cmds = {name: eval_command(paths, tmp / "out" / name, args.device) for name in trees}
             for name, tree in trees.items():  # warm-up: page cache, bytecode
                 timed(tree, cmds[name])
-            times: dict[str, list[float]] = {"base": [], "tree": []}
+            runs: dict[str, list[tuple[float, float]]] = {"base": [], "tree": []}
             for _ in range(args.repeats):
                 for name, tree in trees.items():
-                    times[name].append(timed(tree, cmds[name]))
+                    runs[name].append(timed(tree, cmds[name]))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
-    ratio = statistics.median(times["tree"]) / statistics.median(times["base"])
-    paired = statistics.median(t / b for t, b in zip(times["tree"], times["base"], strict=True))
-    print(f"test-drafter eval on the demo ({args.device}), base {args.base} vs the working tree")
-    print(f"  base {args.base}: {figure(times['base'])}")
-    print(f"  working tree:   {figure(times['tree'])}")
-    print(f"  ratio of medians {ratio:.3f}, median paired ratio {paired:.3f} "
-          f"({'within' if paired <= GOAL else 'OVER'} the issue's {GOAL:.2f})")
+    print(f"test-drafter eval on the demo ({args.device}), base {args.base} vs the working tree; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    for index, kind in enumerate(("wall", "cpu")):
+        base_s, tree_s = ([r[index] for r in runs[n]] for n in ("base", "tree"))
+        ratio = statistics.median(tree_s) / statistics.median(base_s)
+        paired = statistics.median(t / b for t, b in zip(tree_s, base_s, strict=True))
+        print(f"  {kind}: base {figure(base_s)}; tree {figure(tree_s)}")
+        print(f"  {kind}: ratio of medians {ratio:.3f}, median paired ratio {paired:.3f} "
+              f"({'within' if paired <= GOAL else 'OVER'} the issue's {GOAL:.2f})")
 
 
 if __name__ == "__main__":

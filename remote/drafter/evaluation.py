@@ -36,6 +36,7 @@ from .layouts import Evidence, Interpretation, Measured
 from .measured import slots_from_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
+from .results import Results
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
 from .verifier import Verifier
 
@@ -79,7 +80,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
                              opts.engine)
     if opts.measured is not None:
         verdict = _measured_from_engine(verdict, opts.measured)
-    doc = report.build(opts, ctx, report.Results(
+    doc = report.build(opts, ctx, Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,

@@ -5,23 +5,17 @@ has 5 layers; its dump holds boundaries [0, 2, 3, 4, 5] (SGLang ids [-1, 1, 2, 3
 layer's output); the healthy draft was trained on [0, 2, 3] (SGLang ids [-1, 1, 2])."""
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
-from remote.drafter import train
-from remote.drafter.demo import save_draft
 from remote.drafter.layers import Weights
 from remote.eagle import engine_rules
 from tests import drafter_lab as L
+from tests.cause_cases.engine import save_residual_normed
 
 
 def ids(report: dict[str, Any]) -> list[str]:
@@ -174,39 +168,8 @@ def test_an_eagle3_draft_run_as_eagle_accepts_nothing(tmp_path, healthy, how):
     assert ("extra_args" in f["fix"]) == (how == "launch")
 
 
-@functools.lru_cache(maxsize=1)
-def residual_normed() -> Weights:
-    """A lab draft trained with norm_before_residual=true (on the healthy slots), cached on disk as the
-    lab's drafts are."""
-    cached = L.CACHE / f"norm-before-residual-{L.cache_key('norm_before_residual', L.WELL_TRAINED)}.safetensors"
-    if cached.is_file():
-        return load_file(str(cached))
-    the_lab = L.lab()
-    spec = the_lab.spec
-    keep, to_draft = L.draft_vocab(the_lab)
-    arch = dataclasses.replace(L.draft_arch(spec), norm_before_residual=True)
-    gen = torch.Generator().manual_seed(5)
-    target = L.target_weights(spec)
-    w = train.init_draft(arch, target["model.embed_tokens.weight"], target["lm_head.weight"][keep],
-                         keep - torch.arange(spec.draft_vocab), gen)
-    aux = the_lab.slots()[:, :-1, [0, 1, 2]].flatten(2)
-    train.fit(arch, w, aux, the_lab.ids[:, 1:], to_draft[the_lab.logits[:, 1:].argmax(-1)], 3, L.WELL_TRAINED,
-              32, 5e-3, gen)
-    w["t2d"] = to_draft >= 0
-    w = {k: v.detach().contiguous() for k, v in w.items()}
-    L.CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    save_file(w, str(tmp))
-    os.replace(tmp, cached)
-    return w
-
-
 def test_a_key_sglang_ignores_is_measured_as_the_engine_runs_the_draft(tmp_path):
-    arch = dataclasses.replace(L.draft_arch(L.lab().spec), norm_before_residual=True)
-    ckpt = tmp_path / "nbr"
-    save_draft(ckpt, residual_normed(), arch, [-1, 1, 2], "flat")   # both engines read a flat config's ids
-    cfg = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps({**cfg, "norm_before_residual": True}))
+    ckpt = save_residual_normed(tmp_path / "nbr", "flat")   # both engines read a flat config's ids
     sglang = L.run(tmp_path / "nbr-sglang", ckpt, engine="sglang", engine_version="0.5.20")
     assert ids(sglang) == ["config-key-ignored"]
     f = sglang["findings"][0]
@@ -218,7 +181,7 @@ def test_a_key_sglang_ignores_is_measured_as_the_engine_runs_the_draft(tmp_path)
     assert f["severity"] == ("bad" if -ev["step0_change"] >= 0.02 else "warn")
     assert "vLLM" in f["fix"] and "retrain" in f["fix"]
     # vLLM reads the key; it takes a flat config's ids as boundaries, so it gets vLLM's own format
-    save_draft(tmp_path / "nbr-spec", residual_normed(), arch, [-1, 1, 2], "speculators")
+    save_residual_normed(tmp_path / "nbr-spec", "speculators")
     vllm = L.run(tmp_path / "nbr-vllm", tmp_path / "nbr-spec", engine="vllm")
     assert ids(vllm) == [] and vllm["verdict"]["status"] == "MATCH"
 

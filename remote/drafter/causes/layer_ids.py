@@ -135,6 +135,12 @@ class _Case:
         if max(self.trained) > self.last:
             return self._final_fix()
         ids = ",".join(str(b - 1) for b in self.trained)
+        fmt = self.facts.ctx.info.format
+        if self.engine == convention.SGLANG and convention.serving_convention(fmt) != convention.SGLANG:
+            # draft-config writes a speculators config's own (vLLM) field, which SGLang never reads
+            field = convention.READS[self.engine][0]
+            return (f"Serve SGLang a flat-format copy of {ckpt}: SGLang reads only `{field}`, "
+                    f"so put [{ids.replace(',', ', ')}] there (SGLang ids), or serve this {fmt} config with vLLM")
         fix = f"invoke draft-config --ckpt {ckpt} --layer-ids {ids}"
         sglang = self.engine == convention.SGLANG
         native = engine_rules.captures_embedding(self.engine, self.version, self.model_type)

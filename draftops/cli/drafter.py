@@ -53,8 +53,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
-             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured,
-             "engine": engine, "engine_version": served.version, "serve_algorithm": served.algorithm}
+             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).

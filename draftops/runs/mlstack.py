@@ -43,5 +43,5 @@ def require(host: Host, module: str, python: str | None = None) -> None:
         install = f"{shlex.quote(sys.executable)} -m {INSTALL}"
         raise ExtraMissing(
             f"Host {host.name!r} runs `{module}` with this interpreter ({sys.executable}), which has no "
-            f"{', '.join(missing)}: install the `local` extra (`{install}` in the project, or scripts/setup.sh), "
+            f"{' and '.join(missing)}: install the `local` extra (`{install}` in the project, or scripts/setup.sh), "
             "or pass --host NAME for a host with its own ml-env.")

@@ -92,6 +92,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
+            "chat_format": res.extra.get("chat-template"),
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,

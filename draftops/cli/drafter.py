@@ -15,7 +15,6 @@ from draftops.runs import jobs
 from draftops.runs.tools import ToolResult, run_tool
 from draftops.serve.request import demo_dir
 from draftops.serve.verdicts import serving_engine
-from remote.eagle import acceptlength
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,6 +43,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
+    from remote.eagle import acceptlength  # not at import: `invoke --list` loads no remote/ module
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
                    f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)

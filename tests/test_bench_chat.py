@@ -88,3 +88,17 @@ def test_every_accept_length_of_a_comparison_says_what_it_counts(chat_trained: H
 def test_specforge_figures_gain_the_bonus_token_and_the_others_are_kept() -> None:
     assert acceptlength.normalize(1.94, "specforge") == pytest.approx(2.94)
     assert [acceptlength.normalize(2.5, s) for s in ("vllm", "speculators", "sglang")] == [2.5, 2.5, 2.5]
+
+
+def test_an_unflushed_sglang_server_info_figure_is_not_taken_for_the_run(tmp_path: Path) -> None:
+    """Without a /flush_cache before the repeat, avg_spec_accept_length counts every request since the
+    server started: it is left out (and said so), not compared; after a flush it is the run's."""
+    from draftops.bench import runner
+    info = {"internal_states": [{"avg_spec_accept_length": 2.9}]}
+    (tmp_path / "server-info-rep1.json").write_text(__import__("json").dumps(info))
+    problems: list[str] = []
+    got = runner._server_accept("sglang", tmp_path, {"argv": ["python", "-m", "sglang.bench_serving"]}, problems,
+                                "rep1")
+    assert got[0] is None and problems and "cumulative since the server started" in problems[0]
+    flushed = runner._server_accept("sglang", tmp_path, {"argv": ["x", "--flush-cache"]}, [], "rep1")
+    assert flushed[:2] == (2.9, "server info")

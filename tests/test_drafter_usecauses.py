@@ -2,16 +2,22 @@
 chat template, its dumps raw or chat-formatted, drafts trained well or barely; and the demo."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 
+from draftops.documents import load
+from draftops.documents.drafter_report import DrafterReport
+from draftops.report import show
 from remote.drafter import chattemplate
 from remote.drafter.causes import training
-from remote.drafter.errors import ConfigError
+from remote.drafter.errors import ConfigError, OptionError
+from remote.eagle import acceptlength
 from tests import usage_causes
 from tests.drafter_lab import run
 from tests.drafter_support import run_eval
@@ -106,6 +112,21 @@ def test_the_training_data_size_comes_from_the_trainers_record(world, tmp_path):
 
 
 def test_the_demo_has_a_template_without_role_markers_and_no_usage_finding(tmp_path):
-    report = run_eval(tmp_path, limit=32)
+    report = run_eval(tmp_path, limit=32, expected_accept_length=2.4, expected_from="specforge")
     assert report["data"]["chat_format"]["status"] == "no-role-markers"
     assert "chat-template" not in ids(report) and "undertrained" not in ids(report)   # its MISMATCH explains it
+    # a SpecForge simulated_acc_len has no +1 for the bonus token: 2.4 is 3.4 tokens per verify
+    e, pal = report["verdict"]["expected_accept"], report["predicted_accept_length"]
+    assert e["given"] == 2.4 and e["value"] == pytest.approx(3.4) and e["source"] == "specforge"
+    assert e["predicted"] == pal["served"] and e["flagged"] is True       # the demo's wrong ids: about 1.07
+    assert pal["definition"] == acceptlength.PREDICTED and pal["walk_definition"] == acceptlength.WALK
+    path = tmp_path / "report.json"
+    console = Console(file=io.StringIO(), width=400, record=True)
+    show(load(DrafterReport, path), console)
+    text = console.export_text()
+    assert "accept length: 1 + sum over the K TTT steps" in text and "= 3.40 as 1 + accepted/drafts" in text
+
+
+def test_an_expected_source_outside_the_known_definitions_is_refused(tmp_path):
+    with pytest.raises(OptionError, match="--expected-from"):
+        run_eval(tmp_path, limit=1, expected_accept_length=2.0, expected_from="eagle")

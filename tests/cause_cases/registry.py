@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import vocab
+from . import usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -26,6 +26,8 @@ CASES: tuple[Case, ...] = (
     Case("vocab-map-identity-zeros", ("vocab-map-identity",), vocab.identity_zeros),
     Case("vocab-map-identity-arange", ("vocab-map-identity",), vocab.identity_arange),
     Case("vocab-map-coverage", ("vocab-map-coverage",), vocab.coverage),
+    Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
+    Case("undertrained", ("undertrained",), usage.undertrained),
 )
 
 

@@ -18,7 +18,7 @@ import torch
 
 from .. import events
 from ..eagle import convention
-from . import layouts, report, stats, vocabmap
+from . import chattemplate, layouts, report, stats, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .chance import ChanceLevel
 from .checkpoint import load_checkpoint
@@ -34,6 +34,7 @@ from .layouts import Evidence, Interpretation, Measured
 from .measured import slots_from_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
+from .results import Results
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
 from .verifier import Verifier
 
@@ -75,14 +76,23 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
                              opts.engine)
     if opts.measured is not None:
         verdict = _measured_from_engine(verdict, opts.measured)
-    doc = report.build(opts, ctx, report.Results(
+    doc = report.build(opts, ctx, Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
-        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage))
+        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,
+        extra={"chat-template": _chat_format(ctx, opts)}))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
+
+
+def _chat_format(ctx: EvalContext, opts: EvalOptions) -> dict[str, Any] | None:
+    """``data.chat_format``: the verifier's chat template against the samples evaluated (None without
+    a verifier, whose folder holds the tokenizer)."""
+    if ctx.chat is not None:
+        return ctx.chat.to_dict()
+    return chattemplate.no_template(opts.verifier) if opts.verifier is not None else None
 
 
 def _measured_from_engine(verdict: layouts.Verdict, source: Path) -> layouts.Verdict:
@@ -134,8 +144,9 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
         else:
             head = _verifier_head(verifier, draft, device, dtype)
     budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
+    template = chattemplate.Template.read(opts.verifier) if opts.verifier else None
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
-                    device, budget)
+                       device, budget, chat=chattemplate.Scan(template) if template else None)
 
 
 def _log(line: str) -> None:

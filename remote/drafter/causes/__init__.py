@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .facts import Facts
+from .training import check as training_check
+from .usage import check as usage_check
 from .vocab import check as vocab_check
 
 Finding = dict[str, Any]
@@ -22,13 +24,20 @@ Check = Callable[[Facts], list[Finding]]
 #: every cause family, in report order; a new family adds its module's ``check`` here
 CHECKS: tuple[Check, ...] = (
     vocab_check,
+    usage_check,
+    training_check,
 )
 SEVERITIES = ("bad", "warn")
+#: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)
+RESIDUAL = frozenset({"undertrained"})
 
 
 def collect(facts: Facts) -> list[Finding]:
-    """Every check's findings, bad ones first (stable within a severity)."""
+    """Every check's findings, bad ones first (stable within a severity); a residual cause only when
+    nothing else was found."""
     found = [f for check in CHECKS for f in check(facts)]
+    if any(f["id"] not in RESIDUAL for f in found):
+        found = [f for f in found if f["id"] not in RESIDUAL]
     for f in found:
         assert f["severity"] in SEVERITIES and f["id"] and f["text"] and f["fix"], f
     return sorted(found, key=lambda f: SEVERITIES.index(f["severity"]))

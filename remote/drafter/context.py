@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .chattemplate import Scan
 from .checkpoint import CheckpointInfo
 from .data import DumpSet, Sample, check_sample
 from .model import Eagle3Draft
@@ -30,11 +31,14 @@ class EvalContext:
     device: torch.device
     budget: int
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+    chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
 
     def load(self, index: int) -> Sample:
         """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
         by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
         sample = self.dumps.load(index)
+        if self.chat is not None:
+            self.chat.see(index, sample.token_ids)
         problem = check_sample(sample, self.draft.arch.vocab_size)
         if problem is None:
             return sample

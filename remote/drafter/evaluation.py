@@ -19,7 +19,7 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import layouts, report, stats, vocabmap
+from . import chattemplate, layouts, report, stats, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .causes import config_keys
 from .chance import ChanceLevel
@@ -84,11 +84,20 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,
-        extra=_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)))
+        extra={"chat-template": _chat_format(ctx, opts),
+               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)}))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
+
+
+def _chat_format(ctx: EvalContext, opts: EvalOptions) -> dict[str, Any] | None:
+    """``data.chat_format``: the verifier's chat template against the samples evaluated (None without
+    a verifier, whose folder holds the tokenizer)."""
+    if ctx.chat is not None:
+        return ctx.chat.to_dict()
+    return chattemplate.no_template(opts.verifier) if opts.verifier is not None else None
 
 
 def _measured_from_engine(verdict: layouts.Verdict, source: Path) -> layouts.Verdict:
@@ -140,8 +149,9 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
         else:
             head = _verifier_head(verifier, draft, device, dtype)
     budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
+    template = chattemplate.Template.read(opts.verifier) if opts.verifier else None
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
-                    device, budget)
+                       device, budget, chat=chattemplate.Scan(template) if template else None)
 
 
 def _log(line: str) -> None:

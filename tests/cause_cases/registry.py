@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, vocab
+from . import engine, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -32,6 +32,8 @@ CASES: tuple[Case, ...] = (
     Case("algorithm-eagle-in-config", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_in_config),
     Case("algorithm-eagle-at-launch", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_at_launch),
     Case("config-key-ignored", ("config-key-ignored",), engine.key_sglang_ignores),
+    Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
+    Case("undertrained", ("undertrained",), usage.undertrained),
 )
 
 

@@ -5,9 +5,15 @@ on the first ``layout_samples`` samples, plus per-slot norms) that picks the bes
 then the full K-step metrics on every evaluated sample for the layout the serving engine would feed
 (``served``) and, when it differs, that best layout (``best``).  The verdict compares the two on
 those same samples (stats.py) and never uses the scan's numbers.
+
+With ``--engine-states`` (the engine's own states a capture check kept, every layer boundary a slot)
+the same two passes run again on that second dump set, for the layout the engine feeds, the one
+training used and the best there (``_on_engine_states``): the figures trainer dumps holding only
+training's slots cannot give.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
@@ -19,7 +25,7 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import chattemplate, layouts, report, stats, vocabmap
+from . import chattemplate, dumpformats, engine_states, layouts, report, stats, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .causes import config_keys
 from .chance import ChanceLevel
@@ -80,10 +86,11 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
                              opts.engine)
     if opts.measured is not None:
         verdict = _measured_from_engine(verdict, opts.measured)
+    on_engine = _on_engine_states(ctx, opts, dtype) if opts.engine_states is not None else None
     doc = report.build(opts, ctx, Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
-        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,
+        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
         extra={"chat-template": _chat_format(ctx, opts),
                **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)}))
     path = report.write(doc, Path(opts.out))
@@ -107,6 +114,76 @@ def _measured_from_engine(verdict: layouts.Verdict, source: Path) -> layouts.Ver
     verdict.message = head + verdict.message
     verdict.diagnosis = head + verdict.diagnosis if verdict.diagnosis else verdict.diagnosis
     return verdict
+
+
+#: the most layouts scanned on the engine's states: every choice of 3 of a 32-layer target's 33
+#: boundaries is 5456; beyond this only the served and trained layouts are scored there
+MAX_ENGINE_LAYOUTS = 6000
+
+
+def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -> dict[str, Any]:
+    """The report's ``engine_states``: the draft scored on the engine's own states (every boundary a
+    slot) for the layout the engine feeds, the one training used and the best of the scan there, by
+    the same scan and metrics passes as on the dumps."""
+    assert opts.engine_states is not None
+    states = engine_states.open_for(opts.engine_states, ctx.dumps, ctx.hidden_size)
+    ids = list(states.slots.layer_ids or ())
+    ectx = dataclasses.replace(ctx, dumps=states, slot_count=len(ids), final_slot=states.slots.final_slot,
+                               final_source="the engine's final boundary (capture check)",
+                               num_layers=states.slots.num_hidden_layers or ctx.num_layers, skipped={}, chat=None)
+    if ectx.head is None and ctx.verifier is not None:
+        ectx.head = _verifier_head(ctx.verifier, ctx.draft, ctx.device, dtype)
+    count = len(states.files) if opts.limit is None else min(opts.limit, len(states.files))
+    interps = layouts.interpret(ctx.info.configured_layer_ids, ids, ectx.num_layers,
+                                read_by=ctx.info.ids_by_engine or None)
+    served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
+    aux = ctx.draft.arch.num_aux
+    roles: dict[str, tuple[int, ...]] = {}
+    if served.slots is not None and len(served.slots) == aux:
+        roles["served"] = tuple(served.slots)
+    trained = _trained_ids(ctx)
+    if trained is not None and all(i in ids for i in trained):
+        roles["trained"] = tuple(ids.index(i) for i in trained)
+    combos = list(itertools.combinations(range(len(ids)), aux))
+    scanned = len(combos) <= MAX_ENGINE_LAYOUTS
+    _log(f"engine states: {count} samples of {states.root}, "
+         + (f"every choice of {aux} of {len(ids)} boundaries" if scanned else "the served and trained layouts"))
+    if scanned:
+        _, scan, basis = _scan(ectx, count, opts, combos)
+        roles["best"] = _roles(scan, basis, served, aux).get("best", roles.get("served", combos[0]))
+    full, tokens, _, _ = _metrics(ectx, count, roles, opts)
+    basis = "verifier" if ectx.head is not None else "data"
+
+    def row(role: str, score: LayoutScore) -> dict[str, Any]:
+        counts = score.counts(basis) or score.data
+        layer_ids = [ids[s] for s in score.slots]
+        return {"role": role, "states": "engine", "slots": list(score.slots), "layer_ids": layer_ids,
+                "layer_ids_vllm": convention.convert(layer_ids, convention.SGLANG, convention.VLLM),
+                "step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+    return {"path": str(states.root), "states": "engine", "samples": count, "tokens": tokens, "basis": basis,
+            "steps": opts.steps, "slots": len(ids), "slot_layer_ids": ids, "final_slot": ectx.final_slot,
+            "scanned_layouts": len(combos) if scanned else 0,
+            "trained_from": _trained_from(ctx, trained),
+            "served_interpretation": served.to_dict(),
+            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full]}
+
+
+def _trained_ids(ctx: EvalContext) -> list[int] | None:
+    """The SGLang ids of the slots training read: the first ``num_aux`` slots other than the final one,
+    as speculators' loader (``hidden_states[:, :-1]``) and SpecForge's and ModelOpt's (their aux
+    states) read them; None when the dumps' layers are unknown."""
+    ids = ctx.dumps.slots.layer_ids
+    if ids is None:
+        return None
+    aux = [ids[s] for s in range(ctx.slot_count) if s != ctx.final_slot][: ctx.draft.arch.num_aux]
+    return aux if len(aux) == ctx.draft.arch.num_aux else None
+
+
+def _trained_from(ctx: EvalContext, trained: list[int] | None) -> str:
+    if trained is None:
+        return "unknown: the dumps' slot layers are unknown (no data_config.json and no --measured)"
+    kind = dumpformats.NAME.get(ctx.dumps.format, ctx.dumps.format)
+    return f"the dumps' aux slots ({kind}): the first {len(trained)} slots other than the final one"
 
 
 def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalContext:
@@ -202,9 +279,10 @@ def _verifier_targets(ctx: EvalContext, batch: Batch) -> torch.Tensor | None:
     return ctx.head.targets(batch.final(ctx.final_slot))
 
 
-def _scan(ctx: EvalContext, count: int, opts: EvalOptions
+def _scan(ctx: EvalContext, count: int, opts: EvalOptions, combos: list[tuple[int, ...]] | None = None
           ) -> tuple[list[float], dict[tuple[int, ...], LayoutScore], str]:
-    combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
+    if combos is None:
+        combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
     scan = {c: new_score(c, 1, ctx.head is not None) for c in combos}
     norm_sum = torch.zeros(ctx.slot_count, dtype=torch.float64)
     rows = done = 0

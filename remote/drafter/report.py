@@ -49,18 +49,19 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                        for i, rms in enumerate(res.norms)],
         "layouts": [{"slots": list(s), "layer_ids": ids_of(s),
                      "step0_acc": {"data": sc.step0("data"), "verifier": sc.step0("verifier")},
-                     "acc": sc.step0(res.basis),
+                     "acc": sc.step0(res.basis), "states": "dumps",
                      "tags": _tags(s, res)} for s, sc in res.scan.items()],
         "interpretations": [i.to_dict() for i in res.interps],
-        "metrics": {"steps": opts.steps, "basis": res.basis,
+        "metrics": {"steps": opts.steps, "basis": res.basis, "states": "dumps",
                     **{role: _evaluation(sc, ids_of) for role, sc in res.full.items()},
                     **{role: None for role in ("served", "best") if role not in res.full}},
-        "predicted_accept_length": {"steps": opts.steps, "basis": res.basis,
+        "predicted_accept_length": {"steps": opts.steps, "basis": res.basis, "states": "dumps",
                                     "served": served_acc, "best": best_acc,
                                     "value": served_acc if served_acc is not None else best_acc,
                                     "definition": acceptlength.PREDICTED, "walk_definition": acceptlength.WALK,
                                     "walk": {"served": _walked(res.full.get("served"), res.basis),
                                              "best": _walked(res.full.get("best"), res.basis)}},
+        "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,
         "data": {
@@ -105,7 +106,8 @@ def _tags(slots: tuple[int, ...], res: Results) -> list[str]:
 
 
 def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
-    return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "data": score.data.to_dict(),
+    return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "states": "dumps",
+            "data": score.data.to_dict(),
             "verifier": score.verifier.to_dict() if score.verifier else None}
 
 

@@ -144,3 +144,42 @@ def test_an_unfinished_folder_without_its_data_config_is_refused(demo_states, tm
     states = _copy(demo_states, tmp_path / "states")
     (states / "data_config.json").unlink()
     _refused(tmp_path, states, ConfigError, "data_config.json", "unfinished")
+
+
+def test_the_local_view_shows_the_engine_figures_next_to_the_dumps_labelled(specforge, specforge_states, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from draftops import report as rich_report
+    from draftops.documents import parse
+    from draftops.documents.drafter_report import DrafterReport
+
+    report = run_eval(tmp_path, data=specforge, layout_samples=16, engine_states=specforge_states)
+    read = parse(DrafterReport, json.loads(json.dumps(report)), "report.json")
+    out = io.StringIO()
+    rich_report.show(read, Console(file=out, width=300, color_system=None))
+    text = out.getvalue()
+    assert "on the dumps' states" in text and "on the engine's own states (8 samples" in text
+    line = next(x for x in text.splitlines() if x.strip("│ ").startswith("served") and str(SERVED) in x)
+    served = _rows(report)["served"]
+    assert f"{100 * served['step0_acc']:.1f}%" in line and f"{served['accept_length']:.2f}" in line
+
+
+def test_test_drafter_passes_the_kept_states_of_the_capture_check_it_takes(specforge_states, tmp_path):
+    """`invoke test-drafter` reads the pulled capture-check.json: kept states (vLLM) are passed on,
+    a check that kept none (SGLang, or a report older than the key) passes none."""
+    from draftops.serve.verdicts import kept_engine_states
+
+    runs = tmp_path / "runs"
+    doc = json.loads((specforge_states.parent / "capture-check.json").read_text())
+    for run, states in (("20260101-000000-capture-check-a", doc["engine_states"]),
+                        ("20260101-000001-capture-check-b", {"path": None, "absent": "SGLang: final only"}),
+                        ("20260101-000002-capture-check-c", None)):
+        (runs / run).mkdir(parents=True)
+        body = {k: v for k, v in doc.items() if k != "engine_states"}
+        (runs / run / "capture-check.json").write_text(json.dumps({**body, **({"engine_states": states}
+                                                                              if states else {})}))
+    assert kept_engine_states(runs, "20260101-000000-capture-check-a") is True
+    assert kept_engine_states(runs, "20260101-000001-capture-check-b") is False
+    assert kept_engine_states(runs, "20260101-000002-capture-check-c") is False

@@ -6,7 +6,8 @@ Each file is ``hs_{i}.safetensors`` (``i``: the sample's index in the dump set i
 drafter can check the tokens against that dump) with ``token_ids`` [T] and ``hidden_states`` [T, n+1, H]
 in the dtype the engine gave; ``data_config.json`` names the slots: vLLM boundaries 0..n, the final
 slot n, the target's ``num_hidden_layers``. Files are written atomically, the config last (a folder
-without it is an unfinished keep, and the drafter refuses it).
+without it is an unfinished keep, and the drafter refuses it). A pull leaves the folder on the host
+(``HOST_ONLY``): only the host's tools read it, and on a real target it runs to gigabytes.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from .. import fileio
 
 FOLDER = "engine-states"
 CONFIG = "data_config.json"
+#: draftops/onhost/wire.py HOST_ONLY: a pull leaves the folder on the host (remote/ imports nothing of draftops)
+HOST_ONLY = ".draftops-host-only"
 #: bytes per value the disk check counts before the engine has said its dtype (fp32, the widest it gives)
 BYTES_PER_VALUE = 4
 
@@ -65,6 +68,9 @@ class Keeper:
         buf = io.StringIO()
         json.dump(config, buf, indent=2)
         fileio.atomic_write_text(self.folder / CONFIG, buf.getvalue() + "\n")
+        fileio.atomic_write_text(self.folder / HOST_ONLY, f"The engine's states for {self.samples} dump samples "
+                                 f"({self.bytes} bytes) stay on the host: `invoke test-drafter` scores the draft "
+                                 "on them there (eval --engine-states).\n")
         return {"path": str(self.folder), "samples": self.samples, "slots": n + 1, "bytes": self.bytes,
                 "layer_id_convention": "vllm", "layer_ids": list(range(n + 1)), "final_slot": n, "dtype": self.dtype}
 

@@ -170,3 +170,5 @@ def test_against_sglang_only_the_final_slot_is_placed_and_the_aux_slots_are_said
     assert doc["status"] == "FINAL_ONLY" and doc["final_slot"] == 4 and doc["engine"]["name"] == "sglang"
     assert [s["matched"] for s in doc["slots"]] == [False, False, False, False, True]
     assert doc["draft"]["engine"] == "sglang" and doc["draft"]["status"] == "UNKNOWN"
+    kept = doc["engine_states"]           # SGLang gives the final post-norm state only: nothing kept, said why
+    assert kept["path"] is None and "final" in kept["absent"] and not (run / "engine-states").exists()

@@ -223,6 +223,9 @@ def _run_vllm(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked
     try:
         result = build_report(args, tgt, picked, tally)
         result["engine_states"] = keeper.finish()
+        result["lines"].append(f"Kept the engine's states for {keeper.samples} samples (every boundary, "
+                               f"{keeper.bytes >> 20} MiB) in {keeper.folder}: `invoke test-drafter` on these dumps "
+                               "scores the draft on them too, the layout the engine feeds included.")
     except BaseException:
         keeper.discard()
         raise

@@ -3,6 +3,7 @@ the facts about them that the report states (``report.build`` reads it; ``evalua
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ class EvalContext:
     device: torch.device
     budget: int
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+    extra: dict[str, Any] = field(default_factory=dict)  # what loading found for the cause checks (Results.extra)
 
     def load(self, index: int) -> Sample:
         """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced

@@ -16,11 +16,14 @@ import torch
 from ..eagle import convention
 from ..fileio import atomic_write_bytes
 from . import causes, dumpformats, layouts
+from .causes.states import CAPTURE
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .layouts import Interpretation, Verdict
 from .options import EvalOptions
 from .scoring import LayoutScore
+from .slotstats import STATS
+from .trainermap import TRAINER_MAP
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"
@@ -92,6 +95,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
+            "slot_statistics": res.extra.get(STATS),
+            "vocab_mapping": res.extra.get(TRAINER_MAP),
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,
@@ -104,7 +109,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
 def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
     """Where the slots' layer ids came from: a capture-check, data_config.json, or nowhere (said why
     for the formats that never record them)."""
-    if opts.measured is not None:
+    if opts.measured is not None and CAPTURE not in ctx.extra:
         return "capture-check (measured from the engine): " + str(opts.measured)
     if ctx.dumps.slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
         return ctx.dumps.slots.path

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .facts import Facts
+from .states import check as states_check
 from .vocab import check as vocab_check
 
 Finding = dict[str, Any]
@@ -22,6 +23,7 @@ Check = Callable[[Facts], list[Finding]]
 #: every cause family, in report order; a new family adds its module's ``check`` here
 CHECKS: tuple[Check, ...] = (
     vocab_check,
+    states_check,
 )
 SEVERITIES = ("bad", "warn")
 

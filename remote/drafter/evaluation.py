@@ -131,6 +131,7 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                           tensor="final_slot", expected=f"0..{s - 1} or null", found=slots.final_slot,
                           fix="set final_slot to the index of the final-layer slot, or null")
     num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
+    dumps.slots = slots = slots.with_layers(num_layers)
     final_slot, final_source = _final_slot(slots, num_layers, s, arch.num_aux)
     head = None
     if verifier is not None:

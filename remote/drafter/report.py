@@ -111,10 +111,16 @@ def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
     for the formats that never record them)."""
     if opts.measured is not None and CAPTURE not in ctx.extra:
         return "capture-check (measured from the engine): " + str(opts.measured)
-    if ctx.dumps.slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
-        return ctx.dumps.slots.path
-    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers; pass a "
-            "data_config.json next to them (or one folder up) or run invoke capture-check")
+    slots = ctx.dumps.slots
+    if slots.source is not None:
+        known = ("" if slots.layer_ids is not None else
+                 " (aux slots only: the target's layer count is unknown; pass --verifier)")
+        return f"{slots.source}: {slots.path}{known}"
+    if slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
+        return slots.path
+    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers and no trainer "
+            "config next to them names them; pass a data_config.json next to them (or one folder up) or run "
+            "invoke capture-check")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:

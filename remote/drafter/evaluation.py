@@ -220,8 +220,9 @@ def _slot_stats(ctx: EvalContext) -> SlotStats | None:
     rows, width = (list(v.store.shape(v.embed_name)) + [0, 0])[:2]
     if width != ctx.hidden_size or rows < ctx.draft.arch.vocab_size:
         return None
-    mine = ctx.draft.w["embed_tokens.weight"] if ctx.info.embed_source == "checkpoint" else None
-    return SlotStats.prepare(v, ctx.dumps.slots.layer_ids, mine, ctx.device)
+    embed = ctx.draft.w["embed_tokens.weight"]
+    mine = ctx.info.embed_source == "checkpoint"
+    return SlotStats.prepare(v, ctx.dumps.slots.layer_ids, embed if mine else None, None if mine else embed)
 
 
 def _scan(ctx: EvalContext, count: int, opts: EvalOptions, slot_stats: SlotStats | None = None

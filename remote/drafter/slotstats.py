@@ -81,7 +81,7 @@ class SlotTally:
 class SlotStats:
     """Filled by the layout scan (``update`` per batch); ``to_dict`` is the report's ``slot_statistics``."""
 
-    embed: torch.Tensor  # [V, H] the target's embedding output per token id (normalizer applied)
+    embed: torch.Tensor  # [V, H] the target's embedding table as stored (rows are read per batch)
     embed_scale: float
     tallies: dict[int, SlotTally]
     tiny: tuple[tinyllama.TinyConfig, dict[str, torch.Tensor]] | None
@@ -91,12 +91,14 @@ class SlotStats:
 
     @classmethod
     def prepare(cls, verifier: Verifier, slot_ids: tuple[int, ...] | None, draft_embed: torch.Tensor | None,
-                device: torch.device) -> SlotStats:
+                table: torch.Tensor | None = None) -> SlotStats:
         """What can be compared for these dumps: the embedding slot (SGLang id -1) always, every other
-        slot whose layer is known when the target can be recomputed here, and the draft's embedding."""
+        slot whose layer is known when the target can be recomputed here, and the draft's own embedding
+        (``draft_embed``). ``table``: the verifier's embedding already loaded (the draft borrowed it), so
+        it is not read twice; else it is read once, kept on the host in its stored dtype."""
         scale = math.sqrt(verifier.hidden_size) if str(verifier.config.get("model_type", "")).startswith("gemma") \
             else 1.0
-        embed = verifier.embed_tokens().to(device, torch.float32) * scale
+        embed = table if table is not None else verifier.embed_tokens()
         tiny = _recomputable(verifier)
         tallies: dict[int, SlotTally] = {}
         notes = []
@@ -108,7 +110,7 @@ class SlotStats:
                     tallies[slot] = SlotTally(slot, layer, "embedding")
                 elif tiny is not None and 0 <= layer < tiny[0].num_hidden_layers:
                     tallies[slot] = SlotTally(slot, layer, "recomputed layer")
-        mine = draft_embed.to(device) if draft_embed is not None and draft_embed.shape == embed.shape else None
+        mine = draft_embed if draft_embed is not None and draft_embed.shape == embed.shape else None
         return cls(embed, scale, tallies, tiny, mine,
                    SlotTally(-1, -1, "embedding") if mine is not None else None, notes)
 
@@ -116,9 +118,11 @@ class SlotStats:
         """Rows 1..N of every sample (the positions whose token ``input_ids`` holds)."""
         valid = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)[None, :] < batch.lengths[:, None]
         ids = batch.input_ids[valid]
-        target = self.embed[ids]
+        device = batch.states.device
+        target = self.embed[ids.to(self.embed.device)].to(device, torch.float32) * self.embed_scale
         if self.draft is not None and self.draft_embed is not None:
-            self.draft.add(self.draft_embed[ids].float() * self.embed_scale, target)
+            mine = self.draft_embed[ids.to(self.draft_embed.device)].to(device, torch.float32)
+            self.draft.add(mine * self.embed_scale, target)
         layers = self._recompute(batch) if self.tiny is not None else None
         for slot, tally in self.tallies.items():
             dumped = batch.states[:, 1:, slot][valid].float()

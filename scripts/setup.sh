@@ -3,7 +3,7 @@
 # project venv in .venv holding exactly what pyproject.toml declares. Idempotent; safe to run every time.
 #   scripts/setup.sh          # what `invoke ...` needs
 #   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, cron, headless
-#                             # Chromium, ruff, mypy, speculators)
+#                             # Chromium, ruff, mypy, speculators, specforge, modelopt)
 #
 # The venv never sees the system's site-packages: a package that works here only because the
 # machine happens to have it installed (numpy did) must fail here, not on the next machine.
@@ -62,12 +62,14 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -e .
 if [ "$want_tests" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
-  # requirements-parity.txt, for the forward-pass parity test: transformers with the installed torch
-  # pinned (pip must never swap it), speculators itself without its heavy optional dependencies.
-  if ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("speculators") and u.find_spec("transformers")))'; then
+  # requirements-parity.txt, for the forward-pass parity tests: transformers with the installed torch
+  # pinned (pip must never swap it), the trainers (speculators, SpecForge, ModelOpt) without their
+  # heavy dependencies (about 21 MB installed for SpecForge and ModelOpt together).
+  trainers='^(speculators|specforge|nvidia-modelopt)=='
+  if ! .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ("speculators", "specforge", "modelopt", "transformers")))'; then
     torch_version=$(.venv/bin/python -c 'import torch; print(torch.__version__.split("+")[0])')
-    "${pip[@]}" -r <(grep -iv '^speculators' requirements-parity.txt) -c <(echo "torch==$torch_version")
-    "${pip[@]}" --no-deps -r <(grep -i '^speculators' requirements-parity.txt)
+    "${pip[@]}" -r <(grep -ivE "$trainers" requirements-parity.txt) -c <(echo "torch==$torch_version")
+    "${pip[@]}" --no-deps -r <(grep -iE "$trainers" requirements-parity.txt)
   fi
 fi
 if [ "$want_engines" = 1 ]; then

@@ -1,8 +1,10 @@
-"""Load an EAGLE-3 draft checkpoint in either config format, inferring structure from the weights.
+"""Load an EAGLE-3 draft checkpoint in any trainer's layout, inferring structure from the weights.
 
-Formats (``remote.eagle.formats``): *speculators* (nested ``transformer_layer_config``, layers named
-``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config, layer 0
-named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both.
+Config formats (``remote.eagle.formats``): *speculators* (nested ``transformer_layer_config``, layers
+named ``layers.*``) and *flat* (``LlamaForCausalLMEagle3``: the top level is the Llama config, layer 0
+named ``midlayer.*``, ids under ``eagle_config``); config.py reads and validates both. The layout
+(``draftformat``: also ``modelopt`` and the EAGLE repository's ``eagle``) comes from config + weight
+names and is the report's ``checkpoint.format``.
 The config is trusted only for what the weights cannot show (heads, eps, rope, the norm flags);
 widths, the number of aux slots, head_dim, norms present and vocab sizes come from the tensors.
 """
@@ -10,14 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..eagle import convention
-from . import config, rope, vocabmap
+from ..eagle import convention, formats
+from . import config, draftformat, rope, vocabmap
 from .errors import (
     ConfigError,
     CorruptFileError,
@@ -58,10 +60,16 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
                     dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, CheckpointInfo]:
     """Read config + weights of the draft at ``path``; returns the runnable draft and its info."""
     path = Path(path)
-    cfg = config.read(path, config_file)
-    store = TensorStore.open(path)
+    raw, cfg_path = config.read_json(path, config_file)
+    if formats.detect(raw) is None:   # a plain Llama config (EAGLE repo): only the weights say EAGLE-3
+        store = TensorStore.open(path)
+        cfg = config.parse(raw, cfg_path, draftformat.detect(raw, cfg_path, store.names()))
+    else:
+        cfg = config.parse(raw, cfg_path)
+        store = TensorStore.open(path)
+        cfg = replace(cfg, format=draftformat.detect(raw, cfg_path, store.names()) or cfg.format)
     names = {canonical_name(n): n for n in store.names()}
-    warnings: list[str] = []
+    warnings: list[str] = draftformat.notes(cfg.format, raw, store.names())
     arch = infer_arch(cfg, store, names, verifier, warnings)
     config.check_layer_ids(cfg, arch.num_aux, store.shape(names["fc.weight"]),
                            str(store.info(names["fc.weight"]).path))
@@ -78,6 +86,9 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
     if embed_source == "verifier":
         origins["embed_tokens.weight"] = f"verifier {verifier.path if verifier else ''}".strip()
     check_shapes(arch, weights, origins, str(path))
+    if cfg.format == draftformat.MODELOPT and (note := draftformat.modelopt_norm_note(
+            weights["layers.0.input_layernorm.weight"])):
+        warnings.append(note)
     _check_rope(arch, cfg)
     warnings += _unread_ids(cfg)
     if arch.norm_before_residual:

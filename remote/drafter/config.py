@@ -105,9 +105,11 @@ def detect_format(cfg: dict[str, Any], cfg_path: Path) -> str:
     return fmt
 
 
-def parse(cfg: dict[str, Any], cfg_path: Path) -> DraftConfig:
-    """Validate every field the drafter reads; the first bad one raises ConfigError."""
-    fmt = detect_format(cfg, cfg_path)
+def parse(cfg: dict[str, Any], cfg_path: Path, layout: str | None = None) -> DraftConfig:
+    """Validate every field the drafter reads; the first bad one raises ConfigError. ``layout``: the
+    one ``draftformat.detect`` found from config and weights (None: from the config alone); every
+    layout but speculators keeps the decoder fields at the top level."""
+    fmt = layout or detect_format(cfg, cfg_path)
     top = Fields(cfg, cfg_path, "")
     if fmt == SPECULATORS:
         tlc = top.mapping(LAYER_CONFIG)

@@ -1,8 +1,11 @@
-"""Selective, validated reads from (possibly sharded) safetensors files.
+"""Selective, validated reads from (possibly sharded) safetensors files, or a draft's torch ``.bin``.
 
 A verifier such as Kimi-K2 is hundreds of GB; the drafter needs three of its tensors.  The store
 reads only the headers up front (which is also where a truncated or corrupt file is caught, with the
 tensor whose bytes are missing named), and loads a tensor, or a subset of its rows, on demand.
+A ``pytorch_model.bin`` (the original EAGLE repository's checkpoints) has no header: it is loaded
+whole, always with ``weights_only=True`` (``torchfile``), so a pickle that would run code is refused
+unread. A folder holding both kinds is two saves, and which one is the draft is not guessed.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from safetensors import safe_open
 
 from ..eagle import weights as headers
 from ..eagle.weights import INDEX_NAME, SINGLE_NAME, HeaderError
+from . import torchfile
 from .errors import (
     ConfigError,
     CorruptFileError,
@@ -21,6 +25,12 @@ from .errors import (
     NonFiniteError,
     ShapeMismatchError,
 )
+
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX_NAME = "pytorch_model.bin.index.json"
+#: how to remake a refused .bin (the fix of its error)
+BIN_REGENERATE = ("re-export the draft from the trainer, or convert it once, where you trust it, with "
+                  "safetensors.torch.save_file(torch.load(FILE), 'model.safetensors')")
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,11 @@ def _corrupt(exc: HeaderError) -> CorruptFileError:
 class TensorStore:
     """All tensors of one checkpoint (single file, index-sharded, or a folder of shards)."""
 
-    def __init__(self, infos: dict[str, TensorInfo], files: list[Path]) -> None:
+    def __init__(self, infos: dict[str, TensorInfo], files: list[Path],
+                 loaded: dict[str, torch.Tensor] | None = None) -> None:
         self._infos = infos
         self.files = files
+        self._loaded = loaded or {}   # tensors of torch .bin files, read whole at open
 
     @classmethod
     def open(cls, path: Path) -> TensorStore:
@@ -64,6 +76,12 @@ class TensorStore:
                 "The weights path does not exist", path=path, expected="a checkpoint folder or weight file",
                 found="nothing there" + (" (a link to nothing)" if path.is_symlink() else ""),
                 fix="check the path for a typo, and that the checkpoint was copied to this host")
+        if _torch_files(path):
+            return cls._open_torch(path)
+        return cls._open_safetensors(path)
+
+    @classmethod
+    def _open_safetensors(cls, path: Path) -> TensorStore:
         weight_map: dict[str, str] = {}
         if path.is_file():
             files = [path]
@@ -90,6 +108,32 @@ class TensorStore:
                     infos[name] = info
         return cls(infos, files)
 
+    @classmethod
+    def _open_torch(cls, path: Path) -> TensorStore:
+        """A ``.bin`` file, or a folder of them (with or without their index), loaded whole."""
+        files = _torch_files(path)
+        infos: dict[str, TensorInfo] = {}
+        loaded: dict[str, torch.Tensor] = {}
+        for file in files:
+            state = torchfile.load(file, BIN_REGENERATE)
+            if not isinstance(state, dict):
+                raise CorruptFileError("The weight file does not hold a state dict", path=file,
+                                       expected="a dict of tensor name -> tensor", found=type(state).__name__,
+                                       fix=BIN_REGENERATE)
+            for name, tensor in state.items():
+                if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+                    raise CorruptFileError("The weight file holds something other than named tensors",
+                                           path=file, tensor=str(name), expected="a tensor",
+                                           found=type(tensor).__name__, fix=BIN_REGENERATE)
+                if name in infos:
+                    raise ConfigError("Two weight files in the checkpoint folder hold the same tensor",
+                                      path=f"{infos[name].path}, {file}", tensor=name,
+                                      expected="each tensor in one file", found="the tensor in both files",
+                                      fix="keep one save per folder, or pass --ckpt the weight file itself")
+                infos[name] = TensorInfo(name, file, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""))
+                loaded[name] = tensor
+        return cls(infos, files, loaded)
+
     def names(self) -> list[str]:
         return sorted(self._infos)
 
@@ -114,6 +158,9 @@ class TensorStore:
         """Load one tensor (only its bytes are read); a float tensor must hold only finite values
         unless ``finite`` is False (the caller then decides what a NaN means)."""
         info = self.info(name)
+        if name in self._loaded:
+            tensor = self._loaded[name]
+            return require_finite(tensor, info.path, name) if finite else tensor
         try:
             with safe_open(str(info.path), framework="pt") as f:
                 tensor = f.get_tensor(name)
@@ -131,6 +178,8 @@ class TensorStore:
                 "The draft's vocabulary maps to rows the verifier tensor does not have", path=info.path, tensor=name,
                 expected=f"row ids in [0, {info.shape[0]})", found=f"[{int(rows.min())}, {int(rows.max())}]",
                 fix="pass the verifier whose vocabulary the draft's d2t maps into")
+        if name in self._loaded:
+            return require_finite(self._loaded[name][rows], info.path, name)
         parts: list[torch.Tensor] = []
         try:
             with safe_open(str(info.path), framework="pt") as f:
@@ -156,6 +205,33 @@ def require_finite(tensor: torch.Tensor, path: Path | str, name: str) -> torch.T
         path=path, tensor=name, expected="finite values", found=f"{nan} NaN and {inf} inf of {tensor.numel()}",
         fix="the training diverged or the file is damaged: use another checkpoint (e.g. an earlier "
             "one) or re-copy the file")
+
+
+def _torch_files(path: Path) -> list[Path]:
+    """The torch ``.bin`` weight files at ``path`` (none: read it as safetensors). A folder with
+    both kinds holds two saves, and one of them would be ignored unseen: refused, naming both."""
+    if path.is_file():
+        return [path] if path.name.endswith(".bin") else []
+    if not path.is_dir():
+        return []
+    bins = sorted(path.glob("*.bin"))
+    if not bins:
+        return []
+    safetensors = sorted(path.glob("*.safetensors"))
+    if safetensors:
+        raise ConfigError(
+            "The checkpoint folder holds both safetensors and torch .bin weights, so it has two readings",
+            path=path, expected="one kind of weight file",
+            found=f"{', '.join(f.name for f in safetensors[:3])} and {', '.join(f.name for f in bins[:3])}",
+            fix="move the save that is not the draft aside, or pass --ckpt the weight file itself "
+                "(with --config for its config)")
+    if (path / BIN_INDEX_NAME).is_file():
+        try:
+            weight_map = headers.index_map(path / BIN_INDEX_NAME)
+        except HeaderError as exc:
+            raise _corrupt(exc) from exc
+        return sorted({path / f for f in weight_map.values()})
+    return bins
 
 
 def _files_from_index(index: Path) -> tuple[list[Path], dict[str, str]]:

@@ -16,7 +16,10 @@ boundaries 0..n.
   embedding and the output of every layer (``_maybe_add_hidden_state``), so ids 0 .. n are usable.
   Absent: the same default [2, n//2, n-3].
 * A config's format says which convention its ids were written in: a flat
-  (``LlamaForCausalLMEagle3``) config is SGLang's, a speculators config is vLLM's.
+  (``LlamaForCausalLMEagle3``) config is SGLang's, a speculators config is vLLM's. So are the
+  drafter's trainer layouts (``remote/drafter/draftformat.py``): SpecForge's exports (flat),
+  ModelOpt's HF export (``modelopt``: it captures the output of layer id, SGLang's reading) and the
+  EAGLE repository's checkpoints (``eagle``: no ids, the engines' default) are SGLang's.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ CONVENTION_TEXT = {SGLANG: "output of layer id, -1 = the embedding (captures bou
 
 
 def serving_convention(fmt: str) -> str:
-    """The engine whose convention a config of format ``fmt`` ("flat" or "speculators") is written in."""
+    """The engine whose convention a config of format ``fmt`` is written in: vLLM for "speculators",
+    SGLang for "flat" and the drafter's other layouts ("modelopt", "eagle")."""
     return VLLM if fmt == SPECULATORS else SGLANG
 
 

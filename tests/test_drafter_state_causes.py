@@ -4,6 +4,7 @@ the evaluator recomputes) is evaluated for real and gets exactly its finding; th
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
 from pathlib import Path
@@ -11,8 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from safetensors.torch import load_file, save_file
 
+from draftops.documents import load
+from draftops.documents.drafter_report import DrafterReport
+from draftops.report import show
 from remote.capture import cli as capture_cli
 from remote.capture import matching
 from remote.capture.dumps import Picked
@@ -20,7 +25,8 @@ from remote.capture.target import Target
 from remote.drafter import slotstats, tinyllama
 from remote.drafter.data import DumpSet
 from remote.drafter.errors import ShapeMismatchError
-from tests.drafter_support import demo, run_eval
+from tests.drafter_support import SPEC, demo, run_eval
+from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
 
 SAMPLES = 48  # evaluated samples per case (the layout scan takes them all)
 
@@ -200,3 +206,35 @@ def test_a_vocab_mapping_of_the_wrong_length_is_one_paragraph_naming_it(tmp_path
         run_eval(tmp_path / "run", data=data, limit=8)
     text = str(err.value)
     assert str(path) in text and "[48]" in text and "[40]" in text and "Fix:" in text
+
+
+@pytest.mark.parametrize("name", ["embed-dump", "measured", "no-d2t", "other-map"])
+def test_the_local_report_view_reads_each_finding_with_its_fix(reports, name, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(reports[name]))
+    doc = load(DrafterReport, path)
+    assert [f.id for f in doc.findings] == ids(reports[name]) and doc.findings[0].severity == "bad"
+    console = Console(file=io.StringIO(), width=400, record=True)
+    show(doc, console)
+    text = console.export_text()
+    assert f"bad {ids(reports[name])[0]}" in text and "fix: " in text
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
+def test_the_same_cases_in_a_trainers_format_get_the_same_findings(reports, fmt, tmp_path):
+    """SpecForge/ModelOpt dumps hold the aux slots [-1, 1, 3] and the final one: the same states, the same ids."""
+    write = write_specforge if fmt == "specforge" else write_modelopt
+    held = {"layer_ids": [-1, SPEC.layer_a, SPEC.layer_b, SPEC.num_layers - 1], "final_slot": 3,
+            "num_hidden_layers": SPEC.num_layers}
+    dumps = DumpSet.open(demo().data)
+    samples = [dumps.load(i) for i in range(24)]
+    ids_ = torch.stack([x.token_ids for x in samples])
+    slots = torch.stack([x.hidden for x in samples])
+    scaled = slots.clone()
+    scaled[:, :, 0] *= 0.02  # the embedding slot, as in the embed-dump case
+    for name, states in (("healthy", slots), ("embed-dump", scaled)):
+        folder = tmp_path / name
+        write(folder, ids_, states, [0, 1, 2], 4)
+        write_data_config(folder, held)
+        report = run_eval(tmp_path / "runs" / name, data=folder, limit=24)
+        assert ids(report) == ids(reports[name]), name

@@ -24,7 +24,7 @@ from remote.capture.dumps import Picked
 from remote.capture.target import Target
 from remote.drafter import slotstats, tinyllama
 from remote.drafter.data import DumpSet
-from remote.drafter.errors import ShapeMismatchError
+from remote.drafter.errors import ConfigError, ShapeMismatchError
 from tests.drafter_support import SPEC, demo, run_eval
 from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
 
@@ -238,3 +238,14 @@ def test_the_same_cases_in_a_trainers_format_get_the_same_findings(reports, fmt,
         write_data_config(folder, held)
         report = run_eval(tmp_path / "runs" / name, data=folder, limit=24)
         assert ids(report) == ids(reports[name]), name
+
+
+def test_a_capture_check_with_unmatched_slots_and_no_differences_is_still_refused(tmp_path):
+    """An SGLang check measures the final slot only: its unmatched aux slots say nothing of the target."""
+    data = data_copy(tmp_path, "rotated", rotated_slot(2))
+    path = capture_check(tmp_path, data)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "differences": []}))
+    with pytest.raises(ConfigError) as err:
+        run_eval(tmp_path / "run", data=data, limit=8, measured=path)
+    assert str(path) in str(err.value) and "unmatched" in str(err.value)

@@ -11,16 +11,7 @@ from .data import SlotInfo
 from .errors import ConfigError
 
 
-def slots_from_capture_check(path: Path, slot_count: int) -> SlotInfo:
-    """The SlotInfo a capture-check.json measured (SGLang ids: boundary - 1), refused in one paragraph
-    when it is unreadable, for another slot count, or left a slot unmatched."""
-    slots, _ = read_capture_check(path, slot_count, allow_differences=False)
-    assert slots is not None
-    return slots
-
-
-def read_capture_check(path: Path, slot_count: int, allow_differences: bool = True
-                       ) -> tuple[SlotInfo | None, dict[str, Any] | None]:
+def read_capture_check(path: Path, slot_count: int) -> tuple[SlotInfo | None, dict[str, Any] | None]:
     """(the measured SlotInfo, None), or, when the check found slots that match no boundary and said how
     they differ (its ``differences``), (None, a summary for the finding target-differs): such dumps are
     not of the target as served, so no layout is measured from them, but the evaluation still says what
@@ -40,8 +31,7 @@ def read_capture_check(path: Path, slot_count: int, allow_differences: bool = Tr
     diffs = doc.get("differences")
     unmatched = not all(isinstance(s, dict) and s.get("matched") is True and isinstance(s.get("boundary"), int)
                         for s in slots)
-    if unmatched and allow_differences and isinstance(diffs, list) and diffs and all(isinstance(d, dict)
-                                                                                      for d in diffs):
+    if unmatched and isinstance(diffs, list) and diffs and all(isinstance(d, dict) for d in diffs):
         return None, {"path": str(path), "run": path.parent.name, "status": doc.get("status"),
                       "differences": diffs}
     if unmatched:

@@ -1,6 +1,7 @@
 """Findings seen in the states, the target and the vocab map (issue 25): embedding-scale, target-differs,
 vocab-map-missing and vocab-map-differs. Each broken copy of the demo (a real tiny Llama target, which
-the evaluator recomputes) is evaluated for real and gets exactly its finding; the healthy demo none."""
+the evaluator recomputes) is evaluated for real and gets exactly its finding; the healthy demo none.
+The draft is draft_fixed/ (the demo's draft with the ids it was trained on): its verdict is MATCH."""
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ def data_copy(tmp: Path, name: str, change: Any = None) -> Path:
 
 def draft_copy(tmp: Path, name: str, change: Any) -> Path:
     folder = tmp / name
-    shutil.copytree(demo().draft, folder)
+    shutil.copytree(demo().draft_fixed, folder)
     w = load_file(folder / "model.safetensors")
     change(w)
     save_file(w, folder / "model.safetensors")
@@ -109,14 +110,14 @@ def spec_map(d2t: torch.Tensor, t2d: torch.Tensor, folder: Path) -> Path:
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("state-causes")
     healthy = data_copy(tmp, "healthy")
-    w = load_file(demo().draft / "model.safetensors")
+    w = load_file(demo().draft_fixed / "model.safetensors")
     own = spec_map(w["d2t"], w["t2d"], data_copy(tmp, "own-map"))
     other = w["d2t"].clone()
     other[-6:] = other[-6:] - 1  # six draft ids one target id lower: a map regenerated on other data
     other_t2d = torch.zeros_like(w["t2d"])
     other_t2d[other + torch.arange(other.shape[0])] = True
     spec_map(other, other_t2d, data_copy(tmp, "other-map"))
-    rotated = data_copy(tmp, "rotated", rotated_slot(2))
+    rotated = data_copy(tmp, "rotated", rotated_slot(3))  # layer 4: dumped, not fed to the draft
     cases = {
         "healthy": {"data": healthy},
         "own-map": {"data": own.parent.parent},
@@ -128,12 +129,13 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         "no-d2t": {"data": healthy, "ckpt": draft_copy(tmp, "no-d2t", lambda w: w.pop("d2t"))},
         "other-map": {"data": tmp / "other-map"},
     }
-    return {name: run_eval(tmp / "runs" / name, limit=SAMPLES, **kw) for name, kw in cases.items()}
+    return {name: run_eval(tmp / "runs" / name, limit=SAMPLES, **{"ckpt": demo().draft_fixed, **kw})
+            for name, kw in cases.items()}
 
 
 def test_the_healthy_demo_gets_no_finding_and_its_slots_equal_the_recomputed_target(reports):
     for name in ("healthy", "own-map"):
-        assert ids(reports[name]) == [], name
+        assert ids(reports[name]) == [] and reports[name]["verdict"]["status"] == "MATCH", name
     stats = reports["healthy"]["data"]["slot_statistics"]
     assert stats["recomputed"] is True and [s["layer_id"] for s in stats["slots"]] == [-1, 1, 3, 4, 5]
     for s in stats["slots"] + [stats["draft_embedding"]]:
@@ -165,16 +167,16 @@ def test_a_layer_slot_unlike_the_recomputed_target_is_target_differs(reports):
     assert ids(report) == ["target-differs"]
     f = report["findings"][0]
     ev = f["evidence"]
-    assert list(ev) == ["slot_2"] and ev["slot_2"]["relative_rms_diff"] > slotstats.LAYER_NOISE
-    assert abs(ev["slot_2"]["norm_ratio"] - 1) < 1e-4  # a rotation keeps the norm: only the difference shows it
-    assert "layer 3" in f["text"] and "capture-check" in f["fix"]
+    assert list(ev) == ["slot_3"] and ev["slot_3"]["relative_rms_diff"] > slotstats.LAYER_NOISE
+    assert abs(ev["slot_3"]["norm_ratio"] - 1) < 1e-4  # a rotation keeps the norm: only the difference shows it
+    assert "layer 4" in f["text"] and "capture-check" in f["fix"]
 
 
 def test_a_capture_checks_differences_are_target_differs_and_its_layers_are_not_used(reports):
     report = reports["measured"]
     assert ids(report) == ["target-differs"]
     cc = report["findings"][0]["evidence"]["capture_check"]
-    assert cc["kinds"] == ["rotation"] and [d["slot"] for d in cc["differences"]] == [2]
+    assert cc["kinds"] == ["rotation"] and [d["slot"] for d in cc["differences"]] == [3]
     assert "the capture check cc-run found 1 slot(s)" in report["findings"][0]["text"]
     assert not report["slot_layers_from"].startswith("capture-check")
     assert not report["verdict"]["message"].startswith("Measured from the engine")
@@ -199,7 +201,7 @@ def test_a_draft_whose_map_differs_from_specforges_vocab_mapping_is_vocab_map_di
 
 
 def test_a_vocab_mapping_of_the_wrong_length_is_one_paragraph_naming_it(tmp_path):
-    w = load_file(demo().draft / "model.safetensors")
+    w = load_file(demo().draft_fixed / "model.safetensors")
     data = data_copy(tmp_path, "short-map")
     path = spec_map(w["d2t"][:40], w["t2d"], data)
     with pytest.raises(ShapeMismatchError) as err:
@@ -236,13 +238,13 @@ def test_the_same_cases_in_a_trainers_format_get_the_same_findings(reports, fmt,
         folder = tmp_path / name
         write(folder, ids_, states, [0, 1, 2], 4)
         write_data_config(folder, held)
-        report = run_eval(tmp_path / "runs" / name, data=folder, limit=24)
+        report = run_eval(tmp_path / "runs" / name, data=folder, ckpt=demo().draft_fixed, limit=24)
         assert ids(report) == ids(reports[name]), name
 
 
 def test_a_capture_check_with_unmatched_slots_and_no_differences_is_still_refused(tmp_path):
     """An SGLang check measures the final slot only: its unmatched aux slots say nothing of the target."""
-    data = data_copy(tmp_path, "rotated", rotated_slot(2))
+    data = data_copy(tmp_path, "rotated", rotated_slot(3))
     path = capture_check(tmp_path, data)
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "differences": []}))

@@ -6,14 +6,13 @@ import io
 import json
 import shutil
 import sys
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from rich.console import Console
-from safetensors.torch import load_file, save_file
 
 from draftops.documents import load, parse
 from draftops.documents.drafter_report import DrafterReport
@@ -25,44 +24,31 @@ from draftops.serve.request import Request, demo_dir, resolve
 from remote.drafter import vocabmap
 from remote.drafter.data import DumpSet
 from remote.serve.configs import inspect
+from tests.cause_cases.healthy import rewrite_draft
+from tests.cause_cases.vocab import arange_d2t, rare_map, zeros_d2t
 from tests.drafter_support import demo, run_eval
 
 RUN_ID = "20261201-000000-test-drafter-vocab"
 
 
-def broken_copy(tmp: Path, name: str, d2t_of: Any) -> Path:
-    """The demo draft with its d2t replaced (``d2t_of(n, weights)``; t2d rewritten when it returns a pair)."""
-    folder = tmp / name
-    shutil.copytree(demo().draft, folder)
-    weights = load_file(folder / "model.safetensors")
-    new = d2t_of(weights["d2t"].shape[0], weights)
-    d2t, t2d = new if isinstance(new, tuple) else (new, None)
-    weights["d2t"] = d2t
-    if t2d is not None:
-        weights["t2d"] = t2d
-    save_file(weights, folder / "model.safetensors")
-    return folder
+def broken_copy(tmp: Path, name: str, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """The demo draft with its tensors edited by ``change`` (the cause generator's map breakers)."""
+    return rewrite_draft(demo().draft, tmp / name, change)
 
 
-def rare_vocab(n: int, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A valid map onto the n target ids the dumps use least: consistent d2t/t2d, low coverage."""
-    counts: Counter[int] = Counter()
+def rare_vocab(weights: dict[str, torch.Tensor]) -> None:
+    """A valid map onto the target ids the demo dumps use least: consistent d2t/t2d, low coverage."""
     dumps = DumpSet.open(demo().data)
-    for i in range(min(32, len(dumps.files))):
-        counts.update(dumps.load(i).token_ids.tolist())
-    vocab = weights["t2d"].shape[0]
-    keep = torch.tensor(sorted(sorted(range(vocab), key=lambda t: (counts[t], t))[:n]))
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[keep] = True
-    return keep - torch.arange(n), t2d
+    ids = torch.cat([dumps.load(i).token_ids for i in range(min(32, len(dumps.files)))])
+    weights["d2t"], weights["t2d"] = rare_map(weights["d2t"].shape[0], weights["t2d"].shape[0], ids)
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("vocab")
     drafts = {"healthy": demo().draft,
-              "zeros": broken_copy(tmp, "zeros", lambda n, w: torch.zeros(n, dtype=torch.long)),
-              "arange": broken_copy(tmp, "arange", lambda n, w: torch.arange(n)),
+              "zeros": broken_copy(tmp, "zeros", zeros_d2t),
+              "arange": broken_copy(tmp, "arange", arange_d2t),
               "rare": broken_copy(tmp, "rare", rare_vocab)}
     return {name: run_eval(tmp / "runs" / name, ckpt=ckpt, limit=64) for name, ckpt in drafts.items()}
 
@@ -134,7 +120,7 @@ def _serve_findings(tmp_path: Path, draft: Path, force: bool) -> checks.Findings
 
 
 def test_serve_refuses_a_draft_whose_latest_report_holds_a_bad_finding_unless_forced(tmp_path):
-    mine = broken_copy(tmp_path, "mine", lambda n, w: torch.zeros(n, dtype=torch.long))
+    mine = broken_copy(tmp_path, "mine", zeros_d2t)
     run_eval(tmp_path / "runs" / RUN_ID, ckpt=mine, limit=16)
     refused = [r for r in _serve_findings(tmp_path, mine, force=False).refusals if "vocab-map-identity" in r]
     assert len(refused) == 1 and "vocab_mapping.pt" in refused[0] and "--force" in refused[0]

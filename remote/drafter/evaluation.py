@@ -35,6 +35,7 @@ from .layouts import Evidence, Interpretation, Measured
 from .measured import read_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
+from .results import Results
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
 from .slotstats import STATS, SlotStats
 from .trainermap import TRAINER_MAP
@@ -82,7 +83,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
                              opts.engine)
     if opts.measured is not None and CAPTURE not in extra:
         verdict = _measured_from_engine(verdict, opts.measured)
-    doc = report.build(opts, ctx, report.Results(
+    doc = report.build(opts, ctx, Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, extra=extra))

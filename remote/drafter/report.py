@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,34 +18,14 @@ from . import causes, dumpformats, layouts
 from .causes.states import CAPTURE
 from .context import EvalContext
 from .errors import OptionError, ResourceError
-from .layouts import Interpretation, Verdict
 from .options import EvalOptions
+from .results import Results
 from .scoring import LayoutScore
 from .slotstats import STATS
 from .trainermap import TRAINER_MAP
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"
-
-
-@dataclass
-class Results:
-    """What the two passes measured."""
-
-    samples: int
-    tokens: int
-    norms: list[float]
-    scan: dict[tuple[int, ...], LayoutScore]
-    scan_samples: int
-    interps: list[Interpretation]
-    verdict: Verdict
-    basis: str
-    full: dict[str, LayoutScore]
-    dtype: str
-    seconds: float
-    skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
-    coverage: dict[str, Any] | None = None  # vocabmap.Coverage.to_dict() of the metrics pass
-    extra: dict[str, Any] = field(default_factory=dict)  # measurements for the cause checks (causes/facts.py)
 
 
 def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:

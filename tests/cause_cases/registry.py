@@ -1,0 +1,33 @@
+"""Every cause case: its name, the finding ids it must produce (exactly, in report order), and its
+builder.  One line per case; a new cause family adds its builders in a module of its own here."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import vocab
+from .healthy import Healthy, Variant
+
+
+def _healthy(base: Healthy, out: Path) -> Variant:
+    return base.variant()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    findings: tuple[str, ...]  # the finding ids the case's report must hold, exactly, in order
+    build: Callable[[Healthy, Path], Variant]  # writes the case's folders under the given folder
+
+
+CASES: tuple[Case, ...] = (
+    Case("healthy", (), _healthy),
+    Case("vocab-map-identity-zeros", ("vocab-map-identity",), vocab.identity_zeros),
+    Case("vocab-map-identity-arange", ("vocab-map-identity",), vocab.identity_arange),
+    Case("vocab-map-coverage", ("vocab-map-coverage",), vocab.coverage),
+)
+
+
+def by_name(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)

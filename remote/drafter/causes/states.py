@@ -69,9 +69,11 @@ def _embedding(stats: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _numbers(s: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one compared slot, to 6 significant digits: sums taken over batches in another order
+    (torch-saved dumps are not sorted by length) differ in the last bits, and the evidence must not."""
     keys = ("rows", "norm_ratio", "relative_rms_diff", "max_abs_diff", "max_abs_target", "scale_factor",
             "scale_residual", "noise")
-    return {k: s[k] for k in keys}
+    return {k: float(f"{s[k]:.6g}") if isinstance(s[k], float) else s[k] for k in keys}
 
 
 def _target(stats: dict[str, Any] | None, capture: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ Measured on the layout scan's batches only: no extra pass over the data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ EMBED_NOISE = 0.02
 LAYER_NOISE = 0.2
 #: a target this small (bytes of weights) is recomputed layer by layer; a real one is not
 RECOMPUTE_BYTES = 64 << 20
+#: rows compared per evaluation: enough to tell a scale or another target from the noise, few enough
+#: that the comparison (a tiny target's forward included) costs a few percent of the evaluation
+MAX_ROWS = 1024
 #: the key of these measurements in Results.extra and the report's data section
 STATS = "slot_statistics"
 
@@ -115,7 +118,15 @@ class SlotStats:
                    SlotTally(-1, -1, "embedding") if mine is not None else None, notes)
 
     def update(self, batch: Batch) -> None:
-        """Rows 1..N of every sample (the positions whose token ``input_ids`` holds)."""
+        """Rows 1..N of the batch's samples (the positions whose token ``input_ids`` holds), whole samples
+        until MAX_ROWS rows are compared."""
+        done = max((t.rows for t in self.tallies.values()), default=self.draft.rows if self.draft else 0)
+        room = MAX_ROWS - done
+        if room <= 0:
+            return
+        take = int((batch.lengths.cumsum(0) < room).sum()) + 1  # whole samples, the last one may pass the cap
+        if take < batch.lengths.shape[0]:
+            batch = Batch(*(getattr(batch, f.name)[:take] for f in fields(batch)))
         valid = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)[None, :] < batch.lengths[:, None]
         ids = batch.input_ids[valid]
         device = batch.states.device

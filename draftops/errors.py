@@ -21,6 +21,7 @@
     ├── ServeError          a server could not be started, probed or stopped
     │   └── ServeRefused      a pre-start check failed (one paragraph per reason)
     ├── EngineError         an engine name or engine venv that cannot be used as given
+    ├── ExtraMissing        the built-in `local` host needs the ML stack this install left out (the `local` extra)
     ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
     └── ScheduleError       the nightly crontab block cannot be read or written
 
@@ -189,6 +190,11 @@ class ServeRefused(ServeError):
 
 class EngineError(DraftopsError):
     """An engine name or engine venv that cannot be used as given."""
+
+
+class ExtraMissing(DraftopsError):
+    """A tool that needs torch would run on the built-in ``local`` host, with this interpreter, and a base
+    install (no ``local`` extra) has no torch here: said before the job starts, with the install line."""
 
 
 class PlaybookError(DraftopsError):

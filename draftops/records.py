@@ -74,6 +74,8 @@ def _drafter_metrics(report: DrafterReport | None, args: dict[str, Any]) -> dict
         "needs_capture_patch": verdict.needs_capture_patch if verdict else None,
         "serving_convention": verdict.serving_convention if verdict else None,
         "format": checkpoint.format if checkpoint else None,
+        "chat_formatted": report.data.chat_format.chat_formatted if report and report.data.chat_format else None,
+        "findings": [f.id for f in report.findings] if report else [],
     }
 
 

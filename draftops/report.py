@@ -9,8 +9,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from draftops.documents.drafter_report import Comparison, DrafterReport
+from draftops.documents.drafter_report import Comparison, DrafterReport, Finding
 from draftops.terminal import markup_safe as escape
+from remote.eagle import acceptlength
+from remote.eagle.engine_rules import LAYER_FINDINGS
 from remote.eagle.formats import IDS_KEY, NESTED_FIELD
 
 
@@ -101,6 +103,7 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
     if accept:
         lines.append(f"predicted accept length at K={accept.steps} on all {report.data.samples} samples "
                      f"({escape(accept.basis or '?')} targets): " + _served_best(accept.served, accept.best))
+        lines.append(f"[dim]accept length: {escape(accept.definition or acceptlength.PREDICTED)}[/]")
         if accept.walk.served is not None or accept.walk.best is not None:
             lines.append("a greedy server's rounds on this text (tokens per verify; docs/bench.md, measured "
                          f"against predicted): {_served_best(accept.walk.served, accept.walk.best)}")
@@ -111,6 +114,12 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
         flag = "[red]gap flagged[/]" if expected.flagged else "[green]within tolerance[/]"
         lines.append(f"training-reported step-0 acc {_pct(expected.expected)} vs served "
                      f"{_pct(expected.served)}: {flag}")
+    given = verdict.expected_accept
+    if given and given.value is not None:
+        flag = "[red]gap flagged[/]" if given.flagged else "[green]within tolerance[/]"
+        lines.append(f"expected accept length {_fmt(given.given)} from {escape(str(given.source))} "
+                     f"({escape(given.source_definition or '')}) = {_fmt(given.value)} as 1 + accepted/drafts, vs "
+                     f"predicted {_fmt(given.predicted)}: {flag}")
     return lines
 
 
@@ -185,7 +194,14 @@ def show(report: DrafterReport, console: Console) -> None:
 def findings_panel(report: DrafterReport) -> Panel:
     """The named causes found in this draft, each with its fix ("bad" ones first)."""
     ordered = sorted(report.findings, key=lambda f: f.severity != "bad")
-    lines = [f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
-             f"{escape(f.text)} fix: {escape(f.fix)}" for f in ordered]
+    told = report.verdict.status == "MISMATCH"   # the verdict above tells a layer finding's story and its fix
+
+    def line(f: Finding) -> str:
+        head = f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
+        if told and f.id in LAYER_FINDINGS:
+            return head + "the verdict above (evidence in report.json)"
+        return head + f"{escape(f.text)} fix: {escape(f.fix)}"
+
+    lines = [line(f) for f in ordered]
     colour = "red" if any(f.severity == "bad" for f in ordered) else "yellow"
     return Panel("\n".join(lines), title="findings", border_style=colour)

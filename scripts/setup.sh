@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One-step set-up on a fresh Debian machine (or a laptop): system packages when missing, then a
 # project venv in .venv holding exactly what pyproject.toml declares. Idempotent; safe to run every time.
-#   scripts/setup.sh          # what `invoke ...` needs
+#   scripts/setup.sh          # what `invoke ...` needs, the built-in `local` host included (the `local`
+#                             # extra: torch, safetensors, numpy, for the demo and remote/ run here)
+#   scripts/setup.sh --laptop # the base install only, for a laptop that only drives SSH hosts (no torch:
+#                             # whatever runs on a host comes from that host's ml-env)
 #   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, cron, headless
 #                             # Chromium, ruff, mypy, speculators, specforge, modelopt)
 #
@@ -15,13 +18,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=0
 want_engines=0
+laptop=0
 for arg in "$@"; do
   case "$arg" in
     --test) want_tests=1 ;;
     --engines) want_engines=1 ;;
-    *) echo "setup: unknown option $arg (use --test and/or --engines)" >&2; exit 2 ;;
+    --laptop) laptop=1 ;;
+    *) echo "setup: unknown option $arg (use --test and/or --engines, or --laptop alone)" >&2; exit 2 ;;
   esac
 done
+if [ "$laptop" = 1 ] && [ "$want_tests$want_engines" != 00 ]; then
+  echo "setup: --laptop is the base install alone; the tests and the engines need the ML stack (drop --laptop)" >&2
+  exit 2
+fi
 
 need=()
 py=${PYTHON:-python3}
@@ -56,10 +65,16 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+if [ "$laptop" = 1 ]; then
+  "${pip[@]}" -e .
+  echo "setup: base install (no torch): drive SSH hosts with --host NAME; the built-in local host needs" \
+       "scripts/setup.sh (the [local] extra)" >&2
+  exit 0
+fi
 # torch: the CPU build 2.13.0 (from local disk where provided) unless the venv already has one that
-# pyproject's range accepts; installed first so that resolving `-e .` never fetches another build.
+# the `local` extra's range accepts; installed first so that resolving the extra never fetches another build.
 .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" 'torch==2.13.0'
-"${pip[@]}" -e .
+"${pip[@]}" -e '.[local]'
 if [ "$want_tests" = 1 ]; then
   "${pip[@]}" -r requirements-test.txt
   # requirements-parity.txt, for the forward-pass parity tests: transformers with the installed torch

@@ -111,7 +111,7 @@ def _result(run_id: str, engine: Literal["sglang", "vllm"], version: str, recs: 
                        engine=EngineInfo(name=engine, version=version), target="/m/target", draft=draft,
                        speculative=spec, settings=_settings(repeats=len(repeats), **settings),
                        metrics=bench_result.build_metrics(recs),
-                       accept_length=bench_result.build_accept(recs, server if draft else [], source),
+                       accept_length=bench_result.build_accept(recs, server if draft else [], source, engine=engine),
                        per_position=(bench_result.build_per_position(engine, recs, windows or [None] * len(recs))
                                      if draft else None),
                        repeats=repeats)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from draftops.link import host as host_module
+from tests import laptop_venv
 from tests.sshd import Sshd, keygen, sshd_available, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,6 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("engine") is not None:
             item.add_marker(pytest.mark.xdist_group("engine"))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("laptop") == "base":
+            item.add_marker(pytest.mark.laptop)      # `-m laptop`: the laptop's base install alone
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +61,29 @@ def outer_jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
     server = start_sshd(tmp_path_factory.mktemp("outer_jump"), client_key, log_level="DEBUG1")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_venv() -> Path:
+    """The laptop's base install (tests/laptop_venv.py): built once, kept between runs."""
+    return laptop_venv.base_venv()
+
+
+@pytest.fixture
+def laptop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which install runs `invoke` in this test (parametrize it with ``indirect=True``): ``full`` is
+    this .venv, ``base`` the laptop's base install without torch (the host's python stays this .venv).
+    The invoke helpers read it through ``laptop_venv.laptop_python()``."""
+    which = getattr(request, "param", "full")
+    if which == "base":
+        monkeypatch.setenv(laptop_venv.LAPTOP_PYTHON, str(laptop_venv.python_of(request.getfixturevalue("base_venv"))))
+    else:
+        monkeypatch.delenv(laptop_venv.LAPTOP_PYTHON, raising=False)
+    return str(which)
+
+
+#: ``@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)``: a task test run from both installs
+BOTH_INSTALLS = ["full", "base"]
 
 
 @pytest.fixture(autouse=True)

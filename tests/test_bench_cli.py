@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,14 @@ import pytest
 from draftops.bench.result import DraftInfo
 from draftops.history import History
 from tests import bench_runs as runs
-from tests.conftest import REPO
+from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package
+from tests.laptop_venv import laptop_python
 
 
 def invoke(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "2000", "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
+    return subprocess.run([laptop_python(), "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
 
 
@@ -27,6 +27,9 @@ def invoke(project: Path, *args: str) -> subprocess.CompletedProcess:
 def project(make_project, no_inventory_env) -> Path:
     root = make_project()
     (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    # the project's remote/ is the real one, as in a checkout: invoke puts the project folder first on
+    # sys.path, so a stub remote/ there would hide the one draftops imports (remote.bench)
+    copy_remote_package(root)
     hist = History(root / "runs" / "history.sqlite")
     report = runs.drafter_report(status="MISMATCH", served=1.50, best=3.60, configured=[1, 4, 7],
                                  fix=[-1, 0, 2], fix_vllm=[0, 1, 3], ckpt="/data/drafts/demo")
@@ -40,7 +43,8 @@ def project(make_project, no_inventory_env) -> Path:
     return root
 
 
-def test_compare_default_pair_writes_the_folder_and_records_itself(project: Path) -> None:
+@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
+def test_compare_default_pair_writes_the_folder_and_records_itself(project: Path, laptop: str) -> None:
     done = invoke(project, "bench.compare")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "20261130-100000-bench-base" in done.stdout and "20261130-110000-bench-spec" in done.stdout

@@ -484,7 +484,8 @@ def test_host_text_in_a_comparison_is_cleaned_on_the_terminal_and_escaped_in_mar
     md = outputs.write(cmp, tmp_path / "cmp")["markdown"].read_text()
     assert "\x1b" not in md and "<script" not in md and "<img" not in md and "[l](javascript" not in md
     assert [line for line in md.splitlines() if line.startswith("#")] == [
-        "# bench compare: base vs 20261201-101010-bench-vllm-8000-abcd", "## Findings"]
+        "# bench compare: base vs 20261201-101010-bench-vllm-8000-abcd", "## What each accept length counts",
+        "## Findings"]
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert table and all(len(line.replace("\\|", "").split("|")) == 5 for line in table)
     finding = next(line for line in md.splitlines() if "config-wrong" in line)

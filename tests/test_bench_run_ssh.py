@@ -26,8 +26,9 @@ def bench_folder(root: Path, output: str) -> Path:
     return Path(run_id).parent if run_id.endswith("bench-result.json") else root / "runs" / run_id
 
 
-@pytest.mark.parametrize("where", ["box", "loc"])
-def test_bench_brings_everything_home_and_records_it(project, tmp_path, where):  # noqa: F811
+@pytest.mark.parametrize(("where", "laptop"), [("box", "full"), ("loc", "full"), ("box", "base")],
+                         indirect=["laptop"])   # the base install drives the ssh host too
+def test_bench_brings_everything_home_and_records_it(project, tmp_path, where, laptop):  # noqa: F811
     root = project(where)
     draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
     ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))

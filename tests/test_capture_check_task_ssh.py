@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
 from tests.test_drafter_task_ssh import invoke
 
@@ -56,7 +56,8 @@ def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it
     assert again.returncode == 0 and "draft MATCH" in again.stdout, again.stdout[-2000:]
 
 
-def test_test_drafter_takes_the_slot_layers_the_engine_measured(project):
+@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
+def test_test_drafter_takes_the_slot_layers_the_engine_measured(project, laptop):
     """After a capture-check of the same dumps, target and engine, the verdict is measured, not inferred."""
     checked = invoke(project, "capture-check", "--draft", "demo", "--samples", "4")
     assert checked.returncode == 0, checked.stdout[-2000:]

@@ -5,8 +5,14 @@ time. So two checks: (1) every ``import`` in the tree names a declared distribut
 interpreter imports all of draftops and remote and runs the save/load paths, and every module it
 ended up loading must come from the declared requirements or their own dependencies.
 
-Declarations: pyproject.toml (the local package), remote/requirements.txt (the host's ml-env),
-requirements-test.txt and requirements-parity.txt (tests only).
+Declarations: pyproject.toml (the local package: its base install, what a laptop that drives SSH
+hosts needs, and the ``local`` extra, the ML stack the built-in ``local`` host runs remote/ with),
+remote/requirements.txt (the host's ml-env), requirements-test.txt and requirements-parity.txt (tests only).
+
+And (3) the split itself: the laptop side (tasks.py, every draftops module and the remote/ modules they
+import) never imports torch, safetensors or numpy, so the base install drives every SSH host; the tools
+that need them are the ones ``draftops.runs.mlstack`` names, which the ``local`` host refuses in one line
+without the extra. tests/test_laptop_install.py runs the base install itself.
 """
 from __future__ import annotations
 
@@ -21,10 +27,14 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from draftops.runs import mlstack
+from tests.import_graph import import_closure, modules
+
 tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
 
 REPO = Path(__file__).resolve().parent.parent
 FIRST_PARTY = {"draftops", "remote", "tests"}
+ML_STACK = set(mlstack.ML_STACK)
 
 
 def norm(name: str) -> str:
@@ -40,9 +50,11 @@ def requirements_file(path: Path) -> list[Requirement]:
     return reqs
 
 
-def project_requirements() -> list[Requirement]:
-    data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    return [Requirement(r) for r in data["project"]["dependencies"]]
+def project_requirements(*extras: str) -> list[Requirement]:
+    """pyproject's base requirements, plus those of ``extras``."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    optional = project.get("optional-dependencies", {})
+    return [Requirement(r) for r in [*project["dependencies"], *(r for e in extras for r in optional[e])]]
 
 
 def closure(reqs: list[Requirement]) -> set[str]:
@@ -92,13 +104,15 @@ def undeclared(modules: set[str], allowed: set[str]) -> dict[str, set[str]]:
 
 
 def test_every_import_names_a_declared_distribution():
-    runtime = {norm(r.name) for r in project_requirements()}
+    base = {norm(r.name) for r in project_requirements()}
+    runtime = {norm(r.name) for r in project_requirements("local")}
     remote = {norm(r.name) for r in requirements_file(REPO / "remote/requirements.txt")}
     tests = runtime | {norm(r.name) for f in ("requirements-test.txt", "requirements-parity.txt")
                        for r in requirements_file(REPO / f)}
-    assert undeclared(imported_modules(REPO / "draftops") | imported_modules(REPO / "tasks.py"), runtime) == {}
+    assert undeclared(imported_modules(REPO / "draftops") | imported_modules(REPO / "tasks.py"), base) == {}
     assert undeclared(imported_modules(REPO / "remote"), remote) == {}
-    assert undeclared(imported_modules(REPO / "remote"), runtime) == {}   # the local package ships remote/
+    # the local package ships remote/: with the `local` extra, the built-in local host runs it here
+    assert undeclared(imported_modules(REPO / "remote"), runtime) == {}
     assert undeclared(imported_modules(REPO / "benchmarks"), tests) == {}   # the speculators peer is optional
     assert undeclared(imported_modules(REPO / "tests"), tests) == {}
 
@@ -131,6 +145,10 @@ for pkg in packages:
         # the capture check's connector runs inside the engine's own process (its venv has vllm)
         if not info.name.endswith("__main__") and info.name != "remote.capture.cpu_connector":
             importlib.import_module(info.name)
+if "remote" not in packages:        # the laptop: what `invoke` loads, and no job
+    import tasks
+    print(json.dumps({"loaded": sorted({n.split(".")[0] for n in sys.modules}), "blocked": sorted(blocked)}))
+    sys.exit(0)
 import torch
 from remote.drafter import demo
 from remote.drafter.data import DumpSet
@@ -153,17 +171,105 @@ def run_probe(packages: str, allowed: set[str]) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 def test_jobs_run_with_only_the_declared_packages():
-    """The local package (pyproject) and the host's ml-env (remote/requirements.txt) each suffice."""
-    local = run_probe("draftops,remote", closure(project_requirements()))
+    """The local package with its `local` extra (pyproject) and the host's ml-env
+    (remote/requirements.txt) each suffice; the base install suffices for the laptop's side."""
+    local = run_probe("draftops,remote", closure(project_requirements("local")))
     assert "numpy" in local["loaded"]   # the probe reaches the lazy import it exists for
     host = run_probe("remote", closure(requirements_file(REPO / "remote/requirements.txt")))
     assert {"torch", "safetensors", "numpy"} <= set(host["loaded"])
+    laptop = run_probe("draftops", closure(project_requirements()))
+    assert not {"torch", "safetensors"} & set(laptop["loaded"]) and "invoke" in laptop["loaded"]
+    assert "matplotlib" in laptop["loaded"]     # its numpy is matplotlib's own: see the tests below
+
+
+def test_the_base_install_leaves_the_ml_stack_to_the_extra():
+    """`pip install .` brings no torch or safetensors; numpy only as matplotlib's own dependency (the
+    compare chart); the `local` extra brings all three."""
+    base = project_requirements()
+    extra = {norm(r.name) for r in project_requirements("local")} - {norm(r.name) for r in base}
+    assert not ML_STACK & {norm(r.name) for r in base} and ML_STACK <= extra
+    assert not {"torch", "safetensors"} & closure(base)
+    assert "numpy" not in closure([r for r in base if norm(r.name) != "matplotlib"])
+
+
+def ml_imports(path: Path, *, guarded: bool) -> set[str]:
+    """The ML-stack packages ``path`` imports anywhere (in a function too); ``guarded=False`` leaves out
+    those inside a ``try`` that catches their absence (remote.envcheck reports a missing torch)."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    shielded = set() if guarded else {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and _catches_absence(t)
+                                      for s in t.body for n in ast.walk(s)}
+    for node in ast.walk(tree):
+        if id(node) in shielded:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names} & ML_STACK
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module.split(".")[0]} & ML_STACK
+    return found
+
+
+def _catches_absence(node: ast.Try) -> bool:
+    """Whether one of the handlers catches a failed import (a bare except, or ImportError or a base of it)."""
+    caught: set[str] = set()
+    for handler in node.handlers:
+        if handler.type is None:
+            return True
+        types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        caught |= {ast.unparse(t) for t in types}
+    return bool(caught & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def laptop_modules() -> dict[str, Path]:
+    """What the laptop side can load: every draftops module and the project modules they import."""
+    found: dict[str, Path] = {}
+    for name in modules():
+        if name.split(".")[0] == "draftops":
+            found.update(import_closure(name))
+    return found
+
+
+def test_the_laptop_side_never_imports_the_ml_stack():
+    """No module the laptop loads imports torch, safetensors or numpy, in a function either: they run on
+    hosts, from the host's ml-env (the local host's: the `local` extra)."""
+    laptop = laptop_modules()
+    assert {"draftops.cli.drafter", "remote.events", "remote.bench.digest"} <= set(laptop)   # it sees them
+    assert {name: found for name, path in sorted(laptop.items())
+            if (found := ml_imports(path, guarded=True))} == {}
+    assert "torch" in ml_imports(REPO / "remote/drafter/model.py", guarded=True)    # and would see one
+
+
+def started_tools() -> set[str]:
+    """Every remote module draftops starts: the literal first argument after the host of a
+    run_tool / call_tool / ask_tool call anywhere under draftops/."""
+    found = set()
+    for path in (REPO / "draftops").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+                    in ("run_tool", "call_tool", "ask_tool") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                found.add(node.args[1].value)
+    return found
+
+
+def test_the_tools_the_local_host_refuses_without_the_extra_are_those_that_need_it():
+    """mlstack.ML_TOOLS is exactly the set of started tools whose imports reach the ML stack outside a
+    guard: a tool added without it would die on `import torch` on a base install's local host."""
+    known = modules()
+    tools = started_tools()
+    assert {"remote.drafter", "remote.serve", "remote.envcheck", "remote.drafter.demo_spec"} <= tools
+    needing = set()
+    for tool in tools:
+        entry = f"{tool}.__main__" if f"{tool}.__main__" in known else tool
+        if any(ml_imports(path, guarded=False) for path in import_closure(entry).values()):
+            needing.add(tool)
+    assert needing == set(mlstack.ML_TOOLS)
 
 
 def test_the_check_would_catch_an_undeclared_package():
     """The same check against declarations without numpy names numpy. (pyproject's own closure now
     holds numpy twice over, via matplotlib, so the declarations here are the ones the demo needs.)"""
-    without_numpy = [r for r in project_requirements() if norm(r.name) in ("pyyaml", "torch", "safetensors")]
+    without_numpy = [r for r in project_requirements("local") if norm(r.name) in ("pyyaml", "torch", "safetensors")]
     assert "numpy" not in closure(without_numpy)
     assert "numpy" in undeclared({"numpy", "yaml", "torch"}, closure(without_numpy))
     assert undeclared({"yaml", "torch", "json"}, closure(without_numpy)) == {}

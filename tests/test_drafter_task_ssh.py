@@ -25,6 +25,7 @@ import yaml
 from remote.drafter.cli import summary
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
+from tests.laptop_venv import laptop_python
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 ROWS, COLS = 60, 200
@@ -34,7 +35,7 @@ def invoke(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)
     env.pop("DRAFTOPS_INVENTORY", None)
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env,
+    return subprocess.run([laptop_python(), "-m", "invoke", *args], cwd=project, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
 
 
@@ -45,7 +46,7 @@ def invoke_on_a_terminal(project: Path, *args: str) -> tuple[int, bytes]:
         env.pop(name, None)
     leader, follower = pty.openpty()
     ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=project, env=env, stdin=follower,
+    proc = subprocess.Popen([laptop_python(), "-m", "invoke", *args], cwd=project, env=env, stdin=follower,
                             stdout=follower, stderr=follower, close_fds=True, start_new_session=True)
     os.close(follower)
     out = bytearray()

@@ -14,7 +14,7 @@ import yaml
 
 from draftops import history
 from draftops.history import parse_time
-from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
 from tests.sshd import free_port
 from tests.test_env_ssh import invoke
@@ -41,7 +41,8 @@ def the_night(root: Path) -> Path:
     return folder
 
 
-def test_two_hosts_at_once_one_unreachable(make_project, sshd, tmp_path, no_inventory_env):
+@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
+def test_two_hosts_at_once_one_unreachable(make_project, sshd, tmp_path, no_inventory_env, laptop):
     down = {"address": "127.0.0.1", "port": free_port(), "user": "root", "key": str(sshd.key),
             "host_key": "accept-new", "known_hosts": str(tmp_path / "kh"), "root": str(tmp_path / "downroot"),
             "connect_timeout": 2}

@@ -144,8 +144,9 @@ def generate(port: int) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-@pytest.mark.parametrize("where", ["box", "loc"])
-def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_path, where):
+@pytest.mark.parametrize(("where", "laptop"), [("box", "full"), ("loc", "full"), ("box", "base")],
+                         indirect=["laptop"])   # the base install drives the ssh host too
+def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_path, where, laptop):
     root = project(where)
     port = registry(root)[where]["serve"]["default"]["port"]
     draft = write_model(tmp_path / "my draft's \"dir\"", draft_config([1, 15, 28]))    # quotes, a space

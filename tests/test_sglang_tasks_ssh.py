@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
 from tests.sglang_wheels import extract, originals, tree_bytes
 from tests.test_draft_config import FLAT_CONFIG, make_ckpt, make_target
 from tests.test_env_ssh import invoke
@@ -32,7 +32,8 @@ def sglang_project(make_project, sshd, tmp_path, no_inventory_env):
     return project, site
 
 
-def test_patch_sglang_status_apply_verify_revert(sglang_project):
+@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
+def test_patch_sglang_status_apply_verify_revert(sglang_project, laptop):
     project, site = sglang_project
     status = invoke(project, "patch-sglang")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -57,7 +58,8 @@ def test_patch_sglang_refuses_when_no_sglang_is_installed(make_project, sshd, tm
     assert result.returncode == 1 and "No `sglang` package is importable" in result.stderr
 
 
-def test_draft_config_rewrites_with_backup_and_warns_about_the_patch(sglang_project, tmp_path):
+@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
+def test_draft_config_rewrites_with_backup_and_warns_about_the_patch(sglang_project, tmp_path, laptop):
     project, _ = sglang_project
     ckpt = make_ckpt(tmp_path / "draft", FLAT_CONFIG)
     target = make_target(tmp_path / "target")

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from draftops.bench.plan import chat_advice
 from draftops.bench.positions import PositionTable, compare_positions
 from draftops.bench.result import BenchResult, DraftInfo
 from draftops.bench.stats import Stat
 from draftops.errors import BenchError
 from draftops.history import History, RunRecord
 from remote.bench.numbers import finite
+from remote.eagle import acceptlength
 
 TOLERANCE = 0.10          # measured vs predicted accept length, like the client/server cross-check
 SEVERITY_ORDER = {"bad": 0, "warn": 1, "good": 2, "info": 3}
@@ -43,6 +45,7 @@ class Prediction:
     cond_best: list[float | None] | None = None     # ... and the best (trained) layout
     cond_rows_served: list[int] | None = None       # the rows each of those counts
     cond_rows_best: list[int] | None = None
+    chat_formatted: bool | None = None              # that run found the dumps chat-formatted (None: not known)
 
     @property
     def cond(self) -> list[float | None] | None:
@@ -96,7 +99,20 @@ class Comparison:
                 "noise": self.noise, "within_noise": self.within_noise,
                 "predictions": {k: asdict(v) if v else None for k, v in self.predictions.items()},
                 "rows": self.rows, "findings": [asdict(f) for f in self.findings],
-                "per_position": [t.to_dict() for t in self.positions]}
+                "per_position": [t.to_dict() for t in self.positions], "definitions": definitions(self.a, self.b)}
+
+
+def measured_definition(res: BenchResult) -> str:
+    """What the run's measured accept length counts (a result from before the field: by its engine)."""
+    if res.accept_length and res.accept_length.definition:
+        return res.accept_length.definition
+    return acceptlength.VLLM if res.engine.name == "vllm" else acceptlength.SGLANG
+
+
+def definitions(a: BenchResult, b: BenchResult) -> dict[str, str]:
+    """Every accept length the comparison shows, with what it counts (failure-modes.md #12)."""
+    out = {f"measured ({r.engine.name})": measured_definition(r) for r in (a, b) if r.mode == "speculative"}
+    return {**out, "predicted": acceptlength.PREDICTED, "greedy rounds on the dumps": acceptlength.WALK}
 
 
 # --- which runs, which prediction ----------------------------------------------------------------
@@ -142,7 +158,12 @@ def _prediction(r: RunRecord, role: str, steps: int, how: str) -> Prediction | N
                       cond_served=_probabilities(r.metrics.get("predicted_cond_served")),
                       cond_best=_probabilities(r.metrics.get("predicted_cond_best")),
                       cond_rows_served=_ints(r.metrics.get("predicted_cond_rows_served")),
-                      cond_rows_best=_ints(r.metrics.get("predicted_cond_rows_best")))
+                      cond_rows_best=_ints(r.metrics.get("predicted_cond_rows_best")),
+                      chat_formatted=_flag(r.metrics.get("chat_formatted")))
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _probabilities(value: Any) -> list[float | None] | None:
@@ -366,6 +387,14 @@ def _settings_findings(a: BenchResult, b: BenchResult) -> list[Finding]:
     return out
 
 
+def _chat_findings(label: str, res: BenchResult, pred: Prediction | None) -> list[Finding]:
+    """The draft's data and the bench's prompts disagree about the chat template (plan.chat_advice)."""
+    if pred is None:
+        return []
+    advice = chat_advice(pred.chat_formatted, bool(res.settings.chat_template), res.engine.name, pred.run_id)
+    return [Finding("warn", "chat-template", f"{label}: {advice}")] if advice else []
+
+
 def _run_findings(label: str, res: BenchResult) -> list[Finding]:
     out = []
     if res.status == "failed":
@@ -490,6 +519,7 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
             now = (current or {}).get(res.run_id) or _newer_config(res, other)
             findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance,
                                          now)
+            findings += _chat_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
     through, speedup = _throughput_findings(a, b, findings)
     findings += through + _settings_findings(a, b)
     tables = [t for t in (_positions(label, res, predictions.get(res.run_id))

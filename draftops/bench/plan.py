@@ -29,6 +29,10 @@ from draftops.errors import BenchError
 
 Engine = Literal["sglang", "vllm"]
 SGLANG_CLIENTS = ("sglang.benchmark.serving", "sglang.bench_serving")
+CHAT_ENDPOINT = "/v1/chat/completions"
+#: the `invoke bench` flag that sends prompts through the chat template, and what it makes each client do
+CHAT_FLAG = "--chat-template"
+CHAT_CLIENT_FLAGS = {"vllm": f"--backend openai-chat --endpoint {CHAT_ENDPOINT}", "sglang": "--apply-chat-template"}
 
 
 #: the largest prompt or output length taken (a million tokens: longer than any served context)
@@ -67,6 +71,7 @@ class BenchSettings:
     warmup: bool = True
     seed: int = 0
     request_rate: float | None = None     # None = all requests at once (the clients' "inf")
+    chat_template: bool = False           # wrap every prompt in the target's chat template (the chat endpoint)
 
     def validate(self) -> None:
         problems = []
@@ -208,8 +213,11 @@ def _rate(settings: BenchSettings) -> str:
 def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompts: int, result_dir: str,
               result_file: str, sharegpt_path: str | None = None) -> list[str]:
     """``vllm bench serve`` for one run, writing ``result_dir/result_file`` (JSON); a prompt file is read
-    from its ShareGPT conversion ``sharegpt_path`` (vLLM sends the first turn as is, no chat template)."""
-    argv = [*client.command, "--backend", "vllm", "--base-url", server.base_url, "--model", server.model,
+    from its ShareGPT conversion ``sharegpt_path`` (vLLM sends the first turn as is, through the chat
+    template only with ``chat_template``: the chat endpoint)."""
+    chat = settings.chat_template
+    backend = ["--backend", "openai-chat", "--endpoint", CHAT_ENDPOINT] if chat else ["--backend", "vllm"]
+    argv = [*client.command, *backend, "--base-url", server.base_url, "--model", server.model,
             "--tokenizer", server.tokenizer or server.model]
     if settings.dataset is None:
         argv += ["--dataset-name", "random", "--random-input-len", str(settings.input_len or DEFAULT_INPUT_LEN),
@@ -243,14 +251,34 @@ def sglang_argv(client: Client, server: Server, settings: BenchSettings, *, prom
         argv += ["--temperature", "0"]
     if client.has("--flush-cache"):
         argv += ["--flush-cache"]
+    if settings.chat_template:
+        argv += ["--apply-chat-template"]
     if client.has("--warmup-requests"):
         argv += ["--warmup-requests", "1"]
     argv += ["--output-file", output_file]
     return argv
 
 
+def chat_advice(chat_formatted: bool | None, chat_template: bool, engine: str, run: str) -> str | None:
+    """What to say when the draft's data and the bench's prompts disagree about the chat template
+    (``chat_formatted``: test-drafter's ``data.chat_format`` of the draft's latest report; None: not known)."""
+    if chat_formatted is True and not chat_template:
+        return (f"test-drafter run {run} found the draft's dumps chat-formatted (they open with the target's role "
+                "markers), but this bench sends raw prompts: the draft is measured on text it was not trained on and "
+                f"its accept length falls toward 1 (InferenceX #1116). Benchmark with `invoke bench {CHAT_FLAG}` "
+                f"({engine}'s client then runs with {CHAT_CLIENT_FLAGS.get(engine, 'its chat option')}).")
+    if chat_formatted is False and chat_template:
+        return (f"test-drafter run {run} found the draft's dumps raw text (no role markers), but this bench wraps "
+                f"every prompt in the chat template: drop {CHAT_FLAG} to measure the draft on what it was trained on.")
+    return None
+
+
 def _warnings(client: Client, server: Server, settings: BenchSettings) -> list[str]:
     out = []
+    if (settings.chat_template and client.engine == "sglang" and client.flags
+            and not client.has("--apply-chat-template")):
+        raise BenchError(f"this SGLang client ({client.version or 'old'}) has no --apply-chat-template, so "
+                         f"{CHAT_FLAG} cannot be honoured; benchmark without it or upgrade SGLang.")
     if server.speculative and settings.dataset is None:
         out.append("this speculative run uses random token ids: accept lengths on noise mean little and cannot be "
                    "held against test-drafter's prediction; give --dataset PATH with prompts in the draft's language.")

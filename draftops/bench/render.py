@@ -6,7 +6,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from draftops.bench.compare import Comparison
+from draftops.bench.compare import Comparison, definitions
 from draftops.bench.positions import MIN_REACHED, PositionTable, StepRow
 from draftops.terminal import clean
 
@@ -96,6 +96,8 @@ def show(cmp: Comparison, console: Console) -> None:
     for t in cmp.positions:
         console.print(position_table(t))
     console.print(findings_panel(cmp))
+    for name, meaning in definitions(cmp.a, cmp.b).items():
+        console.print(f"[dim]accept length {escape(name)} = {escape(meaning)}[/]")
 
 
 def md_text(text: object) -> str:
@@ -141,6 +143,8 @@ def markdown(cmp: Comparison, chart_name: str | None = "compare.png") -> str:
                   "| " + " | ".join(_md_cell(h) for h in _position_header(t)) + " |",
                   "|" + "---:|" * (len(_position_header(t)) - 1) + "---|"]
         lines += ["| " + " | ".join(_md_cell(c) for c in _position_cells(t, row)) + " |" for row in t.rows]
+    lines += ["", "## What each accept length counts", ""]
+    lines += [f"- {md_text(k)}: {md_text(v)}" for k, v in definitions(cmp.a, cmp.b).items()]
     lines += ["", "## Findings", ""]
     lines += [f"- **{f.severity}** ({f.code}): {md_text(f.text)}" for f in cmp.findings] or ["- nothing to report"]
     if chart_name:

@@ -23,6 +23,7 @@ from remote import jsonread
 from remote.bench.client_output import ClientRecord
 from remote.bench.crosscheck import TOLERANCE, cross_check
 from remote.bench.server_metrics import WindowAccept
+from remote.eagle import acceptlength
 from remote.fileio import atomic_write_bytes
 
 SCHEMA = "draftops.bench-result/1"
@@ -78,6 +79,7 @@ class Settings(_Model):
     max_running_requests: int | None = None
     warmup: bool = True
     ignore_eos: bool | None = None
+    chat_template: bool | None = None                          # added: prompts sent through the chat template
 
 
 class Metrics(_Model):
@@ -100,6 +102,7 @@ class AcceptLength(_Model):
     value: float | None = None                                 # the one compared with predictions
     source: str | None = None
     cross_check: dict[str, Any] | None = None
+    definition: str | None = None       # added: what the figures count (remote/eagle/acceptlength.py)
 
 
 #: what the measured per-position figures mean, written into every result that has them
@@ -184,7 +187,8 @@ def build_metrics(records: Sequence[ClientRecord | None]) -> Metrics:
 
 
 def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float | None],
-                 server_source: str | None, tolerance: float = TOLERANCE) -> AcceptLength | None:
+                 server_source: str | None, tolerance: float = TOLERANCE, engine: str | None = None
+                 ) -> AcceptLength | None:
     """Accept length from the client and from the server, cross-checked; the client's median is the
     headline value when it has one (it covers exactly the measured requests)."""
     client = summarize(r.accept_length if r else None for r in records)
@@ -195,8 +199,10 @@ def build_accept(records: Sequence[ClientRecord | None], server: Sequence[float 
                         b_source=server_source or "server", tolerance=tolerance)
     value, source = ((client.median, "client") if client.median is not None
                      else (server_stat.median, server_source or "server"))
+    meaning = None if engine is None else acceptlength.VLLM if engine == "vllm" else acceptlength.SGLANG
     return AcceptLength(client=client if client.n else None, server=server_stat if server_stat.n else None,
-                        server_source=server_source, value=value, source=source, cross_check=check.to_dict())
+                        server_source=server_source, value=value, source=source, cross_check=check.to_dict(),
+                        definition=meaning)
 
 
 def conditional(cumulative: Sequence[float]) -> list[float | None]:

@@ -31,6 +31,7 @@ from draftops.history import now_iso
 from remote.bench import client_output, decode_log, server_metrics
 from remote.bench.errors import BenchParseError
 from remote.bench.runner import CLIENT_PATH_VAR, HOST_FILE, RUN_DIR_TOKEN, RUNNER_FILE
+from remote.eagle import acceptlength
 
 __all__ = ["CLIENT_PATH_VAR", "RUN_DIR_TOKEN", "ServedBy", "build", "from_plan", "job_plan", "plan_json"]
 
@@ -200,6 +201,11 @@ def _server_accept(engine: str, folder: Path, step: dict[str, Any], problems: li
             problems.append(f"{name}: the server log ends mid-line (not counted): {summary.truncated[:120]}")
         if summary.accept_length is not None:
             return summary.accept_length, "decode log", info
+    if isinstance(info, dict) and "--flush-cache" not in step.get("argv", ()):
+        # no flush before this repeat: avg_spec_accept_length counts every request since the server started
+        problems.append(f"{name}: {acceptlength.SGLANG_CUMULATIVE}; the decode log had no accept len either, so "
+                        "the server side of this repeat is left out")
+        return None, None, info
     if isinstance(info, dict):
         try:
             return server_metrics.server_info_accept_length(info), "server info", info
@@ -320,7 +326,8 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
     info = info if isinstance(info, dict) else None     # 200 with JSON that is no object: not SGLang's answer
     settings = bench.settings
     warnings = list(bench.warnings) + unread + got.problems
-    accept = (bench_result.build_accept(got.records, got.server, got.source) if served.draft else None)
+    accept = (bench_result.build_accept(got.records, got.server, got.source, engine=served.engine)
+              if served.draft else None)
     positions = bench_result.build_per_position(served.engine, got.records, got.windows) if served.draft else None
     if accept and accept.cross_check and accept.cross_check.get("agree") is False:
         warnings.append(str(accept.cross_check.get("message")))
@@ -340,7 +347,8 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
                           concurrency=settings.concurrency, input_len=settings.input_len,
                           output_len=settings.output_len, seed=settings.seed, temperature=0.0,
                           request_rate=settings.request_rate, max_running_requests=_max_running(served, info),
-                          warmup=settings.warmup, ignore_eos=settings.dataset is None),
+                          warmup=settings.warmup, ignore_eos=settings.dataset is None,
+                          chat_template=settings.chat_template),
         metrics=bench_result.build_metrics(got.records), accept_length=accept, per_position=positions,
         repeats=got.repeats,
         warnings=warnings, files=files)

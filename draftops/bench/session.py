@@ -120,7 +120,19 @@ def prepare(host: Host, settings: planning.BenchSettings, *, port: int | None,
         settings = dataclasses.replace(settings, dataset=where)
     served = _served_by(host, server, python)
     target = planning.Server(served.base_url, server.target, server.target, bool(server.draft))
-    return Prepared(planning.plan(client, target, settings, runner.RUN_DIR_TOKEN), served, _job_env(env))
+    plan = planning.plan(client, target, settings, runner.RUN_DIR_TOKEN)
+    plan.warnings += _chat_warning(host, server.draft, settings, server.engine)
+    return Prepared(plan, served, _job_env(env))
+
+
+def _chat_warning(host: Host, draft: str | None, settings: planning.BenchSettings, engine: str) -> list[str]:
+    """The draft's latest test-drafter report against the bench's prompts: chat-formatted dumps and raw
+    prompts (or the other way round) measure the draft on text it was not trained on."""
+    from draftops.serve import verdicts
+    verdict = verdicts.latest(host.project_root / "runs", draft) if draft else None
+    advice = planning.chat_advice(verdict.chat_formatted, settings.chat_template, engine, verdict.run_id) \
+        if verdict else None
+    return [advice] if advice else []
 
 
 def run(host: Host, prepared: Prepared, *, name: str | None, given: dict[str, Any], view: JobView) -> Finished:

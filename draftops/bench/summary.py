@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from draftops.bench.compare import measured_definition
 from draftops.bench.result import BenchResult
 from draftops.bench.stats import Stat
 
@@ -36,6 +37,7 @@ def table(res: BenchResult) -> Table:
         check = accept.cross_check or {}
         if check.get("agree") is not None:
             out.add_row("client vs server", "agree" if check["agree"] else f"[red]DISAGREE {check['rel_diff']:.0%}[/]")
+        out.add_row("[dim]accept length =[/]", f"[dim]{escape(measured_definition(res))}[/]")
     if res.speculative is not None:
         spec = res.speculative
         out.add_row("speculative (effective)", escape(f"{spec.algorithm} steps={spec.num_steps} topk={spec.topk} "

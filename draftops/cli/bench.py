@@ -85,7 +85,9 @@ _RUN_HELP = {
     "prompt (default 128)", "dataset": "prompt JSONL on the host ({\"prompt\": ...} per line), or `demo` for "
     "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
-    "seed": "sampling seed of the client (default 0)", "host": HOST_HELP}
+    "seed": "sampling seed of the client (default 0)",
+    "chat_template": "send every prompt through the target's chat template (vLLM: the chat endpoint; SGLang: "
+                     "--apply-chat-template), as a chat-trained draft is served", "host": HOST_HELP}
 _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
@@ -94,7 +96,7 @@ _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "por
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
         repeats: int | None = None, port: int | None = None, seed: int | None = None,
-        host: str | None = None) -> None:
+        chat_template: bool = False, host: str | None = None) -> None:
     """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
     engine's own client on the host; everything lands in runs/<id>/ and the local history."""
     from draftops.bench import plan as planning
@@ -102,13 +104,15 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     host = connect(c, host)
     ensure_code(host)
     asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
-                             "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed}
+                             "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed,
+                             "chat_template": chat_template or None}
     settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
     prepared = session.prepare(host, settings, port=port, dataset_path=host_path(host, dataset))
     for warning in prepared.plan.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
-             "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": port, "seed": seed}
+             "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": port, "seed": seed,
+             "chat_template": chat_template}
     done = session.run(host, prepared, name=name, given=given, view=live("window", on_detach=COLLECT_HINT))
     _finish(host, done)
 

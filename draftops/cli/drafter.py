@@ -13,8 +13,8 @@ from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult, run_tool
+from draftops.serve.host_engine import host_engine
 from draftops.serve.request import demo_dir
-from draftops.serve.verdicts import serving_engine
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,31 +29,42 @@ if TYPE_CHECKING:
             "config": "config file to use instead of <ckpt>/config.json",
             "steps": "TTT steps = the num_steps you will serve with (default 3)",
             "limit": "evaluate at most N samples", "expected_acc": "training-reported step-0 accuracy",
+            "expected_accept_length": "an accept length reported by training or a server, held against the "
+                                      "prediction after conversion (see --expected-from)",
+            "expected_from": "whose definition --expected-accept-length follows: vllm (1 + accepted/drafts, "
+                             "default), speculators, sglang, or specforge (simulated_acc_len: no +1, so 1 is added)",
             "device": "auto, cpu or cuda", "host": HOST_HELP},
-      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER})
+      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
-                 expected_acc: float | None = None, device: str = "auto", host: str | None = None) -> None:
+                 expected_acc: float | None = None, expected_accept_length: float | None = None,
+                 expected_from: str | None = None, device: str = "auto", host: str | None = None) -> None:
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
+    from remote.eagle import acceptlength  # not at import: `invoke --list` loads no remote/ module
+    if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
+        raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
+                   f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)
     host = connect(c, host)
     ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(host.spec)
-    if engine:
-        args += ["--engine", engine]
+    served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets
+    engine = served.engine
+    args += served.eval_args()
     ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
-                        ("--limit", limit), ("--expected-acc", expected_acc)):
+                        ("--limit", limit), ("--expected-acc", expected_acc),
+                        ("--expected-accept-length", expected_accept_length), ("--expected-from", expected_from)):
         if value is not None:
             args += [flag, str(value)]
     measured = _capture_check(c, host, data, verifier, engine)
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
-             "limit": limit, "expected_acc": expected_acc, "device": device, "measured_by": measured}
+             "limit": limit, "expected_acc": expected_acc, "expected_accept_length": expected_accept_length,
+             "expected_from": expected_from, "device": device, "measured_by": measured}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).

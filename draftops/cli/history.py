@@ -100,6 +100,9 @@ def show_history(found: list[history.RunRecord], title: str, filters: str, out: 
                       escape(engine), escape(_short(rec.target)), escape(draft_text),
                       f"[{VERDICT_STYLE.get(verdict, 'white')}]{escape(verdict)}[/]", escape(headline(rec)))
     out.print(table)
+    if any(rec.kind in ("test-drafter", "bench") for rec in found):
+        out.print("[dim]accept: tokens per verify, the bonus token included (measured: 1 + accepted/drafts; "
+                  "predicted: 1 + sum_k full_acc_k over the K TTT steps).[/]")
     if not found:
         out.print("[dim]no runs recorded" + (" match" if filters else " yet") +
                   "; test-drafter, serve and bench record theirs here.[/]")

@@ -24,6 +24,17 @@ class ExpectedAcc(Part):
     flagged: bool = False
 
 
+class ExpectedAccept(Part):
+    """``verdict.expected_accept``: a user's accept length, converted to 1 + accepted/drafts, against the prediction."""
+
+    given: float | None = None
+    source: str | None = None
+    source_definition: str | None = None
+    value: float | None = None
+    predicted: float | None = None
+    flagged: bool = False
+
+
 class Comparison(Part):
     """``verdict.comparison``: the paired served-vs-best test."""
 
@@ -53,6 +64,7 @@ class VerdictPart(Part):
     advice_engine: str | None = None
     served_slots: list[int] | None = None
     expected_acc: ExpectedAcc | None = None
+    expected_accept: ExpectedAccept | None = None   # added
     comparison: Comparison | None = None
     findings: list[str] = []        # added: the ids of the report's findings, bad ones first
 
@@ -109,6 +121,7 @@ class Accept(Part):
     best: float | None = None
     value: float | None = None
     walk: Walk = Walk()
+    definition: str | None = None       # added: what the figures count (remote/eagle/acceptlength.py)
 
 
 class Checkpoint(Part):
@@ -123,8 +136,16 @@ class VerifierPart(Part):
     path: str | None = None
 
 
+class ChatFormat(Part):
+    """``data.chat_format``: the target's chat template against where the dumps' sequences open."""
+
+    status: str | None = None
+    chat_formatted: bool | None = None
+
+
 class DataPart(Part):
     path: str | None = None
+    chat_format: ChatFormat | None = None   # added
     samples: int | None = None
     layout_scan_samples: int | None = None
 

@@ -60,7 +60,14 @@ def header(night: Night) -> list[tuple[str, str]]:
             ("hosts", ", ".join(h.outcome.host for h in night.hosts))]
     for key in ("gpu", "driver", "engine", "torch", "draft"):
         rows.append((key, "; ".join(sorted(facts.get(key, set()))) or "not reported by this night's steps"))
+    rows.append(("accept lengths", ACCEPT_DEFINITIONS))
     return rows
+
+
+#: what the nights' accept_length.* metrics count (remote/eagle/acceptlength.py; failure-modes.md #12)
+ACCEPT_DEFINITIONS = ("tokens per verify, the bonus token included: accept_length.measured = 1 + accepted/drafts "
+                      "(vLLM's /metrics; SGLang's since the flush before each repeat), accept_length.predicted = "
+                      "1 + sum_k full_acc_k (test-drafter)")
 
 
 def counts_line(night: Night) -> str:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from draftops.errors import DraftopsError, JobError, ToolFailed, host_prefix
 from draftops.link.host import Host
-from draftops.runs import jobs
+from draftops.runs import jobs, mlstack
 from draftops.terminal import clean
 from remote import events, exitcodes, jsonread
 
@@ -212,7 +212,9 @@ def run_tool(host: Host, module: str, args: list[str], *, name: str | None = Non
     job and return its :class:`ToolResult`; ``jobs.RUN_DIR`` in ``args`` is the job's run folder.
 
     ``name`` names the run id (default: the module's last part); ``task``/``given`` say what the run
-    is for `invoke runs`; ``env`` reaches the job only; ``pull=False`` leaves the folder on the host."""
+    is for `invoke runs`; ``env`` reaches the job only; ``pull=False`` leaves the folder on the host.
+    A tool that needs torch on a ``local`` host whose install has none is refused first (``mlstack``)."""
+    mlstack.require(host, module)
     command = jobs.python_module_command(host, module, args)
     return run_job(host, name or module.rsplit(".", 1)[-1].replace("_", "-"), command, view=view, env=env,
                    task=task, given=given, pull=pull)
@@ -332,6 +334,7 @@ def ask_tool(host: Host, module: str, args: list[str], *, python: str | None = N
              env: Mapping[str, str] | None = None, input: bytes | None = None,
              timeout: float | None = None) -> Answer:
     """Run a quick tool and return what it said, whatever its exit code (see :func:`call_tool`)."""
+    mlstack.require(host, module, python)
     command = module_command(host, module, args, python=python, env=env)
     done = host.agent.quick(command, _standby_tool(host, module, args, python, env), input, timeout)
     lines = done.text.strip().splitlines()

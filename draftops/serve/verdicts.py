@@ -25,6 +25,7 @@ class Verdict:
     accept_served: float | None = None  # predicted accept length as configured
     accept_best: float | None = None  # ... with the layout the draft was trained on
     findings: tuple[tuple[str, str, str, str], ...] = ()  # (id, severity, text, fix) of the report's findings
+    chat_formatted: bool | None = None  # the dumps open with the target's role markers (None: not known)
 
     @property
     def bad(self) -> list[tuple[str, str, str, str]]:
@@ -79,7 +80,8 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
         return Verdict(run.name, verdict.status, verdict.message, doc.checkpoint.configured_layer_ids,
                        verdict.serving_convention, verdict.fix_layer_ids, verdict.diagnosis,
                        accept.served if accept else None, accept.best if accept else None,
-                       tuple((f.id, f.severity, f.text, f.fix) for f in doc.findings))
+                       tuple((f.id, f.severity, f.text, f.fix) for f in doc.findings),
+                       doc.data.chat_format.chat_formatted if doc.data.chat_format else None)
     return None
 
 

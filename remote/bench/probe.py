@@ -21,7 +21,8 @@ from typing import Any
 from .. import distinfo, exitcodes
 
 FLAGS = ("--temperature", "--flush-cache", "--warmup-requests", "--num-warmups", "--seed",
-         "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file")
+         "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file", "--apply-chat-template",
+         "--endpoint")
 CLIENTS = {"sglang": (("sglang.benchmark.serving", "benchmark/serving.py"),
                       ("sglang.bench_serving", "bench_serving.py")),
            "vllm": (("vllm bench serve", "benchmarks/serve.py"),)}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import exitcodes, jsonread
+from ..eagle import acceptlength
 from .demo import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
@@ -37,9 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="evaluate at most N samples")
     ev.add_argument("--expected-acc", type=float,
                     help="training-reported step-0 accuracy (0-1 or percent) to compare with")
+    ev.add_argument("--expected-accept-length", type=float,
+                    help="an accept length reported by training or a server, compared with the prediction")
+    ev.add_argument("--expected-from", choices=tuple(acceptlength.SOURCES), default="vllm",
+                    help="whose definition --expected-accept-length follows (specforge: simulated_acc_len, no +1)")
+    ev.add_argument("--accept-tolerance", type=float, default=0.10,
+                    help="flag a prediction this fraction below --expected-accept-length (0.10)")
     ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ev.add_argument("--engine", choices=("sglang", "vllm"),
                     help="the engine the host serves with: the verdict's advice is for it (default: both)")
+    ev.add_argument("--engine-version",
+                    help="that engine's version (e.g. 0.5.13): the findings apply its rules (default: the "
+                         "newest version read, said in each finding)")
+    ev.add_argument("--serve-algorithm",
+                    help="the speculative algorithm the host's serve profile launches with, when it sets one "
+                         "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
@@ -81,7 +94,10 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
                        acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
-                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured)
+                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
+                       engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
+                       expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
+                       accept_tolerance=args.accept_tolerance)
 
 
 def summary(report: dict[str, Any]) -> list[str]:
@@ -96,6 +112,11 @@ def summary(report: dict[str, Any]) -> list[str]:
     pal = report["predicted_accept_length"]
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets, all "
                  f"{report['data']['samples']} samples): served {_num(pal['served'])}, best {_num(pal['best'])}")
+    lines.append(f"  (accept length = {pal['definition']})")
+    if v.get("expected_accept"):
+        e = v["expected_accept"]
+        lines.append(f"expected accept length {e['given']} ({e['source']}) = {e['value']:.3f} as 1 + accepted/drafts; "
+                     f"predicted {_num(e['predicted'])}{': gap flagged' if e['flagged'] else ''}")
     if v.get("expected_acc") and v["expected_acc"]["flagged"]:
         e = v["expected_acc"]
         lines.append(f"expected acc {e['expected']:.3f} vs measured {_num(e['served'])}: gap flagged")

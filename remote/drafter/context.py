@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .chattemplate import Scan
 from .checkpoint import CheckpointInfo
 from .data import DumpSet, Sample, check_sample
 from .model import Eagle3Draft
@@ -32,11 +33,14 @@ class EvalContext:
     budget: int
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
     extra: dict[str, Any] = field(default_factory=dict)  # what loading found for the cause checks (Results.extra)
+    chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
 
     def load(self, index: int) -> Sample:
         """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
         by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
         sample = self.dumps.load(index)
+        if self.chat is not None:
+            self.chat.see(index, sample.token_ids)
         problem = check_sample(sample, self.draft.arch.vocab_size)
         if problem is None:
             return sample

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
+from ..eagle import acceptlength, engine_rules
 from .errors import OptionError
 
 MAX_STEPS = 32
@@ -24,6 +25,9 @@ class EvalOptions:
     steps: int = 3
     limit: int | None = None
     expected_acc: float | None = None
+    expected_accept_length: float | None = None  # a figure from training or a server, as its source defines it
+    expected_from: str = "vllm"  # whose definition it follows (remote/eagle/acceptlength.py SOURCES)
+    accept_tolerance: float = 0.10  # flag a predicted accept length this fraction below the expected one
     device: str = "auto"
     out: Path = Path(".")
     layout_samples: int = 64
@@ -35,6 +39,8 @@ class EvalOptions:
     min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
     engine: str | None = None  # the engine the host serves with (its advice); None: advise for both
     measured: Path | None = None  # a capture-check.json: slot layers measured from the engine
+    engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
+    serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
@@ -49,11 +55,19 @@ class EvalOptions:
                 lambda v: v is None or (_int(v) and v >= 2))
         _option("--expected-acc", self.expected_acc, "a number in (0, 1], or a percentage in (1, 100]",
                 lambda v: v is None or (_num(v) and 0 < v <= 100))
+        _option("--expected-accept-length", self.expected_accept_length,
+                "a number >= 0 (SpecForge's simulated_acc_len starts at 0; the others at 1)",
+                lambda v: v is None or (_num(v) and 0 <= v <= MAX_STEPS + 1))
+        _option("--expected-from", self.expected_from, "one of " + ", ".join(acceptlength.SOURCES),
+                lambda v: v in acceptlength.SOURCES)
+        _option("--accept-tolerance", self.accept_tolerance, "a fraction in [0, 1]", lambda v: _num(v) and 0 <= v <= 1)
         _option("--acc-tolerance", self.acc_tolerance, "a number in [0, 1]", lambda v: _num(v) and 0 <= v <= 1)
         _option("--layout-tolerance", self.layout_tolerance, "a fraction of the accept length in [0, 1]",
                 lambda v: _num(v) and 0 <= v <= 1)
         _option("--alpha", self.alpha, "a number in (0, 0.5]", lambda v: _num(v) and 0 < v <= 0.5)
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
+        _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
+                lambda v: v is None or (isinstance(v, str) and engine_rules.parse(v) is not None))
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..eagle import convention
+from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
 from . import causes, dumpformats, layouts
 from .causes.states import CAPTURE
@@ -43,7 +43,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "diagnosis": res.verdict.diagnosis + note,
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
-                    "expected_acc": expected, "findings": [f["id"] for f in findings]},
+                    "expected_acc": expected, "findings": [f["id"] for f in findings],
+                    "expected_accept": _expected_accept(opts, served_acc if served_acc is not None else best_acc)},
         "findings": findings,
         "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
@@ -60,6 +61,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
         "predicted_accept_length": {"steps": opts.steps, "basis": res.basis,
                                     "served": served_acc, "best": best_acc,
                                     "value": served_acc if served_acc is not None else best_acc,
+                                    "definition": acceptlength.PREDICTED, "walk_definition": acceptlength.WALK,
                                     "walk": {"served": _walked(res.full.get("served"), res.basis),
                                              "best": _walked(res.full.get("best"), res.basis)}},
         "checkpoint": ctx.info.to_dict(),
@@ -76,6 +78,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "vocab_coverage": res.coverage,
             "slot_statistics": res.extra.get(STATS),
             "vocab_mapping": res.extra.get(TRAINER_MAP),
+            "chat_format": res.extra.get("chat-template"),
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,
@@ -138,6 +141,19 @@ def _expected(opts: EvalOptions, res: Results) -> dict[str, Any] | None:
     return {"expected": expected, "served": served, "best": measured.get("best"),
             "gap": gap, "tolerance": opts.acc_tolerance,
             "flagged": gap is not None and gap > opts.acc_tolerance}
+
+
+def _expected_accept(opts: EvalOptions, predicted: float | None) -> dict[str, Any] | None:
+    """An accept length the user brought (``--expected-accept-length``), converted from its source's
+    definition to 1 + accepted/drafts before it is held against the prediction (failure-modes.md #12)."""
+    if opts.expected_accept_length is None:
+        return None
+    value = acceptlength.normalize(opts.expected_accept_length, opts.expected_from)
+    gap = value - predicted if predicted is not None else None
+    return {"given": opts.expected_accept_length, "source": opts.expected_from,
+            "source_definition": acceptlength.SOURCES[opts.expected_from][0], "value": value,
+            "definition": acceptlength.VLLM, "predicted": predicted, "gap": gap, "tolerance": opts.accept_tolerance,
+            "flagged": gap is not None and gap > opts.accept_tolerance * value}
 
 
 def _expected_note(e: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import states, vocab
+from . import engine, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -32,6 +32,14 @@ CASES: tuple[Case, ...] = (
     Case("embedding-scale-draft", ("embedding-scale",), states.embedding_scale_draft),
     Case("target-differs", ("target-differs",), states.target_differs),
     Case("target-differs-measured", ("target-differs",), states.target_differs_measured),
+    Case("layer-convention-shift", ("layer-convention-shift",), engine.sglang_ids_in_a_speculators_config),
+    Case("layer-ids-wrong", ("layer-ids-wrong",), engine.wrong_ids),
+    Case("ids-missing-engine-default", ("ids-missing-engine-default",), engine.ids_missing),
+    Case("algorithm-eagle-in-config", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_in_config),
+    Case("algorithm-eagle-at-launch", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_at_launch),
+    Case("config-key-ignored", ("config-key-ignored",), engine.key_sglang_ignores),
+    Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
+    Case("undertrained", ("undertrained",), usage.undertrained),
 )
 
 

@@ -13,8 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .algorithm import check as algorithm_check
+from .config_keys import check as config_keys_check
 from .facts import Facts
+from .layer_ids import check as layer_ids_check
 from .states import check as states_check
+from .training import check as training_check
+from .usage import check as usage_check
 from .vocab import check as vocab_check
 
 Finding = dict[str, Any]
@@ -23,14 +28,24 @@ Check = Callable[[Facts], list[Finding]]
 #: every cause family, in report order; a new family adds its module's ``check`` here
 CHECKS: tuple[Check, ...] = (
     vocab_check,
+    algorithm_check,
+    layer_ids_check,
+    config_keys_check,
+    usage_check,
+    training_check,
     states_check,
 )
 SEVERITIES = ("bad", "warn")
+#: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)
+RESIDUAL = frozenset({"undertrained"})
 
 
 def collect(facts: Facts) -> list[Finding]:
-    """Every check's findings, bad ones first (stable within a severity)."""
+    """Every check's findings, bad ones first (stable within a severity); a residual cause only when
+    nothing else was found."""
     found = [f for check in CHECKS for f in check(facts)]
+    if any(f["id"] not in RESIDUAL for f in found):
+        found = [f for f in found if f["id"] not in RESIDUAL]
     for f in found:
         assert f["severity"] in SEVERITIES and f["id"] and f["text"] and f["fix"], f
     return sorted(found, key=lambda f: SEVERITIES.index(f["severity"]))

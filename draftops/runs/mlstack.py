@@ -1,0 +1,47 @@
+"""Which remote tools need the ML stack, and the one line said before one would run without it.
+
+A laptop's base install (``pip install -e .``) has no torch or safetensors: an SSH host runs
+``remote/`` with its own ml-env, so driving it needs none here. The built-in ``local`` host runs
+``remote/`` with this very interpreter, so there the ML stack is the ``local`` extra's; without it the
+tool would die on ``import torch`` with a traceback in its log. ``tests/test_dependencies.py`` checks
+:data:`ML_TOOLS` against the import graph of every tool draftops starts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+
+from draftops.errors import ExtraMissing
+from draftops.link.host import Host
+
+#: the tools draftops starts whose imports reach torch, safetensors or numpy (outside a guard)
+ML_TOOLS = frozenset({"remote.drafter", "remote.capture", "remote.bench.demo_prompts"})
+ML_STACK = ("torch", "safetensors", "numpy")
+INSTALL = "pip install -e '.[local]'"
+
+
+def missing_here() -> list[str]:
+    """The ML stack's packages this interpreter cannot import (found, not imported: torch takes seconds)."""
+    return [name for name in ML_STACK if importlib.util.find_spec(name) is None]
+
+
+def runs_here(host: Host, python: str | None = None) -> bool:
+    """Whether ``host`` runs its tools with this interpreter: a ``local`` host whose python is ours."""
+    interpreter = python or host.spec.interpreter
+    same = os.path.abspath(os.path.expanduser(interpreter)) == os.path.abspath(sys.executable)
+    return host.spec.transport == "local" and same
+
+
+def require(host: Host, module: str, python: str | None = None) -> None:
+    """Refuse, in one line, to start ``module`` here when it needs what this install lacks."""
+    if module not in ML_TOOLS or not runs_here(host, python):
+        return
+    missing = missing_here()
+    if missing:
+        install = f"{shlex.quote(sys.executable)} -m {INSTALL}"
+        raise ExtraMissing(
+            f"Host {host.name!r} runs `{module}` with this interpreter ({sys.executable}), which has no "
+            f"{' and '.join(missing)}: install the `local` extra (`{install}` in the project, or scripts/setup.sh), "
+            "or pass --host NAME for a host with its own ml-env.")

@@ -15,11 +15,14 @@ import torch
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
 from . import causes, dumpformats, layouts
+from .causes.states import CAPTURE
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
 from .results import Results
 from .scoring import LayoutScore
+from .slotstats import STATS
+from .trainermap import TRAINER_MAP
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"
@@ -74,6 +77,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
+            "slot_statistics": res.extra.get(STATS),
+            "vocab_mapping": res.extra.get(TRAINER_MAP),
             "chat_format": res.extra.get("chat-template"),
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
@@ -87,12 +92,18 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
 def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
     """Where the slots' layer ids came from: a capture-check, data_config.json, or nowhere (said why
     for the formats that never record them)."""
-    if opts.measured is not None:
+    if opts.measured is not None and CAPTURE not in ctx.extra:
         return "capture-check (measured from the engine): " + str(opts.measured)
-    if ctx.dumps.slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
-        return ctx.dumps.slots.path
-    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers; pass a "
-            "data_config.json next to them (or one folder up) or run invoke capture-check")
+    slots = ctx.dumps.slots
+    if slots.source is not None:
+        known = ("" if slots.layer_ids is not None else
+                 " (aux slots only: the target's layer count is unknown; pass --verifier)")
+        return f"{slots.source}: {slots.path}{known}"
+    if slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
+        return slots.path
+    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers and no trainer "
+            "config next to them names them; pass a data_config.json next to them (or one folder up) or run "
+            "invoke capture-check")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
-from . import causes, dumpformats, layouts
+from . import causes, dumpformats, layouts, trainerconfig
 from .causes.states import CAPTURE
 from .context import EvalContext
 from .errors import OptionError, ResourceError
@@ -101,9 +101,12 @@ def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
         return f"{slots.source}: {slots.path}{known}"
     if slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
         return slots.path
+    yaml = trainerconfig.yaml_next_to(ctx.dumps.root)
+    unread = (f"; {yaml} looks like a trainer's YAML run config, which the host side cannot read (its ml-env "
+              "has no YAML parser): copy its aux_hidden_state_layer_ids into data_config.json" if yaml else "")
     return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers and no trainer "
             "config next to them names them; pass a data_config.json next to them (or one folder up) or run "
-            "invoke capture-check")
+            f"invoke capture-check{unread}")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:

@@ -119,3 +119,14 @@ def _info(file: Path, ids: Any, layers: int | None, how: str, aux: int, trainer:
                           f"dumps hold {aux} aux slots", path=file, field=how, expected=f"{aux} ids", found=ids,
                           fix="pass --data the dumps this config made, or put a data_config.json next to them")
     return TrainerIds(file, tuple(int(i) for i in ids), layers, how)
+
+
+def yaml_next_to(root: Path) -> Path | None:
+    """A YAML file next to the dumps (or one folder up): SpecForge's run configs are often YAML, which
+    this side cannot parse, so the report names the file instead of staying silent about it."""
+    base = root if root.is_dir() else root.parent
+    for folder in (base, base.parent):
+        found = sorted(f for f in folder.glob("*.y*ml") if f.suffix in (".yaml", ".yml") and f.is_file())
+        if found:
+            return found[0]
+    return None

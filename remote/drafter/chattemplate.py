@@ -13,7 +13,6 @@ than BOS, EOS, UNK and PAD (those open or close a sequence, not a message).
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +20,19 @@ from typing import Any
 
 import torch
 
+from .. import jsonread
 from .errors import ConfigError
 
 CHAT_SHARE = 0.9    # at least this share of samples opening with a role marker: the dumps are chat-formatted
 DOUBLE_BOS_WARN = 0.1   # more than this share of samples opening with two BOS: the template's BOS was doubled
+MAX_ID = (1 << 63) - 1  # token ids are int64 in the dumps: a larger one overflowed the marker tensor
 TEMPLATE_FLAGS = ("speculators' data generation and SpecForge's prepare_hidden_states / prepare_data take "
                   "--chat-template")
 
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return jsonread.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError("A tokenizer file of the verifier cannot be read as JSON", path=path,
                           expected="the tokenizer file the target was saved with", found=f"{type(exc).__name__}: {exc}",
@@ -106,17 +107,27 @@ def _specials(folder: Path, config: dict[str, Any]) -> dict[int, str]:
     decoder = config.get("added_tokens_decoder")
     if isinstance(decoder, dict):
         for key, entry in decoder.items():
-            if isinstance(entry, dict) and entry.get("special", True) and str(key).isdigit():
-                text = _content(entry)
-                if text:
-                    out[int(key)] = text
+            if isinstance(entry, dict) and entry.get("special", True) and _content(entry):
+                token_id = int(key) if str(key).isascii() and str(key).isdigit() else -1  # "²".isdigit() too
+                out[_token_id(token_id, folder / "tokenizer_config.json", f"added_tokens_decoder[{key!r}]")] = \
+                    str(_content(entry))
     path = folder / "tokenizer.json"
     doc = _json(path) if path.is_file() else None
-    for entry in (doc.get("added_tokens") or []) if isinstance(doc, dict) else []:
-        if (isinstance(entry, dict) and entry.get("special") and isinstance(entry.get("id"), int)
-                and _content(entry)):
-            out[int(entry["id"])] = str(entry["content"])
+    entries = doc.get("added_tokens") if isinstance(doc, dict) else None
+    for n, entry in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(entry, dict) and entry.get("special") and _content(entry):
+            out[_token_id(entry.get("id"), path, f"added_tokens[{n}].id")] = str(entry["content"])
     return out
+
+
+def _token_id(value: Any, path: Path, field: str) -> int:
+    """A special token's id as a tokenizer file gives it, or one paragraph naming the entry: an id that is
+    no int64 token id can be no role marker in the dumps, and a guessed one would miscount them."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID:
+        return value
+    raise ConfigError("A special token of the target's tokenizer has no usable token id", path=path, field=field,
+                      expected=f"a token id in 0..{MAX_ID}", found=repr(value)[:80],
+                      fix="copy the target's tokenizer files again (save_pretrained writes them)")
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""Hostile variants of the files and flags the findings read (issue #25/#29's outside probe): each is one
+clear paragraph naming the file and field, or a documented skip, never a traceback or a figure made up."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from remote.drafter import chattemplate
+from remote.drafter.errors import ConfigError
+
+TEMPLATE = "<|im_start|>{{ m }}<|im_end|>"
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def tokenizer(folder: Path, config: dict | str, tokenizer_json: dict | str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer_config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if tokenizer_json is not None:
+        (folder / "tokenizer.json").write_text(
+            tokenizer_json if isinstance(tokenizer_json, str) else json.dumps(tokenizer_json))
+    return folder
+
+
+@pytest.mark.parametrize("which", ["tokenizer_config.json", "tokenizer.json"])
+def test_a_tokenizer_file_nested_too_deep_is_one_paragraph_naming_it(tmp_path, which):
+    folder = tokenizer(tmp_path, DEEP if which == "tokenizer_config.json" else {"chat_template": TEMPLATE},
+                       DEEP if which == "tokenizer.json" else None)
+    with pytest.raises(ConfigError) as err:
+        chattemplate.Template.read(folder)
+    assert err.value.path == str(folder / which) and "nested too deep" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["²", "-3", str(2**70)])
+def test_an_added_token_key_that_is_no_token_id_is_named(tmp_path, key):
+    """``"²".isdigit()`` is true and ``int("²")`` fails; an id past int64 overflowed the marker tensor."""
+    folder = tokenizer(tmp_path, {"chat_template": TEMPLATE,
+                                  "added_tokens_decoder": {key: {"content": "<|im_start|>", "special": True}}})
+    with pytest.raises(ConfigError) as err:
+        chattemplate.Template.read(folder)
+    assert err.value.field == f"added_tokens_decoder[{key!r}]" and "tokenizer_config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [2**70, -5, True])
+def test_an_added_token_id_outside_int64_or_negative_is_named(tmp_path, bad):
+    folder = tokenizer(tmp_path, {"chat_template": TEMPLATE},
+                       {"added_tokens": [{"id": bad, "content": "<|im_start|>", "special": True}]})
+    with pytest.raises(ConfigError) as err:
+        chattemplate.Template.read(folder)
+    assert err.value.path == str(folder / "tokenizer.json") and err.value.field == "added_tokens[0].id"
+
+
+def test_good_added_tokens_still_become_role_markers(tmp_path):
+    folder = tokenizer(tmp_path, {"chat_template": TEMPLATE, "added_tokens_decoder": {
+        "7": {"content": "<|im_start|>", "special": True}}},
+        {"added_tokens": [{"id": 8, "content": "<|im_end|>", "special": True}]})
+    template = chattemplate.Template.read(folder)
+    assert template is not None and template.markers == {7: "<|im_start|>", 8: "<|im_end|>"}
+    scan = chattemplate.Scan(template)
+    scan.see(0, torch.tensor([7, 3, 8]))
+    assert scan.to_dict()["status"] == "chat"

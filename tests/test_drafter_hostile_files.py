@@ -61,3 +61,25 @@ def test_good_added_tokens_still_become_role_markers(tmp_path):
     scan = chattemplate.Scan(template)
     scan.see(0, torch.tensor([7, 3, 8]))
     assert scan.to_dict()["status"] == "chat"
+
+
+@pytest.mark.parametrize("body", ['{"num_train_samples": Infinity}', DEEP, '{"num_train_samples": 0.5}',
+                                  '{"num_train_samples": NaN, "num_train_epochs": Infinity}'])
+def test_a_trainer_file_with_no_usable_size_is_no_evidence(tmp_path, body):
+    """Infinity was int()ed into an OverflowError, a deep file raised RecursionError, 0.5 samples became
+    "0 samples"; none of them is a training size, so the finding says the size is unknown."""
+    from remote.drafter.causes import training
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "training_args.json").write_text(body)
+    assert training.training_size(str(tmp_path / "config.json"), str(tmp_path)) == \
+        {"samples": None, "epochs": None, "source": None}
+
+
+def test_a_trainer_files_whole_size_is_still_read(tmp_path):
+    from remote.drafter.causes import training
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "training_args.json").write_text('{"args": {"num_train_samples": 5000.0, "num_train_epochs": 2}}')
+    assert training.training_size(str(tmp_path / "config.json"), str(tmp_path)) == \
+        {"samples": 5000, "epochs": 2, "source": str(tmp_path / "training_args.json")}

@@ -12,10 +12,11 @@ paper used 500k+), speculators #751 (examples with 5k samples).
 """
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
+from ... import jsonread
 from .facts import Facts
 
 FLOORS = (0.4, 0.1, 0.01)   # speculators nightly: per-position floors of full_acc_k, k = 0, 1, 2
@@ -29,16 +30,18 @@ FIELD = ("SpecForge #128: 50k samples gave accept length 1.94, the EAGLE-3 paper
          "speculators #751's examples use 5k samples")
 
 
-def _find(doc: Any, keys: tuple[str, ...], depth: int = 0) -> Any:
-    """The first value of one of ``keys`` in a JSON document, searched breadth-first to depth 3."""
+def _find(doc: Any, keys: tuple[str, ...], depth: int = 0, *, whole: bool = False) -> Any:
+    """The first value of one of ``keys`` in a JSON document, searched breadth-first to depth 3: a finite
+    positive number (a whole one when ``whole``), since JSON's NaN and Infinity and 0.5 samples are no size."""
     if not isinstance(doc, dict) or depth > 3:
         return None
     for key in keys:
         value = doc.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0 \
+                and (not whole or float(value).is_integer()):
             return value
     for value in doc.values():
-        found = _find(value, keys, depth + 1)
+        found = _find(value, keys, depth + 1, whole=whole)
         if found is not None:
             return found
     return None
@@ -53,10 +56,10 @@ def training_size(config_path: str, ckpt: str) -> dict[str, Any]:
     out: dict[str, Any] = {"samples": None, "epochs": None, "source": None}
     for path in candidates:
         try:
-            doc = json.loads(path.read_text()) if path.is_file() else None
-        except (OSError, UnicodeDecodeError, ValueError):
+            doc = jsonread.loads(path.read_text()) if path.is_file() else None
+        except (OSError, UnicodeDecodeError, ValueError):   # jsonread: nested too deep is a ValueError
             continue   # a trainer's side file is optional: an unreadable one is no evidence
-        samples, epochs = _find(doc, SIZE_KEYS), _find(doc, EPOCH_KEYS)
+        samples, epochs = _find(doc, SIZE_KEYS, whole=True), _find(doc, EPOCH_KEYS)
         if samples is not None and out["samples"] is None:
             out.update(samples=int(samples), source=str(path))
         if epochs is not None and out["epochs"] is None:

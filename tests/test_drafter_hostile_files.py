@@ -83,3 +83,42 @@ def test_a_trainer_files_whole_size_is_still_read(tmp_path):
     (tmp_path / "training_args.json").write_text('{"args": {"num_train_samples": 5000.0, "num_train_epochs": 2}}')
     assert training.training_size(str(tmp_path / "config.json"), str(tmp_path)) == \
         {"samples": 5000, "epochs": 2, "source": str(tmp_path / "training_args.json")}
+
+
+def vocab_map(root: Path, d2t: torch.Tensor, vocab: int = 64) -> Path:
+    folder = root / "vocab_mapping"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"d2t": d2t, "t2d": torch.ones(vocab, dtype=torch.bool)}, folder / "vocab_mapping.pt")
+    return folder / "vocab_mapping.pt"
+
+
+@pytest.mark.parametrize("offset", [-100, 1000, 2**62])
+def test_a_data_map_onto_ids_outside_the_target_vocab_is_refused_not_scored(tmp_path, offset):
+    """It made a vocab-map-differs finding whose examples mapped draft ids to target id -100 or 2**62."""
+    from remote.drafter import trainermap
+    from remote.drafter.errors import CorruptFileError
+
+    file = vocab_map(tmp_path, torch.full((48,), offset, dtype=torch.long))
+    with pytest.raises(CorruptFileError) as err:
+        trainermap.compare(tmp_path, torch.zeros(48, dtype=torch.long), 64)
+    assert err.value.path == str(file) and err.value.tensor == "d2t" and "outside the target's 64" in str(err.value)
+
+
+def test_a_data_map_of_float_offsets_says_so(tmp_path):
+    from remote.drafter import trainermap
+    from remote.drafter.errors import CorruptFileError
+
+    vocab_map(tmp_path, torch.full((48,), float("nan")))
+    with pytest.raises(CorruptFileError) as err:
+        trainermap.compare(tmp_path, torch.zeros(48, dtype=torch.long), 64)
+    assert "not integer offsets" in str(err.value) and "float32" in str(err.value)
+
+
+def test_a_data_map_within_the_vocab_is_still_compared(tmp_path):
+    from remote.drafter import trainermap
+
+    d2t = torch.zeros(48, dtype=torch.long)
+    d2t[3] = 10
+    vocab_map(tmp_path, d2t)
+    facts = trainermap.compare(tmp_path, torch.zeros(48, dtype=torch.long), 64)
+    assert facts is not None and facts["files"][0]["draft_ids_differing"] == 1

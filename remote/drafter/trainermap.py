@@ -44,14 +44,28 @@ def read(file: Path, draft_vocab: int, vocab_size: int) -> tuple[torch.Tensor, t
                                path=file, expected="{'d2t': [N] int64, 't2d': [V] bool}", found=found,
                                fix=REGENERATE)
     d2t, t2d = raw["d2t"].reshape(-1), raw["t2d"].reshape(-1)
-    if d2t.is_floating_point() or d2t.shape[0] != draft_vocab or t2d.shape[0] != vocab_size:
+    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+        raise CorruptFileError("The vocab mapping's d2t next to the dumps is not integer offsets, so it names no "
+                               "target ids", path=file, tensor="d2t", expected="int64 offsets (target = d + d2t[d])",
+                               found=str(d2t.dtype).replace("torch.", ""), fix=REGENERATE)
+    if d2t.shape[0] != draft_vocab or t2d.shape[0] != vocab_size:
         raise ShapeMismatchError(
             "The vocab mapping next to the dumps is for another vocabulary than this draft's, so it cannot be "
             "the map the draft was trained with", path=file, tensor="d2t",
             expected=f"d2t [{draft_vocab}] int64 (the draft vocab) and t2d [{vocab_size}] (the target vocab)",
             found=f"d2t {list(d2t.shape)} {str(d2t.dtype).replace('torch.', '')}, t2d {list(t2d.shape)}",
             fix=f"{REGENERATE}; or pass --data the dumps this draft was trained on")
-    return d2t.to(torch.long), t2d.to(torch.bool)
+    d2t = d2t.to(torch.long)
+    target = d2t + torch.arange(draft_vocab)     # int64 wraps past 2**63; so does the check, both ways
+    outside = ((target < 0) | (target >= vocab_size) | (d2t < -vocab_size) | (d2t > vocab_size)).nonzero().flatten()
+    if outside.numel():   # SpecForge's generator maps into the target vocab only: a differ count would be made up
+        shown = ", ".join(f"draft id {int(i)} -> {int(target[i])}" for i in outside[:3])
+        raise CorruptFileError(
+            f"The vocab mapping next to the dumps maps {outside.numel()} of its {draft_vocab} draft ids outside the "
+            f"target's {vocab_size} token ids (e.g. {shown}), so it is no map the data was built with", path=file,
+            tensor="d2t", expected=f"d + d2t[d] in 0..{vocab_size - 1}", found=f"{outside.numel()} outside",
+            fix=REGENERATE)
+    return d2t, t2d.to(torch.bool)
 
 
 def compare(root: Path, d2t: torch.Tensor, vocab_size: int) -> dict[str, Any] | None:

@@ -122,3 +122,21 @@ def test_a_data_map_within_the_vocab_is_still_compared(tmp_path):
     vocab_map(tmp_path, d2t)
     facts = trainermap.compare(tmp_path, torch.zeros(48, dtype=torch.long), 64)
     assert facts is not None and facts["files"][0]["draft_ids_differing"] == 1
+
+
+@pytest.mark.parametrize("version", ["0.5.x; rm -rf", "0.5.\x1b[31m13", "0.5.13 (patched)", "0.5.13\n"])
+def test_an_engine_version_that_is_no_version_is_refused(version):
+    """It was accepted for its leading digits and quoted into every engine finding's text as given."""
+    from remote.drafter import EvalOptions
+    from remote.drafter.errors import OptionError
+
+    with pytest.raises(OptionError) as err:
+        EvalOptions(ckpt=Path("c"), data=Path("d"), engine_version=version).validate()
+    assert err.value.field == "--engine-version"
+
+
+@pytest.mark.parametrize("version", ["0.5.13", "v0.5.13.post1", "0.11.0rc1", "0.32.0+cpu", "99999"])
+def test_real_engine_versions_pass(version):
+    from remote.drafter import EvalOptions
+
+    EvalOptions(ckpt=Path("c"), data=Path("d"), engine_version=version).validate()

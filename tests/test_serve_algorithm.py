@@ -80,3 +80,6 @@ def test_host_engine_reads_the_installed_version_and_the_profiles_algorithm(tmp_
     assert found == HostEngine("sglang", "0.5.13", "EAGLE")
     assert found.eval_args() == ["--engine", "sglang", "--engine-version", "0.5.13", "--serve-algorithm", "EAGLE"]
     assert HostEngine("vllm", None, None).eval_args() == ["--engine", "vllm"]
+    # a version the drafter refuses (an escape sequence, a shell word) is one the host cannot tell
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.13;\x1b[2J\n")
+    assert host_engine(host) == HostEngine("sglang", None, "EAGLE")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from draftops.errors import DraftopsError
 from draftops.serve import launch_algorithm, profiles
 from draftops.serve.verdicts import serving_engine
+from remote.eagle import engine_rules
 
 if TYPE_CHECKING:
     from draftops.link.host import Host
@@ -65,7 +66,8 @@ def version_of(host: Host, engine: str, python: str) -> str | None:
     versions = answer.data.get("versions") if answer.exit_code == 0 and isinstance(answer.data, dict) else None
     if not isinstance(versions, dict):
         return None
-    return next((v for d in DISTS[engine] if isinstance(v := versions.get(d), str) and v), None)
+    # a version the drafter would refuse (engine_rules.is_version) is one it cannot tell: the newest is assumed
+    return next((v for d in DISTS[engine] if engine_rules.is_version(v := versions.get(d))), None)
 
 
 def host_engine(host: Host) -> HostEngine:

@@ -68,7 +68,7 @@ class EvalOptions:
         _option("--alpha", self.alpha, "a number in (0, 0.5]", lambda v: _num(v) and 0 < v <= 0.5)
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
         _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
-                lambda v: v is None or (isinstance(v, str) and engine_rules.parse(v) is not None))
+                lambda v: v is None or engine_rules.is_version(v))
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 

@@ -45,6 +45,16 @@ _HEURISTIC_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25", "glm4_m
 _GPT_OSS = ("gpt_oss",)
 
 
+#: a version as package metadata writes one (PEP 440 and local labels: 0.5.13.post1, 0.11.0rc1, 0.32.0+cpu);
+#: anything else (spaces, quotes, escape sequences) would be quoted into every engine finding as given
+VERSION = re.compile(r"v?\d+(?:\.\d+)*(?:[.+_-]?[A-Za-z0-9]+)*")
+
+
+def is_version(text: object) -> bool:
+    """Whether ``text`` is a version string the findings may quote (``VERSION``, at most 64 characters)."""
+    return isinstance(text, str) and len(text) <= 64 and VERSION.fullmatch(text) is not None
+
+
 def parse(version: str | None) -> tuple[int, ...] | None:
     """``"0.5.13.post1"`` -> (0, 5, 13); None for None or a string without a leading number."""
     if not version:

@@ -140,3 +140,23 @@ def test_real_engine_versions_pass(version):
     from remote.drafter import EvalOptions
 
     EvalOptions(ckpt=Path("c"), data=Path("d"), engine_version=version).validate()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_bin_draft_that_is_no_regular_file_is_refused_without_opening_it(tmp_path, kind):
+    """A pytorch_model.bin FIFO blocked open() forever (the eval hung); /dev/zero was called a code pickle."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "pytorch_model.bin"
+    {"fifo": lambda: os.mkfifo(path), "device": lambda: path.symlink_to("/dev/zero"),
+     "folder": path.mkdir}[kind]()
+    code = ("import sys; from pathlib import Path; from remote.drafter.tensorstore import TensorStore\n"
+            "from remote.drafter.errors import CorruptFileError\n"
+            "try: TensorStore.open(Path(sys.argv[1]))\n"
+            "except CorruptFileError as e: print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr
+    assert "is not a regular file" in done.stdout and str(path) in done.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import shutil
+import stat
 import zlib
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def is_gzip(file: Path) -> bool:
 
 def load(file: Path, regenerate: str) -> Any:
     """The object ``file`` holds; ``regenerate`` says how to remake the file (the fix of a refusal)."""
+    _regular(file, regenerate)
     try:
         return _load(file)
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -39,6 +41,22 @@ def load(file: Path, regenerate: str) -> Any:
                                fix=f"check the path and its permissions, or {regenerate}") from exc
     except Exception as exc:  # pickle/zip errors have many types
         raise _refusal(file, exc, regenerate) from exc
+
+
+def _regular(file: Path, regenerate: str) -> None:
+    """Only a regular file (through its links) is opened: a FIFO blocks ``open`` forever, a device such as
+    /dev/zero reads without end, and a folder is no save."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as exc:
+        raise CorruptFileError(f"The file cannot be read ({type(exc).__name__}: {exc})", path=file,
+                               fix=f"check the path and its permissions, or {regenerate}") from exc
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file")
+        raise CorruptFileError(f"The file is not a regular file but {kind}, so it is not opened", path=file,
+                               expected="a torch.save file", found=kind,
+                               fix=f"point at the saved file itself (not a link to a device or pipe), or {regenerate}")
 
 
 def _load(file: Path) -> Any:

@@ -160,3 +160,25 @@ def test_a_bin_draft_that_is_no_regular_file_is_refused_without_opening_it(tmp_p
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert done.returncode == 0, done.stderr
     assert "is not a regular file" in done.stdout and str(path) in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_json_next_to_the_dumps_that_is_no_regular_file_is_passed_over(tmp_path, kind):
+    """trainerconfig read every *.json next to the dumps: a FIFO hung, a link to /dev/zero (size 0) was read
+    without end. A special file is no trainer config: passed over, as a file too large is."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "a_run.json"   # sorted before the config
+    os.mkfifo(path) if kind == "fifo" else path.symlink_to("/dev/zero")
+    (tmp_path / "data" / "eagle.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))
+    code = ("import resource, sys; from pathlib import Path\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            "from remote.drafter import trainerconfig\n"
+            "print(trainerconfig.read(Path(sys.argv[1]), 3, 'SpecForge').aux_ids)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(1, 2, 3)"

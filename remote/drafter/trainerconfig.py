@@ -45,8 +45,8 @@ def read(root: Path, aux: int, trainer: str) -> TrainerIds | None:
     base = root if root.is_dir() else root.parent
     for folder in (base, base.parent):
         for file in sorted(folder.glob("*.json")):
-            if file.name == "data_config.json" or file.stat().st_size > MAX_BYTES:
-                continue
+            if file.name == "data_config.json" or not file.is_file() or file.stat().st_size > MAX_BYTES:
+                continue   # a FIFO would block the read and a link to /dev/zero read without end: no config
             doc = _json(file)
             found = _ids(doc, file) if isinstance(doc, dict) else None
             if found is not None:
@@ -57,6 +57,8 @@ def read(root: Path, aux: int, trainer: str) -> TrainerIds | None:
 
 def _json(file: Path) -> Any:
     try:
+        if not file.is_file() or file.stat().st_size > MAX_BYTES:
+            return None   # a draft or target config.json this names is small and a regular file too
         return jsonread.loads(file.read_bytes())
     except (OSError, ValueError):
         return None

@@ -182,3 +182,26 @@ def test_a_json_next_to_the_dumps_that_is_no_regular_file_is_passed_over(tmp_pat
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "(1, 2, 3)"
+
+
+@pytest.mark.parametrize("ids", [[1, 3, 40], [2**70, 3, 4]])
+def test_trainer_config_ids_past_the_targets_layers_are_refused(tmp_path, ids):
+    """A run config naming layer 40 (or 2**70) of the demo's 6-layer target became the report's slot layers."""
+    from remote.drafter import trainerconfig
+    from tests.drafter_support import demo
+
+    config = tmp_path / "train.json"
+    config.write_text(json.dumps({"model": {"target_model_path": str(demo().target),
+                                            "aux_hidden_state_layer_ids": ids}}))
+    with pytest.raises(ConfigError) as err:
+        trainerconfig.read(tmp_path, 3, "SpecForge")
+    assert err.value.path == str(config) and "6 layers" in str(err.value)
+
+
+def test_huge_ids_are_refused_without_a_target_layer_count(tmp_path):
+    from remote.drafter import trainerconfig
+
+    (tmp_path / "eagle.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 2, 2**70]}))
+    with pytest.raises(ConfigError) as err:
+        trainerconfig.read(tmp_path, 3, "ModelOpt")
+    assert err.value.path == str(tmp_path / "eagle.json")

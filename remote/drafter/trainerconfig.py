@@ -27,7 +27,9 @@ from .config import is_integral
 from .errors import ConfigError
 
 KEY = "eagle_aux_hidden_state_layer_ids"
+TARGET_FILE = "model.target_model_path's config.json num_hidden_layers"
 MAX_BYTES = 1 << 20  # a config is small; a large JSON next to dumps is something else
+MAX_LAYERS = 1 << 16  # no target has this many layers: an id past it (2**70) is no layer, target known or not
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,13 @@ def _info(file: Path, ids: Any, layers: int | None, how: str, aux: int, trainer:
         raise ConfigError("The trainer config next to the dumps names its aux layers wrongly", path=file,
                           field=how, expected="distinct non-negative integer layer ids, one per aux slot",
                           found=ids, fix="correct the ids, or put a data_config.json next to the dumps")
+    limit = layers if layers is not None else MAX_LAYERS
+    if any(int(i) >= limit for i in ids):
+        told = f"the target's {layers} layers ({TARGET_FILE})" if layers is not None else f"{MAX_LAYERS} layers"
+        raise ConfigError(f"The trainer config next to the dumps names aux layers past {told}", path=file,
+                          field=how, expected=f"layer ids in 0..{limit - 1}", found=ids,
+                          fix="correct the ids (or the target_model_path), or put a data_config.json next to "
+                              "the dumps")
     if len(ids) != aux:
         raise ConfigError(f"The trainer config next to the dumps names {len(ids)} aux layers, but the {trainer} "
                           f"dumps hold {aux} aux slots", path=file, field=how, expected=f"{aux} ids", found=ids,

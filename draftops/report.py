@@ -74,7 +74,9 @@ def engine_states_table(es: EngineStatesPart, dumps_accept: dict[str, float | No
     """The draft on the engine's own states (a capture check kept them), next to the dumps' figure for
     the same role: trainer dumps holding only training's slots have no served figure of their own."""
     table = Table(title=f"on the engine's own states ({es.samples} samples a capture check sent, {es.basis} "
-                        f"targets, K={es.steps}; {escape(es.path)})", title_justify="left")
+                        f"targets, K={es.steps}; {escape(es.path)})"
+                        + (f"; {len(es.skipped)} not scored (NaN/inf), e.g. {escape(es.skipped[0].path)}: "
+                           f"{escape(es.skipped[0].reason)}" if es.skipped else ""), title_justify="left")
     for col in ("layout", "layer ids (SGLang)", "vLLM ids", "step-0 acc (engine)", "accept length (engine)",
                 "accept length (dumps)"):
         table.add_column(col, justify="left" if col.startswith("layout") or "ids" in col else "right")

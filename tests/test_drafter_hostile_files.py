@@ -205,3 +205,30 @@ def test_huge_ids_are_refused_without_a_target_layer_count(tmp_path):
     with pytest.raises(ConfigError) as err:
         trainerconfig.read(tmp_path, 3, "ModelOpt")
     assert err.value.path == str(tmp_path / "eagle.json")
+
+
+def test_an_engine_state_file_with_nan_is_named_as_skipped(tmp_path):
+    """A NaN engine-state sample was dropped from the engine figures silently (samples said 4, 3 scored)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.drafter_support import demo, run_eval
+
+    states = tmp_path / "engine-states"
+    states.mkdir()
+    shutil.copy(demo().data / "data_config.json", states)
+    for i in range(4):
+        shutil.copy(demo().data / f"hs_{i}.safetensors", states)
+    tensors = load_file(states / "hs_1.safetensors")
+    tensors["hidden_states"][3] = float("nan")
+    save_file(tensors, states / "hs_1.safetensors")
+    part = run_eval(tmp_path / "out", engine_states=states, limit=8, layout_samples=8)["engine_states"]
+    assert part["samples"] == 4 and part["skipped"] == [
+        {"path": str(states / "hs_1.safetensors"), "reason": part["skipped"][0]["reason"]}]
+    assert "NaN" in part["skipped"][0]["reason"] and "token 3" in part["skipped"][0]["reason"]
+    from draftops.documents.drafter_report import EngineStatesPart
+    from draftops.report import engine_states_table
+
+    table = engine_states_table(EngineStatesPart.model_validate(part), {})
+    assert "1 not scored (NaN/inf)" in str(table.title) and "hs_1.safetensors" in str(table.title)

@@ -119,11 +119,19 @@ class EngineLayout(Part):
     accept_length: float | None = None
 
 
+class SkippedFile(Part):
+    """A file the evaluation read but could not score (NaN/inf states), and why."""
+
+    path: str
+    reason: str = ""
+
+
 class EngineStatesPart(Part):
     """``engine_states`` (added): the draft scored on the states a capture check kept."""
 
     path: str
     samples: int = 0
+    skipped: list[SkippedFile] = []
     basis: str = "data"
     steps: int = 0
     slots: int = 0

@@ -169,6 +169,8 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
                 "layer_ids_vllm": convention.convert(layer_ids, convention.SGLANG, convention.VLLM),
                 "step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
     return {"path": str(states.root), "states": "engine", "samples": count, "tokens": tokens, "basis": basis,
+            # engine-state files not scored (NaN/inf), as the top-level ``skipped`` names the dumps' own
+            "skipped": [{"path": path, "reason": why} for path, why in ectx.skipped.items()],
             "steps": opts.steps, "slots": len(ids), "slot_layer_ids": ids, "final_slot": ectx.final_slot,
             "scanned_layouts": len(combos) if scanned else 0,
             "trained_from": _trained_from(ctx, trained),

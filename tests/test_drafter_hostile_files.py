@@ -232,3 +232,17 @@ def test_an_engine_state_file_with_nan_is_named_as_skipped(tmp_path):
 
     table = engine_states_table(EngineStatesPart.model_validate(part), {})
     assert "1 not scored (NaN/inf)" in str(table.title) and "hs_1.safetensors" in str(table.title)
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_chat_template_of_megabytes_is_refused_naming_it(tmp_path, where):
+    """A 50 MB template took 42 s to scan for the role markers of 2000 special tokens (a real one is KBs)."""
+    big = "<|im_start|>" + "x" * (chattemplate.MAX_TEMPLATE + 1)
+    if where == "chat_template.jinja":
+        tokenizer(tmp_path, {})
+        (tmp_path / where).write_text(big)
+    else:
+        tokenizer(tmp_path, {"chat_template": big})
+    with pytest.raises(ConfigError) as err:
+        chattemplate.Template.read(tmp_path)
+    assert err.value.path == str(tmp_path / where) and "MB" in str(err.value)

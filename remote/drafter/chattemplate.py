@@ -25,6 +25,7 @@ from .errors import ConfigError
 
 CHAT_SHARE = 0.9    # at least this share of samples opening with a role marker: the dumps are chat-formatted
 DOUBLE_BOS_WARN = 0.1   # more than this share of samples opening with two BOS: the template's BOS was doubled
+MAX_TEMPLATE = 1 << 20  # characters: real chat templates are a few KB; each special token is searched in it
 MAX_ID = (1 << 63) - 1  # token ids are int64 in the dumps: a larger one overflowed the marker tensor
 TEMPLATE_FLAGS = ("speculators' data generation and SpecForge's prepare_hidden_states / prepare_data take "
                   "--chat-template")
@@ -88,17 +89,35 @@ def _template(folder: Path, config: dict[str, Any], config_path: Path) -> tuple[
                           path=config_path, field="chat_template", expected="a Jinja string",
                           found=type(value).__name__, fix="copy the target's tokenizer_config.json again")
     if value:
-        return value, where
+        return _sized(value, config_path, "chat_template"), where
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(errors="replace"), str(jinja)
+        size = jinja.stat().st_size
+        if size > 4 * MAX_TEMPLATE:   # read no more than a template can hold (UTF-8: up to 4 bytes a character)
+            raise _too_large(jinja, None, size)
+        return _sized(jinja.read_text(errors="replace"), jinja, None), str(jinja)
     as_json = folder / "chat_template.json"
     if as_json.is_file():
         doc = _json(as_json)
         got = doc.get("chat_template") if isinstance(doc, dict) else None
         if isinstance(got, str) and got:
-            return got, f"{as_json} chat_template"
+            return _sized(got, as_json, "chat_template"), f"{as_json} chat_template"
     return None, ""
+
+
+def _sized(text: str, path: Path, field_name: str | None) -> str:
+    """The template text, or one paragraph when it is far larger than any chat template (each special
+    token is searched for in it: a 50 MB one took 42 s for 2000 tokens)."""
+    if len(text) <= MAX_TEMPLATE:
+        return text
+    raise _too_large(path, field_name, len(text))
+
+
+def _too_large(path: Path, field_name: str | None, size: int) -> ConfigError:
+    found = f"{size / 1e6:.1f} MB"
+    return ConfigError("The target's chat template is far larger than a chat template is", path=path,
+                      field=field_name, expected=f"at most {MAX_TEMPLATE // 1024} KB (real ones are a few KB)",
+                      found=found, fix="copy the target's tokenizer files again (save_pretrained writes them)")
 
 
 def _specials(folder: Path, config: dict[str, Any]) -> dict[int, str]:

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     engine = args[0] if args else ""
     out = os.fdopen(os.dup(1), "w")       # the protocol's channel; fd 1 itself is each step's log
+    os.dup2(2, 1)                         # what the import prints goes to the session's log, not the channel
     _drop_code_path()
     started = time.monotonic()
     try:

@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from draftops.documents.drafter_report import Comparison, DrafterReport
+from draftops.documents.drafter_report import Comparison, DrafterReport, Finding
 from draftops.terminal import markup_safe as escape
 from remote.eagle import acceptlength
+from remote.eagle.engine_rules import LAYER_FINDINGS
 from remote.eagle.formats import IDS_KEY, NESTED_FIELD
 
 
@@ -193,7 +194,14 @@ def show(report: DrafterReport, console: Console) -> None:
 def findings_panel(report: DrafterReport) -> Panel:
     """The named causes found in this draft, each with its fix ("bad" ones first)."""
     ordered = sorted(report.findings, key=lambda f: f.severity != "bad")
-    lines = [f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
-             f"{escape(f.text)} fix: {escape(f.fix)}" for f in ordered]
+    told = report.verdict.status == "MISMATCH"   # the verdict above tells a layer finding's story and its fix
+
+    def line(f: Finding) -> str:
+        head = f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
+        if told and f.id in LAYER_FINDINGS:
+            return head + "the verdict above (evidence in report.json)"
+        return head + f"{escape(f.text)} fix: {escape(f.fix)}"
+
+    lines = [line(f) for f in ordered]
     colour = "red" if any(f.severity == "bad" for f in ordered) else "yellow"
     return Panel("\n".join(lines), title="findings", border_style=colour)

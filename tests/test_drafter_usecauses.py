@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,24 @@ def test_a_doubled_bos_is_seen_in_the_token_sequences(tmp_path):
     assert chat["samples"] == 10 and chat["double_bos"] == 4 and chat["status"] == "chat"
     [f] = chattemplate.finding(chat)
     assert f["id"] == "chat-template" and "4 of the 10" in f["text"] and "add_special_tokens=False" in f["fix"]
+
+
+def test_the_batchers_reader_threads_count_every_sample_once(tmp_path):
+    """The batcher's reader threads call ``see`` at once: every sample counts, once (a lost update made
+    the same dumps count differently in two formats)."""
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": "[INST] {{ messages[0]['content'] }}",
+        "added_tokens_decoder": {"3": {"content": "[INST]", "special": True}}}))
+    template = chattemplate.Template.read(folder)
+    assert template is not None
+    scan = chattemplate.Scan(template)
+    ids = [torch.tensor([3, 9, 9, 3] * 64) if i % 2 else torch.tensor([9, 9] * 128) for i in range(4000)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: scan.see(i, ids[i]), [*range(4000), *range(4000)]))
+    chat = scan.to_dict()
+    assert (chat["samples"], chat["opens_with_marker"], chat["contains_marker"]) == (4000, 2000, 2000)
 
 
 def test_a_broken_tokenizer_config_is_one_clear_error(tmp_path):

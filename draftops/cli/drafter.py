@@ -13,8 +13,8 @@ from draftops.cli.options import NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult, run_tool
+from draftops.serve.host_engine import host_engine
 from draftops.serve.request import demo_dir
-from draftops.serve.verdicts import serving_engine
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -50,9 +50,9 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     host = connect(c, host)
     ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    engine = serving_engine(host.spec)
-    if engine:
-        args += ["--engine", engine]
+    served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets
+    engine = served.engine
+    args += served.eval_args()
     ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc),

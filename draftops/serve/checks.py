@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from draftops.serve import launch_algorithm
 from draftops.serve.engines import SPECULATIVE_MAX
+from draftops.serve.launch_algorithm import ALGORITHM_ID
 from draftops.serve.request import DEMO, Plan
 from draftops.serve.verdicts import Measured, Verdict
 from draftops.terminal import clean
 from remote.eagle import convention
+from remote.eagle.engine_rules import LAYER_FINDINGS
 
 if TYPE_CHECKING:
     from draftops.documents.serve_inspect import CaptureFacts, DraftFacts, Reading, ServeInspect, TargetFacts
@@ -53,6 +56,16 @@ def flag_checks(plan: Plan, found: Findings) -> None:
             f"--baseline serves the target with no draft, so {_flags(*given.items())} would be ignored. "
             "Drop them; start the speculative run with the same profile so both use the same max "
             "running requests.")
+        return
+    launched = launch_algorithm.from_extra_args(engine.name, launch.extra_args)
+    if launch.draft is not None and launch_algorithm.runs_as_eagle(launched):
+        found.refusals.append(
+            f"{ALGORITHM_ID}: serve profile {plan.profile.name!r} of host {plan.profile.host!r} sets the "
+            f"speculative algorithm {launched!r} in `extra_args`; the engine keeps the last value, so it would "
+            "run the EAGLE-3 draft as EAGLE-1/2, skip its fc without an error and accept nothing (accept length "
+            "exactly 1.0, SGLang PR #21272). Remove it from extra_args: `invoke serve` launches "
+            + ("--speculative-algorithm EAGLE3" if engine.name == convention.SGLANG else 'method "eagle3"')
+            + " itself.")
         return
     owned = [a for a in launch.extra_args if a.split("=", 1)[0] in engine.owned_flags]
     if owned:
@@ -168,10 +181,10 @@ def _algorithm(plan: Plan, draft: DraftFacts, found: Findings) -> None:
                 else f"architectures {draft.architectures}")
     flag = "--speculative-algorithm EAGLE3" if plan.engine.name == "sglang" else '"method": "eagle3"'
     found.refusals.append(
-        f"The draft {plan.launch.draft} is not an EAGLE-3 draft: its config declares {declared}. `invoke "
-        f"serve` starts {plan.engine.label} with {flag}, which needs an EAGLE-3 head (architectures "
-        "LlamaForCausalLMEagle3, or speculators_model_type eagle3); an EAGLE-1/2 head under EAGLE3, or an "
-        "EAGLE-3 head under EAGLE, loads without an error and accepts almost nothing (accept length "
+        f"{ALGORITHM_ID}: the draft {plan.launch.draft} is not an EAGLE-3 draft: its config declares "
+        f"{declared}. `invoke serve` starts {plan.engine.label} with {flag}, which needs an EAGLE-3 head "
+        "(architectures LlamaForCausalLMEagle3, or speculators_model_type eagle3); an EAGLE-1/2 head under "
+        "EAGLE3, or an EAGLE-3 head under EAGLE, loads without an error and accepts almost nothing (accept length "
         "1.0, SGLang PR #21272). Point --draft at an EAGLE-3 checkpoint.")
 
 
@@ -235,8 +248,8 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
     if verdict is None:
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
         return
-    _bad_findings(plan, verdict, found)
     current = draft.ids_by_engine.get(convention.VLLM)
+    _bad_findings(plan, verdict, found, stale=verdict.stale(current))
     head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
     if verdict.stale(current):
         found.notes.append(f"{head}, for ids {verdict.configured_ids}; the config now holds {current}, "
@@ -267,10 +280,13 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
                         "again, or pass --force to serve it as it is.")
 
 
-def _bad_findings(plan: Plan, verdict: Verdict, found: Findings) -> None:
+def _bad_findings(plan: Plan, verdict: Verdict, found: Findings, stale: bool = False) -> None:
     """A `bad` finding of the latest report (e.g. vocab-map-identity) is refused unless --force (the demo:
-    shown); it is about the weights, so a change of the config's ids since does not retire it."""
+    shown). One about the weights stays after the config's ids change; one about the ids does not, and
+    while the verdict is MISMATCH the verdict's own refusal says it."""
     for fid, _, text, fix in verdict.bad:
+        if fid in LAYER_FINDINGS and (stale or verdict.status == "MISMATCH"):
+            continue
         said = f"test-drafter run {verdict.run_id} found {fid}: {clean(text)}"
         if plan.request.draft == DEMO:
             found.warnings.append(f"{said} Fix: {clean(fix)}")

@@ -14,6 +14,7 @@ than BOS, EOS, UNK and PAD (those open or close a sequence, not a message).
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,8 +130,14 @@ class Scan:
     contains_marker: int = 0       # a role marker anywhere in the sequence
     double_bos: int = 0            # the sequence opens with BOS twice
     first_tokens: dict[int, int] = field(default_factory=dict)  # the opening token (after BOS) -> samples
+    # the batcher's reader threads load samples at once (batching.py): counting without the lock lost updates
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def see(self, index: int, ids: torch.Tensor) -> None:
+        with self.lock:
+            self._see(index, ids)
+
+    def _see(self, index: int, ids: torch.Tensor) -> None:
         if index in self.seen or ids.numel() == 0:
             return
         self.seen.add(index)

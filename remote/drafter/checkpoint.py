@@ -46,13 +46,16 @@ class CheckpointInfo:
     warnings: list[str] = field(default_factory=list)
     ids_by_engine: dict[str, list[int] | None] = field(default_factory=dict)   # what each engine reads
     vocab_map: vocabmap.MapFacts | None = None
+    algorithm: str | None = None   # what the config declares (config.declared_algorithm)
+    algorithm_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "path": self.path, "config_path": self.config_path,
                 "weight_files": self.weight_files, "configured_layer_ids": self.configured_layer_ids,
                 "layer_ids_key": self.layer_ids_key, "embed_source": self.embed_source,
                 "structure": self.arch.to_dict(), "warnings": self.warnings,
-                "vocab_map": self.vocab_map.to_dict() if self.vocab_map else None}
+                "vocab_map": self.vocab_map.to_dict() if self.vocab_map else None,
+                "algorithm": self.algorithm}
 
 
 def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
@@ -91,12 +94,10 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
         warnings.append(note)
     _check_rope(arch, cfg)
     warnings += _unread_ids(cfg)
-    if arch.norm_before_residual:
-        warnings.append("norm_before_residual=true: SGLang's LlamaForCausalLMEagle3 ignores this flag "
-                        "(its residual is always the un-normed hidden), so SGLang serves a different model")
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
                           cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine),
-                          vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d")))
+                          vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d")),
+                          cfg.algorithm, cfg.algorithm_source)
     return Eagle3Draft(arch, weights, device, dtype), info
 
 

@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ev.add_argument("--engine", choices=("sglang", "vllm"),
                     help="the engine the host serves with: the verdict's advice is for it (default: both)")
+    ev.add_argument("--engine-version",
+                    help="that engine's version (e.g. 0.5.13): the findings apply its rules (default: the "
+                         "newest version read, said in each finding)")
+    ev.add_argument("--serve-algorithm",
+                    help="the speculative algorithm the host's serve profile launches with, when it sets one "
+                         "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
@@ -89,6 +95,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
                        acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
                        alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
+                       engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
                        accept_tolerance=args.accept_tolerance)
 

@@ -54,6 +54,8 @@ class DraftConfig:
     norm_before_fc: bool
     norm_before_residual: bool
     norm_output: bool
+    algorithm: str | None = None   # "eagle3", "eagle" (EAGLE-1/2) ...: what the config declares (None: nothing)
+    algorithm_source: str = ""     # the field and value that declare it, for messages
 
     def layer_field(self, key: str) -> str:
         """The dotted name of a decoder-layer field in this config's format (for error messages)."""
@@ -126,7 +128,9 @@ def parse(cfg: dict[str, Any], cfg_path: Path, layout: str | None = None) -> Dra
     if types is not None and (not isinstance(types, list) or any(t not in LAYER_TYPES for t in types)):
         raise layer.bad("layer_types", f"a list of {' / '.join(LAYER_TYPES)}", types)
     target_hidden = top.integer("target_hidden_size")
+    algorithm, algorithm_source = declared_algorithm(cfg)
     return DraftConfig(
+        algorithm=algorithm, algorithm_source=algorithm_source,
         path=cfg_path, format=fmt, layer_ids=ids, layer_ids_key=key, unread_ids=unread, ids_by_engine=by_engine,
         hidden_size=layer.integer("hidden_size"),
         target_hidden_size=target_hidden if target_hidden is not None else layer.integer("target_hidden_size"),
@@ -230,6 +234,19 @@ def is_integral(value: Any) -> bool:
 
 def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, list, dict)) else str(value)
+
+
+def declared_algorithm(cfg: dict[str, Any]) -> tuple[str | None, str]:
+    """The speculative algorithm the config declares and where: ``speculators_config.algorithm`` first
+    (what speculators and vLLM dispatch on), then ``convention.draft_algorithm``."""
+    spec = cfg.get("speculators_config")
+    declared = spec.get("algorithm") if isinstance(spec, dict) else None
+    if isinstance(declared, str) and declared.lower() != "eagle3":
+        return declared.lower(), f"speculators_config.algorithm {declared!r}"
+    algorithm = convention.draft_algorithm(cfg)
+    if isinstance(cfg.get("speculators_model_type"), str):
+        return algorithm, f"speculators_model_type {cfg['speculators_model_type']!r}"
+    return algorithm, f"architectures {cfg.get('architectures')}"
 
 
 def _layer_ids(top: Fields, fmt: str) -> tuple[list[int] | None, str | None, dict[str, list[int]],

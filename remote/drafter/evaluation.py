@@ -11,15 +11,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import events
-from ..eagle import convention
+from ..eagle import convention, engine_rules
 from . import chattemplate, layouts, report, stats, vocabmap
 from .batching import Batch, background, iter_batches, to_device
+from .causes import config_keys
 from .chance import ChanceLevel
 from .checkpoint import load_checkpoint
 from .context import EvalContext
@@ -70,7 +72,9 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     _log(f"metrics: {opts.steps} TTT steps on {count} samples")
-    full, tokens, chance, coverage = _metrics(ctx, count, roles, opts)
+    variant = _as_engine_runs(ctx, opts, roles)
+    full, tokens, chance, coverage = _metrics(ctx, count, roles, opts, variant)
+    as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
@@ -80,7 +84,8 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,
-        extra={"chat-template": _chat_format(ctx, opts)}))
+        extra={"chat-template": _chat_format(ctx, opts),
+               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)}))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
@@ -231,9 +236,58 @@ def _roles(scan: dict[tuple[int, ...], LayoutScore], basis: str, served: Interpr
     return roles
 
 
-def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions
-             ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
+@dataclass(frozen=True)
+class _Variant:
+    """The draft as the serving engine runs it (config keys it ignores switched off), scored on ``slots``."""
+
+    draft: Eagle3Draft
+    slots: tuple[int, ...]
+    engine: str
+    keys: list[dict[str, Any]]
+
+
+def _as_engine_runs(ctx: EvalContext, opts: EvalOptions, roles: dict[str, tuple[int, ...]]) -> _Variant | None:
+    """A variant for the config-key-ignored check (causes/config_keys.py) when the engine the host
+    serves with ignores a key this draft was trained with; scored on the trained (best) layout."""
+    engine = config_keys.engine_of(opts.engine, ctx.info.format)
+    keys = config_keys.ignored(ctx.draft, engine, opts.engine_version)
+    if not keys:
+        return None
+    slots = roles.get("best", roles.get("served"))
+    assert slots is not None
+    return _Variant(config_keys.as_engine_runs(ctx.draft, keys), slots, engine,
+                    config_keys.describe(keys, engine))
+
+
+def _variant_extra(variant: _Variant | None, score: LayoutScore | None, full: dict[str, LayoutScore], basis: str,
+                   opts: EvalOptions, ctx: EvalContext, count: int) -> dict[str, Any]:
+    """What the config-key-ignored check reads: both runs' step-0 accuracy and accept length."""
+    if variant is None or score is None:
+        return {}
+    trained = next(sc for sc in full.values() if sc.slots == variant.slots)
+
+    def run(score: LayoutScore) -> dict[str, float | None]:
+        counts = score.counts(basis) or score.data
+        return {"step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+
+    version, assumed = engine_rules.effective(variant.engine, opts.engine_version)
+    slot_ids = ctx.dumps.slots.layer_ids
+    return {config_keys.ID: {
+        "engine": variant.engine, "engine_version": version, "version_assumed": assumed, "keys": variant.keys,
+        "layer_ids": [slot_ids[s] for s in variant.slots] if slot_ids else list(variant.slots),
+        "samples": count, "basis": basis, "as_trained": run(trained), "as_engine_runs": run(score)}}
+
+
+_VARIANT = "as-engine-runs"  # the variant's role in the metrics pass (not a layout role of the report)
+
+
+def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions,
+             variant: _Variant | None = None) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
     scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
+    drafts = {role: ctx.draft for role in roles}
+    if variant is not None:
+        scores[_VARIANT] = new_score(variant.slots, opts.steps, ctx.head is not None)
+        drafts[_VARIANT] = variant.draft
     draft = ctx.draft
     emit_ids = draft.draft_to_target(torch.arange(draft.arch.draft_vocab_size, device=draft.device)).cpu()
     emit = torch.zeros(draft.arch.vocab_size, dtype=torch.bool)
@@ -254,8 +308,8 @@ def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], op
             else:
                 chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
             coverage.update(batch.next_ids, batch.scored)
-            for score in scores.values():
-                score_batch(ctx.draft, batch, score, opts.steps, vt)
+            for role, score in scores.items():
+                score_batch(drafts[role], batch, score, opts.steps, vt)
             tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
             done += batch.lengths.shape[0]
             events.progress(done, count, "metrics samples")

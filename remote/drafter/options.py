@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from ..eagle import acceptlength
+from ..eagle import acceptlength, engine_rules
 from .errors import OptionError
 
 MAX_STEPS = 32
@@ -39,6 +39,8 @@ class EvalOptions:
     min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
     engine: str | None = None  # the engine the host serves with (its advice); None: advise for both
     measured: Path | None = None  # a capture-check.json: slot layers measured from the engine
+    engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
+    serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
@@ -64,6 +66,8 @@ class EvalOptions:
                 lambda v: _num(v) and 0 <= v <= 1)
         _option("--alpha", self.alpha, "a number in (0, 0.5]", lambda v: _num(v) and 0 < v <= 0.5)
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
+        _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
+                lambda v: v is None or (isinstance(v, str) and engine_rules.parse(v) is not None))
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import usage, vocab
+from . import engine, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -26,6 +26,12 @@ CASES: tuple[Case, ...] = (
     Case("vocab-map-identity-zeros", ("vocab-map-identity",), vocab.identity_zeros),
     Case("vocab-map-identity-arange", ("vocab-map-identity",), vocab.identity_arange),
     Case("vocab-map-coverage", ("vocab-map-coverage",), vocab.coverage),
+    Case("layer-convention-shift", ("layer-convention-shift",), engine.sglang_ids_in_a_speculators_config),
+    Case("layer-ids-wrong", ("layer-ids-wrong",), engine.wrong_ids),
+    Case("ids-missing-engine-default", ("ids-missing-engine-default",), engine.ids_missing),
+    Case("algorithm-eagle-in-config", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_in_config),
+    Case("algorithm-eagle-at-launch", ("algorithm-eagle-not-eagle3",), engine.algorithm_eagle_at_launch),
+    Case("config-key-ignored", ("config-key-ignored",), engine.key_sglang_ignores),
     Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
     Case("undertrained", ("undertrained",), usage.undertrained),
 )

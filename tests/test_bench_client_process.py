@@ -179,3 +179,25 @@ def test_client_args_strip_the_client_command():
     assert client_link.client_args(["/v/bin/vllm", "bench", "serve", "--seed", "1"]) == ["--seed", "1"]
     assert client_link.client_args(["/v/bin/python", "-m", "sglang.bench_serving", "--x"]) == ["--x"]
     assert client_link.client_args(["/v/bin/other", "run"]) is None
+
+
+@pytest.mark.parametrize("version", ["0.4.10.post2", "0.5.10", "0.5.23"])
+def test_real_sglang_clients_have_the_entry_the_client_process_runs(version):
+    """The module the probe names (remote.bench.probe.CLIENTS, newest first) defines run_benchmark(args)
+    and a ``__main__`` block that parses the flags and calls it: what client_session runs per step."""
+    import ast
+    import zipfile
+
+    from remote.bench.probe import CLIENTS
+    from tests.sglang_wheels import wheel
+    with zipfile.ZipFile(wheel(version)) as whl:
+        names = set(whl.namelist())
+        module, rel = next((m, r) for m, r in CLIENTS["sglang"] if f"sglang/{r}" in names)
+        tree = ast.parse(whl.read(f"sglang/{rel}").decode())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "run_benchmark" in defined, (version, module)
+    mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert len(mains) == 1 and ("run_benchmark(" in ast.unparse(mains[0]) or "cli_main" in ast.unparse(mains[0]))
+    if "cli_main" in ast.unparse(mains[0]):
+        cli = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cli_main")
+        assert "run_benchmark(" in ast.unparse(cli)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from draftops.documents.drafter_report import Comparison, DrafterReport, Finding
+from draftops.documents.drafter_report import Comparison, DrafterReport, EngineStatesPart, Finding
 from draftops.terminal import markup_safe as escape
 from remote.eagle import acceptlength
 from remote.eagle.engine_rules import LAYER_FINDINGS
@@ -32,7 +32,8 @@ def slot_table(report: DrafterReport) -> Table:
 def layout_table(report: DrafterReport) -> Table:
     basis = report.metrics.basis
     scanned = report.data.layout_scan_samples
-    table = Table(title=f"aux layouts tried (step-0 accuracy on the first {scanned} samples, {basis} targets; "
+    table = Table(title=f"aux layouts tried on the dumps' states (step-0 accuracy on the first {scanned} samples, "
+                        f"{basis} targets; "
                         "this scan only picks the best layout)", title_justify="left")
     for col in ("layer ids (SGLang)", "slots", "step-0 acc", ""):
         table.add_column(col)
@@ -49,8 +50,8 @@ def metrics_table(report: DrafterReport) -> Table:
     metrics = report.metrics
     steps = metrics.steps
     samples = report.data.samples
-    table = Table(title=f"per-step accuracy on all {samples} samples, full / cond (full: steps 0..k all right; "
-                        "cond: step k given the earlier ones)", title_justify="left")
+    table = Table(title=f"per-step accuracy on the dumps' states, all {samples} samples, full / cond (full: steps "
+                        "0..k all right; cond: step k given the earlier ones)", title_justify="left")
     table.add_column("layout (SGLang ids)")
     table.add_column("targets")
     for k in range(steps):
@@ -66,6 +67,20 @@ def metrics_table(report: DrafterReport) -> Table:
             cond = _per_step(counts.cond_acc, steps)
             cells = [f"{_pct(full[k])} / {_pct(cond[k])}" for k in range(steps)]
             table.add_row(f"{role} {evaluation.layer_ids}", basis, *cells, _pct(counts.top5_acc_0))
+    return table
+
+
+def engine_states_table(es: EngineStatesPart, dumps_accept: dict[str, float | None]) -> Table:
+    """The draft on the engine's own states (a capture check kept them), next to the dumps' figure for
+    the same role: trainer dumps holding only training's slots have no served figure of their own."""
+    table = Table(title=f"on the engine's own states ({es.samples} samples a capture check sent, {es.basis} "
+                        f"targets, K={es.steps}; {escape(es.path)})", title_justify="left")
+    for col in ("layout", "layer ids (SGLang)", "vLLM ids", "step-0 acc (engine)", "accept length (engine)",
+                "accept length (dumps)"):
+        table.add_column(col, justify="left" if col.startswith("layout") or "ids" in col else "right")
+    for row in es.layouts:
+        table.add_row(escape(row.role), str(row.layer_ids), str(row.layer_ids_vllm), _pct(row.step0_acc),
+                      _fmt(row.accept_length), _fmt(dumps_accept.get(row.role)))
     return table
 
 
@@ -186,6 +201,10 @@ def show(report: DrafterReport, console: Console) -> None:
     console.print(slot_table(report))
     console.print(layout_table(report))
     console.print(metrics_table(report))
+    if report.engine_states is not None:
+        accept = report.predicted_accept_length
+        dumps = {"served": accept.served, "best": accept.best} if accept else {}
+        console.print(engine_states_table(report.engine_states, dumps))
     console.print(verdict_panel(report))
     if report.findings:
         console.print(findings_panel(report))

@@ -73,7 +73,8 @@ def processes_with(mark: str) -> list[int]:
 
 
 def left_files(out: Path) -> list[Path]:
-    return [p for p in out.rglob("*") if p.suffix in (".safetensors", ".lock")]
+    """The engine's hidden-state files (and locks) left behind, the kept engine states aside."""
+    return [p for p in out.rglob("*") if p.suffix in (".safetensors", ".lock") and "engine-states" not in p.parts]
 
 
 def refused(done: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -93,6 +94,19 @@ def test_the_demo_through_the_double_names_every_slot_and_the_fix(demo, engine_p
     assert doc["draft"]["status"] == "MISMATCH" and doc["draft"]["fix"]["vllm_ids"] == [0, 2, 4]
     assert doc["verdict"]["fix_layer_ids"] == [-1, 1, 3]     # what `invoke draft-config --from-report` reads
     assert processes_with(mark) == [] and left_files(tmp_path / "run") == []
+    kept = doc["engine_states"]
+    folder = tmp_path / "run" / "engine-states"
+    assert (kept["path"], kept["samples"], kept["slots"], kept["dtype"]) == (str(folder), 6, 7, "float32")
+    config = json.loads((folder / "data_config.json").read_text())
+    assert (config["layer_ids"], config["final_slot"], config["layer_id_convention"]) == (list(range(7)), 6, "vllm")
+    files = {f.name for f in folder.glob("hs_*.safetensors")}
+    assert files == {f"hs_{i}.safetensors" for i in doc["data"]["sent_indices"]}
+    first = load_file(str(folder / f"hs_{doc['data']['sent_indices'][0]}.safetensors"))
+    dumped = load_file(str(demo / "data" / f"hs_{doc['data']['sent_indices'][0]}.safetensors"))
+    assert torch.equal(first["token_ids"], dumped["token_ids"].long())
+    assert first["hidden_states"].shape == (dumped["token_ids"].shape[0], 7, dumped["hidden_states"].shape[-1])
+    # the dumps' five slots are the engine's boundaries 0, 2, 4, 5, 6
+    assert torch.allclose(first["hidden_states"][:, [0, 2, 4, 5, 6]], dumped["hidden_states"], atol=1e-4)
 
 
 def _copy_dumps(demo: Path, dest: Path, change) -> Path:
@@ -154,6 +168,7 @@ def test_an_engine_fault_is_one_paragraph_and_leaves_nothing(demo, engine_python
     refused(done, *words)
     assert processes_with(mark) == [], f"{fault}: the engine is still running"
     assert left_files(tmp_path / "run") == []
+    assert not (tmp_path / "run" / "engine-states").exists()     # a failed check keeps no states
 
 
 def test_a_full_storage_disk_is_refused_before_the_engine_starts(demo, engine_python, tmp_path):

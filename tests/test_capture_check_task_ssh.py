@@ -48,7 +48,8 @@ def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it
     run = next((project / "runs").glob("*-capture-check*"))
     doc = json.loads((run / "capture-check.json").read_text())
     assert doc["draft"]["fix"]["vllm_ids"] == [0, 2, 4] and doc["engine"]["extra_args"][:2] == ["--dtype", "float32"]
-    assert not list(run.rglob("*.safetensors"))
+    assert not list(run.rglob("*.safetensors"))      # the engine's files gone, the kept states left on the host
+    assert doc["engine_states"]["samples"] == 6 and (run / "engine-states" / ".draftops-host-only").is_file()
 
     fixed = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
     assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
@@ -69,6 +70,10 @@ def test_test_drafter_takes_the_slot_layers_the_engine_measured(project, laptop)
     assert report["verdict"]["message"].startswith(f"Measured from the engine (capture-check run {check_run})")
     assert report["slot_layers_from"].startswith("capture-check")
     assert "Measured from the engine" in " ".join(done.stdout.split())
+    kept = report["engine_states"]        # the states that check kept on the host, scored there
+    assert kept["path"].endswith(f"{check_run}/engine-states") and kept["samples"] == 4
+    assert {r["role"] for r in kept["layouts"]} >= {"served", "trained"}
+    assert "on the engine's own states" in " ".join(done.stdout.split())
 
 
 def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
@@ -165,3 +170,5 @@ def test_against_sglang_only_the_final_slot_is_placed_and_the_aux_slots_are_said
     assert doc["status"] == "FINAL_ONLY" and doc["final_slot"] == 4 and doc["engine"]["name"] == "sglang"
     assert [s["matched"] for s in doc["slots"]] == [False, False, False, False, True]
     assert doc["draft"]["engine"] == "sglang" and doc["draft"]["status"] == "UNKNOWN"
+    kept = doc["engine_states"]           # SGLang gives the final post-norm state only: nothing kept, said why
+    assert kept["path"] is None and "final" in kept["absent"] and not (run / "engine-states").exists()

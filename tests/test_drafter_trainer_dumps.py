@@ -101,6 +101,11 @@ def test_without_a_data_config_the_report_says_the_layers_are_unknown_and_why(
     assert "capture-check" in report["slot_layers_from"]
     assert (report["verdict"]["status"], report["verdict"]["reason"]) == ("UNKNOWN", "no_layer_ids")
     assert report["data"]["final_slot"] == 3    # the format says which slot is the final one
+    assert "YAML" not in report["slot_layers_from"]
+    (tmp_path / "run.yaml").write_text("model:\n  aux_hidden_state_layer_ids: [1, 2, 3]\n")  # one folder up
+    report = run_eval(tmp_path / "out2", data=data, limit=24, layout_samples=8)
+    assert f"{tmp_path / 'run.yaml'} looks like a trainer's YAML run config" in report["slot_layers_from"]
+    assert report["verdict"]["reason"] == "no_layer_ids"   # named, never guessed from
 
 
 # ---- bad input: one paragraph naming the file, nothing scored ------------------------------------------

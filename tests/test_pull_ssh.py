@@ -79,6 +79,20 @@ def test_pull_of_a_run_folder_with_links_fifos_and_sockets(project, tmp_path):
     assert (outside / "secret.txt").read_text() == "outside the run folder"
 
 
+def test_a_folder_marked_host_only_stays_on_the_host_but_its_marker(project):
+    """The engine states a capture check keeps (gigabytes on a real target) are read on the host only."""
+    host, job = finished_job(project)
+    kept = Path(job.run_dir) / "engine-states"
+    kept.mkdir()
+    (kept / "hs_0.safetensors").write_bytes(b"\0" * 4096)
+    (kept / hostagent.HOST_ONLY).write_text("stays on the host")
+    (Path(job.run_dir) / "capture-check.json").write_text("{}")
+    pulled = jobs.pull_run(host, job.id)
+    assert (pulled.path / "capture-check.json").is_file() and pulled.skipped == []
+    assert sorted(p.name for p in (pulled.path / "engine-states").iterdir()) == [hostagent.HOST_ONLY]
+    assert (kept / "hs_0.safetensors").is_file()                   # the host's copy is untouched
+
+
 def test_pull_replaces_an_earlier_copy_whole(project):
     host, job = finished_job(project)
     (Path(job.run_dir) / "stale-local-file").write_text("from an earlier pull")

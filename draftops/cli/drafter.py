@@ -62,6 +62,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     measured = _capture_check(c, host, data, verifier, engine)
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
+        if _kept_states(c, measured):
+            args += ["--engine-states", f"{host.runs_dir}/{measured}/engine-states"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
              "limit": limit, "expected_acc": expected_acc, "expected_accept_length": expected_accept_length,
              "expected_from": expected_from, "device": device, "measured_by": measured}
@@ -79,7 +81,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
 
 def _capture_check(c: Context, host: Host, data: str | None, verifier: str | None, engine: str | None) -> str | None:
     """The newest capture-check of these dumps and target on the engine the host serves with, whose run
-    folder the host still holds; its measured slot layers replace data_config.json's claims."""
+    folder the host still holds; its measured slot layers replace data_config.json's claims, and the
+    engine states it kept (vLLM) score the draft on every boundary too."""
     from draftops.cli.common import project_root
     from draftops.errors import JobError
     from draftops.serve.verdicts import capture_for_dumps
@@ -96,6 +99,14 @@ def _capture_check(c: Context, host: Host, data: str | None, verifier: str | Non
     except JobError:
         return None
     return run
+
+
+def _kept_states(c: Context, run: str) -> bool:
+    """Whether that capture-check kept the engine's states (its report names them)."""
+    from draftops.cli.common import project_root
+    from draftops.serve.verdicts import kept_engine_states
+
+    return kept_engine_states(project_root(c) / "runs", run)
 
 
 def read_report(host: Host, done: ToolResult, given: dict[str, Any]) -> DrafterReport | None:

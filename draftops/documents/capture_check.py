@@ -80,6 +80,19 @@ class DataInfo(Part):
     slots: int
 
 
+class EngineStates(Part):
+    """``engine_states`` (added): the engine's own states for the samples sent, kept as a speculators
+    dump set every boundary of which is a slot (vLLM only); ``path`` None and ``absent`` saying why
+    otherwise (SGLang returns the final post-norm state only)."""
+
+    path: str | None = None
+    samples: int = 0
+    slots: int = 0
+    bytes: int = 0
+    dtype: str | None = None
+    absent: str | None = None
+
+
 class CaptureCheck(Document):
     SCHEMA = "draftops.capture-check/1"
     TASK = "invoke capture-check"
@@ -96,3 +109,4 @@ class CaptureCheck(Document):
     differences: list[Difference] = []
     draft: DraftFeed | None = None
     seconds: dict[str, float] = {}
+    engine_states: EngineStates | None = None     # added: absent from reports older than it

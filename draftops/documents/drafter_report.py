@@ -103,8 +103,31 @@ class Evaluation(Part):
 class MetricsPart(Part):
     steps: int = 0
     basis: str = "data"
+    states: str = "dumps"                # added: whose states the figures came from
     served: Evaluation | None = None
     best: Evaluation | None = None
+
+
+class EngineLayout(Part):
+    """One layout scored on the engine's own states (``engine_states.layouts[]``)."""
+
+    role: str                            # served / trained / best
+    states: str = "engine"
+    layer_ids: list[int] = []
+    layer_ids_vllm: list[int] = []
+    step0_acc: float | None = None
+    accept_length: float | None = None
+
+
+class EngineStatesPart(Part):
+    """``engine_states`` (added): the draft scored on the states a capture check kept."""
+
+    path: str
+    samples: int = 0
+    basis: str = "data"
+    steps: int = 0
+    slots: int = 0
+    layouts: list[EngineLayout] = []
 
 
 class Walk(Part):
@@ -176,6 +199,7 @@ class DrafterReport(Document):
     slot_norms: list[SlotNorm] = []
     layouts: list[Layout] = []
     metrics: MetricsPart = MetricsPart()
+    engine_states: EngineStatesPart | None = None    # added
     predicted_accept_length: Accept | None = None
     checkpoint: Checkpoint = Checkpoint()
     verifier: VerifierPart | None = None

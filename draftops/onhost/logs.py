@@ -16,6 +16,7 @@ from draftops.onhost.runs import BLOCK, ENV_FILE, FOLLOW_POLL_S, _exit_fd, _paus
 from draftops.onhost.wire import (  # noqa: F401
     _CLOEXEC,
     EVENT_PREFIX,
+    HOST_ONLY,
     MAX_LINE,
     PULL_NOTES,
     TMP_MARK,
@@ -183,13 +184,16 @@ def _tarinfo(rel, st, kind):
 
 def _pack_dir(tar, dir_fd, rel, skipped):
     """Add the entries of the open folder ``dir_fd`` (named ``rel`` in the tar) without following any
-    link: folders and files are opened relative to their parent's fd with O_NOFOLLOW."""
+    link: folders and files are opened relative to their parent's fd with O_NOFOLLOW. A sub-folder
+    holding ``HOST_ONLY`` is added with that file only (it stays on the host by design, so no note)."""
     import tarfile
     try:
         names = sorted(os.listdir(dir_fd))
     except OSError as exc:
         skipped.append({"path": rel or ".", "reason": f"cannot list the folder: {exc.strerror}"})
         return
+    if rel and HOST_ONLY in names:      # the folder stays on the host: its marker alone travels
+        names = [HOST_ONLY]
     for name in names:
         path = rel + "/" + name if rel else name
         if (not rel and name == ENV_FILE) or TMP_MARK in name:

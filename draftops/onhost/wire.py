@@ -199,6 +199,10 @@ def digest(manifest):
 
 
 PULL_NOTES = ".draftops-pull-notes.json"
+#: a sub-folder of a run folder holding a file of this name stays on the host: a pull brings the folder
+#: and this file only (what it says: what the folder holds and why it stays; the engine states a
+#: capture check keeps run to gigabytes on a real target, and only the host's tools read them)
+HOST_ONLY = ".draftops-host-only"
 
 
 MAX_LINE = 1 << 16                    # the local side shows longer lines in pieces of this size

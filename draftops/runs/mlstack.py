@@ -40,7 +40,7 @@ def require(host: Host, module: str, python: str | None = None) -> None:
         return
     missing = missing_here()
     if missing:
-        install = f"{shlex.quote(sys.executable)} -m {INSTALL}"
+        install = " ".join((shlex.quote(sys.executable), "-m", INSTALL))   # advice, not a line draftops runs
         raise ExtraMissing(
             f"Host {host.name!r} runs `{module}` with this interpreter ({sys.executable}), which has no "
             f"{' and '.join(missing)}: install the `local` extra (`{install}` in the project, or scripts/setup.sh), "

@@ -114,6 +114,15 @@ def capture_for_dumps(runs_dir: Path, data: str, target: str, engine: str) -> st
     return None
 
 
+def kept_engine_states(runs_dir: Path, run_id: str) -> bool:
+    """Whether that capture-check kept the engine's states (vLLM does, SGLang cannot): its run folder's
+    ``engine-states/`` is then what `test-drafter` passes as ``--engine-states``."""
+    for found, doc in _capture_checks(runs_dir):
+        if found == run_id:
+            return doc.engine_states is not None and doc.engine_states.path is not None
+    return False
+
+
 @dataclass(frozen=True)
 class Measured:
     """The latest `invoke capture-check` on a draft: what the engine feeds it, measured, not inferred."""

@@ -4,7 +4,9 @@ match every slot, stop the engine, write ``capture-check.json``.
 Exit codes (remote/exitcodes.py): 0 the check ran (whatever it found: "not this target" is a
 finding), 3 a refusal in one paragraph (bad dumps, a port in use, an engine that died or hung, a
 full disk), 4 a bug. The engine is stopped and its hidden-state files removed in every case,
-SIGTERM and Ctrl-C included (``exitcodes.run`` unwinds through the ``finally``).
+SIGTERM and Ctrl-C included (``exitcodes.run`` unwinds through the ``finally``). With vLLM, the
+engine's states for the samples sent are kept in ``<out>/engine-states/`` (engine_states.py) when the
+check runs to its end; a check that fails keeps none.
 """
 from __future__ import annotations
 
@@ -22,7 +24,19 @@ from typing import Any
 import torch
 
 from .. import events, exitcodes, fileio
-from . import differences, draft, dumps, instance, matching, report, sglang_check, sglang_engine, target, vllm_engine
+from . import (
+    differences,
+    draft,
+    dumps,
+    engine_states,
+    instance,
+    matching,
+    report,
+    sglang_check,
+    sglang_engine,
+    target,
+    vllm_engine,
+)
 from .errors import CaptureError, DumpMismatchError, EngineError, StorageError
 
 RESULT = "capture-check.json"
@@ -82,9 +96,9 @@ def engine_version(python: str, engine: str) -> str | None:
     return done.stdout.strip()[:80] or None if done.returncode == 0 else None
 
 
-def _check_inputs(picked: dumps.Picked, tgt: target.Target, context: int) -> tuple[int, int]:
-    """Every sample sent is checked before the engine starts; (slots, longest)."""
-    slots, longest = None, 0
+def _check_inputs(picked: dumps.Picked, tgt: target.Target, context: int) -> tuple[int, int, int]:
+    """Every sample sent is checked before the engine starts; (slots, longest, tokens in all)."""
+    slots, longest, tokens = None, 0, 0
     for sample in dumps.load(picked):
         dumps.check(sample, tgt.vocab, context, str(tgt.path))
         t, s, h = sample.hidden.shape
@@ -96,19 +110,33 @@ def _check_inputs(picked: dumps.Picked, tgt: target.Target, context: int) -> tup
         if slots is not None and s != slots:
             raise CaptureError(f"Dump samples hold different slot counts ({slots} and {s})", path=sample.path,
                                tensor="hidden_states", fix="use one dump folder made by one generator run")
-        slots, longest = s, max(longest, t)
+        slots, longest, tokens = s, max(longest, t), tokens + t
     assert slots is not None
-    return slots, longest
+    return slots, longest, tokens
 
 
-def _check_disk(storage: Path, longest: int, tgt: target.Target) -> None:
-    need = longest * (tgt.num_layers + 1) * tgt.hidden * 4 + DISK_MARGIN
+def _check_disk(storage: Path, longest: int, tgt: target.Target, kept: Path | None = None, tokens: int = 0) -> None:
+    """Room for one engine file in ``storage`` and, when ``kept`` is given, for the engine states kept there
+    (every sample sent, every boundary: engine_states.kept_bytes), both counted where they share a disk."""
+    boundaries = tgt.num_layers + 1
+    need = engine_states.kept_bytes(longest, boundaries, tgt.hidden) + DISK_MARGIN
+    keep = engine_states.kept_bytes(tokens, boundaries, tgt.hidden) if kept is not None else 0
+    shared = kept is not None and os.stat(storage).st_dev == os.stat(kept).st_dev
     free = shutil.disk_usage(storage).free
-    if free < need:
+    if free < need + (keep if shared else 0):
+        kept_txt = (f", plus {keep >> 20} MiB for the engine states kept ({tokens} tokens of the samples sent)"
+                    if shared else "")
         raise StorageError(f"The folder for the engine's hidden-state files has {free >> 20} MiB free, less than "
-                           f"one file needs ({need >> 20} MiB: {longest} tokens x {tgt.num_layers + 1} boundaries x "
-                           f"{tgt.hidden} x 4 bytes, plus a margin)", path=str(storage),
-                           fix="free space there, or pass --storage DIR on a disk with room")
+                           f"one file needs ({need >> 20} MiB: {longest} tokens x {boundaries} boundaries x "
+                           f"{tgt.hidden} x 4 bytes, plus a margin){kept_txt}", path=str(storage),
+                           fix="free space there, or pass --storage DIR on a disk with room, or fewer --samples")
+    if kept is not None and not shared:
+        free = shutil.disk_usage(kept).free
+        if free < keep + DISK_MARGIN:
+            raise StorageError(f"The run folder has {free >> 20} MiB free, less than the engine states kept there "
+                               f"need ({keep >> 20} MiB: {tokens} tokens x {boundaries} boundaries x {tgt.hidden} "
+                               "x 4 bytes, plus a margin)", path=str(kept),
+                               fix="free space on the run folder's disk, or pass fewer --samples")
 
 
 def check(args: argparse.Namespace) -> int:
@@ -116,7 +144,7 @@ def check(args: argparse.Namespace) -> int:
     tgt = target.read(args.target)
     picked = dumps.pick(args.data, args.samples)
     context = args.max_model_len or tgt.context or 4096
-    slots, longest = _check_inputs(picked, tgt, context)
+    slots, longest, tokens = _check_inputs(picked, tgt, context)
     out = Path(args.out)
     if args.port is not None:
         instance.check_port(args.port)
@@ -127,7 +155,7 @@ def check(args: argparse.Namespace) -> int:
           f"{len(picked.indices)} samples of {picked.dumps.root}; port {port}", flush=True)
     timing: dict[str, float] = {}
     if args.engine == "vllm":
-        result = _run_vllm(args, tgt, picked, slots, longest, port, out, timing)
+        result = _run_vllm(args, tgt, picked, (slots, longest, tokens), port, out, timing)
     else:
         result = _run_sglang(args, tgt, picked, slots, port, out, timing)
     timing["total_s"] = round(time.monotonic() - started, 2)
@@ -139,7 +167,8 @@ def check(args: argparse.Namespace) -> int:
                           **tgt.identity},
                   checkpoint={"path": str(args.draft)} if args.draft else None)
     result["data"].update(path=str(picked.dumps.root), files=len(picked.dumps.files), slots=slots,
-                          sent=[str(f) for f in picked.files], data_config=picked.slots.path)
+                          sent=[str(f) for f in picked.files], sent_indices=list(picked.indices),
+                          data_config=picked.slots.path)
     fileio.atomic_write_text(out / RESULT, json.dumps(_finite(result), indent=2, default=str) + "\n")
     for line in result["lines"]:
         print(line)
@@ -159,15 +188,19 @@ def _sent(engine: instance.Instance, timing: dict[str, float], picked: dumps.Pic
     timing["requests_s"] = round(time.monotonic() - sent, 2)
 
 
-def _run_vllm(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, slots: int, longest: int,
+def _run_vllm(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, sizes: tuple[int, int, int],
               port: int, out: Path, timing: dict[str, float]) -> dict[str, Any]:
+    slots, longest, tokens = sizes
     storage = (args.storage or out / "hidden-states").resolve()
     storage.mkdir(parents=True, exist_ok=True)
-    _check_disk(storage, longest, tgt)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_disk(storage, longest, tgt, out.resolve(), tokens)
     setup = vllm_engine.Setup(args.python, str(args.target), port, args.tp, args.max_model_len,
                               _extra(args.extra_args), storage, tgt.num_layers, _cuda(args.device))
     tally = matching.Tally(slots, tgt.num_layers + 1)
     rows = matching.rows_to_keep(tgt.num_layers + 1, tgt.hidden, len(picked.indices))
+    keeper = engine_states.Keeper(out.resolve() / engine_states.FOLDER, tgt.num_layers)
+    indices = iter(picked.indices)
     engine = instance.Instance.start(vllm_engine.command(setup), vllm_engine.environment(dict(os.environ), CODE_ROOT),
                                      port, out / "engine.log", "vLLM")
 
@@ -176,13 +209,27 @@ def _run_vllm(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked
                                                       args.request_timeout, args.request_timeout)
         _same_tokens(sample, served_ids, served, tgt)
         tally.add(sample.hidden, served, rows)
+        keeper.add(next(indices), served_ids, served)
+    kept = False
     try:
         _sent(engine, timing, picked, args.ready_timeout, one)
+        kept = True
     finally:
         stopped = engine.stop()
         _remove_storage(storage, owned=args.storage is None)
+        if not kept:
+            keeper.discard()
         print(f"engine stopped (status {stopped})", flush=True)
-    return build_report(args, tgt, picked, tally)
+    try:
+        result = build_report(args, tgt, picked, tally)
+        result["engine_states"] = keeper.finish()
+        result["lines"].append(f"Kept the engine's states for {keeper.samples} samples (every boundary, "
+                               f"{keeper.bytes >> 20} MiB) in {keeper.folder}: `invoke test-drafter` on these dumps "
+                               "scores the draft on them too, the layout the engine feeds included.")
+    except BaseException:
+        keeper.discard()
+        raise
+    return result
 
 
 def _run_sglang(args: argparse.Namespace, tgt: target.Target, picked: dumps.Picked, slots: int, port: int,
@@ -215,7 +262,10 @@ def _run_sglang(args: argparse.Namespace, tgt: target.Target, picked: dumps.Pick
             "match_rule": f"a slot is the final state when, RMS-normalized and fitted per channel, it is within "
                           f"{matching.MATCH_CEILING:g} of SGLang's post-norm state and the next-best slot is over "
                           "twice as far",
-            "data": {"samples": tally.samples, "tokens": tally.tokens}}
+            "data": {"samples": tally.samples, "tokens": tally.tokens},
+            "engine_states": engine_states.absent(
+                "SGLang returns only the final layer's state after the final norm, not every layer boundary, "
+                "so no engine states were kept; run the check with vLLM to score the draft on them")}
 
 
 def _finite(value: Any) -> Any:

@@ -30,6 +30,7 @@ class Batch:
     next_ids: torch.Tensor  # [B, N] x_2..x_T, -1 where there is no next token
     scored: torch.Tensor  # [B, N] bool: loss_mask[t] on valid rows
     lengths: torch.Tensor  # [B] valid rows per sample
+    first_ids: torch.Tensor  # [B] x_0, the token of position 0 (slotstats recomputes a tiny target from it)
 
     @property
     def rows(self) -> int:
@@ -76,7 +77,7 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
         lengths[i] = n - 1
     next_ids = torch.where(has_next[:, 1:], tokens[:, 2:t + 1], torch.full_like(tokens[:, 2:t + 1], -1))
     rows = torch.arange(t - 1)[None, :] < lengths[:, None]
-    batch = Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths)
+    batch = Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths, tokens[:, 0].clone())
     return batch.pin() if pin else batch
 
 

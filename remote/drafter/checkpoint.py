@@ -96,7 +96,8 @@ def load_checkpoint(path: str | Path, config_file: str | Path | None = None,
     warnings += _unread_ids(cfg)
     info = CheckpointInfo(cfg.format, str(path), str(cfg.path), [str(f) for f in store.files], cfg.layer_ids,
                           cfg.layer_ids_key, embed_source, arch, warnings, dict(cfg.ids_by_engine),
-                          vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d")),
+                          vocabmap.MapFacts.of(weights["d2t"], arch.vocab_size, weights.get("t2d"),
+                                               stored="d2t" in names),
                           cfg.algorithm, cfg.algorithm_source)
     return Eagle3Draft(arch, weights, device, dtype), info
 
@@ -248,13 +249,13 @@ def _vocab_maps(arch: DraftArch, weights: dict[str, torch.Tensor], names: dict[s
                 store: TensorStore, path: Path) -> dict[str, torch.Tensor]:
     """d2t/t2d as stored, an identity for a full-vocab draft, and a consistency check."""
     if "d2t" not in weights:
-        if arch.draft_vocab_size != arch.vocab_size:
-            raise MissingTensorError(
-                "The draft vocab is smaller than the target's but d2t is missing",
-                path=path, tensor="d2t", expected=f"[{arch.draft_vocab_size}] int64", found="absent",
-                fix="copy d2t/t2d from the training output into the checkpoint",
-            )
-        return {"d2t": torch.zeros(arch.draft_vocab_size, dtype=torch.long)}
+        # A reduced-vocab draft without d2t is served with all offsets 0 (vLLM's zero-initialised map,
+        # SGLang's absent hot-token map): draft id i drafts target id i. Loaded that way and judged by
+        # the evaluation (finding vocab-map-missing) rather than refused, so the report says what it costs.
+        out = {"d2t": torch.zeros(arch.draft_vocab_size, dtype=torch.long)}
+        if "t2d" in weights and arch.draft_vocab_size != arch.vocab_size:
+            out["t2d"] = weights["t2d"].to(torch.bool)
+        return out
     raw = weights["d2t"]
     if raw.is_floating_point() or raw.dtype == torch.bool or tuple(raw.shape) != (arch.draft_vocab_size,):
         raise CorruptFileError("d2t is not an integer vector with one offset per draft token",

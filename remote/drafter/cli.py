@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the speculative algorithm the host's serve profile launches with, when it sets one "
                          "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
+    ev.add_argument("--engine-states", type=Path,
+                    help="a capture check's engine-states/ folder (the engine's own states at every layer "
+                         "boundary for some of these dumps' samples): the draft is scored there too")
     ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
     ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
     ev.add_argument("--layout-samples", type=int, default=64, help="samples for the layout scan (64)")
@@ -95,6 +98,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
                        acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
                        alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
+                       engine_states=args.engine_states,
                        engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
                        accept_tolerance=args.accept_tolerance)
@@ -113,6 +117,12 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets, all "
                  f"{report['data']['samples']} samples): served {_num(pal['served'])}, best {_num(pal['best'])}")
     lines.append(f"  (accept length = {pal['definition']})")
+    es = report.get("engine_states")
+    if es:
+        lines.append(f"on the engine's own states ({es['samples']} samples of {es['path']}, {es['basis']} targets):")
+        for row in es["layouts"]:
+            lines.append(f"  {row['role']} {row['layer_ids']}: step-0 acc {_num(row['step0_acc'])}, "
+                         f"predicted accept length {_num(row['accept_length'])}")
     if v.get("expected_accept"):
         e = v["expected_accept"]
         lines.append(f"expected accept length {e['given']} ({e['source']}) = {e['value']:.3f} as 1 + accepted/drafts; "

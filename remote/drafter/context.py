@@ -3,6 +3,7 @@ the facts about them that the report states (``report.build`` reads it; ``evalua
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ class EvalContext:
     device: torch.device
     budget: int
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
+    extra: dict[str, Any] = field(default_factory=dict)  # what loading found for the cause checks (Results.extra)
     chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
 
     def load(self, index: int) -> Sample:

@@ -23,7 +23,7 @@ import torch
 
 from ..eagle import convention
 from . import dumpformats as fmts
-from . import torchfile
+from . import torchfile, trainerconfig
 from .config import Fields, is_integral, json_object
 from .errors import (
     ConfigError,
@@ -64,6 +64,15 @@ class SlotInfo:
     path: str | None = None
     convention: str = "sglang"
     final_source: str = "data_config"  # where final_slot came from when final_slot_given
+    source: str | None = None  # a trainer config's kind and key, when the ids came from one (trainerconfig)
+    aux_layer_ids: tuple[int, ...] | None = None  # a trainer config's aux ids, the final's id not yet known
+
+    def with_layers(self, num_layers: int | None) -> SlotInfo:
+        """A trainer config's aux ids completed by the final slot's (the last layer, n - 1) once the
+        target's layer count is known (from the verifier)."""
+        if self.layer_ids is not None or self.aux_layer_ids is None or num_layers is None:
+            return self
+        return replace(self, layer_ids=self.aux_layer_ids + (num_layers - 1,), num_hidden_layers=num_layers)
 
     @classmethod
     def read(cls, folder: Path) -> SlotInfo:
@@ -136,7 +145,8 @@ class DumpSet:
         raw = torchfile.load(files[0], _regenerate(fmts.SPECFORGE if _is_ckpt(files[0]) else ""))
         fmt = fmts.classify(raw, files[0])
         if fmt in fmts.TRAINERS:
-            slots = _trainer_slots(slots, _decoded(raw, fmt, files[0]).hidden.shape[1], fmt)
+            count = _decoded(raw, fmt, files[0]).hidden.shape[1]
+            slots = _trainer_slots(slots if slots.path is not None else _from_trainer(root, count, fmt), count, fmt)
         return cls(root, files, slots, fmt)
 
     @property
@@ -185,6 +195,15 @@ def _decoded(raw: dict[Any, Any], fmt: str, file: Path) -> Sample:
     if fmt == fmts.LEGACY_PT:
         return _legacy(raw, file)
     return _checked(*fmts.decode_trainer(raw, fmt, file), file)
+
+
+def _from_trainer(root: Path, count: int, fmt: str) -> SlotInfo:
+    """The slots' layers from the trainer's own config next to the dumps (trainerconfig), when there is one."""
+    found = trainerconfig.read(root, count - 1, fmts.NAME[fmt])
+    if found is None:
+        return SlotInfo()
+    info = SlotInfo(path=str(found.path), source=found.source, aux_layer_ids=found.aux_ids)
+    return info.with_layers(found.num_hidden_layers)
 
 
 def _trainer_slots(slots: SlotInfo, count: int, fmt: str) -> SlotInfo:

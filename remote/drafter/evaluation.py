@@ -5,9 +5,15 @@ on the first ``layout_samples`` samples, plus per-slot norms) that picks the bes
 then the full K-step metrics on every evaluated sample for the layout the serving engine would feed
 (``served``) and, when it differs, that best layout (``best``).  The verdict compares the two on
 those same samples (stats.py) and never uses the scan's numbers.
+
+With ``--engine-states`` (the engine's own states a capture check kept, every layer boundary a slot)
+the same two passes run again on that second dump set, for the layout the engine feeds, the one
+training used and the best there (``_on_engine_states``): the figures trainer dumps holding only
+training's slots cannot give.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator
@@ -19,11 +25,12 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import chattemplate, layouts, report, stats, vocabmap
+from . import chattemplate, dumpformats, engine_states, layouts, report, stats, trainermap, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .causes import config_keys
+from .causes.states import CAPTURE
 from .chance import ChanceLevel
-from .checkpoint import load_checkpoint
+from .checkpoint import CheckpointInfo, load_checkpoint
 from .context import EvalContext
 from .data import DumpSet, SlotInfo
 from .errors import (
@@ -33,11 +40,13 @@ from .errors import (
     UnsupportedError,
 )
 from .layouts import Evidence, Interpretation, Measured
-from .measured import slots_from_capture_check
+from .measured import read_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
 from .results import Results
 from .scoring import LayoutScore, VerifierHead, new_score, score_batch
+from .slotstats import STATS, SlotStats
+from .trainermap import TRAINER_MAP
 from .verifier import Verifier
 
 
@@ -63,7 +72,11 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     count = len(ctx.dumps.files) if opts.limit is None else min(opts.limit, len(ctx.dumps.files))
     _log(f"layout scan: every choice of {ctx.draft.arch.num_aux} of {ctx.slot_count} slots")
     scan_n = min(count, opts.layout_samples)
-    norms, scan, basis = _scan(ctx, scan_n, opts)
+    extra: dict[str, Any] = dict(ctx.extra)
+    slot_stats = _slot_stats(ctx)
+    norms, scan, basis = _scan(ctx, scan_n, opts, slot_stats)
+    if slot_stats is not None:
+        extra[STATS] = slot_stats.to_dict()
     slot_ids = ctx.dumps.slots.layer_ids
     interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers,
                                 read_by=ctx.info.ids_by_engine or None)
@@ -78,13 +91,14 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
-    if opts.measured is not None:
+    if opts.measured is not None and CAPTURE not in extra:
         verdict = _measured_from_engine(verdict, opts.measured)
+    on_engine = _on_engine_states(ctx, opts, dtype) if opts.engine_states is not None else None
     doc = report.build(opts, ctx, Results(
         samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
-        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage,
-        extra={"chat-template": _chat_format(ctx, opts),
+        seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
+        extra={**extra, "chat-template": _chat_format(ctx, opts),
                **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)}))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
@@ -109,6 +123,77 @@ def _measured_from_engine(verdict: layouts.Verdict, source: Path) -> layouts.Ver
     return verdict
 
 
+#: the most layouts scanned on the engine's states: every choice of 3 of a 32-layer target's 33
+#: boundaries is 5456; beyond this only the served and trained layouts are scored there
+MAX_ENGINE_LAYOUTS = 6000
+
+
+def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -> dict[str, Any]:
+    """The report's ``engine_states``: the draft scored on the engine's own states (every boundary a
+    slot) for the layout the engine feeds, the one training used and the best of the scan there, by
+    the same scan and metrics passes as on the dumps."""
+    assert opts.engine_states is not None
+    states = engine_states.open_for(opts.engine_states, ctx.dumps, ctx.hidden_size)
+    ids = list(states.slots.layer_ids or ())
+    ectx = dataclasses.replace(ctx, dumps=states, slot_count=len(ids), final_slot=states.slots.final_slot,
+                               final_source="the engine's final boundary (capture check)",
+                               num_layers=states.slots.num_hidden_layers or ctx.num_layers, skipped={}, extra={},
+                               chat=None)
+    if ectx.head is None and ctx.verifier is not None:
+        ectx.head = _verifier_head(ctx.verifier, ctx.draft, ctx.device, dtype)
+    count = len(states.files) if opts.limit is None else min(opts.limit, len(states.files))
+    interps = layouts.interpret(ctx.info.configured_layer_ids, ids, ectx.num_layers,
+                                read_by=ctx.info.ids_by_engine or None)
+    served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
+    aux = ctx.draft.arch.num_aux
+    roles: dict[str, tuple[int, ...]] = {}
+    if served.slots is not None and len(served.slots) == aux:
+        roles["served"] = tuple(served.slots)
+    trained = _trained_ids(ctx)
+    if trained is not None and all(i in ids for i in trained):
+        roles["trained"] = tuple(ids.index(i) for i in trained)
+    combos = list(itertools.combinations(range(len(ids)), aux))
+    scanned = len(combos) <= MAX_ENGINE_LAYOUTS
+    _log(f"engine states: {count} samples of {states.root}, "
+         + (f"every choice of {aux} of {len(ids)} boundaries" if scanned else "the served and trained layouts"))
+    if scanned:
+        _, scan, basis = _scan(ectx, count, opts, combos=combos)
+        roles["best"] = _roles(scan, basis, served, aux).get("best", roles.get("served", combos[0]))
+    full, tokens, _, _ = _metrics(ectx, count, roles, opts)
+    basis = "verifier" if ectx.head is not None else "data"
+
+    def row(role: str, score: LayoutScore) -> dict[str, Any]:
+        counts = score.counts(basis) or score.data
+        layer_ids = [ids[s] for s in score.slots]
+        return {"role": role, "states": "engine", "slots": list(score.slots), "layer_ids": layer_ids,
+                "layer_ids_vllm": convention.convert(layer_ids, convention.SGLANG, convention.VLLM),
+                "step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+    return {"path": str(states.root), "states": "engine", "samples": count, "tokens": tokens, "basis": basis,
+            "steps": opts.steps, "slots": len(ids), "slot_layer_ids": ids, "final_slot": ectx.final_slot,
+            "scanned_layouts": len(combos) if scanned else 0,
+            "trained_from": _trained_from(ctx, trained),
+            "served_interpretation": served.to_dict(),
+            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full]}
+
+
+def _trained_ids(ctx: EvalContext) -> list[int] | None:
+    """The SGLang ids of the slots training read: the first ``num_aux`` slots other than the final one,
+    as speculators' loader (``hidden_states[:, :-1]``) and SpecForge's and ModelOpt's (their aux
+    states) read them; None when the dumps' layers are unknown."""
+    ids = ctx.dumps.slots.layer_ids
+    if ids is None:
+        return None
+    aux = [ids[s] for s in range(ctx.slot_count) if s != ctx.final_slot][: ctx.draft.arch.num_aux]
+    return aux if len(aux) == ctx.draft.arch.num_aux else None
+
+
+def _trained_from(ctx: EvalContext, trained: list[int] | None) -> str:
+    if trained is None:
+        return "unknown: the dumps' slot layers are unknown (no data_config.json and no --measured)"
+    kind = dumpformats.NAME.get(ctx.dumps.format, ctx.dumps.format)
+    return f"the dumps' aux slots ({kind}): the first {len(trained)} slots other than the final one"
+
+
 def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalContext:
     verifier = Verifier(opts.verifier) if opts.verifier else None
     draft, info = load_checkpoint(opts.ckpt, opts.config, verifier, device, dtype)
@@ -127,8 +212,7 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
         raise DataError("The dump has fewer slots than the draft's fc takes", path=first.path,
                         tensor="hidden_states", expected=f">= {arch.num_aux} slots", found=f"{s} slots",
                         fix="dump at least as many layers as the draft was trained on")
-    if opts.measured is not None:
-        dumps.slots = slots_from_capture_check(opts.measured, s)
+    found = _found(opts, dumps, draft, info, s)
     slots = dumps.slots
     if slots.layer_ids is not None and len(slots.layer_ids) != s:
         raise ConfigError("data_config.json lists a different number of layer ids than the dump has slots",
@@ -140,6 +224,7 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
                           tensor="final_slot", expected=f"0..{s - 1} or null", found=slots.final_slot,
                           fix="set final_slot to the index of the final-layer slot, or null")
     num_layers = slots.num_hidden_layers or (verifier.num_hidden_layers if verifier else None)
+    dumps.slots = slots = slots.with_layers(num_layers)
     final_slot, final_source = _final_slot(slots, num_layers, s, arch.num_aux)
     head = None
     if verifier is not None:
@@ -151,7 +236,25 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
     budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
     template = chattemplate.Template.read(opts.verifier) if opts.verifier else None
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
-                       device, budget, chat=chattemplate.Scan(template) if template else None)
+                       device, budget, chat=chattemplate.Scan(template) if template else None, extra=found)
+
+
+def _found(opts: EvalOptions, dumps: DumpSet, draft: Eagle3Draft, info: CheckpointInfo, slots: int
+           ) -> dict[str, Any]:
+    """What the files next to the draft and the dumps say for the cause checks (ctx.extra); a capture
+    check's measured slot layers replace data_config.json's (``dumps.slots``)."""
+    found: dict[str, Any] = {}
+    if opts.measured is not None:
+        measured, differs = read_capture_check(opts.measured, slots)
+        if measured is not None:
+            dumps.slots = measured
+        else:  # the dumps are not of the target as served: the finding target-differs says so
+            found[CAPTURE] = differs
+    if info.vocab_map is None or info.vocab_map.pattern is None:  # a broken map has its own finding
+        mapped = trainermap.compare(dumps.root, draft.w["d2t"], draft.arch.vocab_size)
+        if mapped is not None:
+            found[TRAINER_MAP] = mapped
+    return found
 
 
 def _log(line: str) -> None:
@@ -202,9 +305,24 @@ def _verifier_targets(ctx: EvalContext, batch: Batch) -> torch.Tensor | None:
     return ctx.head.targets(batch.final(ctx.final_slot))
 
 
-def _scan(ctx: EvalContext, count: int, opts: EvalOptions
-          ) -> tuple[list[float], dict[tuple[int, ...], LayoutScore], str]:
-    combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
+def _slot_stats(ctx: EvalContext) -> SlotStats | None:
+    """The comparison of the slots with the target's own states, when a verifier of the dumps' width
+    and vocabulary is given (slotstats.py)."""
+    v = ctx.verifier
+    if v is None or v.embed_name is None:
+        return None
+    rows, width = (list(v.store.shape(v.embed_name)) + [0, 0])[:2]
+    if width != ctx.hidden_size or rows < ctx.draft.arch.vocab_size:
+        return None
+    embed = ctx.draft.w["embed_tokens.weight"]
+    mine = ctx.info.embed_source == "checkpoint"
+    return SlotStats.prepare(v, ctx.dumps.slots.layer_ids, embed if mine else None, None if mine else embed)
+
+
+def _scan(ctx: EvalContext, count: int, opts: EvalOptions, slot_stats: SlotStats | None = None,
+          combos: list[tuple[int, ...]] | None = None) -> tuple[list[float], dict[tuple[int, ...], LayoutScore], str]:
+    if combos is None:
+        combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
     scan = {c: new_score(c, 1, ctx.head is not None) for c in combos}
     norm_sum = torch.zeros(ctx.slot_count, dtype=torch.float64)
     rows = done = 0
@@ -214,6 +332,8 @@ def _scan(ctx: EvalContext, count: int, opts: EvalOptions
             rms = batch.states.float().pow(2).mean(-1).sqrt()  # [B, T, S]
             norm_sum += (rms * valid[..., None]).sum((0, 1)).double().cpu()
             rows += int(valid.sum())
+            if slot_stats is not None:
+                slot_stats.update(batch)
             vt = _verifier_targets(ctx, batch)
             for combo in combos:
                 score_batch(ctx.draft, batch, scan[combo], 1, vt)

@@ -39,6 +39,7 @@ class EvalOptions:
     min_skill: float = 0.1  # below this share of the way from chance to perfect, a draft is near chance
     engine: str | None = None  # the engine the host serves with (its advice); None: advise for both
     measured: Path | None = None  # a capture-check.json: slot layers measured from the engine
+    engine_states: Path | None = None  # a capture check's engine-states/ folder: the draft is scored there too
     engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
 

@@ -14,12 +14,15 @@ import torch
 
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
-from . import causes, dumpformats, layouts
+from . import causes, dumpformats, layouts, trainerconfig
+from .causes.states import CAPTURE
 from .context import EvalContext
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
 from .results import Results
 from .scoring import LayoutScore
+from .slotstats import STATS
+from .trainermap import TRAINER_MAP
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"
@@ -49,18 +52,19 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                        for i, rms in enumerate(res.norms)],
         "layouts": [{"slots": list(s), "layer_ids": ids_of(s),
                      "step0_acc": {"data": sc.step0("data"), "verifier": sc.step0("verifier")},
-                     "acc": sc.step0(res.basis),
+                     "acc": sc.step0(res.basis), "states": "dumps",
                      "tags": _tags(s, res)} for s, sc in res.scan.items()],
         "interpretations": [i.to_dict() for i in res.interps],
-        "metrics": {"steps": opts.steps, "basis": res.basis,
+        "metrics": {"steps": opts.steps, "basis": res.basis, "states": "dumps",
                     **{role: _evaluation(sc, ids_of) for role, sc in res.full.items()},
                     **{role: None for role in ("served", "best") if role not in res.full}},
-        "predicted_accept_length": {"steps": opts.steps, "basis": res.basis,
+        "predicted_accept_length": {"steps": opts.steps, "basis": res.basis, "states": "dumps",
                                     "served": served_acc, "best": best_acc,
                                     "value": served_acc if served_acc is not None else best_acc,
                                     "definition": acceptlength.PREDICTED, "walk_definition": acceptlength.WALK,
                                     "walk": {"served": _walked(res.full.get("served"), res.basis),
                                              "best": _walked(res.full.get("best"), res.basis)}},
+        "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,
         "data": {
@@ -73,6 +77,8 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
+            "slot_statistics": res.extra.get(STATS),
+            "vocab_mapping": res.extra.get(TRAINER_MAP),
             "chat_format": res.extra.get("chat-template"),
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
@@ -86,12 +92,21 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
 def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
     """Where the slots' layer ids came from: a capture-check, data_config.json, or nowhere (said why
     for the formats that never record them)."""
-    if opts.measured is not None:
+    if opts.measured is not None and CAPTURE not in ctx.extra:
         return "capture-check (measured from the engine): " + str(opts.measured)
-    if ctx.dumps.slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
-        return ctx.dumps.slots.path
-    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers; pass a "
-            "data_config.json next to them (or one folder up) or run invoke capture-check")
+    slots = ctx.dumps.slots
+    if slots.source is not None:
+        known = ("" if slots.layer_ids is not None else
+                 " (aux slots only: the target's layer count is unknown; pass --verifier)")
+        return f"{slots.source}: {slots.path}{known}"
+    if slots.path is not None or ctx.dumps.format not in dumpformats.TRAINERS:
+        return slots.path
+    yaml = trainerconfig.yaml_next_to(ctx.dumps.root)
+    unread = (f"; {yaml} looks like a trainer's YAML run config, which the host side cannot read (its ml-env "
+              "has no YAML parser): copy its aux_hidden_state_layer_ids into data_config.json" if yaml else "")
+    return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers and no trainer "
+            "config next to them names them; pass a data_config.json next to them (or one folder up) or run "
+            f"invoke capture-check{unread}")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:
@@ -105,7 +120,8 @@ def _tags(slots: tuple[int, ...], res: Results) -> list[str]:
 
 
 def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
-    return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "data": score.data.to_dict(),
+    return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "states": "dumps",
+            "data": score.data.to_dict(),
             "verifier": score.verifier.to_dict() if score.verifier else None}
 
 

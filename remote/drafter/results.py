@@ -27,3 +27,4 @@ class Results:
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
     coverage: dict[str, Any] | None = None  # vocabmap.Coverage.to_dict() of the metrics pass
     extra: dict[str, Any] = field(default_factory=dict)  # measurements for the cause checks (causes/facts.py)
+    engine_states: dict[str, Any] | None = None  # the report's engine_states (evaluation._on_engine_states)

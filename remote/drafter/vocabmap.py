@@ -1,5 +1,5 @@
 """The draft's vocabulary map (``d2t``/``t2d``) judged against the dumps: the report's findings
-``vocab-map-identity`` (bad) and ``vocab-map-coverage`` (warn), docs/drafter.md § Findings.
+``vocab-map-identity`` (bad), ``vocab-map-missing`` (bad) and ``vocab-map-coverage`` (warn), docs/drafter.md § Findings.
 
 A reduced-vocab draft emits draft id d as target id ``d + d2t[d]``. Two broken maps are seen in the
 field: all offsets 0 (draft id i is target id i, so the engine drafts the first N target ids; NeMo
@@ -44,9 +44,10 @@ class MapFacts:
     offsets_equal_ids: int  # draft ids d with d2t[d] == d
     out_of_range: int       # draft ids mapped outside the target vocab
     t2d_agrees: bool | None  # None: no t2d stored
+    stored: bool = True     # False: the checkpoint has no d2t (the engine then uses all offsets 0)
 
     @classmethod
-    def of(cls, d2t: torch.Tensor, vocab_size: int, t2d: torch.Tensor | None) -> MapFacts:
+    def of(cls, d2t: torch.Tensor, vocab_size: int, t2d: torch.Tensor | None, stored: bool = True) -> MapFacts:
         ids = torch.arange(d2t.shape[0])
         targets = ids + d2t.cpu()
         agrees = None
@@ -54,12 +55,13 @@ class MapFacts:
             agrees = t2d.shape[0] == vocab_size and torch.equal(torch.nonzero(t2d.cpu()).flatten(),
                                                                 targets.sort().values)
         return cls(pattern(d2t.cpu(), vocab_size), int(d2t.shape[0]), vocab_size, int((targets == ids).sum()),
-                   int((d2t.cpu() == ids).sum()), int(((targets < 0) | (targets >= vocab_size)).sum()), agrees)
+                   int((d2t.cpu() == ids).sum()), int(((targets < 0) | (targets >= vocab_size)).sum()), agrees,
+                   stored)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pattern": self.pattern, "draft_vocab": self.draft_vocab, "target_vocab": self.target_vocab,
                 "self_mapped": self.self_mapped, "offsets_equal_ids": self.offsets_equal_ids,
-                "out_of_range": self.out_of_range, "t2d_agrees": self.t2d_agrees}
+                "out_of_range": self.out_of_range, "t2d_agrees": self.t2d_agrees, "d2t_stored": self.stored}
 
 
 class Coverage:
@@ -97,7 +99,9 @@ class Coverage:
 def findings(facts: MapFacts | None, coverage: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The report's vocabulary-map findings (none for a healthy map with enough coverage)."""
     out = []
-    if facts is not None and facts.pattern is not None:
+    if facts is not None and facts.pattern is not None and not facts.stored:
+        out.append(_missing(facts, coverage))
+    elif facts is not None and facts.pattern is not None:
         out.append(_identity(facts, coverage))
     elif coverage is not None and coverage["share"] is not None and coverage["share"] < COVERAGE_WARN:
         out.append(_coverage(coverage))
@@ -132,6 +136,29 @@ def _identity(facts: MapFacts, coverage: dict[str, Any] | None) -> dict[str, Any
             "text": (f"The draft's vocabulary map is broken: its vocab has {n} ids, smaller than the target's "
                      f"{v}, but {what}{share}."),
             "evidence": evidence, "fix": TRAINER_MAPS[0].upper() + TRAINER_MAPS[1:] + "."}
+
+
+def _missing(facts: MapFacts, coverage: dict[str, Any] | None) -> dict[str, Any]:
+    """A reduced-vocab draft without d2t: the engine serves it with every offset 0 (NeMo Automodel #2447)."""
+    n, v = facts.draft_vocab, facts.target_vocab
+    evidence: dict[str, Any] = {"draft_vocab": n, "target_vocab": v, "d2t_stored": False,
+                                "t2d_stored": facts.t2d_agrees is not None}
+    share = ""
+    if coverage is not None:
+        evidence.update(share=coverage["share"], share_by_t2d=coverage["share_by_t2d"],
+                        scored_tokens=coverage["scored_tokens"])
+        share = (f"; those ids express {_pct(coverage['share'])} of the dumps' {coverage['scored_tokens']} "
+                 "scored next tokens")
+        if coverage["share_by_t2d"] is not None:
+            share += f", the draft vocab its stored t2d names {_pct(coverage['share_by_t2d'])}"
+    fix = TRAINER_MAPS[0].upper() + TRAINER_MAPS[1:] + "."
+    if facts.t2d_agrees is not None:
+        fix = ("Write d2t into the checkpoint from its own t2d: d2t = nonzero(t2d) - arange(" + str(n) + ") "
+               "(int64), or " + TRAINER_MAPS + ".")
+    return {"id": "vocab-map-missing", "severity": "bad",
+            "text": (f"The draft's vocab has {n} ids, smaller than the target's {v}, but the checkpoint has no d2t, "
+                     f"so the engine maps draft id i to target id i and drafts only target ids 0..{n - 1}{share}."),
+            "evidence": evidence, "fix": fix}
 
 
 def _coverage(coverage: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, usage, vocab
+from . import engine, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -26,6 +26,12 @@ CASES: tuple[Case, ...] = (
     Case("vocab-map-identity-zeros", ("vocab-map-identity",), vocab.identity_zeros),
     Case("vocab-map-identity-arange", ("vocab-map-identity",), vocab.identity_arange),
     Case("vocab-map-coverage", ("vocab-map-coverage",), vocab.coverage),
+    Case("vocab-map-missing", ("vocab-map-missing",), vocab.missing_d2t),
+    Case("vocab-map-differs", ("vocab-map-differs",), vocab.differs_from_data_map),
+    Case("embedding-scale-dumps", ("embedding-scale",), states.embedding_scale_dumps),
+    Case("embedding-scale-draft", ("embedding-scale",), states.embedding_scale_draft),
+    Case("target-differs", ("target-differs",), states.target_differs),
+    Case("target-differs-measured", ("target-differs",), states.target_differs_measured),
     Case("layer-convention-shift", ("layer-convention-shift",), engine.sglang_ids_in_a_speculators_config),
     Case("layer-ids-wrong", ("layer-ids-wrong",), engine.wrong_ids),
     Case("ids-missing-engine-default", ("ids-missing-engine-default",), engine.ids_missing),

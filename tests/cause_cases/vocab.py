@@ -45,3 +45,26 @@ def coverage(base: Healthy, out: Path) -> Variant:
         weights["d2t"], weights["t2d"] = rare_map(weights["d2t"].shape[0], weights["t2d"].shape[0], lab().ids)
 
     return Variant(base.draft_with(out / "draft", rare))
+
+
+def missing_d2t(base: Healthy, out: Path) -> Variant:
+    """A reduced-vocab draft saved without d2t (t2d kept): served with every offset 0 (NeMo Automodel #2447)."""
+    return Variant(base.draft_with(out / "draft", lambda w: w.pop("d2t")))
+
+
+def differs_from_data_map(base: Healthy, out: Path) -> Variant:
+    """SpecForge's vocab_mapping/vocab_mapping.pt next to the dumps (one folder up, shared by the three
+    formats) maps six draft ids elsewhere than the draft's d2t: a map regenerated on other data (PR #534)."""
+    from safetensors.torch import load_file
+
+    from tests.drafter_lab import lab
+
+    w = load_file(base.draft / "model.safetensors")
+    d2t = w["d2t"].clone()
+    d2t[-6:] -= 1
+    t2d = torch.zeros_like(w["t2d"])
+    t2d[d2t + torch.arange(d2t.shape[0])] = True
+    data = base.dumps_with(out / "data", lab().ids, lab().slots())
+    (out / "data" / "vocab_mapping").mkdir()
+    torch.save({"d2t": d2t, "t2d": t2d}, out / "data" / "vocab_mapping" / "vocab_mapping.pt")
+    return Variant(base.draft, data)

@@ -1,11 +1,13 @@
-"""Vocabulary-map causes (failure-modes.md #6), judged by remote/drafter/vocabmap.py."""
+"""Vocabulary-map causes (failure-modes.md #6), judged by remote/drafter/vocabmap.py and, against the
+map SpecForge built the dumps with, trainermap.py."""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import vocabmap
+from .. import trainermap, vocabmap
 from .facts import Facts
 
 
 def check(facts: Facts) -> list[dict[str, Any]]:
-    return vocabmap.findings(facts.ctx.info.vocab_map, facts.res.coverage)
+    return (vocabmap.findings(facts.ctx.info.vocab_map, facts.res.coverage)
+            + trainermap.finding(facts.extra.get(trainermap.TRAINER_MAP)))

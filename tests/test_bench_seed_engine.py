@@ -42,6 +42,9 @@ def bench(root: Path) -> dict[str, Any]:
     # measured two ways: the client's figure and the /metrics window around each repeat
     assert accept["server_source"] == "metrics window" and accept["cross_check"]["agree"] is True
     assert len([v for v in accept["client"]["values"] if v is not None]) == 3
+    # vLLM's client ran as a library in one process for the warm-up and the repeats (docs/bench.md)
+    client = json.loads((folder / "runner.json").read_text())["client"]
+    assert client["mode"] == "library" and client["entry"] == "vllm.benchmarks.serve.main", client
     return result
 
 

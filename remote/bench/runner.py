@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import events, exitcodes
 from ..fileio import write_json  # atomic: a reader (or a pull after a crash) sees the old file or the new one
-from . import digest
+from . import client_link, digest
 
 RUN_DIR_TOKEN = "@RUN_DIR@"
 RUNNER_FILE = "runner.json"
@@ -190,6 +190,8 @@ class Runner:
         self.plan, self.run_dir = plan, run_dir
         self.facts: threading.Thread | None = None      # host.json being gathered (facts_meanwhile)
         self.server = plan["server"]
+        self.session: client_link.ClientSession | None = None     # one client process for every step
+        self.session_tried = False
         self.doc: dict[str, Any] = {"status": "running", "failure": None, "steps": [],
                                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -255,6 +257,49 @@ class Runner:
                         proc.kill()
                         return proc.wait(), time.monotonic() - started, "timed out"
 
+    def open_session(self) -> None:
+        """Start the one client process (before the warm-up), or say in the log why each step starts
+        its own: asked for, or an engine without the library entry (an older engine)."""
+        self.session_tried = True
+        mode = self.plan.get("client_mode") or os.environ.get(client_link.MODE_VAR) or "library"
+        first = next((s["argv"] for s in self.plan["steps"]), None)
+        module = first[2] if first and self.plan["engine"] == "sglang" and len(first) > 2 else None
+        why: str | None = None
+        if mode == "process":
+            why = f"one client process per step was asked for ({client_link.MODE_VAR}=process)"
+        elif first is None or client_link.client_args(first) is None:
+            why = "the plan's client command is not one the bench's client process runs"
+        else:
+            session = client_link.ClientSession(self.plan["python"], self.plan["engine"], module,
+                                                self.run_dir / "client-session.log", child_env(with_code=True))
+            why = session.start(self.server_alive)
+            if why is None:
+                self.session = session
+                self.doc["client"] = {"mode": "library", "entry": session.entry, "pid": session.pid,
+                                      "ready_s": round(session.ready_s or 0.0, 3)}
+                print(f"bench: one client process for every step ({session.entry}, ready in "
+                      f"{session.ready_s:.1f} s)", flush=True)
+                return
+            session.close()
+            why = f"the engine's client has no library entry ({why})"
+        self.doc["client"] = {"mode": "process", "why": why}
+        print(f"bench: {why}; each step starts its own client process", flush=True)
+
+    def run_client(self, argv: list[str], record: dict[str, Any]) -> tuple[int | None, float, str]:
+        """One step's client: a request to the client process when there is one, else a process of its own."""
+        if not self.session_tried:
+            self.open_session()
+        args = client_link.client_args(argv)
+        if self.session is None or args is None:
+            return self.run_command(argv, record["client_log"])
+        code, seconds, why, inside = self.session.run(shlex.join(argv), args, self.run_dir / record["client_log"],
+                                                      CLIENT_TIMEOUT_S, self.server_alive)
+        if inside is not None:
+            record["client_call_s"] = inside
+        if why and why not in ("server died", "timed out"):
+            why = f"failed inside the bench's client process ({why})"
+        return code, seconds, why
+
     def prepare(self, argv: list[str]) -> tuple[int | None, str]:
         """One preparation command. Our own stdlib dataset converter runs in this process: a new
         python's start-up costs more than the conversion (it used to be ~0.07 s of every bench)."""
@@ -289,7 +334,7 @@ class Runner:
         record["before"] = [self.call(c) for c in step.get("before", [])]
         offset = file_size(self.server.get("log"))
         print(f"bench: {label}: {shlex.join(step['argv'])}", flush=True)
-        code, seconds, why = self.run_command(step["argv"], record["client_log"])
+        code, seconds, why = self.run_client(step["argv"], record)
         record.update(exit_code=code, seconds=round(seconds, 3))
         if step.get("log_slice"):
             record["log_bytes"] = copy_slice(self.server.get("log"), offset, self.run_dir / step["log_slice"])
@@ -337,6 +382,8 @@ class Runner:
         try:
             self.steps()
         finally:
+            if self.session is not None:
+                self.session.close()
             if self.facts is not None:
                 self.facts.join()  # host.json is written before the result is announced
         self.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -359,6 +406,7 @@ class Runner:
                 self.fail(f"preparing the prompts failed ({why or f'exit {code}'}); see prepare.log")
                 break
         else:
+            self.open_session()     # before the first step: its import is no step's time
             for number, step in enumerate(plan["steps"], start=len(plan["prepare"])):
                 if not self.step(step, number, total):
                     break

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -70,7 +71,22 @@ def sample(args: argparse.Namespace) -> list[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_benchmark(build_parser().parse_args(argv))
+
+
+def _fail_on_cue() -> None:
+    """``DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN=N``: this process's N-th run raises (a repeat failing
+    inside the library; a client process per step only ever has run 1)."""
+    runs = int(os.environ.get("_DRAFTOPS_SGLANG_DOUBLE_CLIENT_RUNS", "0")) + 1
+    os.environ["_DRAFTOPS_SGLANG_DOUBLE_CLIENT_RUNS"] = str(runs)
+    if os.environ.get("DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN") == str(runs):
+        raise RuntimeError(f"double client: failing on cue in its run {runs}")
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    """The library entry of the real client (``run_benchmark(args)``): the bench's client process
+    (remote.bench.client_session) finds it and runs the module's ``__main__`` block once per step."""
+    _fail_on_cue()
     base = args.base_url or f"http://{args.host}:{args.port}"
     requests = sample(args)
     for prompt, out_len in requests[: args.warmup_requests]:

@@ -1,0 +1,38 @@
+"""The outside probe after the findings landing (trainer formats, engine states, trainer configs): each
+hostile file is one paragraph naming it, never an internal-error traceback or a figure made up."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from remote.drafter import torchfile
+from remote.drafter.errors import CorruptFileError
+
+FIX = "remake it"
+
+
+@pytest.mark.parametrize("kind", ["sparse", "meta"])
+def test_a_torch_file_holding_a_sparse_or_meta_tensor_is_refused_naming_it(tmp_path, kind):
+    """weights_only lets both through; a .bin draft, a dump or a vocab map holding one reached
+    reshape/.item() and ended as an INTERNAL traceback."""
+    tensor = torch.eye(4).to_sparse() if kind == "sparse" else torch.empty(4, device="meta")
+    file = tmp_path / "pytorch_model.bin"
+    torch.save({"fc.weight": torch.ones(2), "nested": {"d2t": tensor}}, file)
+    with pytest.raises(CorruptFileError) as err:
+        torchfile.load(file, FIX)
+    assert err.value.path == str(file) and err.value.tensor == "nested.d2t" and FIX in str(err.value)
+
+
+def test_an_empty_torch_file_is_called_empty_not_a_gzip_stream(tmp_path):
+    """A zero-byte pytorch_model.bin or vocab_mapping.pt was 'The gzip stream is cut short'."""
+    file = tmp_path / "vocab_mapping.pt"
+    file.write_bytes(b"")
+    with pytest.raises(CorruptFileError) as err:
+        torchfile.load(file, FIX)
+    assert "empty (0 bytes)" in str(err.value) and "gzip" not in str(err.value)
+
+
+def test_dense_saves_still_load(tmp_path):
+    file = tmp_path / "x.pt"
+    torch.save({"a": [torch.ones(3)], "b": (torch.zeros(2, dtype=torch.long),)}, file)
+    assert torchfile.load(file, FIX)["a"][0].sum() == 3

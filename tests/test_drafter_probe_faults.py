@@ -2,6 +2,8 @@
 hostile file is one paragraph naming it, never an internal-error traceback or a figure made up."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -36,3 +38,25 @@ def test_dense_saves_still_load(tmp_path):
     file = tmp_path / "x.pt"
     torch.save({"a": [torch.ones(3)], "b": (torch.zeros(2, dtype=torch.long),)}, file)
     assert torchfile.load(file, FIX)["a"][0].sum() == 3
+
+
+@pytest.mark.parametrize("final", [2**63, 5])
+def test_an_engine_state_final_slot_past_its_slots_is_refused_naming_the_file(tmp_path, final):
+    """final_slot 2**63 in engine-states/data_config.json was 'Overflow when unpacking long long', an
+    INTERNAL traceback deep in the scan; 5 of 5 slots indexed past the states."""
+    from safetensors.torch import save_file
+
+    from remote.drafter import engine_states
+    from remote.drafter.data import DumpSet
+    from remote.drafter.errors import ConfigError
+
+    dumps, states = tmp_path / "dumps", tmp_path / "engine-states"
+    for folder in (dumps, states):
+        folder.mkdir()
+        save_file({"token_ids": torch.arange(6), "hidden_states": torch.zeros(6, 5, 8)},
+                  str(folder / "hs_0.safetensors"))
+    (states / "data_config.json").write_text(json.dumps(
+        {"layer_ids": [0, 1, 2, 3, 4], "layer_id_convention": "vllm", "final_slot": final}))
+    with pytest.raises(ConfigError) as err:
+        engine_states.open_for(states, DumpSet.open(dumps), 8)
+    assert err.value.path == str(states / "data_config.json") and err.value.field == "final_slot"

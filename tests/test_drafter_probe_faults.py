@@ -60,3 +60,20 @@ def test_an_engine_state_final_slot_past_its_slots_is_refused_naming_the_file(tm
     with pytest.raises(ConfigError) as err:
         engine_states.open_for(states, DumpSet.open(dumps), 8)
     assert err.value.path == str(states / "data_config.json") and err.value.field == "final_slot"
+
+
+@pytest.mark.parametrize("layers", [2**63, 1e308, 10**20])
+def test_a_target_layer_count_past_any_target_is_refused_naming_the_target_config(tmp_path, layers):
+    """SpecForge's default ids [1, n//2-1, n-4] of such a count became slot layer ids of 20 to 309
+    digits in the report, and its final slot n-1 the verdict's layer."""
+    from remote.drafter import trainerconfig
+    from remote.drafter.errors import ConfigError
+
+    (tmp_path / "tgt").mkdir()
+    (tmp_path / "tgt" / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    (tmp_path / "features").mkdir()
+    (tmp_path / "train.json").write_text(json.dumps({"model": {"target_model_path": "tgt"}, "data": {}}))
+    with pytest.raises(ConfigError) as err:
+        trainerconfig.read(tmp_path / "features", 3, "SpecForge")
+    assert err.value.path == str(tmp_path / "tgt" / "config.json") and err.value.field == "num_hidden_layers"
+    assert "train.json" in str(err.value)

@@ -77,3 +77,43 @@ def test_a_target_layer_count_past_any_target_is_refused_naming_the_target_confi
         trainerconfig.read(tmp_path / "features", 3, "SpecForge")
     assert err.value.path == str(tmp_path / "tgt" / "config.json") and err.value.field == "num_hidden_layers"
     assert "train.json" in str(err.value)
+
+
+def test_a_figure_that_overflowed_is_written_as_null_and_said_the_report_stays_json(tmp_path):
+    """One dump value of 3e38 squared past float32 in the slot norms: report.json held ``Infinity``,
+    which the local reader refuses, so a finished evaluation showed no report at all."""
+    from remote.drafter import report
+
+    path = report.write({"schema": report.SCHEMA, "slot_norms": [{"rms": 1.0}, {"rms": float("inf")}],
+                         "x": (float("nan"),), "warnings": []}, tmp_path)
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
+    assert doc["slot_norms"] == [{"rms": 1.0}, {"rms": None}] and doc["x"] == [None]
+    assert "slot_norms[1].rms, x[0]" in doc["warnings"][0]
+
+
+def test_a_dump_value_near_the_float32_limit_leaves_a_report_the_local_side_reads(tmp_path):
+    """End to end: a finite 3e38 in the first dumps; the slot norm overflows, report.json says null and
+    the local model and the slot table take it ("n/a"), instead of refusing the whole report."""
+    import shutil
+
+    from rich.console import Console
+    from safetensors.torch import load_file, save_file
+
+    from draftops import report as view
+    from draftops.documents import load
+    from draftops.documents.drafter_report import DrafterReport
+    from tests.drafter_support import demo, run_eval
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(demo().data / "data_config.json", data)
+    for i in range(8):
+        tensors = load_file(str(demo().data / f"hs_{i}.safetensors"))
+        tensors["hidden_states"][0, 0, 0] = 3e38
+        save_file(tensors, str(data / f"hs_{i}.safetensors"))
+    run_eval(tmp_path / "out", ckpt=demo().draft_fixed, data=data, limit=8, layout_samples=8)
+    doc = load(DrafterReport, tmp_path / "out" / "report.json")
+    assert doc.slot_norms[0].rms is None and any("slot_norms[0].rms" in w for w in doc.warnings)
+    console = Console(width=120, record=True)
+    console.print(view.slot_table(doc))
+    assert "n/a" in console.export_text()

@@ -117,3 +117,25 @@ def test_a_dump_value_near_the_float32_limit_leaves_a_report_the_local_side_read
     console = Console(width=120, record=True)
     console.print(view.slot_table(doc))
     assert "n/a" in console.export_text()
+
+
+def test_a_target_whose_layer_weight_is_nan_says_its_layers_were_not_compared(tmp_path):
+    """The tiny target's load error was swallowed: ``recomputed: false``, no note, the layer slots
+    silently left out of slot_statistics (so no target-differs could be found)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from remote.drafter.slotstats import SlotStats
+    from remote.drafter.verifier import Verifier
+    from tests.drafter_support import demo
+
+    target = tmp_path / "target"
+    shutil.copytree(demo().target, target)
+    weights = load_file(str(target / "model.safetensors"))
+    weights["model.layers.2.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(weights, str(target / "model.safetensors"))
+    stats = SlotStats.prepare(Verifier(target), (-1, 1, 3, 4, 5), None)
+    assert [t.reference for t in stats.tallies.values()] == ["embedding"]
+    assert len(stats.notes) == 1 and "not recomputed" in stats.notes[0]
+    assert "model.layers.2.mlp.down_proj.weight" in stats.notes[0] and str(target) in stats.notes[0]

@@ -139,3 +139,24 @@ def test_a_target_whose_layer_weight_is_nan_says_its_layers_were_not_compared(tm
     assert [t.reference for t in stats.tallies.values()] == ["embedding"]
     assert len(stats.notes) == 1 and "not recomputed" in stats.notes[0]
     assert "model.layers.2.mlp.down_proj.weight" in stats.notes[0] and str(target) in stats.notes[0]
+
+
+def test_engine_states_of_which_none_is_scored_give_no_accept_length(tmp_path):
+    """Every engine-state file with a NaN: all skipped, and each layout's accept length read 1.0 (1 + a
+    sum over no positions), a figure of a draft that never drafts right, made up."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.drafter_support import demo, run_eval
+
+    states = tmp_path / "engine-states"
+    states.mkdir()
+    (states / "data_config.json").write_text(json.dumps(
+        {"layer_ids": [0, 2, 4, 5, 6], "layer_id_convention": "vllm", "final_slot": 4, "num_hidden_layers": 6}))
+    for i in range(4):
+        tensors = load_file(str(demo().data / f"hs_{i}.safetensors"))
+        tensors["hidden_states"][2, 1, 0] = float("nan")
+        save_file(tensors, str(states / f"hs_{i}.safetensors"))
+    report = run_eval(tmp_path / "out", ckpt=demo().draft_fixed, limit=8, layout_samples=8, engine_states=states)
+    es = report["engine_states"]
+    assert len(es["skipped"]) == 4 and es["layouts"]
+    assert all(row["accept_length"] is None and row["step0_acc"] is None for row in es["layouts"])

@@ -160,3 +160,22 @@ def test_engine_states_of_which_none_is_scored_give_no_accept_length(tmp_path):
     es = report["engine_states"]
     assert len(es["skipped"]) == 4 and es["layouts"]
     assert all(row["accept_length"] is None and row["step0_acc"] is None for row in es["layouts"])
+
+
+@pytest.mark.parametrize("huge", [2**63 + 1, 1 << 16])
+def test_draft_config_without_a_target_refuses_an_id_past_any_target(tmp_path, capsys, huge):
+    """``--layer-ids=-1,1,9223372036854775808`` without --target was written into config.json
+    (as 2**63 + 1, in vLLM's convention): an id no engine reads as a layer."""
+    import shutil
+
+    from remote import exitcodes
+    from remote.draft_config.__main__ import main
+    from tests.drafter_support import demo
+
+    ckpt = tmp_path / "draft"
+    shutil.copytree(demo().draft, ckpt)
+    before = (ckpt / "config.json").read_bytes()
+    code = main(["--ckpt", str(ckpt), f"--layer-ids=-1,1,{huge}", "--out", str(tmp_path / "out")])
+    said = capsys.readouterr().err
+    assert code == exitcodes.REFUSED and str(huge) in said and "--target" in said
+    assert (ckpt / "config.json").read_bytes() == before and not list(ckpt.glob("*draftops-bak*"))

@@ -25,7 +25,8 @@ def slot_table(report: DrafterReport) -> Table:
     for col in ("slot", "layer id", "role", "rms"):
         table.add_column(col, justify="right" if col in ("slot", "rms") else "left")
     for row in report.slot_norms:
-        table.add_row(str(row.slot), str(row.layer_id), escape(row.role or ""), f"{row.rms:.3f}")
+        table.add_row(str(row.slot), str(row.layer_id), escape(row.role or ""),
+                      "n/a" if row.rms is None else f"{row.rms:.3f}")
     return table
 
 

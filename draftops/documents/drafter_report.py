@@ -73,7 +73,7 @@ class SlotNorm(Part):
     slot: int
     layer_id: int | None = None
     role: str | None = None
-    rms: float
+    rms: float | None  # None: overflowed (the report warns which)
 
 
 class Layout(Part):

@@ -15,6 +15,10 @@ from .config_file import DraftConfig
 from .errors import InvalidLayerIds
 from .target import TargetInfo
 
+#: no target has this many layers (remote/drafter/trainerconfig.py holds the same bound): without
+#: --target an id at or past it is refused, not written
+MAX_LAYERS = 1 << 16
+
 
 @dataclass
 class Checked:
@@ -84,6 +88,10 @@ def _range_problems(ids: list[int], target: TargetInfo | None, warnings: list[st
     if low:
         problems.append(f"id(s) {low} below {first} ({first} is the embedding output)")
     if target is None:
+        huge = [v for v in ids if v >= MAX_LAYERS]   # 2**63 + 1 was written: no engine reads it as a layer
+        if huge:
+            problems.append(f"id(s) {huge} past any target's layers ({MAX_LAYERS}; pass --target to check "
+                            "against its own count)")
         warnings.append("no --target given: ids not checked against the target's layer count")
         return problems
     high = [v for v in ids if v > last]

@@ -34,6 +34,11 @@ def open_for(folder: Path, dumps: DumpSet, width: int) -> DumpSet:
         raise ConfigError("The engine-states folder lacks the data_config.json that names its slots (or it names "
                           "no layer_ids or final_slot): the capture check writes it last, so the folder is "
                           "unfinished", path=folder / "data_config.json", fix=REMAKE)
+    if not 0 <= slots.final_slot < len(slots.layer_ids):   # the dumps' own is checked in evaluation._context
+        raise ConfigError("The engine-states folder's data_config.json names a final_slot that is none of its "
+                          "slots", path=slots.path, field="final_slot",
+                          expected=f"0..{len(slots.layer_ids) - 1} (one per layer_ids entry)", found=slots.final_slot,
+                          fix=REMAKE)
     for file in states.files:
         _same_as_dump(file, states, dumps, width)
     return states

@@ -167,7 +167,8 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
         layer_ids = [ids[s] for s in score.slots]
         return {"role": role, "states": "engine", "slots": list(score.slots), "layer_ids": layer_ids,
                 "layer_ids_vllm": convention.convert(layer_ids, convention.SGLANG, convention.VLLM),
-                "step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+                "step0_acc": counts.full_acc()[0],   # nothing scored (every file NaN): no 1.0 made up
+                "accept_length": counts.accept_length(opts.steps) if counts.full_acc()[0] is not None else None}
     return {"path": str(states.root), "states": "engine", "samples": count, "tokens": tokens, "basis": basis,
             # engine-state files not scored (NaN/inf), as the top-level ``skipped`` names the dumps' own
             "skipped": [{"path": path, "reason": why} for path, why in ectx.skipped.items()],

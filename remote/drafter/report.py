@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -177,9 +178,15 @@ def write(doc: dict[str, Any], out_dir: Path) -> Path:
     """Write ``report.json`` atomically (a reader never sees half a file; a failed write leaves
     nothing behind, and two runs sharing ``--out`` never share a temporary file)."""
     path = out_dir / REPORT_NAME
+    doc, nulled = finite(doc)
+    if nulled:   # json.dumps wrote Infinity, which no JSON reader takes: the local side refused the whole report
+        doc.setdefault("warnings", []).append(
+            f"{len(nulled)} figure(s) overflowed to NaN or infinity and are written as null: "
+            f"{', '.join(nulled[:5])}{' ...' if len(nulled) > 5 else ''} (a dump value near the float32 limit "
+            "squares past it)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
+        atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n").encode())
     except OSError as exc:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         kind = ResourceError if full else OptionError
@@ -187,3 +194,19 @@ def write(doc: dict[str, Any], out_dir: Path) -> Path:
                    fix=("free space there or pass --out a folder on another disk" if full else
                         "pass --out a folder this user can create and write")) from exc
     return path
+
+
+def finite(value: Any, where: str = "") -> tuple[Any, list[str]]:
+    """``value`` with every NaN or infinite float made None, and where each was (``slot_norms[2].rms``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, [where or "."]
+    if isinstance(value, dict):
+        out, found = {}, []
+        for key, item in value.items():
+            out[key], more = finite(item, f"{where}.{key}" if where else str(key))
+            found += more
+        return out, found
+    if isinstance(value, (list, tuple)):
+        pairs = [finite(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [p[0] for p in pairs], [w for p in pairs for w in p[1]]
+    return value, []

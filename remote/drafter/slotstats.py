@@ -102,9 +102,13 @@ class SlotStats:
         scale = math.sqrt(verifier.hidden_size) if str(verifier.config.get("model_type", "")).startswith("gemma") \
             else 1.0
         embed = table if table is not None else verifier.embed_tokens()
-        tiny = _recomputable(verifier)
-        tallies: dict[int, SlotTally] = {}
         notes = []
+        try:
+            tiny = _recomputable(verifier)
+        except DrafterError as exc:   # a NaN in a layer's weight: no layer is compared, and the report says why
+            tiny = None
+            notes.append(f"the target's layers are not recomputed, so no layer slot is compared: {exc}")
+        tallies: dict[int, SlotTally] = {}
         if slot_ids is None:
             notes.append("the slots' layers are unknown, so no slot is compared with the target's states")
         else:
@@ -158,11 +162,9 @@ class SlotStats:
 
 
 def _recomputable(verifier: Verifier) -> tuple[tinyllama.TinyConfig, dict[str, torch.Tensor]] | None:
-    """The verifier as a tiny Llama this module can run, or None (too big, or another architecture)."""
+    """The verifier as a tiny Llama this module can run, or None (too big, or another architecture); a
+    DrafterError when it is one but cannot be run (a NaN in a layer's weight)."""
     size = sum(Path(f).stat().st_size for f in verifier.store.files)
     if size > RECOMPUTE_BYTES or verifier.config.get("model_type") != "llama" or not verifier.path.is_dir():
         return None
-    try:
-        return tinyllama.load(verifier.path)
-    except DrafterError:
-        return None
+    return tinyllama.load(verifier.path)

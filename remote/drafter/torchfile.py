@@ -30,8 +30,13 @@ def is_gzip(file: Path) -> bool:
 def load(file: Path, regenerate: str) -> Any:
     """The object ``file`` holds; ``regenerate`` says how to remake the file (the fix of a refusal)."""
     _regular(file, regenerate)
+    if file.stat().st_size == 0:   # torch.load's EOFError was told as a gzip stream cut short
+        raise CorruptFileError("The file is empty (0 bytes), so it holds no torch save", path=file,
+                               expected="a torch.save file", found="0 bytes",
+                               fix=f"re-copy the file whole (a full disk or an interrupted copy leaves it empty), "
+                                   f"or {regenerate}")
     try:
-        return _load(file)
+        loaded = _load(file)
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise CorruptFileError(
             f"The gzip stream is cut short or damaged ({type(exc).__name__}: {exc}), so no sample is read from it",
@@ -41,6 +46,27 @@ def load(file: Path, regenerate: str) -> Any:
                                fix=f"check the path and its permissions, or {regenerate}") from exc
     except Exception as exc:  # pickle/zip errors have many types
         raise _refusal(file, exc, regenerate) from exc
+    _dense(loaded, file, regenerate)
+    return loaded
+
+
+def _dense(obj: Any, file: Path, regenerate: str, where: str = "", depth: int = 0) -> None:
+    """Every tensor in a loaded file is a dense one with storage: ``weights_only`` lets a sparse or a
+    meta tensor through, and the first reshape or ``.item()`` on one was an internal-error traceback."""
+    if isinstance(obj, torch.Tensor):
+        kind = ("a meta tensor (no data was saved)" if obj.is_meta else
+                f"a {str(obj.layout).replace('torch.', '')} tensor" if obj.layout != torch.strided else None)
+        if kind is not None:
+            raise CorruptFileError(f"The file holds {kind} where a dense tensor of values belongs", path=file,
+                                   tensor=where or None, expected="dense (strided) tensors with their values",
+                                   found=kind,
+                                   fix=f"save the tensors themselves (.to_dense(), on cpu), or {regenerate}")
+    elif depth < 8 and isinstance(obj, dict):
+        for key, value in obj.items():
+            _dense(value, file, regenerate, f"{where}.{key}" if where else str(key), depth + 1)
+    elif depth < 8 and isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _dense(value, file, regenerate, f"{where}[{i}]", depth + 1)
 
 
 def _regular(file: Path, regenerate: str) -> None:

@@ -102,7 +102,15 @@ def _target_layers(value: Any, file: Path) -> int | None:
     if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
     n = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
-    return int(n) if n is not None and is_integral(n) and int(n) > 0 else None
+    if n is None or not is_integral(n) or int(n) <= 0:
+        return None
+    if int(n) > MAX_LAYERS:   # 1e308 or 2**63 became SpecForge's default ids of hundreds of digits
+        raise ConfigError(f"The target config a trainer config next to the dumps points at names more layers "
+                          f"than any target has ({MAX_LAYERS})", path=path / "config.json" if path else None,
+                          field="num_hidden_layers", expected=f"1..{MAX_LAYERS}", found=n,
+                          fix=f"correct the target's config.json, or model.target_model_path in {file}, or put a "
+                              "data_config.json next to the dumps")
+    return int(n)
 
 
 def _draft_config(value: Any, file: Path) -> Any:

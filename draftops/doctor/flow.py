@@ -60,7 +60,13 @@ def exit_code(state: State) -> int:
 
 def run(host: Host, state: State, say: Callable[[str], None]) -> State:
     """Run ``state``'s unfinished steps in order; returns the state as it ended (also written)."""
-    tracker = steps.Tracker(say)
+    def on_start(run_id: str) -> None:       # doctor.json names a job as soon as it runs
+        running = next((s for s in state.steps if s.state == "running"), None)
+        if running is not None:
+            steps.ran(running, run_id)
+            state.save()
+
+    tracker = steps.Tracker(say, on_start)
     ctx = steps.Ctx(host, state, say, say, tracker)
     if any(s.state != "pending" for s in state.steps):
         state.resumed.append(now_iso())

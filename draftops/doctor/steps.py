@@ -5,6 +5,7 @@ it found (``outcome``: what the report tells) and the commands that reproduce it
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,12 +43,13 @@ class Tracker(JobView):
     """A quiet view that remembers the job it follows, so an interrupted doctor can stop it (a
     tool job it started must not outlive it), and lets Ctrl-C raise as usual."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
+    def __init__(self, say: Callable[[str], None], on_start: Callable[[str], None] = lambda run_id: None) -> None:
+        self.say, self.on_start = say, on_start
         self.current: str | None = None
 
     def started(self, host: str, run_id: str) -> None:
         self.current = run_id
+        self.on_start(run_id)
         self.say(f"  run {run_id}")
 
 
@@ -84,6 +86,32 @@ class Ctx:
         return self.state.step(name).outcome if self.state.has(name) else {}
 
 
+def ran(step: Step, run_id: str) -> None:
+    """Note a run of the step (the tracker notes a job as it starts; a step adds what made no job)."""
+    if run_id not in step.runs:
+        step.runs.append(run_id)
+
+
+def host_path(host: Host, path: str) -> str:
+    """A path typed for the host, absolute by cli/common.host_path's rule (``~`` the host's home,
+    relative to where a login shell starts there): a profile's ``python: ~/...`` is such a path."""
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
+
+
+def _profile(ctx: Ctx) -> profiles.Profile:
+    """The serve profile the doctor was asked for, its python as the host reads it."""
+    chosen = profiles.resolve(ctx.host.spec, ctx.args.profile)
+    return dataclasses.replace(chosen, python=host_path(ctx.host, chosen.python))
+
+
 def _host_cmd(ctx: Ctx, text: str) -> str:
     """A reproducing command line, with the host when it is not the default."""
     return f"invoke {text} --host {shlex.quote(ctx.host.name)}"
@@ -103,7 +131,7 @@ def ensure_demo(host: Host, view: JobView) -> None:
 def capture(ctx: Ctx, step: Step) -> None:
     """`invoke capture-check`: a short-lived engine instance says which layer each dumped slot holds."""
     host, args = ctx.host, ctx.args
-    chosen = profiles.resolve(host.spec, args.profile)
+    chosen = _profile(ctx)
     root = demo_dir(host.state_dir)
     if ctx.demo:
         ensure_demo(host, ctx.tracker)
@@ -123,7 +151,7 @@ def capture(ctx: Ctx, step: Step) -> None:
     done = run_tool(host, "remote.capture", tool_args, name="capture-check", task="capture-check",
                     given={"data": data, "draft": ctx.draft_path(), "target": target, "profile": chosen.name,
                            "samples": 24}, env=dict(settings.env), view=ctx.tracker)
-    step.runs.append(done.run_id)
+    ran(step, done.run_id)
     done.check()
     from draftops.documents.capture_check import CaptureCheck
     doc = done.document(CaptureCheck)
@@ -172,7 +200,7 @@ def check(ctx: Ctx, step: Step) -> None:
     tool_args, given = _drafter_args(ctx)
     done = run_tool(host, "remote.drafter", tool_args, name="test-drafter", view=ctx.tracker, task="test-drafter",
                     given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
-    step.runs.append(done.run_id)
+    ran(step, done.run_id)
     report = done.document(DrafterReport) if done.ok else None
     digest = _digest(host, report)
     records.keep(host.project_root, f"run {done.run_id}",
@@ -234,7 +262,7 @@ def fix(ctx: Ctx, step: Step) -> None:
     if found.get("needs_capture_patch") and engine != "vllm":
         patched = run_tool(host, "remote.sglang_patch", ["apply", "--out", jobs.RUN_DIR], name="patch-sglang-apply",
                            view=ctx.tracker, env={"DRAFTOPS_STATE_DIR": host.state_dir})
-        step.runs.append(patched.run_id)
+        ran(step, patched.run_id)
         _record_plain(ctx, patched.run_id, "patch-sglang", patched.final, {"action": "apply"})
         patched.check()
         step.commands.append(_host_cmd(ctx, "patch-sglang.apply"))
@@ -246,7 +274,7 @@ def fix(ctx: Ctx, step: Step) -> None:
         tool_args += ["--target", f"{demo_dir(host.state_dir)}/{DEMO_TARGET}"]
     done = run_tool(host, "remote.draft_config", tool_args, name="draft-config", view=ctx.tracker,
                     env={"DRAFTOPS_STATE_DIR": host.state_dir})
-    step.runs.append(done.run_id)
+    ran(step, done.run_id)
     from draftops.documents.draft_config import DraftConfigResult
     result = done.document(DraftConfigResult) if done.ok else None
     outcome = {"config": result.config, "old_ids": result.old_ids, "written_ids": result.written_ids,
@@ -306,7 +334,7 @@ def reusable_baseline(runs_dir: Path, hist: history.History, *, host: str, engin
 
 def _serve_plan(ctx: Ctx, role: str) -> tuple[Any, profiles.Profile]:
     host, args = ctx.host, ctx.args
-    chosen = profiles.resolve(host.spec, args.profile)
+    chosen = _profile(ctx)
     baseline = role == plan.BASELINE
     draft = None if baseline else (DEMO if ctx.demo else args.draft)
     # the doctor serves the draft as it is to measure it, MISMATCH or not (--force): the checks still run
@@ -338,7 +366,7 @@ def served(ctx: Ctx, step: Step, role: str, is_last: bool) -> None:
         if found is not None:
             step.outcome = {"bench_run": found.run_id, "reused": {"run_id": found.run_id, "time": found.time,
                                                                   "max_age_h": plan.BASELINE_MAX_AGE_H}}
-            step.runs.append(found.run_id)
+            ran(step, found.run_id)
             ctx.progress(f"  reusing baseline bench {found.run_id} of {found.time[:19]} (same target, engine, "
                          f"settings and code version, under {plan.BASELINE_MAX_AGE_H:.0f} h old; --fresh re-runs it)")
             return
@@ -379,7 +407,7 @@ def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.
     serve_plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
     lifecycle.make_room(host, serve_plan)
     server = lifecycle.launch(host, serve_plan, dict(chosen.settings.env))
-    step.runs.append(server.run_id)
+    ran(step, server.run_id)
     entry = {"run_id": server.run_id, "port": server.port, "role": role, "state": "starting"}
     ctx.state.servers.append(entry)
     ctx.state.save()
@@ -462,7 +490,7 @@ def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, A
     done = session.run(host, prepared, name=f"doctor-{role}", given={**bench, "doctor": ctx.state.doctor_id},
                        view=ctx.tracker)
     res = done.result
-    step.runs.append(res.run_id)
+    ran(step, res.run_id)
     records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
                  ctx.warn)
     if res.status != "succeeded":
@@ -508,7 +536,7 @@ def compare(ctx: Ctx, step: Step) -> None:
         run_id = jobs.new_run_id("bench-compare")
         outputs.write(cmp, ctx.runs_dir / run_id)
         records.keep(ctx.host.project_root, "this comparison", partial(_compare_record, cmp, run_id), ctx.warn)
-        step.runs.append(run_id)
+        ran(step, run_id)
         step.commands.append(f"invoke bench.compare --run-a {a.run_id} --run-b {b.run_id}")
         pred = predictions.get(b.run_id)
         measured = b.accept_length.value if b.accept_length else None

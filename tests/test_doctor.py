@@ -138,13 +138,7 @@ def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):
         proc = start(project, *NO_BENCH)
         wait_for_step(project, "recheck", proc)
         filler = runs / "filler"
-        with open(filler, "wb") as f:           # the disk fills while the re-check runs: its pull cannot land
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
-                pass
+        _fill(runs)                             # the disk fills while the re-check runs: its pull cannot land
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 1, out
         flat = " ".join(out.split())
@@ -196,19 +190,29 @@ def test_a_damaged_state_file_is_one_paragraph(tmp_path, content):
         state.resume(tmp_path / "runs", "../../etc", "local", None)
 
 
-def test_the_state_is_written_whole_or_kept(tmp_path, monkeypatch):
-    made = state.new(tmp_path / "runs", "local", plan.Args(draft="demo"))
-    before = (made.folder / "doctor.json").read_bytes()
-    made.status = "fixed"
-    os.chmod(made.folder, 0o500)
-    try:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into a read-only folder")
-        with pytest.raises(DoctorError, match="--resume"):
+def test_the_state_is_written_whole_or_kept(tmp_path):
+    with small_tmpfs(tmp_path / "runs", "64k") as runs:
+        made = state.new(runs, "local", plan.Args(draft="demo"))
+        before = (made.folder / "doctor.json").read_bytes()
+        _fill(runs)
+        made.status, made.why = "fixed", "x" * 20_000
+        with pytest.raises(DoctorError, match=f"--resume {made.doctor_id}") as refused:
             made.save()
+        assert "No space left on device" in str(refused.value)
+        assert (made.folder / "doctor.json").read_bytes() == before
+        assert sorted(p.name for p in made.folder.iterdir()) == ["doctor.json"]     # no temporary left
+
+
+def _fill(folder: Path) -> None:
+    """Write into ``folder`` until its file system is full."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
     finally:
-        os.chmod(made.folder, 0o700)
-    assert (made.folder / "doctor.json").read_bytes() == before
+        os.close(fd)
 
 
 # --- baseline reuse ----------------------------------------------------------------------------------
@@ -301,7 +305,7 @@ def test_the_report_tells_the_story_in_order_and_escapes_host_text(tmp_path):
     page = paths["html"].read_text()
     for written in (text, page):
         assert "<script>" not in written and "\x1b" not in written
-    assert "&lt;script&gt;" in page and "\\<script\\>" in text and "\\|" in text
+    assert "&lt;script&gt;" in page and "&lt;script&gt;" in text and "\\|" in text and "\\`x\\`" in text
     assert page.count("data:image/png;base64,") == 1
 
 

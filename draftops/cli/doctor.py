@@ -66,12 +66,12 @@ def doctor(c: Context, draft: str | None = None, data: str | None = None, profil
 
 
 def _show_end(ended: object) -> None:
-    from draftops.doctor.report import STATUS_TEXT, Story
+    from draftops.doctor.report import Story, status_text
     from draftops.doctor.state import State
     assert isinstance(ended, State)
     story = Story(ended)
     colour = "green" if ended.status in ("healthy", "fixed") else "red"
-    console.print(f"[{colour}]{escape(STATUS_TEXT.get(ended.status, ended.status))}[/]")
+    console.print(f"[{colour}]{escape(status_text(ended))}[/]")
     for line in story.sections[0][1][1:]:
         console.print(escape(line), soft_wrap=True)
     check = story.out("check")

@@ -23,10 +23,12 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _label_bars(ax: Any, bars: Any, values: list[float | None], fmt: str) -> None:
-    for bar, value in zip(bars, values, strict=True):
+def _label_bars(ax: Any, bars: Any, values: list[float | None], fmt: str, tops: list[float] | None = None) -> None:
+    """The value over each bar (over its error bar's top when given, so the two never overlap)."""
+    for i, (bar, value) in enumerate(zip(bars, values, strict=True)):
         text = "—" if value is None else format(value, fmt)
-        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3),
+        top = tops[i] if tops is not None else bar.get_height()
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, top), xytext=(0, 3),
                     textcoords="offset points", ha="center", va="bottom", fontsize=9)
 
 
@@ -47,26 +49,30 @@ def draw(runs: dict[str, dict[str, Any]], predicted: dict[str, float | None], pa
     xs = list(range(len(roles)))
     bars = tput.bar(xs, [m or 0.0 for m in medians], yerr=[lows, highs], capsize=6,
                     color=[COLOURS[r] for r in roles])
-    _label_bars(tput, bars, medians, ".1f")
+    _label_bars(tput, bars, medians, ".1f", [(m or 0.0) + h for m, h in zip(medians, highs, strict=True)])
     tput.set_xticks(xs, [LABELS[r] for r in roles])
     tput.set_ylabel("output tok/s (median; bars: range of repeats)")
     tput.set_title("throughput")
     tput.set_ylim(0, max([1.0, *[(m or 0) + h for m, h in zip(medians, highs, strict=True)]]) * 1.25)
     width = 0.38
-    measured = [_num(runs[r].get("accept_length")) for r in roles]
-    preds = [_num(predicted.get(r)) for r in roles]
-    left = accept.bar([x - width / 2 for x in xs], [m or 0.0 for m in measured], width, label="measured",
-                      color=[COLOURS[r] for r in roles])
-    right = accept.bar([x + width / 2 for x in xs], [p or 0.0 for p in preds], width,
-                       label="predicted (test-drafter)", color=COLOURS["predicted"])
-    _label_bars(accept, left, [m if r != "baseline" else None for m, r in zip(measured, roles, strict=True)], ".2f")
-    _label_bars(accept, right, [p if r != "baseline" else None for p, r in zip(preds, roles, strict=True)], ".2f")
-    accept.set_xticks(xs, [LABELS[r] for r in roles])
+    drafted = [r for r in roles if r != "baseline"]      # a baseline has no accept length
+    ax_ = list(range(len(drafted)))
+    measured = [_num(runs[r].get("accept_length")) for r in drafted]
+    preds = [_num(predicted.get(r)) for r in drafted]
+    left = accept.bar([x - width / 2 for x in ax_], [m or 0.0 for m in measured], width,
+                      color=[COLOURS[r] for r in drafted])
+    right = accept.bar([x + width / 2 for x in ax_], [p or 0.0 for p in preds], width, color=COLOURS["predicted"])
+    _label_bars(accept, left, measured, ".2f")
+    _label_bars(accept, right, preds, ".2f")
+    accept.set_xticks(ax_, [LABELS[r] for r in drafted])
+    from matplotlib.patches import Patch
+    accept.legend(handles=[Patch(color="#555555", label="measured (the run's colour)"),
+                           Patch(color=COLOURS["predicted"], label="predicted (test-drafter)")],
+                  loc="upper left", fontsize=8)
     accept.set_ylim(0, max([1.0, *[v for v in measured + preds if v]]) * 1.35)
     accept.set_ylabel("accept length (tokens per verify step)")
     accept.set_title("accept length: measured vs predicted")
     accept.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
-    accept.legend(loc="upper left", fontsize=8)
     fig.subplots_adjust(left=0.07, right=0.985, bottom=0.17, top=0.9, wspace=0.25)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, partial(fig.savefig, format="png"))

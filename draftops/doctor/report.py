@@ -25,6 +25,13 @@ STATUS_TEXT = {"healthy": "healthy: nothing to fix", "unhealthy": "NOT HEALTHY: 
                "stopped": "STOPPED", "running": "running"}
 
 
+def status_text(state: State) -> str:
+    """The doctor's end in words (a fix proved by a bench says so; one checked only by test-drafter too)."""
+    if state.status == "fixed" and not state.has(plan.COMPARE):
+        return "FIXED: test-drafter says MATCH for the fixed config (not benchmarked: --no-bench)"
+    return STATUS_TEXT.get(state.status, state.status)
+
+
 def _f(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
 
@@ -48,7 +55,7 @@ class Story:
 
     def _build(self) -> None:
         s = self.state
-        head = [f"doctor {s.doctor_id} on host {s.host}: {STATUS_TEXT.get(s.status, s.status)}",
+        head = [f"doctor {s.doctor_id} on host {s.host}: {status_text(s)}",
                 f"asked: invoke doctor {s.args.flags()}", f"started {s.created}"
                 + (f"; resumed {', '.join(s.resumed)}" if s.resumed else "")]
         if s.stopped_at:

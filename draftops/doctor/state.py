@@ -97,7 +97,8 @@ def load(folder: Path) -> State:
     try:
         if path.is_symlink() or not path.is_file():
             raise DoctorError(f"{path} is not a doctor's state file (missing, or not a regular file); "
-                              "`invoke doctor --resume` takes the id of a doctor run (runs/*-doctor-*).")
+                              "`invoke doctor --resume` takes the id of a doctor run (runs/*-doctor-*), or start a new "
+                              "doctor without --resume.")
         if path.stat().st_size > MAX_STATE_BYTES:
             raise DoctorError(f"{path} is {path.stat().st_size} bytes, far more than a doctor writes; it is "
                               "not a doctor's state file. Start a new doctor without --resume.")

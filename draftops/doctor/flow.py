@@ -91,6 +91,7 @@ def _one(ctx: steps.Ctx, step: Any) -> bool:
     """Run one step; False when the doctor ends here."""
     state, say = ctx.state, ctx.say
     say(f"▶ {plan.TITLES[step.name]}")
+    step.earlier += [run for run in step.runs if run not in step.earlier]     # an attempt that did not finish
     step.state, step.started, step.ended, step.error, step.runs, step.outcome = "running", now_iso(), None, None, [], {}
     ctx.tracker.current = None
     state.save()

@@ -183,7 +183,9 @@ class Story:
                 or (again.get("predicted") or {}).get("served")}
 
     def _steps(self) -> None:
-        rows = [[x.name, x.state, ", ".join(x.runs), " ; ".join(x.commands), x.error or ""] for x in self.state.steps]
+        rows = [[x.name, x.state, ", ".join(x.runs) + (f" (unfinished attempts: {', '.join(x.earlier)})" if x.earlier
+                                                        else ""), " ; ".join(x.commands), x.error or ""]
+                for x in self.state.steps]
         self.sections.append(("Steps, their runs and the commands that reproduce them", [],
                               [(["step", "state", "runs (history)", "reproduce", "error"], rows)]))
 

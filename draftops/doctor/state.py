@@ -34,6 +34,7 @@ class Step:
     outcome: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: str | None = None
     commands: list[str] = dataclasses.field(default_factory=list)
+    earlier: list[str] = dataclasses.field(default_factory=list)    # runs of its attempts that did not finish
 
     @property
     def finished(self) -> bool:
@@ -65,7 +66,7 @@ class State:
         return any(s.name == name for s in self.steps)
 
     def runs(self) -> list[str]:
-        return [run for s in self.steps for run in s.runs]
+        return [run for s in self.steps for run in (*s.earlier, *s.runs)]
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"schema": SCHEMA, "doctor_id": self.doctor_id, "host": self.host,

@@ -23,6 +23,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -67,7 +68,7 @@ def main() -> int:
             took = seconds(step)
             print(f"  {step['name']:<10} {step['state']:<8} {took:6.0f} s" if took is not None
                   else f"  {step['name']:<10} {step['state']}")
-        compare = next((s["outcome"] for s in doc["steps"] if s["name"] == "compare"), {})
+        compare: dict[str, Any] = next((s["outcome"] for s in doc["steps"] if s["name"] == "compare"), {})
         for role in ("as-served", "fixed"):
             c = compare.get(role) or {}
             if c:

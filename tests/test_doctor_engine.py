@@ -26,29 +26,29 @@ import pytest
 
 from draftops import history
 from tests.test_doctor import CHROMIUM, doctor_doc, invoke, project, start, states, step_runs  # noqa: F401
-from tests.test_serve_ssh import processes_of_runs_under, run_processes
+from tests.test_serve_ssh import processes_of_runs_under
 from tests.vllm_server import engine_venv
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 def kill_server_when_started(root: Path, proc: subprocess.Popen, role: str, timeout: float = 900) -> str:
-    """SIGKILL every process of the ``role`` server as soon as doctor.json names it: a server that dies."""
+    """SIGKILL the ``role`` server's whole process group (its runner leads it) as soon as doctor.json
+    names it and its job has a pid: a server that dies."""
     deadline = time.monotonic() + timeout
+    seen: list[object] = []
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert proc.poll() is None, (seen[-3:], proc.stdout.read() if proc.stdout else "")
         try:
             servers = doctor_doc(root).get("servers", [])
-        except (ValueError, OSError):
-            servers = []
+        except (ValueError, OSError) as exc:
+            servers, seen = [], [*seen[-5:], exc]
         mine = [s for s in servers if s["role"] == role]
-        pids = run_processes(mine[0]["run_id"]) if mine else []
-        if pids:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        pid_file = root / ".draftops" / "runs" / str(mine[0]["run_id"]) / "pid" if mine else None
+        seen = [*seen[-5:], servers]
+        if pid_file is not None and pid_file.is_file() and pid_file.read_text().strip():
+            time.sleep(2)                       # the engine's own processes are under way
+            os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
             return str(mine[0]["run_id"])
         time.sleep(0.3)
     raise AssertionError(f"the {role} server never started")

@@ -58,7 +58,7 @@ def start(root: Path, *args: str, **kw: Any) -> subprocess.Popen:
 
 
 def doctor_doc(root: Path) -> dict[str, Any]:
-    (folder,) = (root / "runs").glob("*-doctor-*")
+    (folder,) = [p for p in (root / "runs").glob("*-doctor-*") if (p / "doctor.json").is_file()]
     doc: dict[str, Any] = json.loads((folder / "doctor.json").read_text())
     return doc
 

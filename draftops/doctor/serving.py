@@ -203,7 +203,7 @@ def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, A
     settings = planning.BenchSettings(**bench)
     prepared = session.prepare(host, settings, port=started.server.port)
     ctx.progress(f"  bench: {bench.get('prompts')} prompts × {bench.get('repeats')} repeats after a warm-up")
-    done = session.run(host, prepared, name=f"doctor-{role}", given={**bench, "doctor": ctx.state.doctor_id},
+    done = session.run(host, prepared, name=role, given={**bench, "doctor": ctx.state.doctor_id},
                        view=ctx.tracker)
     res = done.result
     ran(step, res.run_id)

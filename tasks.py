@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, capture, core, drafter, env, nightly, serve, sglang
+from draftops.cli import bench, capture, core, doctor, drafter, env, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -30,6 +30,7 @@ ns.add_task(drafter.test_drafter)
 ns.add_task(capture.capture_check)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
+ns.add_task(doctor.doctor)
 ns.add_collection(Collection.from_module(env, name="env"))
 ns.add_collection(Collection.from_module(bench, name="bench"))
 ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))

@@ -23,6 +23,7 @@
     ├── EngineError         an engine name or engine venv that cannot be used as given
     ├── ExtraMissing        the built-in `local` host needs the ML stack this install left out (the `local` extra)
     ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
+    ├── DoctorError         `invoke doctor` cannot start or resume as asked (its state file, different arguments)
     └── ScheduleError       the nightly crontab block cannot be read or written
 
 Messages. Each is one paragraph that names the file, field or host and the fix. A message about a
@@ -203,6 +204,10 @@ class PlaybookError(DraftopsError):
 
 class NightBusy(PlaybookError):
     """A host of the night is in use by another night of the same project; nothing ran."""
+
+
+class DoctorError(DraftopsError):
+    """`invoke doctor` cannot start or resume as asked (its state file, arguments that differ)."""
 
 
 class ScheduleError(DraftopsError):

@@ -1,0 +1,111 @@
+"""What every doctor step is given (``Ctx``: the host, the state, how to tell the user), the view that
+tracks the job a step follows, and the small helpers the steps share."""
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from draftops.doctor import plan
+from draftops.doctor.state import State, Step
+from draftops.link.host import Host
+from draftops.runs.tools import JobView, ask_tool, run_tool
+from draftops.serve import profiles
+from draftops.serve.request import DEMO, DEMO_DRAFT, demo_dir
+
+TOLERANCE = 0.10            # draftops.bench.compare.TOLERANCE: measured vs predicted accept length
+STEPS_K = 3                 # the TTT steps test-drafter scores = vLLM's num_speculative_tokens default
+
+
+class Skip(Exception):
+    """A step with nothing to do (no fix to apply): recorded as skipped, with the reason."""
+
+
+class Tracker(JobView):
+    """A quiet view that remembers the job it follows, so an interrupted doctor can stop it (a
+    tool job it started must not outlive it), and lets Ctrl-C raise as usual."""
+
+    def __init__(self, say: Callable[[str], None], on_start: Callable[[str], None] = lambda run_id: None) -> None:
+        self.say, self.on_start = say, on_start
+        self.current: str | None = None
+
+    def started(self, host: str, run_id: str) -> None:
+        self.current = run_id
+        self.on_start(run_id)
+        self.say(f"  run {run_id}")
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What every step needs: the host, the doctor's state, where runs land, how to tell the user."""
+
+    host: Host
+    state: State
+    say: Callable[[str], None]
+    progress: Callable[[str], None]
+    tracker: Tracker
+
+    @property
+    def args(self) -> plan.Args:
+        return self.state.args
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.host.project_root / "runs"
+
+    @property
+    def demo(self) -> bool:
+        return self.args.draft == DEMO
+
+    def draft_path(self) -> str:
+        """The draft on the host (the demo's draft for `demo`)."""
+        return f"{demo_dir(self.host.state_dir)}/{DEMO_DRAFT}" if self.demo else self.args.draft
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}")
+
+    def done_outcome(self, name: str) -> dict[str, Any]:
+        return self.state.step(name).outcome if self.state.has(name) else {}
+
+
+def ran(step: Step, run_id: str) -> None:
+    """Note a run of the step (the tracker notes a job as it starts; a step adds what made no job)."""
+    if run_id not in step.runs:
+        step.runs.append(run_id)
+
+
+def host_path(host: Host, path: str) -> str:
+    """A path typed for the host, absolute by cli/common.host_path's rule (``~`` the host's home,
+    relative to where a login shell starts there): a profile's ``python: ~/...`` is such a path."""
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
+
+
+def profile_of(ctx: Ctx) -> profiles.Profile:
+    """The serve profile the doctor was asked for, its python as the host reads it."""
+    chosen = profiles.resolve(ctx.host.spec, ctx.args.profile)
+    return dataclasses.replace(chosen, python=host_path(ctx.host, chosen.python))
+
+
+def host_cmd(ctx: Ctx, text: str) -> str:
+    """A reproducing command line, with the host when it is not the default."""
+    return f"invoke {text} --host {shlex.quote(ctx.host.name)}"
+
+
+def ensure_demo(host: Host, view: JobView) -> None:
+    """Generate the demo on the host once, as `invoke serve --draft demo` does first."""
+    folder = demo_dir(host.state_dir)
+    known = ask_tool(host, "remote.drafter.demo_spec", [folder], timeout=60).data
+    if isinstance(known, dict) and known.get("complete") is True:
+        return
+    run_tool(host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=view).check()

@@ -1,0 +1,228 @@
+"""The doctor's served steps: serve (baseline or the draft) with serve's own checks and lifecycle, bench
+that server with bench's session, stop it; and the rule for reusing a recent baseline bench."""
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftops import history, records
+from draftops.doctor import plan
+from draftops.doctor.context import Ctx, ensure_demo, host_cmd, profile_of, ran
+from draftops.doctor.state import Step
+from draftops.errors import BenchError, RemoteError, ServeRefused
+from draftops.runs import jobs
+from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
+from draftops.serve.request import DEMO, Request, demo_dir, resolve
+from draftops.terminal import clean
+from remote.bench.digest import config_digest
+
+if TYPE_CHECKING:
+    from draftops.bench.result import BenchResult
+
+
+def _bench_settings(ctx: Ctx) -> dict[str, Any]:
+    """The one bench every served step runs; the demo's own prompts for the demo, random ids else."""
+    return dict(plan.BENCH) if ctx.demo else {k: v for k, v in plan.BENCH.items() if k != "dataset"}
+
+
+def reusable_baseline(runs_dir: Path, hist: history.History, *, host: str, engine: str, target: str,
+                      settings: dict[str, Any], git_rev: str | None, now: datetime | None = None,
+                      max_age_h: float = plan.BASELINE_MAX_AGE_H) -> history.RunRecord | None:
+    """The newest succeeded baseline bench of this host, engine and target, with these bench settings,
+    run by this code version (git revision) within ``max_age_h`` hours, whose result is still here."""
+    if git_rev is None:
+        return None             # no code version to hold it against: never reuse
+    since = history.to_iso((now or datetime.now(timezone.utc)) - timedelta(hours=max_age_h))
+    for rec in hist.query(kind="bench", host=host, engine=engine, target=target, since=since):
+        s = rec.settings
+        same = all(s.get(k) == v for k, v in settings.items() if k != "dataset")
+        same = same and (s.get("dataset_kind") == "text") == ("dataset" in settings) and s.get("seed") in (0, None)
+        if (rec.verdict == "succeeded" and s.get("mode") == "baseline" and same and rec.git_rev == git_rev
+                and (runs_dir / rec.run_id / "bench-result.json").is_file()):
+            return rec
+    return None
+
+
+def _serve_plan(ctx: Ctx, role: str) -> tuple[Any, profiles.Profile]:
+    host, args = ctx.host, ctx.args
+    chosen = profile_of(ctx)
+    baseline = role == plan.BASELINE
+    draft = None if baseline else (DEMO if ctx.demo else args.draft)
+    # the doctor serves the draft as it is to measure it, MISMATCH or not (--force): the checks still run
+    request = Request(draft=draft, baseline=baseline, profile=args.profile, port=args.port, force=True,
+                      target=DEMO if baseline and ctx.demo else None)
+    served = resolve(request, chosen, demo_dir(host.state_dir),
+                     demo_baseline=host.spec.transport == "local" and chosen.builtin)
+    return served, chosen
+
+
+def served(ctx: Ctx, step: Step, role: str, is_last: bool) -> None:
+    """`invoke serve` (baseline or the draft) then `invoke bench` of that server; the server is stopped
+    after its bench, except the last one with --keep-serving. A baseline bench of the same target,
+    engine, settings and code version from the last 24 h is reused (unless --fresh)."""
+    host = ctx.host
+    serve_plan, chosen = _serve_plan(ctx, role)
+    bench = _bench_settings(ctx)
+    flags = "--baseline" if role == plan.BASELINE else f"--draft {shlex.quote(ctx.args.draft)}"
+    if ctx.args.port:
+        flags += f" --port {ctx.args.port}"
+    bench_flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in bench.items())
+    step.commands = [host_cmd(ctx, f"serve {flags}"), host_cmd(ctx, f"bench {bench_flags}"),
+                     host_cmd(ctx, "serve.stop" + (f" --port {ctx.args.port}" if ctx.args.port else ""))]
+    if role == plan.BASELINE and not ctx.args.fresh:
+        hist = history.for_project(host.project_root)
+        found = reusable_baseline(ctx.runs_dir, hist, host=host.name, engine=serve_plan.engine.name,
+                                  target=serve_plan.launch.target, settings=bench,
+                                  git_rev=history.project_revision(host.project_root))
+        if found is not None:
+            step.outcome = {"bench_run": found.run_id, "reused": {"run_id": found.run_id, "time": found.time,
+                                                                  "max_age_h": plan.BASELINE_MAX_AGE_H}}
+            ran(step, found.run_id)
+            ctx.progress(f"  reusing baseline bench {found.run_id} of {found.time[:19]} (same target, engine, "
+                         f"settings and code version, under {plan.BASELINE_MAX_AGE_H:.0f} h old; --fresh re-runs it)")
+            return
+    with _serving(ctx, step, role, serve_plan, chosen) as server:
+        result = _bench(ctx, step, role, server, bench)
+        keep = is_last and ctx.args.keep_serving
+        if keep:
+            server.keep = True
+    step.outcome.update(_bench_outcome(result))
+
+
+@dataclasses.dataclass
+class Started:
+    server: lifecycle.Server
+    keep: bool = False
+
+
+@contextmanager
+def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.Profile) -> Iterator[Started]:
+    """A checked server, up and read back, recorded in the history and the doctor's state; stopped on
+    the way out (a failure too) unless kept."""
+    host = ctx.host
+    if serve_plan.demo:
+        ensure_demo(host, ctx.tracker)
+    launch = serve_plan.launch
+    found = checks.Findings(notes=list(serve_plan.notes))
+    checks.flag_checks(serve_plan, found)
+    facts = hosttool.inspect(host, launch.python, chosen.settings.env, serve_plan.engine.name, launch.target,
+                             launch.draft)
+    verdict = verdicts.latest(ctx.runs_dir, launch.draft) if launch.draft else None
+    measured = verdicts.latest_capture(ctx.runs_dir, launch.draft, launch.target, serve_plan.engine.name) \
+        if launch.draft else None
+    checks.fact_checks(serve_plan, facts, verdict, found, measured)
+    if found.refusals:
+        raise ServeRefused(*found.refusals)
+    ids = facts.draft.ids_by_engine.get("sglang") if facts.draft else None
+    reading = facts.draft.reading if facts.draft else None
+    serve_plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
+    lifecycle.make_room(host, serve_plan)
+    server = lifecycle.launch(host, serve_plan, dict(chosen.settings.env))
+    ran(step, server.run_id)
+    entry = {"run_id": server.run_id, "port": server.port, "role": role, "state": "starting"}
+    ctx.state.servers.append(entry)
+    ctx.state.save()
+    started = Started(server)
+    record = {"run_id": server.run_id, "engine": serve_plan.engine.name, "engine_version": facts.engine.version,
+              "target": launch.target, "draft": launch.draft,
+              "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps,
+                        "max_running_requests": launch.max_running_requests, "baseline": role == plan.BASELINE,
+                        "aux_layer_ids": reading.ids if reading else None, "doctor": ctx.state.doctor_id}}
+    try:
+        ctx.progress(f"  serving on port {server.port} (run {server.run_id}); waiting until it answers")
+        t0 = _now()
+        try:
+            lifecycle.wait_ready(host, serve_plan, server, lambda *_: None)
+        except Exception:
+            _record_serve(ctx, {**record, "effective": {}, "state": "failed", "ready_s": None})
+            raise
+        readback = lifecycle.read_back(host, serve_plan, server)
+        ready_s = _now() - t0
+        _record_serve(ctx, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
+        entry["state"] = "ready"
+        step.outcome.update({"serve_run": server.run_id, "ready_s": round(ready_s, 1),
+                             "engine": serve_plan.engine.name, "engine_version": facts.engine.version,
+                             "configured_ids": reading.ids if reading else None,
+                             "effective_ids": readback.effective.get("aux_layer_ids"),
+                             "notes": [clean(n) for n in readback.notes]})
+        ctx.progress(f"  ready in {ready_s:.0f} s")
+        yield started
+    finally:
+        if not started.keep:
+            stop_server(ctx, entry)
+
+
+def _now() -> float:
+    import time
+    return time.monotonic()
+
+
+def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
+    host = ctx.host
+    draft = rec_args.get("draft")
+
+    def build(rev: str | None) -> history.RunRecord:
+        digest = None
+        if draft:
+            try:
+                digest = config_digest(host.agent.read(f"{draft}/config.json").data)
+            except RemoteError:
+                digest = None
+        return records.serve_record(host=host.name, draft_digest=digest, git_rev=rev, **rec_args)
+
+    records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, ctx.warn)
+
+
+def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
+    """Stop a server this doctor started (by its run, on its port), however far it came."""
+    host = ctx.host
+    try:
+        server = next((s for s in lifecycle.servers(host) if s.run_id == entry["run_id"]), None)
+        if server is not None:
+            lifecycle.stop(host, server)
+        else:                       # not (or no longer) registered: its run's process group, if any
+            jobs.kill(host, str(entry["run_id"]), 10.0)
+    except Exception as exc:        # noqa: BLE001  (the stop is tried and said, never a traceback)
+        ctx.warn(f"could not stop the server of run {entry['run_id']}: {clean(str(exc))}")
+        entry["state"] = "unknown"
+        return
+    entry["state"] = "stopped"
+    ctx.state.save()
+
+
+def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, Any]) -> BenchResult:
+    from draftops.bench import plan as planning
+    from draftops.bench import result as bench_result
+    from draftops.bench import session
+    host = ctx.host
+    settings = planning.BenchSettings(**bench)
+    prepared = session.prepare(host, settings, port=started.server.port)
+    ctx.progress(f"  bench: {bench.get('prompts')} prompts × {bench.get('repeats')} repeats after a warm-up")
+    done = session.run(host, prepared, name=role, given={**bench, "doctor": ctx.state.doctor_id},
+                       view=ctx.tracker)
+    res = done.result
+    ran(step, res.run_id)
+    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
+                 ctx.warn)
+    if res.status != "succeeded":
+        raise BenchError(f"bench run {res.run_id} failed: {res.failure} What was written is in {done.folder}.")
+    tput = res.metrics.output_throughput
+    acc = res.accept_length.value if res.accept_length else None
+    ctx.progress(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
+                 + (f", accept length {acc:.2f}" if acc is not None else ""))
+    return res
+
+
+def _bench_outcome(res: BenchResult) -> dict[str, Any]:
+    tput = res.metrics.output_throughput
+    accept = res.accept_length
+    per = res.per_position
+    return {"bench_run": res.run_id, "throughput": {"median": tput.median, "min": tput.min, "max": tput.max,
+                                                      "spread": tput.spread, "values": list(tput.values)},
+            "accept_length": accept.value if accept else None,
+            "per_position": per.model_dump() if per is not None else None}

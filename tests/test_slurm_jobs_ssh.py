@@ -11,8 +11,10 @@ import pytest
 from draftops.errors import SchedulerError
 from draftops.link import host as host_module
 from draftops.link.host import open_host
-from draftops.runs import jobs
-from tests.conftest import ssh_entry
+from draftops.runs import jobs, sync
+from draftops.serve import hosttool, lifecycle
+from tests.conftest import copy_remote_package, ssh_entry
+from tests.sshd import free_port
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm]
 
@@ -140,9 +142,18 @@ def test_a_dropped_ssh_link_does_not_touch_a_running_job(cluster_project, slurm,
 
 @pytest.mark.slow
 def test_a_job_killed_at_its_time_limit_is_timeout_with_its_log_and_run_folder_kept(cluster_project, slurm):
+    """Also as a server: a registry entry whose job Slurm ended at its time limit is listed dead with
+    Slurm's words (`serve.status`), never alive."""
+    copy_remote_package(cluster_project)
     host = open_host(None, cluster_project)
+    sync.sync(host)
     job = jobs.start(host, "slowpoke", "echo step 1; echo partial > \"$DRAFTOPS_RUN_DIR/partial.txt\"; sleep 600",
                      slurm=_options(time="1"))
+    port = free_port()
+    entry = {"token": "t0ken", "run_id": job.id, "engine": "vllm", "profile": "default", "target": "/m",
+             "draft": None, "listen": "127.0.0.1", "asked": {}, "effective": None,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    assert hosttool.register(host, port, entry, exclusive=True)
     final = jobs.follow(host, job.id, (lines := []).append)          # Slurm ends it after a minute
     assert final["state"] == "failed", final
     assert final["slurm"]["state"] == "TIMEOUT" and "time limit" in final["slurm"]["words"]
@@ -150,6 +161,9 @@ def test_a_job_killed_at_its_time_limit_is_timeout_with_its_log_and_run_folder_k
     folder = jobs.pull(host, job.id)
     assert (folder / "partial.txt").read_text() == "partial\n" and "step 1" in (folder / "log").read_text()
     assert json.loads((folder / "slurm.json").read_text())["final"]["state"] == "TIMEOUT"
+    (server,) = [s for s in lifecycle.servers(host) if s.port == port]
+    assert not server.alive and server.shown_state == "dead"
+    assert "TIMEOUT, stopped by Slurm at its time limit" in (server.note or ""), server.note
 
 
 def _options(**fields):

@@ -136,6 +136,32 @@ def state_text(state: str | None, orphaned: bool = False) -> str:
     return f"[{STATE_STYLE.get(state, 'white')}]{safe(state)}{extra}[/]"
 
 
+def slurm_text(row: dict[str, Any]) -> str:
+    """A Slurm run's job in words (empty for other runs): ``Slurm job 12 PENDING (reason: Resources)``,
+    ``RUNNING on node7``, ``TIMEOUT: stopped by Slurm at its time limit``."""
+    facts = row.get("slurm")
+    if not isinstance(facts, dict) or not facts.get("job_id"):
+        return ""
+    state = str(facts.get("state") or "?")
+    text = f"Slurm job {facts['job_id']} {state}"
+    if state == "PENDING":
+        text += f" (reason: {facts.get('reason') or 'none given'})"
+    elif facts.get("node"):
+        text += f" on {facts['node']}"
+    if state not in ("PENDING", "RUNNING", "COMPLETED") and facts.get("words"):
+        text += f": {facts['words']}"
+    if isinstance(facts.get("queued_s"), (int, float)):
+        text += f", queued {float(facts['queued_s']):.0f} s"
+    return text
+
+
+def state_cell(row: dict[str, Any]) -> str:
+    """The state column of `invoke runs` (markup): the state, and a Slurm run's job in words."""
+    text = state_text(shown_state(row), bool(row.get("orphaned")))
+    slurm = slurm_text(row)
+    return f"{text} [dim]{safe(slurm)}[/]" if slurm else text
+
+
 def shown_state(row: dict[str, Any]) -> str | None:
     """The state as people read it: a job the runner recorded as killed that exited cleanly when told
     to stop (a server `serve.stop` stopped) is "stopped", not "killed exit 0"; one that needed
@@ -178,7 +204,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
         for row in rows:
             out.print(safe(row["id"]), soft_wrap=True)          # whole, even wider than the screen
             out.print(Padding(Text.from_markup(
-                f"{state_text(shown_state(row), bool(row.get('orphaned')))}  exit {safe(row.get('exit_code', '-'))}"
+                f"{state_cell(row)}  exit {safe(row.get('exit_code', '-'))}"
                 f"  {safe(describe_run(row))}  {safe(headline(row))}".rstrip()), (0, 0, 0, 2)))
         return
     table = Table(title=f"runs on {safe(host)}", title_justify="left")
@@ -186,7 +212,7 @@ def show_runs(rows: Iterable[dict[str, Any]], host: str, out: Console) -> None:
     for col in ("state", "exit", "started", "run", "outcome"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(safe(row["id"]), state_text(shown_state(row), bool(row.get("orphaned"))),
+        table.add_row(safe(row["id"]), state_cell(row),
                       safe(row.get("exit_code", "")), safe(row.get("started") or row.get("created") or ""),
                       safe(describe_run(row)), safe(headline(row)))
     out.print(table)

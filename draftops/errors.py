@@ -11,6 +11,7 @@
     │   ├── RootError         the host's `root` is unusable (`/`, the home directory, not writable)
     │   ├── SyncRefused       the agent refused a sync, nothing half-done   (also a SyncError)
     │   ├── UnknownRun        the host has no run of that id                (also a JobError)
+    │   ├── SchedulerError    Slurm refused a job or did not answer (sbatch, scancel)   (also a JobError)
     │   └── HostFileError     a host file cannot be read as asked (missing, not a regular file, too big)
     ├── SyncError           code sync failed; the remote tree is left as it was before
     ├── JobError            a run id is unknown or a job cannot be started, read, pulled or stopped
@@ -157,6 +158,11 @@ class ToolFailed(JobError):
 
 class UnknownRun(RemoteError, JobError):
     """The host has no run folder of that id."""
+
+
+class SchedulerError(RemoteError, JobError):
+    """A Slurm host's scheduler refused a job or did not answer (``sbatch``, ``scancel``); nothing was
+    queued twice or cancelled half-way."""
 
 
 class HostFileError(RemoteError):

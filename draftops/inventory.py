@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from draftops import yamlfile
 from draftops.errors import InventoryError
+from draftops.slurmspec import SlurmOptions, SlurmSettings
 
 LOCAL = "local"
 HOST_ENV_VAR = "DRAFTOPS_HOST"
@@ -107,6 +108,7 @@ class ServeProfile(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="more engine flags, verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the server")
     ready_timeout: float = Field(default=900.0, gt=0, le=24 * 3600, description="seconds to wait for readiness")
+    slurm: SlurmOptions | None = Field(default=None, description="on a Slurm host: this profile's job options")
 
     _numbers_not_bools = field_validator("tp", "mem_fraction", "max_running_requests", "port",
                                          "context_length", "ready_timeout", mode="before")(_not_a_bool)
@@ -156,6 +158,9 @@ class HostSpec(BaseModel):
     engine: Engine | None = None
     engine_python: str | None = None
     serve: dict[str, ServeProfile] = Field(default_factory=dict)
+    #: ``slurm``: every job is a Slurm batch job submitted on this host, its login node (docs/slurm.md)
+    scheduler: Literal["slurm"] | None = None
+    slurm: SlurmSettings | None = None
 
     _numbers_not_bools = field_validator("port", "connect_timeout", "persist", mode="before")(_not_a_bool)
 
@@ -179,6 +184,13 @@ class HostSpec(BaseModel):
     def _ssh_needs_address(self) -> HostSpec:
         if self.transport == "ssh" and not self.address:
             raise ValueError("an ssh host needs `address` (a DNS name or IP of the GPU box)")
+        return self
+
+    @model_validator(mode="after")
+    def _slurm_needs_scheduler(self) -> HostSpec:
+        if self.scheduler != "slurm" and (self.slurm is not None or any(p.slurm for p in self.serve.values())):
+            raise ValueError("`slurm:` settings are given but `scheduler: slurm` is not; add `scheduler: slurm` "
+                             "to run this host's jobs as Slurm jobs, or remove the `slurm:` settings")
         return self
 
     @property
@@ -371,8 +383,12 @@ def _unknown_field(field: str, model: type[BaseModel] = HostSpec) -> str:
     parent, _, name = field.rpartition(".")
     if parent == "env":
         model = EnvSpec
+    elif parent == "slurm":
+        model = SlurmSettings if model is HostSpec else SlurmOptions
+    elif parent.startswith("slurm.tasks."):
+        model = SlurmOptions
     valid = [f for f in model.model_fields if f != "name"]
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" (did you mean `{close[0]}`?)" if close else ""
-    where = "`env` fields" if parent == "env" else "fields"
+    where = f"`{parent}` fields" if parent in ("env", "slurm") or parent.startswith("slurm.") else "fields"
     return f"unknown field{hint}; valid {where} are {', '.join(valid)}"

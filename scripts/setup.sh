@@ -5,7 +5,7 @@
 #                             # extra: torch, safetensors, numpy, for the demo and remote/ run here)
 #   scripts/setup.sh --laptop # the base install only, for a laptop that only drives SSH hosts (no torch:
 #                             # whatever runs on a host comes from that host's ml-env)
-#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, cron, headless
+#   scripts/setup.sh --test   # plus what the test suite needs (openssh-server, rsync, cron, slurm-wlm + munge, headless
 #                             # Chromium, ruff, mypy, speculators, specforge, modelopt)
 #
 # The venv never sees the system's site-packages: a package that works here only because the
@@ -43,6 +43,9 @@ if [ "$want_tests" = 1 ]; then
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
   command -v crontab >/dev/null 2>&1 || need+=(cron)          # nightly.schedule's tests use the real crontab
   command -v flock >/dev/null 2>&1 || need+=(util-linux)
+  # the Slurm tests start a real one-node cluster of their own (tests/slurm.py: munged, slurmctld, slurmd)
+  command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
+  [ -x /usr/sbin/munged ] || need+=(munge)
   # the nightly report's screenshot test renders report.html in headless Chromium
   command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
     || need+=(chromium-headless-shell)

@@ -15,6 +15,7 @@ import yaml
 
 from draftops.link import host as host_module
 from tests import laptop_venv
+from tests import slurm as slurm_cluster
 from tests.sshd import Sshd, keygen, sshd_available, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,6 +28,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("engine") is not None:
             item.add_marker(pytest.mark.xdist_group("engine"))
+        elif item.get_closest_marker("slurm") is not None:     # one cluster, started once, on one worker
+            item.add_marker(pytest.mark.xdist_group("slurm"))
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("laptop") == "base":
             item.add_marker(pytest.mark.laptop)      # `-m laptop`: the laptop's base install alone
@@ -59,6 +62,26 @@ def jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
 def outer_jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
     """A third sshd, the outer hop of a two-hop chain (us -> outer -> jump -> target)."""
     server = start_sshd(tmp_path_factory.mktemp("outer_jump"), client_key, log_level="DEBUG1")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """The real one-node Slurm cluster (tests/slurm.py): started once, stopped at the end."""
+    if not slurm_cluster.available():
+        pytest.fail("slurm-wlm/munge are not installed: the Slurm tests need a real Slurm "
+                    "(scripts/setup.sh --test installs it)")
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def login_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path, slurm: slurm_cluster.Slurm):
+    """The cluster's login node: a real sshd whose sessions reach the test cluster (SLURM_CONF)."""
+    server = start_sshd(tmp_path_factory.mktemp("login"), client_key,
+                        extra_config=f"SetEnv SLURM_CONF={slurm.conf}\n")
     yield server
     server.stop()
 

@@ -44,6 +44,14 @@ class Sshd:
     host: str = "127.0.0.1"
     user: str = "root"
 
+    def stop_sessions(self) -> None:
+        """Drop every SSH connection now (their sshd processes go; the listener stays): a dropped link."""
+        for pid in children(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def stop(self) -> None:
         """Stop the listener and its per-connection processes: a test's client that did not close its
         connection would otherwise keep a session (and its shell) after the test. Detached jobs are in

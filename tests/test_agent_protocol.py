@@ -27,6 +27,7 @@ from draftops.errors import (
     JobError,
     RemoteError,
     RootError,
+    SchedulerError,
     SyncError,
     SyncRefused,
     UnknownRun,
@@ -46,7 +47,7 @@ EXPECTED = {
     Exit.NO_RUN: UnknownRun, Exit.UNSAFE_RUN: AgentError, Exit.PROTOCOL_MISMATCH: AgentError,
     Exit.REFUSED_CODE: SyncRefused, Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused,
     Exit.BUSY: SyncRefused, Exit.LOCK_TIMEOUT: SyncRefused, Exit.NO_PYTHON: AgentError,
-    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
+    Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError, Exit.SCHEDULER: SchedulerError,
 }
 OLD_SOURCE = AGENT_SOURCE.replace("PROTOCOL_VERSION = 1 ", "PROTOCOL_VERSION = 0 ", 1)
 

@@ -60,7 +60,7 @@ def _engine(host: Host, server: lifecycle.Server) -> tuple[str, dict[str, str]]:
 def _limits(host: Host, server: lifecycle.Server) -> planning.ServerLimits:
     """The lengths the running server takes (its own answer, else what serve read back)."""
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(host, server.port, path, body, server.listen)
+        return hosttool.http(host, server.port, path, body, server.reach)
 
     context, longest, source = engines.get(server.engine).limits(fetch, server.effective or {})
     return planning.ServerLimits(context, longest, f"the {server.engine} server on port {server.port}: {source}")
@@ -89,7 +89,7 @@ def _demo_dataset(host: Host) -> str:
 
 def _served_by(host: Host, server: lifecycle.Server, python: str) -> runner.ServedBy:
     """The server as the job and the result describe it (address as seen from the host itself)."""
-    base_url = f"http://{hosttool.probe_address(server.listen)}:{server.port}"
+    base_url = f"http://{hosttool.probe_address(server.reach)}:{server.port}"
     return runner.ServedBy(engine=server.engine, port=server.port, base_url=base_url, python=python,
                            target=server.target, draft=server.draft, pid=server.pid,
                            log=f"{host.runs_dir}/{server.run_id}/log", run_id=server.run_id,

@@ -273,6 +273,9 @@ def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
                       escape(str(row.pid or "—")), _uptime(row.uptime_s), escape(str(row.target)),
                       escape(str(row.draft or "(baseline)")), escape(_settings(row)), escape(str(row.run_id)))
     out.print(table)
+    for row in rows:             # a Slurm server's end in words (TIMEOUT: its time limit), never "alive"
+        if row.note:
+            out.print(f"port {escape(str(row.port))}: {escape(row.note)}")
 
 
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",

@@ -30,6 +30,7 @@ from draftops.errors import (
     HostFileError,
     RemoteError,
     RootError,
+    SchedulerError,
     SyncRefused,
     UnknownRun,
     host_prefix,
@@ -61,6 +62,7 @@ ERRORS: dict[Exit, type[RemoteError]] = {
     Exit.SCAN_FAILED: SyncRefused, Exit.APPLY_FAILED: SyncRefused, Exit.BUSY: SyncRefused,
     Exit.LOCK_TIMEOUT: SyncRefused,
     Exit.NO_RUN: UnknownRun,
+    Exit.SCHEDULER: SchedulerError,
     Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
 READ_CAP = 16 << 20      # a read's default byte cap (a config, a log's head): what the caller holds in memory
@@ -223,10 +225,11 @@ class AgentClient:
                                [str(r) for r in reply.get("busy_runs", [])], manifest)
         return self._typed("apply", typed)
 
-    def start(self, run_id: str, spec: Mapping[str, Any]) -> int:
-        """Create ``runs/<run_id>`` from the job ``spec`` and start its runner; returns the runner's pid."""
+    def start(self, run_id: str, spec: Mapping[str, Any]) -> int | None:
+        """Create ``runs/<run_id>`` from the job ``spec`` and start its runner; returns the runner's pid
+        (None for a Slurm job: its runner starts on a compute node when Slurm runs it)."""
         reply = self._call(("start", _run_dir(run_id)), input=json.dumps(spec).encode(), run_id=run_id)
-        return self._typed("start", lambda: int(reply["pid"]))
+        return self._typed("start", lambda: None if reply["pid"] is None and reply.get("job_id") else int(reply["pid"]))
 
     def status(self, run_id: str) -> RunRow:
         return self._row("status", self._call(("status", _run_dir(run_id)), run_id=run_id))

@@ -104,6 +104,9 @@ def health(night: Night) -> list[str]:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) failed [{kind}]: {s.reason}")
             elif s.status == SKIPPED:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) skipped: {s.reason}")
+            if s.queue is not None:        # a Slurm host: the wait in its queue, apart from the run
+                lines.append(f"  {o.host} / {s.name} ({s.task}): waited {s.queue.queued_s:.0f} s in Slurm's "
+                             f"queue, ran {s.queue.ran_s:.0f} s ({s.queue.jobs} job{'s' if s.queue.jobs != 1 else ''})")
         lines += [f"  {o.host} / {f.run_id}: {f.mark} {f.code}: {f.text}" for f in o.findings if f.bad]
     return lines
 

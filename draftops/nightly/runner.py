@@ -24,7 +24,7 @@ from pathlib import Path
 
 from draftops import history
 from draftops.errors import HistoryError
-from draftops.nightly import results
+from draftops.nightly import queuetime, results
 from draftops.nightly.playbook import Playbook, Step
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -72,6 +72,7 @@ class StepResult:
     seconds: float = 0.0
     log: Path | None = None
     reason: str = ""               # why it failed or was skipped (one line)
+    queue: queuetime.QueueTime | None = None   # on a Slurm host: its jobs' queue wait apart from run time
 
 
 @dataclass
@@ -97,6 +98,13 @@ class HostOutcome:
     @property
     def infra_failed(self) -> bool:
         return any(s.status == FAILED and s.failure == INFRA for s in self.steps)
+
+
+def queue_words(step: StepResult) -> str:
+    """`` (queued 12 s in Slurm, ran 40 s)`` for a step whose jobs were Slurm jobs, else ""."""
+    if step.queue is None:
+        return ""
+    return f" (queued {step.queue.queued_s:.0f} s in Slurm, ran {step.queue.ran_s:.0f} s)"
 
 
 def _last_line(text: str) -> str:
@@ -137,7 +145,8 @@ class HostNight:
             outcome.steps.append(result)
             done[step.name] = result.status
             self._tell(step, f"{result.status}" + (f" (exit {result.exit_code})" if result.status == FAILED else "")
-                       + f" in {result.seconds:.1f} s" + (f": {result.reason}" if result.reason else ""))
+                       + f" in {result.seconds:.1f} s" + queue_words(result)
+                       + (f": {result.reason}" if result.reason else ""))
             env_json = results.env_json_in(text, self.project_root) or env_json
         try:
             runs = results.night_runs(history.for_project(self.project_root), self.host, outcome.started)
@@ -169,7 +178,7 @@ class HostNight:
         env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
         env.pop("DRAFTOPS_HOST", None)
         self._tell(step, "started")
-        began = time.monotonic()
+        began, wall = time.monotonic(), time.time()
         with log.open("w", encoding="utf-8") as out:
             out.write(f"$ invoke {shlex.join(words)}\n")
             out.flush()
@@ -183,7 +192,7 @@ class HostNight:
         with log.open("a", encoding="utf-8") as out:
             out.write(f"{ending}\n[exit {code}]\n")
         result = StepResult(step.name, step.task, OK if code == 0 else FAILED, step.cleanup, exit_code=code,
-                            seconds=seconds, log=log)
+                            seconds=seconds, log=log, queue=queuetime.of_step(self.project_root / "runs", wall))
         if result.status == FAILED:
             infra = step.task in INFRA_TASKS or any(s in text for s in _UNREACHABLE)
             result.failure = INFRA if infra else STEP

@@ -22,7 +22,7 @@ import sys
 import types
 from pathlib import Path
 
-PARTS = ("wire", "runs", "logs", "sync", "apply", "main")
+PARTS = ("wire", "slurm", "runs", "logs", "sync", "apply", "main")
 HEADER = ('"""draftops host agent: assembled from draftops/onhost/ ({parts}); stdlib only, run with any '
           'python3 (docs/protocol.md)."""\n')
 

@@ -13,6 +13,7 @@ import sys
 import time
 
 from draftops.onhost.runs import BLOCK, ENV_FILE, FOLLOW_POLL_S, _exit_fd, _pause_or_exit, _run_dir_or_fail, _status  # noqa: F401
+from draftops.onhost.slurm import SLURM_POLL_S, _pending_too_long  # noqa: F401
 from draftops.onhost.wire import (  # noqa: F401
     _CLOEXEC,
     EVENT_PREFIX,
@@ -124,9 +125,11 @@ def cmd_follow(run_dir, start):
                 pause = FOLLOW_POLL_S[0]
                 continue
             row = _status(run_dir)
-            if row["state"] not in ("running", "starting"):
+            if row["state"] not in ("running", "starting") or _pending_too_long(run_dir, row):
                 break
-            if runner is None and not woken and row.get("pid") and not row.get("orphaned"):
+            if row.get("slurm"):                 # the runner's pid is a compute node's; ask Slurm calmly
+                pause = max(pause, SLURM_POLL_S)
+            elif runner is None and not woken and row.get("pid") and not row.get("orphaned"):
                 runner = _exit_fd(row["pid"])
             # quick jobs (a config rewrite) end within the first few looks
             if _pause_or_exit(runner, pause) and runner is not None:

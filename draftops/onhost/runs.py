@@ -10,6 +10,13 @@ import stat
 import sys
 import time
 
+from draftops.onhost.slurm import (  # noqa: F401
+    _cancel,
+    _runner_may_run,
+    _slurm_row,
+    _slurm_rows_prefetch,
+    _submit,
+)
 from draftops.onhost.wire import (  # noqa: F401
     _AGENT_PATH,
     EVENT_PREFIX,
@@ -162,7 +169,9 @@ def _read_pid(run_dir):
         return None
 
 
-def _status(run_dir, table=None):
+def _status(run_dir, table=None, slurm_fields=None):
+    """The run's row. A Slurm run's state comes from Slurm while it knows the job (``slurm_fields``:
+    one scontrol answer for a whole listing); its runner's pid is a compute node's, never looked up here."""
     run_dir = os.path.abspath(run_dir)
     run_id = os.path.basename(run_dir.rstrip("/"))
     job = _read_json(os.path.join(run_dir, "job.json")) or {}
@@ -171,6 +180,8 @@ def _status(run_dir, table=None):
     row = {"id": run_id, "name": job.get("name"), "task": job.get("task") or job.get("name"),
            "args": job.get("args"), "command": job.get("command"), "created": job.get("created")}
     row.update(status)
+    if job.get("slurm"):
+        return _slurm_row(run_dir, row, status, slurm_fields)
     if status.get("state") not in LIVE_STATES:
         return row
     pid = _pid_in(status.get("pid")) or _read_pid(run_dir)
@@ -278,6 +289,9 @@ def cmd_start(run_dir):
         _atomic_write(os.path.join(run_dir, ENV_FILE), json.dumps(env).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "job.json"), json.dumps(spec).encode(), 0o600)
     _atomic_write(os.path.join(run_dir, "command"), (spec["command"] + "\n").encode())
+    if isinstance(spec.get("slurm"), dict):
+        _submit(run_dir, run_id, spec["slurm"])
+        return
     import subprocess
     with open(os.path.join(run_dir, "log"), "ab") as log:      # the runner keeps its own descriptor
         agent = _AGENT_PATH or os.path.abspath(__file__)
@@ -295,6 +309,8 @@ def cmd_runner(run_dir, run_id):
     import subprocess
     run_dir = os.path.abspath(run_dir)
     job = _read_json(os.path.join(run_dir, "job.json")) or {}
+    if job.get("slurm") and not _runner_may_run(run_dir):
+        sys.exit(1)                            # Slurm records the job as FAILED: it ran nothing
     env_path = os.path.join(run_dir, ENV_FILE)
     extra = _read_json(env_path) or {}
     if os.path.exists(env_path):
@@ -303,6 +319,9 @@ def cmd_runner(run_dir, run_id):
     me = _proc_info(os.getpid())
     base = {"pid": os.getpid(), "pgid": os.getpgid(0), "start_ticks": me[2] if me else None,
             "started": _now()}
+    if os.environ.get("SLURM_JOB_ID"):           # inside a Slurm job: which node, which job
+        import socket
+        base.update(node=socket.gethostname(), slurm_job_id=os.environ["SLURM_JOB_ID"])
     _atomic_write(status_path, json.dumps(dict(base, state="running")).encode())
     env = dict(os.environ, **extra, DRAFTOPS_RUN_ID=run_id, DRAFTOPS_RUN_DIR=run_dir, PYTHONUNBUFFERED="1")
     env.pop(FRAME_ENV, None)
@@ -340,6 +359,8 @@ def cmd_runner(run_dir, run_id):
     if got:
         final["signal"] = got["signal"]
     _write_status(status_path, json.dumps(final).encode())
+    if "slurm_job_id" in base:                 # Slurm's own state (COMPLETED / FAILED) follows the command's
+        sys.exit(code if 0 <= code < 256 else 128 + min(-code, 127))
 
 
 def _wait_for(child, scanner, status_path, base):
@@ -406,10 +427,10 @@ def cmd_runs(runs_dir, ids=None):
             names = sorted(os.listdir(runs_dir))
         else:
             names = sorted({n for n in ids.split(",") if n and n not in (".", "..") and "/" not in n})
-        for name in names:
-            full = os.path.join(runs_dir, name)
-            if os.path.isdir(full) and not os.path.islink(full):
-                rows.append(_status(full, table))
+        dirs = [os.path.join(runs_dir, name) for name in names]
+        dirs = [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
+        fields = _slurm_rows_prefetch(dirs)
+        rows = [_status(full, table, fields) for full in dirs]
     _out({"runs": rows})
 
 
@@ -433,7 +454,9 @@ def cmd_recent(runs_dir, count):
             except OSError:                    # removed while listed
                 pass
     table = _proc_table() if names else None
-    rows = [_status(os.path.join(runs_dir, name), table) for name in names[max(0, len(names) - count):]]
+    dirs = [os.path.join(runs_dir, name) for name in names[max(0, len(names) - count):]]
+    fields = _slurm_rows_prefetch(dirs)
+    rows = [_status(full, table, fields) for full in dirs]
     _out({"runs": rows, "total": len(names)})
 
 
@@ -442,9 +465,17 @@ def cmd_kill(run_dir, grace):
     runner itself is gone too (then this records the kill)."""
     run_dir = _run_dir_or_fail(run_dir)
     row = _status(run_dir)
-    if row["state"] != "running":
+    if row.get("slurm"):                       # scancel: Slurm signals the job's processes on its node
+        _cancel(run_dir, row, grace)
+        _out(_status(run_dir))
+    elif row["state"] != "running":
         _out(row)
-        return
+    else:
+        _kill_group(run_dir, row, grace)
+
+
+def _kill_group(run_dir, row, grace):
+    """TERM, then KILL, the process group of a running job started here (not a Slurm job)."""
     pgid = _pid_in(row.get("pgid")) or _pid_in(row.get("pid")) or _read_pid(run_dir)
 
     def live():

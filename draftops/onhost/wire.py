@@ -47,6 +47,7 @@ class Exit(enum.IntEnum):
     APPLY_FAILED = 22      # writing the sync failed (a full disk); every file is old or new, none partial
     BUSY = 23              # a live run works in <root>/code and the sync was not forced
     LOCK_TIMEOUT = 24      # another sync held the lock too long
+    SCHEDULER = 25         # Slurm refused or did not answer (sbatch, scancel): its words, nothing half-done
     NO_PYTHON = 127        # not the agent's: the shell found no interpreter to run it with
 
 

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops import history
 from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
@@ -29,6 +29,9 @@ from draftops.link.host import Host
 from draftops.onhost import wire
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
+
+if TYPE_CHECKING:       # pydantic models: loaded with the inventory, not at import
+    from draftops.slurmspec import SlurmOptions
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
@@ -77,7 +80,7 @@ class Job:
 
     host: Host
     id: str
-    pid: int | None = None     # the runner's, as the start's reply said
+    pid: int | None = None     # the runner's, as the start's reply said (None: a Slurm job's, on its node)
 
     @property
     def run_dir(self) -> str:
@@ -95,16 +98,21 @@ def _plain_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None = None,
-          cwd: str | None = None, task: str | None = None, args: Mapping[str, Any] | None = None) -> Job:
+          cwd: str | None = None, task: str | None = None, args: Mapping[str, Any] | None = None,
+          slurm: SlurmOptions | None = None) -> Job:
     """Start ``command`` (a shell command line) detached on ``host``; returns at once.
 
     ``task`` and ``args`` say what the run is for `invoke runs` (default: ``name``, no arguments);
     ``cwd`` is relative to the host's root (default ``code``, the synced tree); ``env`` values reach
-    the job only (a 0600 file its runner reads and deletes), never job.json, a log or a pulled folder."""
+    the job only (a 0600 file its runner reads and deletes), never job.json, a log or a pulled folder.
+    On a ``scheduler: slurm`` host the runner is queued as a Slurm batch job instead (docs/slurm.md),
+    with the host's ``slurm:`` options, its task's, and ``slurm`` (a serve profile's) over them."""
     job = Job(host, new_run_id(name))
-    spec = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
-            "cwd": cwd or "code", "env": dict(env or {}),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    spec: dict[str, Any] = {"name": name, "task": task or name, "args": _plain_args(args), "command": command,
+                            "cwd": cwd or "code", "env": dict(env or {}),
+                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if host.spec.scheduler == "slurm":
+        spec["slurm"] = slurm_job(host, task or name, slurm)
     try:
         job.pid = host.agent.start(job.id, spec)
     except RemoteError as exc:
@@ -112,6 +120,14 @@ def start(host: Host, name: str, command: str, *, env: Mapping[str, str] | None 
             raise                                   # the agent answered: a refusal, nothing started
         job.pid = _started_anyway(host, job, exc)
     return job
+
+
+def slurm_job(host: Host, task: str, more: SlurmOptions | None = None) -> dict[str, Any]:
+    """The ``slurm`` part of a job spec: the sbatch options (one argv item each) and the pending bound."""
+    from draftops.slurmspec import resolve, sbatch_args
+
+    options = resolve(host.spec.slurm, task, more)
+    return {"args": sbatch_args(options), "max_pending": options.max_pending}
 
 
 def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:

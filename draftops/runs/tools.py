@@ -173,7 +173,15 @@ class ToolResult:
     def failure(self) -> str:
         """One paragraph on why the run failed: the tool's reason (its ``error`` event), where its log
         is, and the end of that log without the lines that repeat the reason (shown once)."""
+        if self.state in ("starting", "running"):       # a Slurm job left queued past its bound
+            note = clean(str(self.final.get("note") or "it is still queued")).rstrip(".")
+            return (f"run {self.run_id} did not start: {note}. `invoke kill {self.run_id}` cancels it; `invoke "
+                    f"logs {self.run_id} --follow` waits for it, and `invoke pull {self.run_id}` brings it home "
+                    "once it ran.")
         head = f"run {self.run_id} {clean(str(self.state))} (exit {self.exit_code})"
+        slurm = self.final.get("slurm") or {}
+        if slurm.get("job_id") and slurm.get("state") not in ("COMPLETED", "FAILED", None):
+            head += clean(f" (Slurm job {slurm['job_id']} {slurm['state']}: {slurm.get('words', '')})")
         if self.exit_code == exitcodes.USAGE:
             head += " (the tool refused its command line: a draftops bug, please report it)"
         reason = self.error_message

@@ -57,9 +57,18 @@ class Server:
     effective: dict[str, Any] | None = None
     entry: dict[str, Any] = field(default_factory=dict)   # the registry entry as written
 
+    note: str | None = None                                # why the run is as it is (a Slurm job's end)
+
     @property
     def alive(self) -> bool:
         return self.state in ALIVE
+
+    @property
+    def reach(self) -> str:
+        """Where the host reaches the server: on a Slurm host, the compute node its job landed on
+        (recorded in the registry) when it listens on every address; else its listen address."""
+        node = self.entry.get("node")
+        return str(node) if node and self.listen in ("0.0.0.0", "::", "") else self.listen
 
     @property
     def shown_state(self) -> str:
@@ -155,7 +164,8 @@ def _joined(host: Host, entries: list[dict[str, Any]], now: float) -> list[Serve
             listen=str(entry.get("listen") or "127.0.0.1"), state=str(run.get("state")),
             pid=run.get("pid"), started=started,
             uptime_s=(now - begun) if begun is not None and alive else None,
-            asked=entry.get("asked") or {}, effective=entry.get("effective"), entry=entry))
+            asked=entry.get("asked") or {}, effective=entry.get("effective"), entry=entry,
+            note=run.get("note") if not alive and run.get("slurm") else None))
     return out
 
 
@@ -189,7 +199,7 @@ def stop(host: Host, server: Server, grace: float = 10.0) -> dict[str, Any]:
         except JobError:
             final = {"state": "dead"}
     reaped: dict[str, Any] = {}
-    if server.pid:
+    if server.pid and host.spec.scheduler != "slurm":     # a Slurm job's pid is its node's: scancel did it
         reaped = hosttool.reap(host, int(server.pid), server.run_id, grace=min(grace, 5.0))
     hosttool.unregister(host, server.port, token=server.entry.get("token"))
     return {**final, "reaped": reaped}
@@ -265,7 +275,7 @@ def launch(host: Host, plan: Plan, env: dict[str, str]) -> Server:
             "ago; two servers cannot share it. Check `invoke serve.status`, or choose another port (--port).")
     try:
         job = jobs.start(host, f"serve-{engine.name}-{launch_.port}", command,
-                         env={**env, **engine.environment(launch_)}, cwd="state")
+                         env={**env, **engine.environment(launch_)}, cwd="state", slurm=plan.profile.settings.slurm)
     except BaseException:
         hosttool.unregister(host, launch_.port, token=token)
         raise
@@ -324,9 +334,12 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
     while True:
         elapsed = time.monotonic() - started
         row = jobs.status(host, server.run_id)
+        _note_node(host, server, row)
         if row.get("state") not in ALIVE:
             code = row.get("exit_code")
             how = f"exit code {code}" if code is not None else f"its run is {row.get('state')}"
+            if row.get("slurm"):
+                how += f"; {row.get('note') or 'Slurm ended it'}"
             raise abandon(host, server, f"exited during start-up after {elapsed:.0f} s ({how})")
         if elapsed > timeout:
             raise abandon(host, server, f"was not ready after {timeout:.0f} s (ready_timeout of serve "
@@ -335,13 +348,22 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
         # the host asks again every 0.2 s for a window (one exec per window, not per try); the run's
         # state is checked between windows
         window = max(0.0, min(POLL_WINDOW_S, timeout - elapsed))
-        status, _ = hosttool.http(host, server.port, probe.path, probe.body, server.listen,
+        status, _ = hosttool.http(host, server.port, probe.path, probe.body, server.reach,
                                   timeout=PROBE_TIMEOUT_S if probe.body is not None else 10.0, until_ok=window)
         progress(time.monotonic() - started, probe.what, status)
         if status == 200:
             step += 1
             if step == len(probes):
                 return
+
+
+def _note_node(host: Host, server: Server, row: dict[str, Any]) -> None:
+    """Record in the registry the compute node a Slurm server's job landed on, once Slurm names it:
+    bench, capture-check and serve.status reach the server there."""
+    node = (row.get("slurm") or {}).get("node")
+    if node and server.entry.get("node") != node and (row.get("slurm") or {}).get("state") != "PENDING":
+        server.entry["node"] = node
+        hosttool.register(host, server.port, server.entry, token=server.entry["token"])
 
 
 @dataclass
@@ -383,7 +405,7 @@ def read_back(host: Host, plan: Plan, server: Server) -> Readback:
         head = ""
 
     def fetch(path: str, body: Any) -> tuple[int | None, str]:
-        return hosttool.http(host, server.port, path, body, server.listen, timeout=READBACK_TIMEOUT_S)
+        return hosttool.http(host, server.port, path, body, server.reach, timeout=READBACK_TIMEOUT_S)
 
     effective = plan.engine.effective(fetch, head)
     rows, notes = [], []

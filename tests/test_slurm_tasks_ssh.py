@@ -1,0 +1,73 @@
+"""The tasks on a Slurm host, as a user types them: `invoke sync test-drafter --host cluster` runs as a
+Slurm job and pulls the same report as on `local`; `invoke runs` shows its Slurm job; `invoke kill`
+cancels a queued job; a job left pending past its bound is reported, not waited on forever."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, copy_remote_package, ssh_entry
+from tests.drafter_support import demo
+from tests.test_drafter_task_ssh import invoke
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster_project(tmp_path_factory, login_sshd, slurm):
+    base = tmp_path_factory.mktemp("slurm-tasks")
+    project = base / "project"
+    project.mkdir()
+    copy_remote_package(project)
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    entry = ssh_entry(login_sshd, base, python=sys.executable, scheduler="slurm", engine="vllm",
+                      slurm={"time": "15", "tasks": {"test-drafter": {"time": "20"}}})
+    hosts = {"default": "local", "hosts": {"cluster": entry}}
+    (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    shutil.copytree(demo().root, base / "hostroot" / "state" / "demo")
+    shutil.copytree(demo().root, project / ".draftops" / "state" / "demo")
+    slurm.cancel_all()
+    yield project
+    slurm.cancel_all()
+
+
+def test_sync_test_drafter_on_the_cluster_is_a_slurm_job_with_the_same_report_as_local(cluster_project, slurm):
+    done = invoke(cluster_project, "sync", "test-drafter", "--steps", "3", "--host", "cluster")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (cluster_project / "runs").glob("*-test-drafter-*")
+    on_cluster = json.loads((run_dir / "report.json").read_text())
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    assert "TimeLimit=00:20:00" in slurm.run("scontrol", "show", "job", job_id).stdout   # the task's override
+    local = invoke(cluster_project, "test-drafter", "--steps", "3", "--host", "local")
+    assert local.returncode == 0, local.stdout + local.stderr
+    (local_dir,) = [d for d in (cluster_project / "runs").glob("*-test-drafter-*") if d != run_dir]
+    here = json.loads((local_dir / "report.json").read_text())
+    assert on_cluster["verdict"] == here["verdict"]
+    assert [f["id"] for f in on_cluster["findings"]] == [f["id"] for f in here["findings"]]
+    listing = invoke(cluster_project, "runs", "--host", "cluster")
+    assert listing.returncode == 0, listing.stderr
+    assert f"Slurm job {job_id}" in listing.stdout and run_dir.name in listing.stdout, listing.stdout
+
+
+def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_project, slurm):
+    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
+    hosts["hosts"]["cluster"]["slurm"]["tasks"]["env-check"] = {"cpus": slurm.cpus + 1, "max_pending": 3}
+    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    done = invoke(cluster_project, "env.check", "--host", "cluster")
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "did not start" in out and "PartitionConfig" in out and "past its bound of 3 s" in out, out
+    run_id = out.split("run ", 1)[1].split()[0]
+    listing = invoke(cluster_project, "runs", "--host", "cluster")
+    assert "PENDING (reason: PartitionConfig)" in listing.stdout, listing.stdout
+    killed = invoke(cluster_project, "kill", run_id, "--host", "cluster")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
+    listing = invoke(cluster_project, "runs", "--host", "cluster")
+    assert "CANCELLED" in listing.stdout, listing.stdout
+    del hosts["hosts"]["cluster"]["slurm"]["tasks"]["env-check"]
+    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))

@@ -501,15 +501,20 @@ def _sequential(ctx: EvalContext, picked: list[int], scan_n: int, roles: dict[st
     def stop(scores: dict[str, LayoutScore]) -> bool:
         return bool(ctx.skipped) or any(sc.nonfinite for sc in scores.values()) or watch(scores)
 
-    full, tokens, chance, coverage = _metrics(ctx, picked[scan_n:], roles, opts, variant, stop=stop,
-                                              then=picked[:scan_n])
+    # the chat-template scan counts the layout scan's samples only: which later files the read-ahead
+    # loads before the stop depends on thread timing, and the evidence must not
+    chat, ctx.chat = ctx.chat, None
+    try:
+        full, tokens, chance, coverage = _metrics(ctx, picked[scan_n:], roles, opts, variant, stop=stop,
+                                                  then=picked[:scan_n])
+    finally:
+        ctx.chat = chat
     first = next(iter(full.values()))
     scored = (first.counts(basis) or first.data).per_sample().samples
     broken = bool(ctx.skipped) or any(sc.nonfinite for sc in full.values())
-    decided_by = ("sequential" if test.outcome is not None else
-                  "no comparison: one layout measured" if not compared and watch.done else
-                  "non-finite values: the verdict is UNKNOWN" if broken else
-                  "end of data: the full pass's rule on every sample")
+    decided_by = (sequential.DECIDED if test.outcome is not None else
+                  sequential.ONE_LAYOUT if not compared and watch.done else
+                  sequential.NON_FINITE if broken else sequential.END_OF_DATA)
     info = {"method": sequential.METHOD, "seed": opts.seed, "order": "random.Random(seed).shuffle of the sample "
             "indices; the first layout_samples of that order are the layout scan's, scored last",
             "block_samples": sequential.BLOCK, "samples_total": len(picked), "scan_samples": scan_n,

@@ -52,6 +52,13 @@ METHOD = ("sequential: samples in a seeded random order, scored in blocks, stopp
           "answer at most alpha/2 under optional stopping")
 
 
+#: why the metrics pass stopped (the report's ``sequential.decided_by``)
+DECIDED = "the sequential test decided"
+ONE_LAYOUT = "one layout measured (nothing to compare): one block"
+NON_FINITE = "non-finite values: the verdict is UNKNOWN"
+END_OF_DATA = "undecided at the end of the data: the full pass's rule on every sample"
+
+
 def order(count: int, seed: int) -> list[int]:
     """The samples ``0..count-1`` in the seeded random order they are scored in (stated in the report)."""
     out = list(range(count))
@@ -157,13 +164,15 @@ class SequentialTest:
     def observe(self, gain: torch.Tensor, served: torch.Tensor, best: torch.Tensor | None) -> str | None:
         """Add samples' values in scoring order; the outcome once decided (then later values only narrow
         the reported intervals; the decision stays)."""
-        for i in range(int(served.shape[0])):
-            self.served.add(float(served[i]))
-            if not self.compared or best is None:
+        gains, serveds = gain.tolist(), served.tolist()
+        bests = best.tolist() if best is not None else None
+        for i, s in enumerate(serveds):
+            self.served.add(s)
+            if not self.compared or bests is None:
                 continue
-            self.gain.add(float(gain[i]))
-            self.best.add(float(best[i]))
-            self.decision.add(float(gain[i]) - self.tolerance * float(served[i]))
+            self.gain.add(gains[i])
+            self.best.add(bests[i])
+            self.decision.add(gains[i] - self.tolerance * s)
             if self.outcome is None:
                 lower, upper = self.decision.bounds()
                 if upper < 0:

@@ -64,7 +64,7 @@ def replicate(paths: DemoPaths, out: Path, factor: int, spec: DemoSpec = DemoSpe
         with contextlib.redirect_stdout(io.StringIO()):
             write_dumps(part, ids, slots, None, config, "safetensors")
         for i in range(spec.samples):
-            (part / f"hs_{i}.safetensors").rename(data / f"hs_{copy * spec.samples + i}.safetensors")
+            shutil.move(part / f"hs_{i}.safetensors", data / f"hs_{copy * spec.samples + i}.safetensors")
         shutil.rmtree(part)
     (data / "DONE").write_text("")
     return data

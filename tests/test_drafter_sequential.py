@@ -81,8 +81,10 @@ def test_the_close_case_is_close_and_better(close_case: dict[str, torch.Tensor])
     assert float((gain < 0).float().mean()) > 0.05   # some samples favour the served layout: not a sure thing
 
 
-@pytest.mark.parametrize("excess,truth", [(None, BETTER), (0.0, BETTER), (-0.004, SAME), (0.004, BETTER)],
-                         ids=["as-measured", "at-the-margin", "just-below", "just-above"])
+#: mean(gain) - TOL * mean(served) of the close case as measured is about +0.034 (gain 0.060, margin 0.027;
+#: decided "better" after about 1,350 samples): "mirrored" moves it as far below the margin
+@pytest.mark.parametrize("excess,truth", [(None, BETTER), (0.0, BETTER), (-0.004, SAME), (-0.034, SAME)],
+                         ids=["as-measured", "at-the-margin", "just-below", "mirrored"])
 def test_wrong_answers_stay_within_the_stated_error_rate_over_200_seeds(
         close_case: dict[str, torch.Tensor], excess: float | None, truth: str) -> None:
     """Under optional stopping (looked at after every block), the rule's wrong answers stay within
@@ -92,7 +94,7 @@ def test_wrong_answers_stay_within_the_stated_error_rate_over_200_seeds(
     wrong = sum(o is not None and o != truth for o in outcomes)
     stated = SequentialTest(ALPHA, TOL, STEPS).to_dict()["error_rates"]["any"]
     assert wrong <= stated * SEEDS, (wrong, outcomes.count(truth))
-    if excess is None:   # the case as measured is decided, and right, in most seeds
+    if excess is None or excess < -0.01:   # a case a margin's worth from the boundary is decided, rightly, mostly
         assert outcomes.count(truth) >= 0.9 * SEEDS
 
 

@@ -201,3 +201,18 @@ def test_real_sglang_clients_have_the_entry_the_client_process_runs(version):
     if "cli_main" in ast.unparse(mains[0]):
         cli = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cli_main")
         assert "run_benchmark(" in ast.unparse(cli)
+
+
+def test_a_client_that_floods_its_channel_with_foreign_lines_still_ends_at_the_bound(tmp_path):
+    """Lines that are not replies (a library printing to the protocol's fd) are skipped, but never
+    stretch the step's bound: the wait counts from the request, not from the last line."""
+    flood = tmp_path / "flood-python"
+    flood.write_text("#!/bin/sh\necho '{\"ready\": true, \"entry\": \"flood\"}'\n"
+                     "while :; do echo 'not a reply'; sleep 0.05; done\n")
+    flood.chmod(0o755)
+    linked = client_link.ClientSession(str(flood), "sglang", None, tmp_path / "session.log", dict(os.environ))
+    assert linked.start(lambda: True) is None and linked.entry == "flood"
+    started = time.monotonic()
+    code, seconds, why, _ = linked.run("bench", ["--x"], tmp_path / "step.log", 2.0, lambda: True)
+    assert why == "timed out" and 2.0 <= seconds < 8 and time.monotonic() - started < 8
+    assert linked.proc is not None and linked.proc.poll() is not None       # killed, not left behind

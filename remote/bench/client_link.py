@@ -67,14 +67,24 @@ class ClientSession:
                 else:
                     continue
             if line is None:
-                code = self.proc.wait(timeout=CLOSE_TIMEOUT_S) if self.proc else None
-                return None, f"client process ended (exit {code}); see {self.log_path.name}"
+                return None, f"client process ended (exit {self._ended()}); see {self.log_path.name}"
             try:
                 doc = json.loads(line)
             except ValueError:
-                continue                            # not ours (a library that wrote to the channel): skip
+                doc = None                          # not ours (a library that wrote to the channel): skip
             if isinstance(doc, dict):
                 return doc, ""
+            if time.monotonic() - started > timeout:  # a channel full of foreign lines still ends in time
+                self.kill()
+                return None, "timed out"
+
+    def _ended(self) -> int | str | None:
+        """The exit code of a session that closed its channel; one that lives on is killed (not usable)."""
+        try:
+            return self.proc.wait(timeout=CLOSE_TIMEOUT_S) if self.proc else None
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "killed"
 
     def start(self, alive: Callable[[], bool]) -> str | None:
         """Start and wait for the entry; None when ready, else why not (then the runner uses the CLI)."""

@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from draftops.documents.drafter_report import Comparison, DrafterReport, EngineStatesPart, Finding
+from draftops.documents.drafter_report import (
+    Accept,
+    Comparison,
+    DrafterReport,
+    EngineStatesPart,
+    Finding,
+    SequentialPart,
+)
 from draftops.terminal import markup_safe as escape
 from remote.eagle import acceptlength
 from remote.eagle.engine_rules import LAYER_FINDINGS
@@ -118,9 +125,15 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
     verdict = report.verdict
     lines = []
     accept = report.predicted_accept_length
+    seq = report.sequential
+    if seq is not None:
+        lines.append(_sequential_line(seq))
     if accept:
-        lines.append(f"predicted accept length at K={accept.steps} on all {report.data.samples} samples "
-                     f"({escape(accept.basis or '?')} targets): " + _served_best(accept.served, accept.best))
+        where = (f"on the {report.data.samples} samples scored" if seq is not None
+                 else f"on all {report.data.samples} samples")
+        lines.append(f"predicted accept length at K={accept.steps} {where} "
+                     f"({escape(accept.basis or '?')} targets): " + _served_best(accept.served, accept.best)
+                     + _accept_ci(accept))
         lines.append(f"[dim]accept length: {escape(accept.definition or acceptlength.PREDICTED)}[/]")
         if accept.walk.served is not None or accept.walk.best is not None:
             lines.append("a greedy server's rounds on this text (tokens per verify; docs/bench.md, measured "
@@ -139,6 +152,26 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
                      f"({escape(given.source_definition or '')}) = {_fmt(given.value)} as 1 + accepted/drafts, vs "
                      f"predicted {_fmt(given.predicted)}: {flag}")
     return lines
+
+
+def _sequential_line(seq: SequentialPart) -> str:
+    """How far the sequential verdict read, and why it stopped (docs/drafter.md § Sequential verdict)."""
+    alpha = "?" if seq.alpha is None else f"{seq.alpha:g}"
+    read = f"; {seq.samples_read} read, read-ahead and the layout scan's {seq.scan_samples} included" \
+        if seq.samples_read is not None else ""
+    return (f"verdict after {seq.samples_scored} of {seq.samples_total} samples (sequential, α={alpha}, "
+            f"seed {seq.seed}{read}): {escape(seq.decided_by or '?')}; `--full` scores every sample")
+
+
+def _accept_ci(accept: Accept) -> str:
+    """The sequential verdict's intervals, when it gave them."""
+    ci = accept.ci
+    if ci is None or (ci.served is None and ci.best is None):
+        return ""
+    level = "" if ci.level is None else f"{ci.level:.0%} "
+    parts = [f"{role} {lo:.2f} to {hi:.2f}" for role, pair in (("served", ci.served), ("best", ci.best))
+             if pair for lo, hi in [pair[:2]]]
+    return f" ({level}CI over samples: {', '.join(parts)})"
 
 
 def _served_best(served: float | None, best: float | None) -> str:

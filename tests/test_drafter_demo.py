@@ -20,7 +20,7 @@ BUGGY = SPEC.buggy_ids  # [l_a, l_b, l_c]
 
 @pytest.fixture(scope="module")
 def buggy(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_eval(tmp_path_factory.mktemp("buggy"), expected_acc=0.85)
+    return run_eval(tmp_path_factory.mktemp("buggy"), expected_acc=0.85, full=True)  # the complete report
 
 
 def test_demo_verdict_is_mismatch_with_the_embedding_fix(buggy: dict) -> None:
@@ -127,7 +127,7 @@ def test_cli_eval_reuses_the_demo_and_streams_events(tmp_path: Path) -> None:
     before = marker.stat().st_mtime_ns
     env = {**os.environ, "DRAFTOPS_DEMO_DIR": str(root), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "remote.drafter", "eval", "--out", str(tmp_path),
-                           "--limit", "64", "--layout-samples", "32"],
+                           "--limit", "64", "--layout-samples", "32", "--full"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert marker.stat().st_mtime_ns == before  # complete demo reused, not rebuilt

@@ -16,7 +16,7 @@ from remote.drafter.evaluation import _verifier_head
 from remote.drafter.tensorstore import TensorStore
 from tests.drafter_support import SPEC, demo, run_eval
 
-FAST = {"limit": 96, "layout_samples": 48}
+FAST = {"limit": 96, "layout_samples": 48, "full": True}  # every sample: the counts are checked exactly
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_a_healthy_draft_on_chat_formatted_dumps_gets_no_finding(world):
-    report = run(world["tmp"] / "healthy", world["good"], data=world["chat"], verifier=world["target"])
+    report = run(world["tmp"] / "healthy", world["good"], data=world["chat"], verifier=world["target"], full=True)
     assert report["verdict"]["status"] == "MATCH" and ids(report) == []
     chat = report["data"]["chat_format"]
     opener = usage_causes.marker_ids()[0]
@@ -48,7 +48,7 @@ def test_a_healthy_draft_on_chat_formatted_dumps_gets_no_finding(world):
 
 
 def test_raw_dumps_against_a_chat_template_are_the_chat_template_finding(world):
-    report = run(world["tmp"] / "raw", world["good"], verifier=world["target"])
+    report = run(world["tmp"] / "raw", world["good"], verifier=world["target"], full=True)
     assert ids(report) == ["chat-template"] == report["verdict"]["findings"]
     f = report["findings"][0]
     assert f["severity"] == "warn" and f["evidence"]["opens_with_marker"] == 0 and f["evidence"]["samples"] == 192
@@ -58,7 +58,7 @@ def test_raw_dumps_against_a_chat_template_are_the_chat_template_finding(world):
 
 
 def test_a_template_applied_to_half_the_samples_is_named_with_its_share(world):
-    report = run(world["tmp"] / "mixed", world["good"], data=world["mixed"], verifier=world["target"])
+    report = run(world["tmp"] / "mixed", world["good"], data=world["mixed"], verifier=world["target"], full=True)
     assert ids(report) == ["chat-template"]
     f = report["findings"][0]
     assert f["evidence"]["status"] == "mixed" and f["evidence"]["opens_with_marker"] == 96

@@ -33,13 +33,17 @@ if TYPE_CHECKING:
                                       "prediction after conversion (see --expected-from)",
             "expected_from": "whose definition --expected-accept-length follows: vllm (1 + accepted/drafts, "
                              "default), speculators, sglang, or specforge (simulated_acc_len: no +1, so 1 is added)",
+            "full": "score every sample (the complete metrics) instead of stopping once the verdict is decided",
+            "seed": "seed of the random order the sequential verdict scores samples in (default 0)",
             "device": "auto, cpu or cuda", "host": HOST_HELP},
-      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER})
+      options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER,
+               "seed": WHOLE})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
                  expected_acc: float | None = None, expected_accept_length: float | None = None,
-                 expected_from: str | None = None, device: str = "auto", host: str | None = None) -> None:
+                 expected_from: str | None = None, full: bool = False, seed: int | None = None,
+                 device: str = "auto", host: str | None = None) -> None:
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
@@ -56,9 +60,11 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
     for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
                         ("--limit", limit), ("--expected-acc", expected_acc),
-                        ("--expected-accept-length", expected_accept_length), ("--expected-from", expected_from)):
+                        ("--expected-accept-length", expected_accept_length), ("--expected-from", expected_from),
+                        ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
+    args += ["--full"] if full else []
     measured = _capture_check(c, host, data, verifier, engine)
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
@@ -66,7 +72,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
             args += ["--engine-states", f"{host.runs_dir}/{measured}/engine-states"]
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
              "limit": limit, "expected_acc": expected_acc, "expected_accept_length": expected_accept_length,
-             "expected_from": expected_from, "device": device, "measured_by": measured}
+             "expected_from": expected_from, "device": device, "measured_by": measured,
+             **({"full": True} if full else {}), **({"seed": seed} if seed is not None else {})}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).

@@ -153,6 +153,29 @@ class Accept(Part):
     value: float | None = None
     walk: Walk = Walk()
     definition: str | None = None       # added: what the figures count (remote/eagle/acceptlength.py)
+    ci: AcceptCi | None = None          # added: the sequential verdict's intervals
+
+
+class AcceptCi(Part):
+    """``predicted_accept_length.ci`` (added): the sequential verdict's interval for each accept length."""
+
+    level: float | None = None
+    served: list[float] | None = None
+    best: list[float] | None = None
+
+
+class SequentialPart(Part):
+    """``sequential`` (added; null for ``--full``): how many samples the sequential verdict read, and why it stopped."""
+
+    seed: int | None = None
+    samples_total: int | None = None
+    samples_scored: int | None = None
+    samples_read: int | None = None
+    scan_samples: int | None = None
+    alpha: float | None = None
+    decided_by: str | None = None
+    outcome: str | None = None
+    gain_ci: list[float] | None = None
 
 
 class Checkpoint(Part):
@@ -208,6 +231,7 @@ class DrafterReport(Document):
     layouts: list[Layout] = []
     metrics: MetricsPart = MetricsPart()
     engine_states: EngineStatesPart | None = None    # added
+    sequential: SequentialPart | None = None    # added
     predicted_accept_length: Accept | None = None
     checkpoint: Checkpoint = Checkpoint()
     verifier: VerifierPart | None = None

@@ -56,11 +56,12 @@ class Batch:
 
 def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = False) -> Batch:
     """Pad ``samples`` (truncated to ``max_len`` tokens) into one Batch on the host, in pinned
-    memory when ``pin`` (so the device copy can run asynchronously)."""
+    memory when ``pin`` (so the device copy can run asynchronously).  A sample that holds only some
+    of its file's slots (``Sample.slots``) gets zeros in the others: nothing reads them."""
     trimmed = [(s.token_ids[:max_len], s.hidden[:max_len],
                 None if s.loss_mask is None else s.loss_mask[:max_len]) for s in samples]
     t = max(ids.shape[0] for ids, _, _ in trimmed)
-    _, s, h = trimmed[0][1].shape
+    s, h = samples[0].slot_count, int(trimmed[0][1].shape[2])
     b = len(samples)
     states = torch.empty(b, t, s, h, dtype=trimmed[0][1].dtype, pin_memory=pin)  # each row written once
     tokens = torch.zeros(b, t + 1, dtype=torch.long)
@@ -69,7 +70,14 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
     lengths = torch.zeros(b, dtype=torch.long)
     for i, (ids, hid, lm) in enumerate(trimmed):
         n = ids.shape[0]
-        states[i, :n] = hid
+        kept = samples[i].slots
+        if kept is None:
+            states[i, :n] = hid
+        else:
+            states[i, :n, list(kept)] = hid
+            unread = [slot for slot in range(s) if slot not in kept]
+            if unread:
+                states[i, :n, unread] = 0
         states[i, n:] = 0
         tokens[i, :n] = ids
         mask[i, :n] = True if lm is None else lm
@@ -83,23 +91,28 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
 
 def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
                  max_len: int | None = None, pin: bool = False,
-                 shape: tuple[int, int] | None = None, readers: int = 4) -> Iterator[Batch]:
+                 shape: tuple[int, int] | None = None, readers: int = 4,
+                 max_samples: int | None = None) -> Iterator[Batch]:
     """Read samples in ``order`` (``readers`` files at a time) and yield a Batch whenever the next
     sample would push B * longest past ``token_budget`` (a longer-than-budget sample gets a batch
-    of its own).  Every sample must have ``shape`` = (slots, hidden) (default: the first one read)."""
+    of its own) or B past ``max_samples`` (the sequential verdict's blocks).  Every sample's file must
+    have ``shape`` = (slots, hidden) (default: the first one read)."""
     current: list[Sample] = []
     longest = 0
     for sample in _read_ahead(load, order, readers):
-        shape = shape or (int(sample.hidden.shape[1]), int(sample.hidden.shape[2]))
-        if tuple(sample.hidden.shape[1:]) != shape:
+        found = (sample.slot_count, int(sample.hidden.shape[2]))
+        shape = shape or found
+        if found != shape:
             raise ShapeMismatchError(
                 "A dump file has a different number of slots or hidden size than the others",
                 path=sample.path, tensor="hidden_states", expected=f"[T, {shape[0]}, {shape[1]}]",
-                found=list(sample.hidden.shape), fix="dump every sample with the same layers of the same model")
+                found=[int(sample.hidden.shape[0]), *found],
+                fix="dump every sample with the same layers of the same model")
         n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
         if n < 2:
             continue  # no (token, next token) pair to score
-        if current and max(longest, n) * (len(current) + 1) > token_budget:
+        full = max_samples is not None and len(current) >= max_samples
+        if current and (full or max(longest, n) * (len(current) + 1) > token_budget):
             yield collate(current, max_len, pin)
             current, longest = [], 0
         current.append(sample)

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "the most frequent target and perfect (0.1)")
     ev.add_argument("--acc-tolerance", type=float, default=0.05,
                     help="flag --expected-acc gaps larger than this (0.05)")
+    ev.add_argument("--full", action="store_true",
+                    help="score every sample (the complete metrics) instead of stopping once the verdict is "
+                         "decided (the sequential verdict, the default)")
+    ev.add_argument("--seed", type=int, default=0,
+                    help="seed of the random order the sequential verdict scores samples in (0)")
     ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (8192 CPU, 16384 GPU)")
     ev.add_argument("--max-len", type=int, help="truncate samples to this many tokens")
     demo = sub.add_parser("demo", help="generate the demo (tiny target, dumps, buggy draft)")
@@ -101,7 +106,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        engine_states=args.engine_states,
                        engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
-                       accept_tolerance=args.accept_tolerance)
+                       accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed)
 
 
 def summary(report: dict[str, Any]) -> list[str]:

@@ -2,7 +2,9 @@
 the facts about them that the report states (``report.build`` reads it; ``evaluate`` fills it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,11 +36,18 @@ class EvalContext:
     skipped: dict[str, str] = field(default_factory=dict)  # dump file -> why it was not scored
     extra: dict[str, Any] = field(default_factory=dict)  # what loading found for the cause checks (Results.extra)
     chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
+    read: dict[str, int] = field(default_factory=lambda: {"samples": 0, "bytes": 0})  # what the loads read
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def load(self, index: int) -> Sample:
-        """Sample ``index``, value-checked; one with NaN/inf is recorded in ``skipped`` and replaced
-        by a 1-token stand-in, which the batcher drops (it has no token pair to score)."""
-        sample = self.dumps.load(index)
+    def load(self, index: int, slots: Sequence[int] | None = None) -> Sample:
+        """Sample ``index`` (only ``slots`` of its states, when given), value-checked; one with NaN/inf
+        is recorded in ``skipped`` and replaced by a 1-token stand-in, which the batcher drops (it has
+        no token pair to score).  Loads run on reader threads: ``read`` is counted under a lock."""
+        sample = self.dumps.load(index, slots) if slots is not None else self.dumps.load(index)
+        size = sample.hidden.nbytes + sample.token_ids.nbytes
+        with self._lock:
+            self.read["samples"] += 1
+            self.read["bytes"] += size
         if self.chat is not None:
             self.chat.see(index, sample.token_ids)
         problem = check_sample(sample, self.draft.arch.vocab_size)
@@ -46,4 +55,5 @@ class EvalContext:
             return sample
         self.skipped[str(sample.path)] = problem
         mask = None if sample.loss_mask is None else sample.loss_mask[:1]
-        return Sample(sample.token_ids[:1], torch.zeros_like(sample.hidden[:1]), mask, sample.path)
+        return replace(sample, token_ids=sample.token_ids[:1], hidden=torch.zeros_like(sample.hidden[:1]),
+                       loss_mask=mask)

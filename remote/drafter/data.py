@@ -15,6 +15,7 @@ target's final pre-norm state (the source of verifier targets) is resolved in ``
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from .errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
-from .tensorstore import TensorStore, read_header
+from .tensorstore import TensorStore, read_header, read_slots
 
 CONVENTIONS = convention.ENGINES
 
@@ -43,9 +44,20 @@ class Sample:
     """One dumped sequence: tokens, all captured slots, and the loss mask when there is one."""
 
     token_ids: torch.Tensor  # [T] long
-    hidden: torch.Tensor  # [T, S, H]
+    hidden: torch.Tensor  # [T, S, H], or [T, len(slots), H] when only ``slots`` were read
     loss_mask: torch.Tensor | None  # [T] bool
     path: Path
+    slots: tuple[int, ...] | None = None  # the file's slots ``hidden`` holds, in order (None: all of them)
+    file_slots: int | None = None  # how many slots the file holds (set when ``slots`` is)
+
+    @property
+    def slot_count(self) -> int:
+        """The file's slot count, whatever was read of it."""
+        return self.file_slots if self.file_slots is not None else int(self.hidden.shape[1])
+
+    def slot_of(self, column: int) -> int:
+        """The file's slot held in column ``column`` of ``hidden``."""
+        return self.slots[column] if self.slots is not None else column
 
 
 @dataclass(frozen=True)
@@ -156,19 +168,26 @@ class DumpSet:
     def lengths(self, count: int | None = None) -> list[int] | None:
         """Token counts of the first ``count`` files from safetensors headers alone (None for the
         torch-saved formats)."""
+        return self.lengths_of(range(len(self.files[:count])))
+
+    def lengths_of(self, indices: Sequence[int]) -> list[int] | None:
+        """Token counts of the files ``indices`` from safetensors headers alone (None for the
+        torch-saved formats): only those headers are read."""
         if self.format != fmts.SAFETENSORS:
             return None
         out = []
-        for f in self.files[:count]:
-            header = read_header(f)
+        for i in indices:
+            header = read_header(self.files[i])
             name = "token_ids" if "token_ids" in header else "input_ids"
             out.append(header[name].shape[0] if name in header else 0)
         return out
 
-    def load(self, index: int) -> Sample:
+    def load(self, index: int, slots: Sequence[int] | None = None) -> Sample:
+        """Sample ``index``; with ``slots``, only those slots' states (read alone where the format
+        allows: safetensors through a memory map, a legacy list's tensors, a trainer file's columns)."""
         file = self.files[index]
         if self.format == fmts.SAFETENSORS:
-            return load_safetensors(file)
+            return load_safetensors(file, slots)
         raw = torchfile.load(file, _regenerate(self.format))
         fmt = fmts.classify(raw, file)
         if fmt != self.format:
@@ -177,7 +196,7 @@ class DumpSet:
                 f"{fmts.NAME[self.format]}; one reading of the slots cannot hold for both", path=file,
                 expected=f"{fmts.NAME[self.format]} files only (as {self.files[0]})", found=fmts.NAME[fmt],
                 fix="keep one trainer's dumps per folder and pass --data that folder")
-        return _decoded(raw, fmt, file)
+        return _decoded(raw, fmt, file, slots)
 
 
 def _regenerate(fmt: str) -> str:
@@ -191,10 +210,29 @@ def _is_ckpt(file: Path) -> bool:
     return file.suffix == ".ckpt" or file.name.endswith(".ckpt.gz")
 
 
-def _decoded(raw: dict[Any, Any], fmt: str, file: Path) -> Sample:
+def _decoded(raw: dict[Any, Any], fmt: str, file: Path, slots: Sequence[int] | None = None) -> Sample:
     if fmt == fmts.LEGACY_PT:
-        return _legacy(raw, file)
-    return _checked(*fmts.decode_trainer(raw, fmt, file), file)
+        return _legacy(raw, file, slots)
+    ids, hidden, mask = fmts.decode_trainer(raw, fmt, file, slots)
+    return _partial(_checked(ids, hidden, mask, file), slots, fmts.trainer_slots(raw, fmt))
+
+
+def _partial(sample: Sample, slots: Sequence[int] | None, file_slots: int) -> Sample:
+    """``sample`` marked as holding only ``slots`` of the file's ``file_slots``."""
+    if slots is None:
+        return sample
+    return replace(sample, slots=tuple(slots), file_slots=file_slots)
+
+
+def _wanted(slots: Sequence[int] | None, count: int, file: Path) -> list[int] | None:
+    """``slots`` checked against the file's ``count`` slots (None: all of them)."""
+    if slots is None:
+        return None
+    if any(not 0 <= s < count for s in slots):
+        raise ShapeMismatchError("A dump file has fewer slots than the layouts being scored read", path=file,
+                                 tensor="hidden_states", expected=f"slots {sorted(slots)} (> {max(slots)} slots)",
+                                 found=f"{count} slots", fix="dump every sample with the same layers of the same model")
+    return list(slots)
 
 
 def _from_trainer(root: Path, count: int, fmt: str) -> SlotInfo:
@@ -273,7 +311,7 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
 
 
-def load_safetensors(file: Path) -> Sample:
+def load_safetensors(file: Path, slots: Sequence[int] | None = None) -> Sample:
     store = TensorStore.open(file)
     ids_name = "token_ids" if store.has("token_ids") else "input_ids"
     for name in (ids_name, "hidden_states"):
@@ -284,7 +322,19 @@ def load_safetensors(file: Path) -> Sample:
                 fix="regenerate the dump with speculators' hidden-state generator (or the demo)",
             )
     mask = store.get("loss_mask", finite=False) if store.has("loss_mask") else None
-    return _checked(store.get(ids_name), store.get("hidden_states", finite=False), mask, file)
+    info = store.info("hidden_states")
+    if slots is None or len(info.shape) != 3:
+        return _checked(store.get(ids_name), store.get("hidden_states", finite=False), mask, file)
+    wanted = _wanted(slots, info.shape[1], file)
+    assert wanted is not None
+    try:
+        hidden = read_slots(info, wanted)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CorruptFileError(f"Reading slots {wanted} of the hidden states failed ({exc})", path=file,
+                               tensor="hidden_states", fix="re-copy or re-generate the file") from exc
+    if hidden is None:   # a row under a page: every page is read anyway
+        hidden = store.get("hidden_states", finite=False)[:, wanted]
+    return _partial(_checked(store.get(ids_name), hidden, mask, file), wanted, info.shape[1])
 
 
 def load_pt(file: Path) -> Sample:
@@ -295,7 +345,7 @@ def load_pt(file: Path) -> Sample:
     return _legacy(raw, file)
 
 
-def _legacy(raw: dict[Any, Any], file: Path) -> Sample:
+def _legacy(raw: dict[Any, Any], file: Path, slots: Sequence[int] | None = None) -> Sample:
     for name in ("input_ids", "hidden_states"):
         if name not in raw:
             raise MissingTensorError(
@@ -314,8 +364,16 @@ def _legacy(raw: dict[Any, Any], file: Path) -> Sample:
             raise ShapeMismatchError("The hidden_states list entries differ in shape", path=file,
                                      tensor="hidden_states", expected="S tensors of one shape [T, H]",
                                      found=sorted(shapes), fix="regenerate the dump")
-        hs = torch.stack(list(hs), dim=1)
-    return _checked(raw["input_ids"], hs, raw.get("loss_mask"), file)
+        count = len(hs)
+        wanted = _wanted(slots, count, file)
+        hs = torch.stack([hs[i] for i in wanted] if wanted is not None else list(hs), dim=1)
+    elif isinstance(hs, torch.Tensor) and hs.dim() == 3:
+        count = int(hs.shape[1])
+        wanted = _wanted(slots, count, file)
+        hs = hs[:, wanted] if wanted is not None else hs
+    else:
+        return _checked(raw["input_ids"], hs, raw.get("loss_mask"), file)
+    return _partial(_checked(raw["input_ids"], hs, raw.get("loss_mask"), file), wanted, count)
 
 
 def _checked(ids: Any, hidden: Any, mask: Any, file: Path) -> Sample:
@@ -371,7 +429,8 @@ def check_sample(sample: Sample, vocab_size: int) -> str | None:
     if bool(finite.all()):
         return None
     bad = ~finite
-    token, slot, _ = (int(x) for x in bad.nonzero()[0])
+    token, column, _ = (int(x) for x in bad.nonzero()[0])
+    slot = sample.slot_of(column)
     nan = int(torch.isnan(sample.hidden).sum())
     return (f"hidden_states holds {nan} NaN and {int(bad.sum()) - nan} inf of {sample.hidden.numel()} values "
             f"(first at token {token}, slot {slot})")

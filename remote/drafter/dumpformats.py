@@ -13,6 +13,7 @@ not record which layers they hold; ``data_config.json`` or a capture-check says.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,19 @@ def _names(raw: dict[Any, Any]) -> list[str]:
     return sorted(map(str, raw))
 
 
-def decode_trainer(raw: dict[Any, Any], fmt: str, file: Path) -> tuple[Any, torch.Tensor, Any]:
-    """(ids, hidden [T, k+1, H], loss_mask or None) of a SpecForge or ModelOpt file."""
+def trainer_slots(raw: dict[Any, Any], fmt: str) -> int:
+    """How many slots a SpecForge or ModelOpt file holds (its aux ones and the final), from the shapes alone."""
+    keys = KEYS[fmt]
+    final, aux = raw.get(keys.final), raw.get(keys.aux)
+    if not isinstance(final, torch.Tensor) or not isinstance(aux, torch.Tensor) or not final.shape[-1]:
+        return 0
+    return int(aux.shape[-1]) // int(final.shape[-1]) + 1
+
+
+def decode_trainer(raw: dict[Any, Any], fmt: str, file: Path,
+                   slots: Sequence[int] | None = None) -> tuple[Any, torch.Tensor, Any]:
+    """(ids, hidden [T, k+1, H], loss_mask or None) of a SpecForge or ModelOpt file; with ``slots``,
+    [T, len(slots), H] holding only those (the others' columns of a memory-mapped file are not touched)."""
     keys = KEYS[fmt]
     missing = [name for name in ("input_ids", keys.final, keys.aux) if name not in raw]
     if missing:
@@ -98,8 +110,16 @@ def decode_trainer(raw: dict[Any, Any], fmt: str, file: Path) -> tuple[Any, torc
             "so it cannot be split into aux slots", path=file, tensor=keys.aux,
             expected=f"[T, k*{hidden}] (k aux layers concatenated on the last axis)", found=list(aux.shape),
             fix=keys.regenerate)
-    slots = torch.cat([aux.reshape(aux.shape[0], width // hidden, hidden), final[:, None, :].to(aux.dtype)], 1)
-    return raw["input_ids"], slots, raw.get("loss_mask")
+    count = width // hidden
+    parts = aux.reshape(aux.shape[0], count, hidden)
+    if slots is None:
+        return raw["input_ids"], torch.cat([parts, final[:, None, :].to(aux.dtype)], 1), raw.get("loss_mask")
+    if any(not 0 <= s <= count for s in slots):
+        raise ShapeMismatchError("A dump file has fewer slots than the layouts being scored read", path=file,
+                                 tensor=keys.aux, expected=f"slots {sorted(slots)}", found=f"{count + 1} slots",
+                                 fix="dump every sample with the same layers of the same model")
+    columns = [final.to(aux.dtype) if s == count else parts[:, s] for s in slots]
+    return raw["input_ids"], torch.stack(columns, 1), raw.get("loss_mask")
 
 
 def _rows(value: Any, name: str, file: Path) -> torch.Tensor:

@@ -14,9 +14,10 @@ training's slots cannot give.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import chattemplate, dumpformats, engine_states, layouts, report, stats, trainermap, vocabmap
+from . import chattemplate, dumpformats, engine_states, layouts, report, sequential, stats, trainermap, vocabmap
 from .batching import Batch, background, iter_batches, to_device
 from .causes import config_keys
 from .causes.states import CAPTURE
@@ -72,9 +73,11 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     count = len(ctx.dumps.files) if opts.limit is None else min(opts.limit, len(ctx.dumps.files))
     _log(f"layout scan: every choice of {ctx.draft.arch.num_aux} of {ctx.slot_count} slots")
     scan_n = min(count, opts.layout_samples)
+    # the sequential verdict scans and scores in a seeded random order; the full pass in file order
+    picked = list(range(count)) if opts.full else sequential.order(count, opts.seed)
     extra: dict[str, Any] = dict(ctx.extra)
     slot_stats = _slot_stats(ctx)
-    norms, scan, basis = _scan(ctx, scan_n, opts, slot_stats)
+    norms, scan, basis = _scan(ctx, picked[:scan_n], opts, slot_stats)
     if slot_stats is not None:
         extra[STATS] = slot_stats.to_dict()
     slot_ids = ctx.dumps.slots.layer_ids
@@ -84,22 +87,36 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
     served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
-    _log(f"metrics: {opts.steps} TTT steps on {count} samples")
     variant = _as_engine_runs(ctx, opts, roles)
-    full, tokens, chance, coverage = _metrics(ctx, count, roles, opts, variant)
+    seq: dict[str, Any] | None = None
+    if opts.full:
+        _log(f"metrics: {opts.steps} TTT steps on {count} samples")
+        full, tokens, chance, coverage = _metrics(ctx, range(count), roles, opts, variant)
+        scored = count
+    else:
+        _log(f"metrics: {opts.steps} TTT steps on samples in a random order (seed {opts.seed}) until the verdict "
+             f"is decided, of {count}")
+        full, tokens, chance, coverage, seq = _sequential(ctx, picked, scan_n, roles, opts, variant, basis)
+        scored = seq["samples_scored"]
     as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
-    evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, count)
+    evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, scored)
+    if seq is not None:
+        evidence = dataclasses.replace(evidence, total=count,
+                                       comparison=_sequential_comparison(evidence.comparison, seq))
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
     if opts.measured is not None and CAPTURE not in extra:
         verdict = _measured_from_engine(verdict, opts.measured)
     on_engine = _on_engine_states(ctx, opts, dtype) if opts.engine_states is not None else None
+    if seq is not None:
+        seq["samples_read"] = ctx.read["samples"]
     doc = report.build(opts, ctx, Results(
-        samples=count, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
+        samples=scored, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
         extra={**extra, "chat-template": _chat_format(ctx, opts),
-               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, count)}))
+               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored)},
+        total=count, sequential=seq, read=dict(ctx.read)))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
@@ -138,7 +155,7 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
     ectx = dataclasses.replace(ctx, dumps=states, slot_count=len(ids), final_slot=states.slots.final_slot,
                                final_source="the engine's final boundary (capture check)",
                                num_layers=states.slots.num_hidden_layers or ctx.num_layers, skipped={}, extra={},
-                               chat=None)
+                               chat=None, read={"samples": 0, "bytes": 0})
     if ectx.head is None and ctx.verifier is not None:
         ectx.head = _verifier_head(ctx.verifier, ctx.draft, ctx.device, dtype)
     count = len(states.files) if opts.limit is None else min(opts.limit, len(states.files))
@@ -157,9 +174,9 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
     _log(f"engine states: {count} samples of {states.root}, "
          + (f"every choice of {aux} of {len(ids)} boundaries" if scanned else "the served and trained layouts"))
     if scanned:
-        _, scan, basis = _scan(ectx, count, opts, combos=combos)
+        _, scan, basis = _scan(ectx, range(count), opts, combos=combos)
         roles["best"] = _roles(scan, basis, served, aux).get("best", roles.get("served", combos[0]))
-    full, tokens, _, _ = _metrics(ectx, count, roles, opts)
+    full, tokens, _, _ = _metrics(ectx, range(count), roles, opts)
     basis = "verifier" if ectx.head is not None else "data"
 
     def row(role: str, score: LayoutScore) -> dict[str, Any]:
@@ -294,11 +311,20 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
     return VerifierHead(verifier.final_norm().to(device, dtype), rows.to(device, dtype), arch.rms_norm_eps)
 
 
-def _batches(ctx: EvalContext, count: int, max_len: int | None) -> Iterator[Batch]:
-    lengths = ctx.dumps.lengths(count)
-    order = sorted(range(count), key=lambda i: lengths[i]) if lengths else list(range(count))
-    host = background(iter_batches(ctx.load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
-                                   shape=(ctx.slot_count, ctx.hidden_size)))
+def _batches(ctx: EvalContext, samples: Sequence[int], max_len: int | None, in_order: bool = False,
+             slots: Sequence[int] | None = None) -> Iterator[Batch]:
+    """Batches of ``samples``, read ahead on threads (``background``: the next batches' files are read
+    while this one is scored).  Sorted by length (less padding) unless ``in_order`` (the sequential
+    verdict's blocks of at most ``sequential.BLOCK`` samples); only ``slots`` are read when given."""
+    if in_order:
+        order = list(samples)
+    else:
+        lengths = ctx.dumps.lengths_of(samples)
+        order = [i for _, i in sorted(zip(lengths, samples, strict=True))] if lengths else list(samples)
+    load = ctx.load if slots is None else functools.partial(ctx.load, slots=slots)
+    host = background(iter_batches(load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
+                                   shape=(ctx.slot_count, ctx.hidden_size),
+                                   max_samples=sequential.BLOCK if in_order else None))
     return to_device(host, ctx.device)
 
 
@@ -322,15 +348,16 @@ def _slot_stats(ctx: EvalContext) -> SlotStats | None:
     return SlotStats.prepare(v, ctx.dumps.slots.layer_ids, embed if mine else None, None if mine else embed)
 
 
-def _scan(ctx: EvalContext, count: int, opts: EvalOptions, slot_stats: SlotStats | None = None,
+def _scan(ctx: EvalContext, samples: Sequence[int], opts: EvalOptions, slot_stats: SlotStats | None = None,
           combos: list[tuple[int, ...]] | None = None) -> tuple[list[float], dict[tuple[int, ...], LayoutScore], str]:
     if combos is None:
         combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
     scan = {c: new_score(c, 1, ctx.head is not None) for c in combos}
     norm_sum = torch.zeros(ctx.slot_count, dtype=torch.float64)
     rows = done = 0
+    count = len(samples)
     with torch.inference_mode():
-        for batch in _batches(ctx, count, opts.max_len):
+        for batch in _batches(ctx, samples, opts.max_len):
             valid = torch.arange(batch.states.shape[1], device=ctx.device)[None, :] <= batch.lengths[:, None]
             rms = batch.states.float().pow(2).mean(-1).sqrt()  # [B, T, S]
             norm_sum += (rms * valid[..., None]).sum((0, 1)).double().cpu()
@@ -404,8 +431,16 @@ def _variant_extra(variant: _Variant | None, score: LayoutScore | None, full: di
 _VARIANT = "as-engine-runs"  # the variant's role in the metrics pass (not a layout role of the report)
 
 
-def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], opts: EvalOptions,
-             variant: _Variant | None = None) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
+Stop = Callable[[dict[str, LayoutScore]], bool]
+
+
+def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[int, ...]], opts: EvalOptions,
+             variant: _Variant | None = None, stop: Stop | None = None, then: Sequence[int] = (),
+             ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
+    """The K-step metrics of every role on ``samples``.  With ``stop`` (the sequential verdict) they are
+    scored in the order given, in blocks, and the pass ends the first time ``stop(scores)`` says so;
+    if it never does, ``then`` (the scan's samples) is scored after them, so the counts cover every
+    sample as the full pass's do.  Only the slots the roles use (and the final one) are read."""
     scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
     drafts = {role: ctx.draft for role in roles}
     if variant is not None:
@@ -422,21 +457,80 @@ def _metrics(ctx: EvalContext, count: int, roles: dict[str, tuple[int, ...]], op
     t2d = draft.w.get("t2d")
     stored = t2d.to(draft.device) if t2d is not None and t2d.shape[0] == emit.shape[0] else None
     coverage = vocabmap.Coverage(emit.to(draft.device), stored)
+    slots = _needed_slots(ctx, [sc.slots for sc in scores.values()])
     tokens = done = 0
+    count = len(samples) + len(then)
+    passes = [(samples, stop), (then, None)] if stop is not None else [(samples, None)]
     with torch.inference_mode():
-        for batch in _batches(ctx, count, opts.max_len):
-            vt = _verifier_targets(ctx, batch)
-            if vt is not None:
-                chance.update(batch.input_ids, vt, batch.scored)
-            else:
-                chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
-            coverage.update(batch.next_ids, batch.scored)
-            for role, score in scores.items():
-                score_batch(drafts[role], batch, score, opts.steps, vt)
-            tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
-            done += batch.lengths.shape[0]
-            events.progress(done, count, "metrics samples")
+        for part, check in passes:
+            for batch in _batches(ctx, part, opts.max_len, in_order=stop is not None, slots=slots):
+                vt = _verifier_targets(ctx, batch)
+                if vt is not None:
+                    chance.update(batch.input_ids, vt, batch.scored)
+                else:
+                    chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
+                coverage.update(batch.next_ids, batch.scored)
+                for role, score in scores.items():
+                    score_batch(drafts[role], batch, score, opts.steps, vt)
+                tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
+                done += batch.lengths.shape[0]
+                events.progress(done, count, "metrics samples")
+                if check is not None and check(scores):
+                    return scores, tokens, chance, coverage.to_dict()
     return scores, tokens, chance, coverage.to_dict()
+
+
+def _needed_slots(ctx: EvalContext, layouts: Sequence[Sequence[int]]) -> list[int] | None:
+    """The slots the metrics pass reads: those of the layouts scored and, for verifier targets, the
+    final one (None: every slot, so the files are read whole)."""
+    needed = {s for layout in layouts for s in layout}
+    if ctx.head is not None and ctx.final_slot is not None:
+        needed.add(ctx.final_slot)
+    return sorted(needed) if len(needed) < ctx.slot_count else None
+
+
+def _sequential(ctx: EvalContext, picked: list[int], scan_n: int, roles: dict[str, tuple[int, ...]],
+                opts: EvalOptions, variant: _Variant | None, basis: str
+                ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any], dict[str, Any]]:
+    """The sequential verdict's metrics pass (sequential.py): the samples the scan did not see, in the
+    seeded order, until the served-vs-best comparison is decided (or, with one layout to measure, one
+    block); at the end of the data undecided, the scan's samples too, and the full pass's rule decides."""
+    compared = "served" in roles and "best" in roles
+    test = sequential.SequentialTest(opts.alpha, opts.layout_tolerance, opts.steps, compared=compared)
+    watch = sequential.Watch(test, basis, "served" if "served" in roles else "best")
+
+    def stop(scores: dict[str, LayoutScore]) -> bool:
+        return bool(ctx.skipped) or any(sc.nonfinite for sc in scores.values()) or watch(scores)
+
+    # the chat-template scan counts the layout scan's samples only: which later files the read-ahead
+    # loads before the stop depends on thread timing, and the evidence must not
+    chat, ctx.chat = ctx.chat, None
+    try:
+        full, tokens, chance, coverage = _metrics(ctx, picked[scan_n:], roles, opts, variant, stop=stop,
+                                                  then=picked[:scan_n])
+    finally:
+        ctx.chat = chat
+    first = next(iter(full.values()))
+    scored = (first.counts(basis) or first.data).per_sample().samples
+    broken = bool(ctx.skipped) or any(sc.nonfinite for sc in full.values())
+    decided_by = (sequential.DECIDED if test.outcome is not None else
+                  sequential.ONE_LAYOUT if not compared and watch.done else
+                  sequential.NON_FINITE if broken else sequential.END_OF_DATA)
+    info = {"method": sequential.METHOD, "seed": opts.seed, "order": "random.Random(seed).shuffle of the sample "
+            "indices; the first layout_samples of that order are the layout scan's, scored last",
+            "block_samples": sequential.BLOCK, "samples_total": len(picked), "scan_samples": scan_n,
+            "samples_scored": scored, "decided_by": decided_by, **test.to_dict()}
+    return full, tokens, chance, coverage, info
+
+
+def _sequential_comparison(cmp_: stats.Comparison | None, seq: dict[str, Any]) -> stats.Comparison | None:
+    """The comparison as the sequential test decided it: its outcome, and its interval for the mean
+    per-sample gain in place of the bootstrap's (which optional stopping would invalidate).  Undecided
+    (end of data), the full pass's own comparison of every sample stands."""
+    if cmp_ is None or seq["outcome"] is None:
+        return cmp_
+    return dataclasses.replace(cmp_, method=sequential.METHOD, outcome=seq["outcome"],
+                               significant=seq["outcome"] == stats.BETTER, gain_ci=list(seq["gain_ci"]))
 
 
 def _evidence(ctx: EvalContext, opts: EvalOptions, full: dict[str, LayoutScore], chance: ChanceLevel,

@@ -112,6 +112,7 @@ class Evidence:
     chance_current: float | None  # ... of guessing from the current token alone (cross-fitted)
     min_skill: float
     nonfinite: list[str]  # why some values were not finite (skipped files, NaN logits)
+    total: int | None = None  # the sequential verdict: samples there were (``samples`` of them scored)
 
 
 @dataclass
@@ -192,7 +193,11 @@ class _Case:
 
     @property
     def where(self) -> str:
-        return f"on all {self.ev.samples} evaluated samples ({self.ev.basis} targets)"
+        ev = self.ev
+        if ev.total is not None and ev.total != ev.samples:
+            return (f"on {ev.samples} of {ev.total} samples, scored in a random order until the verdict was decided "
+                    f"({ev.basis} targets)")
+        return f"on all {ev.samples} evaluated samples ({ev.basis} targets)"
 
     @property
     def engine(self) -> str:

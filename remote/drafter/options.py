@@ -12,6 +12,7 @@ from ..eagle import acceptlength, engine_rules
 from .errors import OptionError
 
 MAX_STEPS = 32
+MAX_SEED = 2**63 - 1
 
 
 @dataclass
@@ -42,6 +43,8 @@ class EvalOptions:
     engine_states: Path | None = None  # a capture check's engine-states/ folder: the draft is scored there too
     engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
+    full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
+    seed: int = 0  # the sequential verdict's sample order (sequential.order)
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
@@ -69,6 +72,7 @@ class EvalOptions:
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
         _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
                 lambda v: v is None or engine_rules.is_version(v))
+        _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 

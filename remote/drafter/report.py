@@ -64,7 +64,9 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                                     "value": served_acc if served_acc is not None else best_acc,
                                     "definition": acceptlength.PREDICTED, "walk_definition": acceptlength.WALK,
                                     "walk": {"served": _walked(res.full.get("served"), res.basis),
-                                             "best": _walked(res.full.get("best"), res.basis)}},
+                                             "best": _walked(res.full.get("best"), res.basis)},
+                                    "ci": _accept_ci(res.sequential)},
+        "sequential": res.sequential,
         "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,
@@ -81,11 +83,14 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "slot_statistics": res.extra.get(STATS),
             "vocab_mapping": res.extra.get(TRAINER_MAP),
             "chat_format": res.extra.get("chat-template"),
+            "samples_total": res.total if res.total is not None else res.samples,
+            "read": res.read,
         },
         "run": {"device": str(ctx.device), "dtype": res.dtype, "seconds": round(res.seconds, 3),
                 "torch": torch.__version__, "steps": opts.steps, "limit": opts.limit,
                 "batch_tokens": ctx.budget, "max_len": opts.max_len, "alpha": opts.alpha,
-                "layout_tolerance": opts.layout_tolerance, "min_skill": opts.min_skill},
+                "layout_tolerance": opts.layout_tolerance, "min_skill": opts.min_skill,
+                "mode": "full" if opts.full else "sequential", "seed": None if opts.full else opts.seed},
         "warnings": list(ctx.info.warnings),
     }
 
@@ -128,6 +133,16 @@ def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
 
 def _accept(score: LayoutScore | None, basis: str, steps: int) -> float | None:
     return (score.counts(basis) or score.data).accept_length(steps) if score is not None else None
+
+
+def _accept_ci(seq: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The sequential verdict's interval for each layout's accept length (mean over samples; None for
+    the full pass, whose figures are exact for the samples it has)."""
+    if seq is None:
+        return None
+    accept = seq["accept_length"]
+    return {"level": seq["ci_level"], "over": "samples (each weighs the same), a confidence sequence",
+            **{role: (accept[role] or {}).get("ci") for role in ("served", "best")}}
 
 
 def _walked(score: LayoutScore | None, basis: str) -> float | None:

@@ -28,3 +28,6 @@ class Results:
     coverage: dict[str, Any] | None = None  # vocabmap.Coverage.to_dict() of the metrics pass
     extra: dict[str, Any] = field(default_factory=dict)  # measurements for the cause checks (causes/facts.py)
     engine_states: dict[str, Any] | None = None  # the report's engine_states (evaluation._on_engine_states)
+    total: int | None = None  # samples there were to evaluate (``samples`` of them scored)
+    sequential: dict[str, Any] | None = None  # the sequential verdict's record (None: the full pass)
+    read: dict[str, int] | None = None  # what the dump loads read: samples and bytes of tensors

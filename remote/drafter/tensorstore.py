@@ -9,6 +9,8 @@ unread. A folder holding both kinds is two saves, and which one is the draft is 
 """
 from __future__ import annotations
 
+import mmap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class TensorInfo:
     path: Path
     shape: tuple[int, ...]
     dtype: str
+    end: int = 0  # absolute byte offset of its last byte + 1 (safetensors; 0 for a torch .bin)
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
@@ -50,7 +53,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         entries = headers.read_header(path)
     except HeaderError as exc:
         raise _corrupt(exc) from exc
-    return {name: TensorInfo(name, path, e.shape, e.dtype) for name, e in entries.items()}
+    return {name: TensorInfo(name, path, e.shape, e.dtype, e.end) for name, e in entries.items()}
 
 
 def _corrupt(exc: HeaderError) -> CorruptFileError:
@@ -193,6 +196,53 @@ class TensorStore:
             raise CorruptFileError(f"Reading rows of the tensor failed ({exc})", path=info.path,
                                    tensor=name, fix="re-copy or re-generate the file") from exc
         return require_finite(torch.cat(parts, 0), info.path, name)
+
+
+#: safetensors dtypes a dump's hidden states may have, for the memory-mapped slot reader
+_FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def read_slots(info: TensorInfo, slots: Sequence[int]) -> torch.Tensor | None:
+    """Only ``slots`` of axis 1 of a ``[T, S, H]`` safetensors tensor, read through a memory map with the
+    kernel's readahead off (``MADV_RANDOM``) and each needed run of bytes asked for ahead
+    (``MADV_WILLNEED``), so the pages of the other slots stay on disk.  None when that saves nothing:
+    a slot's row shorter than a page (every page would be touched anyway), or a layout the map cannot
+    view (the caller then reads the tensor whole)."""
+    dtype = _FLOATS.get(info.dtype)
+    if dtype is None or len(info.shape) != 3 or info.end <= 0:
+        return None
+    t, s, h = info.shape
+    size = dtype.itemsize
+    row = h * size
+    start = info.end - t * s * row
+    if row < mmap.PAGESIZE or start % size or not slots or max(slots) >= s or t == 0:
+        return None
+    runs = _runs(sorted(set(slots)))
+    with open(info.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        mapped.madvise(mmap.MADV_RANDOM)
+        for token in range(t):
+            for first, last in runs:
+                lo = start + (token * s + first) * row
+                hi = start + (token * s + last + 1) * row
+                page = lo - lo % mmap.PAGESIZE
+                mapped.madvise(mmap.MADV_WILLNEED, page, hi - page)
+        view = torch.frombuffer(mapped, dtype=dtype, count=t * s * h, offset=start).view(t, s, h)
+        try:
+            out = view[:, list(slots)]   # advanced indexing: a copy, so the map can close
+        finally:
+            del view
+    return out
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Ascending slots as (first, last) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for slot in slots:
+        if runs and runs[-1][1] == slot - 1:
+            runs[-1] = (runs[-1][0], slot)
+        else:
+            runs.append((slot, slot))
+    return runs
 
 
 def require_finite(tensor: torch.Tensor, path: Path | str, name: str) -> torch.Tensor:

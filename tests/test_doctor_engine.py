@@ -59,8 +59,18 @@ def no_server_left(root: Path) -> None:
     assert not list((root / ".draftops" / "state" / "servers").glob("*.json"))
 
 
+def commit_project(root: Path) -> None:
+    """The project as a checkout of one revision: a baseline is reused only for the same code (its git
+    revision), so a project outside git never reuses one. Only the code is tracked; the runs are not."""
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "tasks.py", "remote"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "code"], check=True)
+
+
 def test_doctor_fix_on_real_servers_survives_a_dying_server_and_reuses_its_baseline(project):  # noqa: F811
     engine_venv()
+    commit_project(project)
     started = time.monotonic()
     proc = start(project, "doctor", "--draft", "demo", "--fix")
     killed = kill_server_when_started(project, proc, "fixed")

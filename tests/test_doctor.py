@@ -105,6 +105,9 @@ def test_without_fix_it_names_the_one_command_and_exits_not_healthy(project):
     assert runs_of(project, "doctor") == [doc["doctor_id"]]
     written = (project / "runs" / doc["doctor_id"] / "doctor.md").read_text()
     assert "## Findings" in written and "layer-convention-shift" in written and "--fix" in written
+    # the sequential verdict stops once decided: the story says of how many samples it scored
+    assert check["samples_total"] == 256 and check["samples"] < 256
+    assert f"({check['samples']} of 256 samples scored: the sequential verdict was decided there)" in written
 
 
 @pytest.mark.parametrize(("sig", "at", "code"), [(signal.SIGTERM, "recheck", 143), (signal.SIGINT, "check", 130)])

@@ -320,7 +320,10 @@ def test_a_report_on_another_checkpoint_says_so(tmp_path):
 
 @pytest.mark.parametrize("text, needle", [
     ("-1,,2,30", "empty entry (entry 2)"), ("-1,2,30,", "empty entry (entry 4)"), ("", "is empty"),
-    (" , ", "is empty"), ("-1,two,30", "not a comma-separated")])
+    (" , ", "is empty"), ("-1,two,30", "not a comma-separated"),
+    # int() takes these; the config must hold only ids the user typed as plain digits
+    ("-1,\uff12,30", "entry '\uff12' is not an integer"), ("-1,1_0,30", "entry '1_0' is not an integer"),
+    ("-1,+2,30", "entry '+2'"), ("-1,2.0,30", "entry '2.0'")])
 def test_layer_ids_text_with_a_gap_or_a_word_is_refused(text: str, needle: str) -> None:
     from remote.draft_config.errors import InvalidLayerIds
     from remote.draft_config.validate import parse_ids

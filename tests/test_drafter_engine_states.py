@@ -140,6 +140,15 @@ def test_states_of_another_width_are_refused(demo_states, tmp_path):
     _refused(tmp_path, states, ShapeMismatchError, str(file), "width")
 
 
+def test_a_second_name_for_a_sample_is_refused(demo_states, tmp_path):
+    """hs_01 beside hs_1 would score sample 1 twice: only the capture check's own names are samples."""
+    states = _copy(demo_states, tmp_path / "states")
+    first = next(f for f in sorted(states.glob("hs_*.safetensors")) if f.name != "hs_0.safetensors")
+    twin = states / first.name.replace("hs_", "hs_0")
+    shutil.copy(first, twin)
+    _refused(tmp_path, states, DataError, twin.name, "names no sample")
+
+
 def test_an_unfinished_folder_without_its_data_config_is_refused(demo_states, tmp_path):
     states = _copy(demo_states, tmp_path / "states")
     (states / "data_config.json").unlink()

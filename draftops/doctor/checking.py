@@ -137,6 +137,7 @@ def drafter_outcome(report: DrafterReport, run_id: str) -> dict[str, Any]:
         "served_slots": verdict.served_slots,
         "configured_layer_ids": report.checkpoint.configured_layer_ids, "format": report.checkpoint.format,
         "checkpoint": report.checkpoint.path, "data": report.data.path, "samples": report.data.samples,
+        "samples_total": report.sequential.samples_total if report.sequential else None,
         "trained_slots": [{"slot": s.slot, "layer_id": s.layer_id, "role": s.role} for s in report.slot_norms],
         "predicted": {"steps": accept.steps if accept else None, "served": accept.served if accept else None,
                       "best": accept.best if accept else None},

@@ -88,7 +88,7 @@ class Story:
         if not check:
             return
         lines = [f"draft {check.get('checkpoint')} ({check.get('format')}), dumps {check.get('data')} "
-                 f"({check.get('samples')} samples)",
+                 f"({_samples(check)})",
                  "the dumps hold these target layers, slot by slot: "
                  + ", ".join(f"slot {t.get('slot')} = layer {t.get('layer_id')} ({t.get('role')})"
                              for t in check.get("trained_slots") or []),
@@ -255,3 +255,11 @@ def write(state: State, runs_dir: Path) -> dict[str, Path]:
                           f"disk space there. {STATE_NAME} holds every step's figures, and `invoke doctor --resume "
                           f"{state.doctor_id}` writes the report again.") from None
     return paths
+
+
+def _samples(check: dict[str, Any]) -> str:
+    """How many dump samples the check scored: the sequential verdict stops once decided, so say of how many."""
+    scored, total = check.get("samples"), check.get("samples_total")
+    if total is not None and scored is not None and scored < total:
+        return f"{scored} of {total} samples scored: the sequential verdict was decided there"
+    return f"{scored} samples"

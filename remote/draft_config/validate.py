@@ -6,6 +6,7 @@ concatenated in ascending order, and the fc layer has one input slot per aux sta
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ class Checked:
     warnings: list[str] = field(default_factory=list)
 
 
+_ID = re.compile(r"-?[0-9]+")
+
+
 def parse_ids(text: str) -> list[int]:
     """``"-1,2,30"`` -> ``[-1, 2, 30]``. An empty entry (``-1,,2,30``, a trailing comma) is refused:
     it is a typo for a missing id more often than a stray comma, and the ids would be one short."""
@@ -39,12 +43,14 @@ def parse_ids(text: str) -> list[int]:
         raise InvalidLayerIds(
             f"--layer-ids {text!r} has an empty entry (entry {parts.index('') + 1}); give each id once "
             "between commas, e.g. -1,2,30.")
-    try:
-        return [int(part) for part in parts]
-    except ValueError as exc:
+    # ASCII digits only: int() also takes '1_0' (10) and full-width or other Unicode digits, which
+    # would write an id the user never typed into the config
+    bad = next((part for part in parts if not _ID.fullmatch(part)), None)
+    if bad is not None:
         raise InvalidLayerIds(
-            f"--layer-ids {text!r} is not a comma-separated list of integers (e.g. -1,2,30)."
-        ) from exc
+            f"--layer-ids {text!r} is not a comma-separated list of integers (e.g. -1,2,30): entry {bad!r} "
+            "is not an integer written with the digits 0-9 and an optional leading minus.")
+    return [int(part) for part in parts]
 
 
 def check(ids: list[Any], cfg: DraftConfig, target: TargetInfo | None) -> Checked:

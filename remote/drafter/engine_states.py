@@ -16,7 +16,8 @@ from . import dumpformats
 from .data import DumpSet
 from .errors import ConfigError, DataError, ShapeMismatchError
 
-NAME = re.compile(r"hs_(\d+)\.safetensors")
+#: hs_{i}: i in ASCII digits without leading zeros, so hs_01 and hs_1 never both name sample 1
+NAME = re.compile(r"hs_(0|[1-9][0-9]*)\.safetensors")
 REMAKE = ("pass --engine-states the engine-states/ folder of an `invoke capture-check` run on these dumps "
           "(--data) and this target, or run the capture check again")
 

@@ -104,6 +104,24 @@ def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tmp_path: P
     assert torch.equal(store.get(name), load_file(str(tmp_path / named))[name])
 
 
+@pytest.mark.parametrize("shard", ["../elsewhere/model-00001-of-00002.safetensors", "/etc/model.safetensors", ""])
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path: Path, shard: str) -> None:
+    """The engines join each shard name to the folder: a climbing or absolute one reads another file."""
+    from remote.drafter.errors import DrafterError
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    write_two_shards(demo().draft, ckpt)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(ckpt / "model-00001-of-00002.safetensors", outside)
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    index["weight_map"][sorted(index["weight_map"])[0]] = shard
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(DrafterError, match="outside the checkpoint folder") as exc:
+        TensorStore.open(ckpt)
+    assert "model.safetensors.index.json" in str(exc.value) and "plain shard file names" in str(exc.value)
+
+
 def test_a_weights_path_that_does_not_exist_says_so(tmp_path: Path) -> None:
     from remote.drafter.errors import ConfigError
     with pytest.raises(ConfigError, match="does not exist.*nothing there"):

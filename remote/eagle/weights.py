@@ -92,10 +92,23 @@ def index_map(index: Path) -> dict[str, str]:
         weight_map = jsonread.loads(index.read_text())["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
-        return {str(k): str(v) for k, v in weight_map.items()}
+        mapped = {str(k): str(v) for k, v in weight_map.items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise HeaderError(f"The shard index cannot be read ({exc})", index, tensor="weight_map",
                           fix="re-copy the index or remove it to scan *.safetensors") from exc
+    outside = next((v for v in mapped.values() if _outside(v)), None)
+    if outside is not None:     # the engines join the name to the folder: this would read another file
+        raise HeaderError(f"The shard index names a shard outside the checkpoint folder ({outside!r}): shard "
+                          "names are file names relative to the folder the index is in", index,
+                          tensor="weight_map", fix="re-copy the index as the trainer wrote it (plain shard file "
+                                                   "names), or remove it to scan *.safetensors")
+    return mapped
+
+
+def _outside(name: str) -> bool:
+    """An absolute path, or one that climbs out with '..' (or is empty: the folder itself)."""
+    parts = Path(name).parts
+    return not name or Path(name).is_absolute() or ".." in parts or not parts
 
 
 def matches(key: str, name: str) -> bool:

@@ -124,9 +124,9 @@ def verdict(state: State) -> str:
     if not state.args.fix:
         return "healthy" if first.get("status") == "MATCH" and not first.get("bad_findings") else "unhealthy"
     if state.step(plan.FIX).state == "skipped":
-        return "healthy" if first.get("status") == "MATCH" else "not-fixed"
+        return "healthy" if first.get("status") == "MATCH" and not first.get("bad_findings") else "not-fixed"
     again = state.step(plan.RECHECK).outcome
-    if again.get("status") != "MATCH":
+    if again.get("status") != "MATCH" or again.get("bad_findings"):    # a cause the rewrite cannot reach is left
         return "not-fixed"
     if state.has(plan.COMPARE):
         fixed = state.step(plan.COMPARE).outcome.get(plan.FIXED) or {}

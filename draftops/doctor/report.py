@@ -133,6 +133,9 @@ class Story:
             if again:
                 lines.append(f"checked again (test-drafter {again.get('run_id')}): {again.get('status')}, "
                              f"predicted accept length {_f((again.get('predicted') or {}).get('served'))}")
+                for f in again.get("findings") or []:
+                    if f.get("severity") == "bad":
+                        lines.append(f"still wrong after the fix, {f.get('id')}: {f.get('text')} Fix: {f.get('fix')}")
         else:
             lines = [f"not applied ({step.state})"]
         self.sections.append(("The fix", lines, []))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 
 import pytest
 import yaml
@@ -71,3 +72,28 @@ def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_p
     assert "CANCELLED" in listing.stdout, listing.stdout
     del hosts["hosts"]["cluster"]["slurm"]["tasks"]["env-check"]
     (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
+def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_project, slurm):
+    """hosts.yaml asks the impossible (more CPUs than the node has) and sets no bound; `--max-pending 3`
+    ends this one run's wait with Slurm's reason; the job stays queued, with the bound in its job.json."""
+    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
+    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
+    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
+    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    try:
+        started = time.monotonic()
+        done = invoke(cluster_project, "test-drafter", "--steps", "3", "--host", "cluster", "--max-pending", "3")
+        waited = time.monotonic() - started
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+        assert waited < 60, waited
+        run_id = out.split("run ", 1)[1].split()[0]
+        job = json.loads((cluster_project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
+        assert job["slurm"]["max_pending"] == 3.0
+        assert slurm.run("squeue", "-h", "-n", run_id, "-o", "%T").stdout.strip() == "PENDING"
+        assert invoke(cluster_project, "kill", run_id, "--host", "cluster").returncode == 0
+    finally:
+        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
+        (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))

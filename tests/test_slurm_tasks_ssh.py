@@ -11,6 +11,7 @@ import time
 import pytest
 import yaml
 
+from draftops.nightly import queuetime
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
 from tests.test_drafter_task_ssh import invoke
@@ -97,3 +98,40 @@ def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_
     finally:
         hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
         (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
+def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run(cluster_project, slurm):
+    """playbooks/cluster.yaml on the cluster host: its env and drafter steps queue as Slurm jobs while an
+    outside job holds every CPU of the node, so they wait in the queue for real; the night's report
+    gives each step's wait and run time as read from the slurm.json and status.json the steps pulled."""
+    (cluster_project / "playbooks").mkdir(exist_ok=True)
+    shutil.copy(REPO / "playbooks" / "cluster.yaml", cluster_project / "playbooks" / "cluster.yaml")
+    blocker = slurm.run("sbatch", "--parsable", f"--cpus-per-task={slurm.cpus}", "--job-name=blocker",
+                        "--wrap", "sleep 8").stdout.strip()
+    assert blocker.isdigit()
+    started = time.time()
+    done = invoke(cluster_project, "nightly", "--playbook", "playbooks/cluster.yaml")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    (night,) = [p for p in (cluster_project / "runs").glob("nightly-*") if p.stat().st_mtime >= started]
+    md = " ".join((night / "report.md").read_text().split())
+    pulled = {}
+    for folder in (cluster_project / "runs").iterdir():
+        mark = folder / ".draftops-pulled.json"
+        if mark.is_file() and mark.stat().st_mtime >= started:
+            pulled[folder.name] = queuetime.of_run(folder)
+    (env_run,) = [r for r in pulled if "-env-check-" in r]
+    (drafter_run,) = [r for r in pulled if "-test-drafter-" in r]
+    for step, run in (("env", env_run), ("drafter", drafter_run)):
+        queued, ran = pulled[run]
+        assert ran > 0, (run, ran)
+        line = f"cluster / {step} ({'env.check' if step == 'env' else 'test-drafter'}): waited {queued:.0f} s in " \
+               f"Slurm's queue, ran {ran:.0f} s (1 job)"
+        assert line in md, md
+        slurm_json = json.loads((cluster_project / "runs" / run / "slurm.json").read_text())
+        assert slurm_json["job_id"].isdigit()
+    # the first job queued behind the blocker for most of its 8 s (Slurm's own SubmitTime/StartTime)
+    assert max(pulled[env_run][0], pulled[drafter_run][0]) >= 4, pulled
+    assert "queued" in out and "in Slurm" in out, out           # each step's end line says so too
+    print(*[line.strip() for line in (night / "report.md").read_text().splitlines() if "Slurm's queue" in line],
+          sep="\n")                                          # the figures docs/slurm.md quotes

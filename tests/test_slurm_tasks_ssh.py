@@ -4,7 +4,9 @@ cancels a queued job; a job left pending past its bound is reported, not waited 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -14,6 +16,7 @@ import yaml
 from draftops.nightly import queuetime
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
+from tests.laptop_venv import laptop_python
 from tests.test_drafter_task_ssh import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.slow]
@@ -66,8 +69,19 @@ def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_p
     run_id = out.split("run ", 1)[1].split()[0]
     listing = invoke(cluster_project, "runs", "--host", "cluster")
     assert "PENDING (reason: PartitionConfig)" in listing.stdout, listing.stdout
-    killed = invoke(cluster_project, "kill", run_id, "--host", "cluster")
+    # `invoke logs --follow`, which the message names, waits for the job past the bound, until it ends
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    follower = subprocess.Popen([laptop_python(), "-m", "invoke", "logs", run_id, "--follow", "--host", "cluster"],
+                                cwd=cluster_project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            follower.wait(timeout=8)                             # still following the queued job
+    finally:
+        killed = invoke(cluster_project, "kill", run_id, "--host", "cluster")
+        followed = follower.communicate(timeout=60)[0].decode()
     assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert f"job {run_id}: killed" in followed, followed
     assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
     listing = invoke(cluster_project, "runs", "--host", "cluster")
     assert "CANCELLED" in listing.stdout, listing.stdout

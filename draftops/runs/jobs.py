@@ -281,9 +281,10 @@ def read_log(host: Host, run_id: str, on_text: Callable[[str], None],
 
 def follow(host: Host, run_id: str, on_text: Callable[[str], None],
            on_event: Callable[[dict[str, Any]], None] = lambda e: None, offset: int = 0,
-           lines: int | None = None) -> dict[str, Any]:
+           lines: int | None = None, bounded: bool = True) -> dict[str, Any]:
     """Stream the job's log until it ends, from byte ``offset`` or from its last ``lines`` lines;
-    returns its final status. Ctrl-C only stops the tail.
+    returns its final status. Ctrl-C only stops the tail. ``bounded``: a Slurm job still queued past
+    its ``max_pending`` ends the follow (its row says so); False waits while it is queued.
 
     A stream that ends before the job's end event (a dropped link, a killed agent) is an error that
     says how to re-attach: the job itself does not depend on the link."""
@@ -297,7 +298,7 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
     start = offset
     cause: RemoteError | None = None
     try:
-        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines)
+        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines, bounded=bounded)
     except UnknownRun:
         raise
     except RemoteError as exc:

@@ -321,4 +321,4 @@ def logs(c: Context, port: int | None = None, follow: bool = False, lines: int =
     server = lifecycle.find(host, port)
     console.print(clean(lifecycle.log_tail(host, server.run_id, lines)), markup=False, highlight=False, end="")
     if follow:
-        tools.follow(host, server.run_id, live(), offset=lifecycle.log_size(host, server.run_id))
+        tools.follow(host, server.run_id, live(), offset=lifecycle.log_size(host, server.run_id), bounded=False)

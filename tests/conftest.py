@@ -73,8 +73,15 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         pytest.fail("slurm-wlm/munge are not installed: the Slurm tests need a real Slurm "
                     "(scripts/setup.sh --test installs it)")
     cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
-    yield cluster
-    cluster.stop()
+    try:
+        yield cluster
+        cluster.cancel_all()
+        cluster.wait_empty()
+        strays = cluster.strays(tmp_path_factory.getbasetemp(), REPO)
+        assert not strays, ("Slurm jobs of the tests wrote outside their tmp folders (a submission without "
+                            f"--chdir/--output, or one run from the repository): {strays}")
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,8 @@ MpiDefault=none
 ReturnToService=2
 KillWait={kill_wait}
 MinJobAge=300
+JobCompType=jobcomp/filetxt
+JobCompLoc={d}/jobcomp.log
 SlurmctldTimeout=10
 SlurmdTimeout=30
 MessageTimeout=5
@@ -80,10 +82,11 @@ class Slurm:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        """A Slurm client command against this cluster (sinfo, squeue, scontrol, scancel, sbatch)."""
+    def run(self, *argv: str, timeout: float = 30, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """A Slurm client command against this cluster (sinfo, squeue, scontrol, scancel, sbatch), run in
+        the cluster's folder unless ``cwd``: an sbatch without --output writes slurm-<id>.out there."""
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+                              check=False, cwd=cwd or self.folder)
 
     def start_daemon(self, name: str) -> None:
         argv = {"munged": [f"{SBIN}/munged", "-F", "--force", f"--socket={self.folder}/munge/munge.socket",
@@ -96,7 +99,7 @@ class Slurm:
         log = open(self.folder / f"{name}.out", "ab")      # noqa: SIM115 - the daemon keeps its own copy
         with log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                                start_new_session=True)
+                                                start_new_session=True, cwd=self.folder)
 
     def stop_daemon(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -139,9 +142,30 @@ class Slurm:
                 return path.read_text(errors="replace")[-1500:]
         return "(no log)"
 
+    def wait_empty(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) until the queue holds no job, so every job's end is in the completion log."""
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-o", "%i", timeout=15).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
     def cancel_all(self) -> None:
         """Cancel every job left by a test, so the next one finds the node idle."""
         self.run("scancel", "--user=root", timeout=15)
+
+    def strays(self, inside: Path, repo: Path) -> list[str]:
+        """What the cluster's jobs wrote outside the tests' folders: each ended job whose working folder
+        (Slurm's WorkDir, where a job without --output writes slurm-<id>.out and a relative path lands)
+        is not under ``inside``, from the job completion log (jobcomp/filetxt: every job that ended, also
+        those Slurm's queue forgot after MinJobAge), and any slurm-<id>.out in ``repo``."""
+        log = self.folder / "jobcomp.log"
+        found = []
+        for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            work = Path(fields.get("WorkDir", "/"))
+            if not work.is_relative_to(inside):
+                found.append(f"job {fields.get('JobId')} ({fields.get('Name')}) ran in {work}")
+        found += [f"{path} in the repository" for path in sorted(repo.glob("slurm-*.out"))]
+        return found
 
     def stop(self) -> None:
         self.cancel_all()

@@ -49,7 +49,9 @@ EXPECTED = {
     Exit.BUSY: SyncRefused, Exit.LOCK_TIMEOUT: SyncRefused, Exit.NO_PYTHON: AgentError,
     Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError, Exit.SCHEDULER: SchedulerError,
 }
-OLD_SOURCE = AGENT_SOURCE.replace("PROTOCOL_VERSION = 1 ", "PROTOCOL_VERSION = 0 ", 1)
+OLD = hostagent.PROTOCOL_VERSION - 1
+OLD_SOURCE = AGENT_SOURCE.replace(f"PROTOCOL_VERSION = {OLD + 1} ", f"PROTOCOL_VERSION = {OLD} ", 1)
+assert OLD_SOURCE != AGENT_SOURCE
 
 
 def _nonce(command: str) -> str:
@@ -240,9 +242,10 @@ def agent_run(tmp_path: Path, *args: str, protocol: str | None = str(hostagent.P
 def test_the_agent_refuses_a_caller_of_another_protocol_before_doing_anything(local_host, tmp_path):
     local_host().agent.prepare()
     spec = json.dumps({"name": "x", "command": "touch ran", "cwd": "."}).encode()
-    proc = agent_run(tmp_path, "start", "runs/r1", protocol="2", input=spec)
+    mine = hostagent.PROTOCOL_VERSION
+    proc = agent_run(tmp_path, "start", "runs/r1", protocol=str(mine + 1), input=spec)
     assert proc.returncode == Exit.PROTOCOL_MISMATCH
-    assert b"speaks protocol 1, the caller speaks 2" in proc.stderr
+    assert f"speaks protocol {mine}, the caller speaks {mine + 1}".encode() in proc.stderr
     assert not (tmp_path / "hostroot" / "runs" / "r1").exists()
     assert agent_run(tmp_path, "runs", "runs").returncode == 0
     assert agent_run(tmp_path, "runs", "runs", protocol=None).returncode == 0     # by hand: no check
@@ -296,7 +299,7 @@ class BootRefused(NoStandbys):
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
-        self.pythons.append(command.split(" DRAFTOPS_PROTOCOL=1 ", 1)[1].split(" ", 1)[0])
+        self.pythons.append(command.split(f" DRAFTOPS_PROTOCOL={hostagent.PROTOCOL_VERSION} ", 1)[1].split(" ", 1)[0])
         return CommandResult(command, self.code, b"", _framed(hostagent.ERROR_PREFIX, _nonce(command), "no way"))
 
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from draftops.link.host import close_all, host_cache_file, open_host
+from draftops.onhost.wire import PROTOCOL_VERSION
 from tests.conftest import recorded_commands, ssh_entry
 
 pytestmark = pytest.mark.ssh
@@ -27,7 +28,7 @@ def memory_of(project) -> os.PathLike:
 
 
 def python_in(command: str) -> str:
-    return command.split(" DRAFTOPS_PROTOCOL=1 ", 1)[1].split(" ", 1)[0]
+    return command.split(f" DRAFTOPS_PROTOCOL={PROTOCOL_VERSION} ", 1)[1].split(" ", 1)[0]
 
 
 def test_the_reported_interpreter_is_used_for_the_session_and_remembered(project):

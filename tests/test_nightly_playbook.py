@@ -53,6 +53,14 @@ def test_shipped_playbooks_load_and_name_real_tasks(name):
     assert book.lower_better("speculative.ttft_ms") and not book.lower_better("speculative.tok_s")
 
 
+def test_the_cluster_playbook_loads_and_names_the_repositorys_slurm_host(no_inventory_env):
+    from draftops.inventory import load_inventory
+    book = playbook.load(REPO / "playbooks" / "cluster.yaml", task_options())
+    assert book.name == "cluster" and book.hosts == ["cluster"]
+    assert [s.task for s in book.steps] == ["sync", "env.check", "test-drafter"]
+    assert load_inventory(REPO / "hosts.yaml", REPO).get("cluster").scheduler == "slurm"
+
+
 def test_argv_is_what_a_user_types(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(GOOD)

@@ -59,6 +59,7 @@ def test_a_job_is_a_slurm_batch_job_named_by_its_run_and_ends_as_its_command_did
     fields = job_fields(slurm, recorded["job_id"])
     assert fields["JobName"] == job.id and fields["StdOut"] == f"{host.runs_dir}/{job.id}/log"
     assert fields["TimeLimit"] == "00:10:00"            # the host's slurm: time
+    assert fields["WorkDir"] == str(Path(host.runs_dir).parent)     # --chdir: the host's root, never sbatch's cwd
     row = wait_for(cluster_project, job.id, lambda r: r["slurm"]["state"] == "FAILED")
     assert row["slurm"]["node"] == slurm.node and row["slurm"]["exit_code"] == 3
     assert isinstance(row["slurm"]["queued_s"], float)
@@ -169,3 +170,26 @@ def test_a_job_killed_at_its_time_limit_is_timeout_with_its_log_and_run_folder_k
 def _options(**fields):
     from draftops.slurmspec import SlurmOptions
     return SlurmOptions(**fields)
+
+
+def test_a_job_run_outside_the_tests_folders_is_caught(slurm, tmp_path):
+    """The check the `slurm` fixture makes at the end of every session (tests/conftest.py): a job
+    submitted without --chdir/--output from another folder (the repository, once) is named, with the
+    slurm-<id>.out it left there. Every job of draftops' agent runs in the host's root, under tmp."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job_id = slurm.run("sbatch", "--parsable", "--wrap", "true", cwd=elsewhere).stdout.strip()
+    assert job_id.isdigit()
+    deadline = time.monotonic() + 30
+    while not (elsewhere / f"slurm-{job_id}.out").exists() or f"JobId={job_id} " not in _completions(slurm):
+        assert time.monotonic() < deadline, "the job never ended"
+        time.sleep(0.3)
+    strays = slurm.strays(tmp_path / "inside", elsewhere)
+    assert f"job {job_id} (wrap) ran in {elsewhere}" in strays
+    assert f"{elsewhere}/slurm-{job_id}.out in the repository" in strays
+    assert not [s for s in slurm.strays(tmp_path, tmp_path) if f"job {job_id} " in s]
+
+
+def _completions(slurm) -> str:
+    log = slurm.folder / "jobcomp.log"
+    return log.read_text() if log.is_file() else ""

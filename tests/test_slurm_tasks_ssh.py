@@ -4,14 +4,19 @@ cancels a queued job; a job left pending past its bound is reported, not waited 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
+from draftops.nightly import queuetime
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
+from tests.laptop_venv import laptop_python
 from tests.test_drafter_task_ssh import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.slow]
@@ -64,10 +69,83 @@ def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_p
     run_id = out.split("run ", 1)[1].split()[0]
     listing = invoke(cluster_project, "runs", "--host", "cluster")
     assert "PENDING (reason: PartitionConfig)" in listing.stdout, listing.stdout
-    killed = invoke(cluster_project, "kill", run_id, "--host", "cluster")
+    # `invoke logs --follow`, which the message names, waits for the job past the bound, until it ends
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    follower = subprocess.Popen([laptop_python(), "-m", "invoke", "logs", run_id, "--follow", "--host", "cluster"],
+                                cwd=cluster_project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            follower.wait(timeout=8)                             # still following the queued job
+    finally:
+        killed = invoke(cluster_project, "kill", run_id, "--host", "cluster")
+        followed = follower.communicate(timeout=60)[0].decode()
     assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert f"job {run_id}: killed" in followed, followed
     assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
     listing = invoke(cluster_project, "runs", "--host", "cluster")
     assert "CANCELLED" in listing.stdout, listing.stdout
     del hosts["hosts"]["cluster"]["slurm"]["tasks"]["env-check"]
     (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
+def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_project, slurm):
+    """hosts.yaml asks the impossible (more CPUs than the node has) and sets no bound; `--max-pending 3`
+    ends this one run's wait with Slurm's reason; the job stays queued, with the bound in its job.json."""
+    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
+    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
+    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
+    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    try:
+        started = time.monotonic()
+        done = invoke(cluster_project, "test-drafter", "--steps", "3", "--host", "cluster", "--max-pending", "3")
+        waited = time.monotonic() - started
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+        assert waited < 60, waited
+        run_id = out.split("run ", 1)[1].split()[0]
+        job = json.loads((cluster_project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
+        assert job["slurm"]["max_pending"] == 3.0
+        assert slurm.run("squeue", "-h", "-n", run_id, "-o", "%T").stdout.strip() == "PENDING"
+        assert invoke(cluster_project, "kill", run_id, "--host", "cluster").returncode == 0
+    finally:
+        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
+        (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
+def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run(cluster_project, slurm):
+    """playbooks/cluster.yaml on the cluster host: its env and drafter steps queue as Slurm jobs while an
+    outside job holds every CPU of the node, so they wait in the queue for real; the night's report
+    gives each step's wait and run time as read from the slurm.json and status.json the steps pulled."""
+    (cluster_project / "playbooks").mkdir(exist_ok=True)
+    shutil.copy(REPO / "playbooks" / "cluster.yaml", cluster_project / "playbooks" / "cluster.yaml")
+    blocker = slurm.run("sbatch", "--parsable", f"--cpus-per-task={slurm.cpus}", "--job-name=blocker",
+                        "--wrap", "sleep 8").stdout.strip()
+    assert blocker.isdigit()
+    started = time.time()
+    done = invoke(cluster_project, "nightly", "--playbook", "playbooks/cluster.yaml")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    (night,) = [p for p in (cluster_project / "runs").glob("nightly-*") if p.stat().st_mtime >= started]
+    md = " ".join((night / "report.md").read_text().split())
+    pulled = {}
+    for folder in (cluster_project / "runs").iterdir():
+        mark = folder / ".draftops-pulled.json"
+        if mark.is_file() and mark.stat().st_mtime >= started:
+            pulled[folder.name] = queuetime.of_run(folder)
+    (env_run,) = [r for r in pulled if "-env-check-" in r]
+    (drafter_run,) = [r for r in pulled if "-test-drafter-" in r]
+    for step, run in (("env", env_run), ("drafter", drafter_run)):
+        queued, ran = pulled[run]
+        assert ran > 0, (run, ran)
+        line = f"cluster / {step} ({'env.check' if step == 'env' else 'test-drafter'}): waited {queued:.0f} s in " \
+               f"Slurm's queue, ran {ran:.0f} s (1 job)"
+        assert line in md, md
+        slurm_json = json.loads((cluster_project / "runs" / run / "slurm.json").read_text())
+        assert slurm_json["job_id"].isdigit()
+    # the first job queued behind the blocker for most of its 8 s (Slurm's own SubmitTime/StartTime)
+    assert max(pulled[env_run][0], pulled[drafter_run][0]) >= 4, pulled
+    assert "queued" in out and "in Slurm" in out, out           # each step's end line says so too
+    print(*[line.strip() for line in (night / "report.md").read_text().splitlines() if "Slurm's queue" in line],
+          sep="\n")                                          # the figures docs/slurm.md quotes

@@ -20,7 +20,7 @@ from draftops.cli.common import (
     project_root,
     warn,
 )
-from draftops.cli.options import WHOLE, Number, task
+from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, task
 from draftops.console import console, escape
 from draftops.errors import BenchError
 from draftops.link.host import Host
@@ -87,21 +87,22 @@ _RUN_HELP = {
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
     "seed": "sampling seed of the client (default 0)",
     "chat_template": "send every prompt through the target's chat template (vLLM: the chat endpoint; SGLang: "
-                     "--apply-chat-template), as a chat-trained draft is served", "host": HOST_HELP}
+                     "--apply-chat-template), as a chat-trained draft is served", "host": HOST_HELP,
+    "max_pending": MAX_PENDING_HELP}
 _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
-@task(default=True, help=_RUN_HELP, options=dict.fromkeys(_NUMBERS, WHOLE))
+@task(default=True, help=_RUN_HELP, options={**dict.fromkeys(_NUMBERS, WHOLE), "max_pending": MAX_PENDING})
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
         repeats: int | None = None, port: int | None = None, seed: int | None = None,
-        chat_template: bool = False, host: str | None = None) -> None:
+        chat_template: bool = False, host: str | None = None, max_pending: float | None = None) -> None:
     """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
     engine's own client on the host; everything lands in runs/<id>/ and the local history."""
     from draftops.bench import plan as planning
     from draftops.bench import session
-    host = connect(c, host)
+    host = connect(c, host, max_pending=max_pending)
     ensure_code(host)
     asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                              "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
-from draftops.cli.options import Number, task
+from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, Number, task
 from draftops.console import LiveJob, console, escape
 from draftops.errors import ServeRefused
 from draftops.runs import jobs
@@ -56,14 +56,15 @@ def _paths(host: Host, data: str | None, draft: str | None, target: str | None,
             "profile": "serve profile whose engine, python, tensor parallel size and dtype to use",
             "target": "target model folder on the host (default: the profile's)",
             "samples": "dump samples to send (default 24)",
-            "port": "port for the short-lived engine instance (default: a free one)", "host": HOST_HELP},
-      options={"samples": SAMPLES, "port": PORT})
+            "port": "port for the short-lived engine instance (default: a free one)", "host": HOST_HELP,
+            "max_pending": MAX_PENDING_HELP},
+      options={"samples": SAMPLES, "port": PORT, "max_pending": MAX_PENDING})
 @friendly
 def capture_check(c: Context, data: str | None = None, draft: str | None = None, profile: str | None = None,
                   target: str | None = None, samples: int = 24, port: int | None = None,
-                  host: str | None = None) -> None:
+                  host: str | None = None, max_pending: float | None = None) -> None:
     """Ask the serving engine which layer each dumped slot holds, and what it will feed the draft."""
-    host_ = connect(c, host)
+    host_ = connect(c, host, max_pending=max_pending)
     ensure_code(host_)
     chosen = profiles.resolve(host_.spec, profile)
     data_, draft_, target_, demo = _paths(host_, data, draft, target, chosen)

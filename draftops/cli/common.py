@@ -49,10 +49,16 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def connect(c: Context, host: str | None, inventory: Inventory | None = None) -> Host:
-    """The host for this invoke call (one connection, shared by chained tasks)."""
+def connect(c: Context, host: str | None, inventory: Inventory | None = None, *,
+            max_pending: float | None = None) -> Host:
+    """The host for this invoke call (one connection, shared by chained tasks). ``max_pending``: the
+    task's ``--max-pending`` (refused on a host without a scheduler); every task sets its own, so one
+    task's bound never carries over to the next of a chain."""
+    from draftops.runs.jobs import bound_pending
     with console.status(f"connecting to {host or 'default host'}…"):
-        return open_host(host, project_root(c), inventory)
+        opened = open_host(host, project_root(c), inventory)
+    bound_pending(opened, max_pending)
+    return opened
 
 
 def ensure_code(host: Host) -> None:

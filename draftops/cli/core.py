@@ -82,7 +82,7 @@ def logs(c: Context, run_id: str, host: str | None = None, follow: bool = False,
     """Print the end of a run's log (--all for all of it; with --follow, keep streaming it live)."""
     host = connect(c, host)
     if follow:
-        tools.follow(host, run_id, live(), lines=None if all else lines)
+        tools.follow(host, run_id, live(), lines=None if all else lines, bounded=False)   # waits out the queue
         return
     out = console.file
 

@@ -9,7 +9,7 @@ from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
-from draftops.cli.options import NUMBER, WHOLE, task
+from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
 from draftops.runs.tools import ToolResult, run_tool
@@ -35,15 +35,15 @@ if TYPE_CHECKING:
                              "default), speculators, sglang, or specforge (simulated_acc_len: no +1, so 1 is added)",
             "full": "score every sample (the complete metrics) instead of stopping once the verdict is decided",
             "seed": "seed of the random order the sequential verdict scores samples in (default 0)",
-            "device": "auto, cpu or cuda", "host": HOST_HELP},
+            "device": "auto, cpu or cuda", "host": HOST_HELP, "max_pending": MAX_PENDING_HELP},
       options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER,
-               "seed": WHOLE})
+               "seed": WHOLE, "max_pending": MAX_PENDING})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
                  expected_acc: float | None = None, expected_accept_length: float | None = None,
                  expected_from: str | None = None, full: bool = False, seed: int | None = None,
-                 device: str = "auto", host: str | None = None) -> None:
+                 device: str = "auto", host: str | None = None, max_pending: float | None = None) -> None:
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
@@ -51,7 +51,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
                    f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)
-    host = connect(c, host)
+    host = connect(c, host, max_pending=max_pending)
     ensure_code(host)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
     served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets

@@ -53,6 +53,14 @@ class Number:
 
 WHOLE, NUMBER = Number(int), Number(float)
 GRACE_S, MAX_GRACE_S = 10.0, 3600.0
+#: slurmspec.MAX_PENDING_S (not imported: pydantic stays out of start-up; tests/test_max_pending.py holds them equal)
+MAX_PENDING_S = 7 * 24 * 3600.0
+_PENDING_TEXT = (f"{{flag}} {{text!r}} is not a number of seconds from 1 to {MAX_PENDING_S:.0f} (7 days): how long "
+                 "a job may wait in the Slurm queue before the task stops waiting for it.")
+MAX_PENDING = Number(float, 1.0, MAX_PENDING_S, refusal=_PENDING_TEXT, unreadable=_PENDING_TEXT)
+MAX_PENDING_HELP = ("on a Slurm host: seconds this task's jobs may wait in the queue before it stops waiting and "
+                    "says so (the job stays queued; serve cancels its server's); over hosts.yaml's slurm "
+                    "max_pending, for this run only")
 
 
 def grace_option(what: str) -> Number:

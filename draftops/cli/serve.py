@@ -22,7 +22,7 @@ from draftops.cli.common import (
     project_root,
 )
 from draftops.cli.history import record_serve
-from draftops.cli.options import GRACE_S, WHOLE, Number, grace_option, task
+from draftops.cli.options import GRACE_S, MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, grace_option, task
 from draftops.console import console, escape, shown_state, state_text
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.link.host import Host
@@ -49,6 +49,7 @@ _HELP = {
     "allow_override": "start even though SGLang will change --draft-tokens (topk 1)",
     "force": "serve a draft whose latest test-drafter verdict is MISMATCH",
     "replace": "stop the draftops server already on that port first", "host": HOST_HELP,
+    "max_pending": MAX_PENDING_HELP,
 }
 
 
@@ -156,14 +157,16 @@ def show_readback(readback: lifecycle.Readback, label: str, out: Console, layers
         out.print(f"[yellow]note[/]: {escape(note)}")
 
 
-@task(default=True, help=_HELP, options=dict.fromkeys(("steps", "topk", "draft_tokens", "port"), WHOLE))
+@task(default=True, help=_HELP, options={**dict.fromkeys(("steps", "topk", "draft_tokens", "port"), WHOLE),
+                                         "max_pending": MAX_PENDING})
 @friendly
 def start(c: Context, draft: str | None = None, baseline: bool = False, profile: str | None = None,
           target: str | None = None, steps: int | None = None, topk: int | None = None,
           draft_tokens: int | None = None, port: int | None = None, allow_override: bool = False,
-          force: bool = False, replace: bool = False, host: str | None = None) -> None:
+          force: bool = False, replace: bool = False, host: str | None = None,
+          max_pending: float | None = None) -> None:
     """Check a draft against its engine and target, then serve it detached and show its real settings."""
-    host = connect(c, host)
+    host = connect(c, host, max_pending=max_pending)
     ensure_code(host)        # first: its exec also boots the agent, which every later step needs
     chosen = profiles.resolve(host.spec, profile)
     request = Request(draft=_absolute(host, draft), baseline=baseline, profile=profile,
@@ -318,4 +321,4 @@ def logs(c: Context, port: int | None = None, follow: bool = False, lines: int =
     server = lifecycle.find(host, port)
     console.print(clean(lifecycle.log_tail(host, server.run_id, lines)), markup=False, highlight=False, end="")
     if follow:
-        tools.follow(host, server.run_id, live(), offset=lifecycle.log_size(host, server.run_id))
+        tools.follow(host, server.run_id, live(), offset=lifecycle.log_size(host, server.run_id), bounded=False)

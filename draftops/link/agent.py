@@ -278,11 +278,13 @@ class AgentClient:
         return self._typed("tail", lambda: TailHeader(int(header["offset"]), int(header["size"])))
 
     def follow(self, run_id: str, on_output: Callable[[bytes], object], *, offset: int = 0,
-               lines: int | None = None) -> int:
+               lines: int | None = None, bounded: bool = True) -> int:
         """The log as it grows, from byte ``offset`` (or its last ``lines`` lines), ending with a job-end
-        event line; returns the byte offset the stream starts at."""
+        event line; returns the byte offset the stream starts at. ``bounded``: stop at a Slurm job's
+        pending bound (``max_pending``); else wait while it is queued."""
         start = f"-{lines}" if lines is not None else str(offset)
-        header = self._stream(("follow", _run_dir(run_id), start), on_output, run_id)
+        wait = "bounded" if bounded else "unbounded"
+        header = self._stream(("follow", _run_dir(run_id), start, wait), on_output, run_id)
         return self._typed("follow", lambda: int(header["offset"]))
 
     def pack(self, run_id: str, on_output: Callable[[bytes], object]) -> None:

@@ -30,6 +30,8 @@ class Host:
     transport: Transport
     project_root: Path
     synced: bool = False
+    #: this task's ``--max-pending``: over every job's ``slurm.max_pending`` (set by each task's connect)
+    max_pending: float | None = None
     agent: AgentClient = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -227,7 +227,7 @@ def load(path: Path, tasks: TaskOptions | None = None) -> Playbook:
     path = Path(path)
     if not path.is_file():
         raise PlaybookError(f"playbook {path} does not exist; pass --playbook playbooks/<name>.yaml "
-                            f"(shipped: playbooks/nightly.yaml, playbooks/smoke.yaml).")
+                            f"(shipped: playbooks/nightly.yaml, playbooks/smoke.yaml, playbooks/cluster.yaml).")
     try:
         data, root = yamlfile.load(path)
     except yamlfile.YamlFileError as exc:

@@ -102,9 +102,17 @@ def cmd_tail(run_dir, lines):
     _copy_range(path, start, size, sys.stdout.buffer)
 
 
-def cmd_follow(run_dir, start):
+def _bounded(wait):
+    if wait not in ("bounded", "unbounded"):
+        _fail(f"follow: wait must be 'bounded' or 'unbounded', not {wait!r}", Exit.USAGE)
+    return wait == "bounded"
+
+
+def cmd_follow(run_dir, start, wait="bounded"):
     """Copy the log to stdout as it grows, from byte ``start`` (or "-N": the last N lines), in blocks;
-    end with a job-end event on a line of its own."""
+    end with a job-end event on a line of its own. ``wait``: "bounded" (a task following the job it
+    started) stops at a Slurm job's pending bound; "unbounded" (`invoke logs --follow`) waits it out."""
+    bounded = _bounded(wait)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     run_dir = _run_dir_or_fail(run_dir)
     path = os.path.join(run_dir, "log")
@@ -125,7 +133,7 @@ def cmd_follow(run_dir, start):
                 pause = FOLLOW_POLL_S[0]
                 continue
             row = _status(run_dir)
-            if row["state"] not in ("running", "starting") or _pending_too_long(run_dir, row):
+            if row["state"] not in ("running", "starting") or (bounded and _pending_too_long(run_dir, row)):
                 break
             if row.get("slurm"):                 # the runner's pid is a compute node's; ask Slurm calmly
                 pause = max(pause, SLURM_POLL_S)

@@ -23,7 +23,9 @@ FRAME_ENV = "DRAFTOPS_FRAME"          # the nonce of this call's reply marker (c
 FRAME_PREFIX = "@@draftops-reply "    # stdout: the reply follows this marker line
 ERROR_PREFIX = "@@draftops-error "    # stderr: the error message follows this marker line
 PROTOCOL_ENV = "DRAFTOPS_PROTOCOL"    # the protocol version the local side speaks
-PROTOCOL_VERSION = 1                  # bump on any change a local side of another version would misread
+PROTOCOL_VERSION = 2                  # bump on any change a local side of another version would misread
+#                                      (2: Slurm hosts, issue #28: a start spec's "slurm", its reply's "job_id", a row's
+#                                      "slurm", exit SCHEDULER; an agent of 1 would run a Slurm job on the login node)
 _AGENT_PATH = None  # type: str | None  # where this script is installed on the host (set by prepare or main)
 
 

@@ -127,7 +127,25 @@ def slurm_job(host: Host, task: str, more: SlurmOptions | None = None) -> dict[s
     from draftops.slurmspec import resolve, sbatch_args
 
     options = resolve(host.spec.slurm, task, more)
-    return {"args": sbatch_args(options), "max_pending": options.max_pending}
+    bound = host.max_pending if host.max_pending is not None else options.max_pending
+    return {"args": sbatch_args(options), "max_pending": bound}
+
+
+def pending_bound(host: Host, task: str, more: SlurmOptions | None = None) -> float | None:
+    """Seconds a job of ``task`` may wait in the queue (this task's --max-pending, else hosts.yaml's);
+    None on a host without a scheduler or without a bound."""
+    return slurm_job(host, task, more)["max_pending"] if host.spec.scheduler == "slurm" else None
+
+
+def bound_pending(host: Host, seconds: float | None) -> None:
+    """Make ``seconds`` (a task's ``--max-pending``) the queue-wait bound of every job this task starts on
+    ``host``, over hosts.yaml's ``max_pending``; None: hosts.yaml's. Refused on a host without a
+    scheduler: its jobs never queue, and a bound silently ignored would read as one that held."""
+    if seconds is not None and host.spec.scheduler != "slurm":
+        raise JobError(f"Host {host.name!r} has no scheduler (no `scheduler: slurm` in hosts.yaml): its jobs start "
+                       "at once and never wait in a queue, so --max-pending bounds nothing there. Drop "
+                       "--max-pending, or name a Slurm host with --host.")
+    host.max_pending = seconds
 
 
 def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:
@@ -263,9 +281,10 @@ def read_log(host: Host, run_id: str, on_text: Callable[[str], None],
 
 def follow(host: Host, run_id: str, on_text: Callable[[str], None],
            on_event: Callable[[dict[str, Any]], None] = lambda e: None, offset: int = 0,
-           lines: int | None = None) -> dict[str, Any]:
+           lines: int | None = None, bounded: bool = True) -> dict[str, Any]:
     """Stream the job's log until it ends, from byte ``offset`` or from its last ``lines`` lines;
-    returns its final status. Ctrl-C only stops the tail.
+    returns its final status. Ctrl-C only stops the tail. ``bounded``: a Slurm job still queued past
+    its ``max_pending`` ends the follow (its row says so); False waits while it is queued.
 
     A stream that ends before the job's end event (a dropped link, a killed agent) is an error that
     says how to re-attach: the job itself does not depend on the link."""
@@ -279,7 +298,7 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
     start = offset
     cause: RemoteError | None = None
     try:
-        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines)
+        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines, bounded=bounded)
     except UnknownRun:
         raise
     except RemoteError as exc:

@@ -83,8 +83,9 @@ class JobView:
 
 
 def follow(host: Host, run_id: str, view: JobView, *, offset: int = 0, lines: int | None = None,
-           tap: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Stream a job's log into ``view`` until it ends; returns its final status.
+           tap: Callable[[dict[str, Any]], None] | None = None, bounded: bool = True) -> dict[str, Any]:
+    """Stream a job's log into ``view`` until it ends; returns its final status. ``bounded=False``
+    (`invoke logs --follow`) waits for a Slurm job however long it is queued.
 
     ``tap`` sees every event before the view does. Ctrl-C calls ``view.detached`` (the job runs on)."""
     def on_event(event: dict[str, Any]) -> None:
@@ -95,7 +96,7 @@ def follow(host: Host, run_id: str, view: JobView, *, offset: int = 0, lines: in
     previous = _leave_on_sigint(view.leave_on_interrupt(host.name, run_id))
     try:
         with view.following():
-            final = jobs.follow(host, run_id, view.text, on_event, offset, lines)
+            final = jobs.follow(host, run_id, view.text, on_event, offset, lines, bounded=bounded)
     except KeyboardInterrupt:
         view.detached(host.name, run_id)
         raise

@@ -328,6 +328,7 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
     """Poll the engine's readiness probes on the host until all answer 200, the run dies, or the
     profile's ``ready_timeout`` passes (then everything is stopped and the log tail raised)."""
     timeout = plan.profile.settings.ready_timeout
+    bound = jobs.pending_bound(host, "serve", plan.profile.settings.slurm)
     started = time.monotonic()
     probes = plan.engine.readiness(plan.launch)
     step = 0
@@ -335,6 +336,12 @@ def wait_ready(host: Host, plan: Plan, server: Server, progress: Progress) -> No
         elapsed = time.monotonic() - started
         row = jobs.status(host, server.run_id)
         _note_node(host, server, row)
+        queued = row.get("slurm") or {}
+        if bound is not None and queued.get("state") == "PENDING" and (queued.get("pending_s") or 0.0) >= bound:
+            raise abandon(host, server, f"was still waiting in Slurm's queue after {queued['pending_s']:.0f} s, past "
+                          f"its bound of {bound:.0f} s (--max-pending, else slurm max_pending in hosts.yaml; Slurm's "
+                          f"reason: {queued.get('reason', 'none given')}); its job is cancelled, so that no server "
+                          "starts later with nobody waiting for it")
         if row.get("state") not in ALIVE:
             code = row.get("exit_code")
             how = f"exit code {code}" if code is not None else f"its run is {row.get('state')}"

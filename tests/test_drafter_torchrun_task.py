@@ -86,3 +86,14 @@ def test_two_hosts_of_one_rank_each_over_ssh_give_the_same_report(project: Path)
     listed = invoke(project, "runs", "--host", "b").stdout    # node 1's job: an ordinary run on host b
     assert "--node 1/2" in listed and "succeeded" in listed, listed
     assert "--node 0/2" in invoke(project, "runs", "--host", "a").stdout
+
+
+def test_the_torchrun_flags_that_cannot_go_together_are_one_line_each(project: Path) -> None:
+    for flags, said in ((["--hosts", "a,b"], "give --gpus N"),
+                        (["--gpus", "2", "--nodes", "2", "--host", "local"], "--nodes is for a host with `scheduler"),
+                        (["--gpus", "1", "--hosts", "a,a"], "names a host twice"),
+                        (["--gpus", "0"], "1 or more")):
+        result = invoke(project, "test-drafter", *flags)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert said in result.stdout + result.stderr, flags
+        assert "Traceback" not in result.stderr

@@ -149,3 +149,33 @@ def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run
     assert "queued" in out and "in Slurm" in out, out           # each step's end line says so too
     print(*[line.strip() for line in (night / "report.md").read_text().splitlines() if "Slurm's queue" in line],
           sep="\n")                                          # the figures docs/slurm.md quotes
+
+
+def test_gpus_2_nodes_1_is_one_slurm_job_whose_srun_starts_2_gloo_ranks(cluster_project, slurm):
+    """torchrun under Slurm (issue 28 item 4): one job of --nodes 1 --ntasks-per-node 1, srun running the
+    launcher on its node, 2 gloo ranks; the report is local's --full one."""
+    from tests.test_drafter_torchrun import comparable
+
+    before = set((cluster_project / "runs").glob("*-test-drafter-*"))
+    done = invoke(cluster_project, "sync", "test-drafter", "--host", "cluster", "--gpus", "2", "--nodes", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = set((cluster_project / "runs").glob("*-test-drafter-*")) - before
+    sbatch = (run_dir / "sbatch").read_text()
+    assert "--nodes=1" in sbatch and "--ntasks-per-node=1" in sbatch, sbatch
+    command = json.loads((run_dir / "job.json").read_text())["command"]
+    assert "exec srun --nodes=\"$SLURM_NNODES\" --ntasks-per-node=1" in command and "remote.drafter.launch" in command
+    assert json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    on_cluster = json.loads((run_dir / "report.json").read_text())
+    before = set((cluster_project / "runs").glob("*-test-drafter-*"))
+    local = invoke(cluster_project, "test-drafter", "--host", "local", "--full")
+    assert local.returncode == 0, local.stdout + local.stderr
+    (local_dir,) = set((cluster_project / "runs").glob("*-test-drafter-*")) - before
+    here = json.loads((local_dir / "report.json").read_text())
+    base = cluster_project.parent
+
+    def demo_paths_out(report: dict) -> dict:
+        text = json.dumps(comparable(report))
+        for root in (base / "hostroot" / "state" / "demo", cluster_project / ".draftops" / "state" / "demo"):
+            text = text.replace(str(root), "DEMO")
+        return json.loads(text)
+    assert demo_paths_out(on_cluster) == demo_paths_out(here)

@@ -35,24 +35,36 @@ if TYPE_CHECKING:
                              "default), speculators, sglang, or specforge (simulated_acc_len: no +1, so 1 is added)",
             "full": "score every sample (the complete metrics) instead of stopping once the verdict is decided",
             "seed": "seed of the random order the sequential verdict scores samples in (default 0)",
-            "device": "auto, cpu or cuda", "host": HOST_HELP, "max_pending": MAX_PENDING_HELP},
+            "device": "auto, cpu or cuda", "host": HOST_HELP, "max_pending": MAX_PENDING_HELP,
+            "gpus": "run under torchrun with one rank per GPU of each host (gloo ranks on a CPU host); implies --full",
+            "hosts": "with --gpus: spread over these hosts of hosts.yaml (comma-separated; the first one's address "
+                     "holds the rendezvous and its run the report)",
+            "port": "with --hosts or --nodes: the rendezvous port on the first node (default 29517, docs/drafter.md)",
+            "nodes": "with --gpus on a Slurm host: one job of this many nodes, srun starting the ranks on each"},
       options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER,
-               "seed": WHOLE, "max_pending": MAX_PENDING})
+               "seed": WHOLE, "max_pending": MAX_PENDING, "gpus": WHOLE, "port": WHOLE, "nodes": WHOLE})
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
                  expected_acc: float | None = None, expected_accept_length: float | None = None,
                  expected_from: str | None = None, full: bool = False, seed: int | None = None,
-                 device: str = "auto", host: str | None = None, max_pending: float | None = None) -> None:
+                 device: str = "auto", host: str | None = None, max_pending: float | None = None,
+                 gpus: int | None = None, hosts: str | None = None, port: int | None = None,
+                 nodes: int | None = None) -> None:
     """Check that the features the server will feed the draft are the ones it was trained on."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
+    names = _spread_names(gpus, hosts, port, host, nodes)
     from remote.eagle import acceptlength  # not at import: `invoke --list` loads no remote/ module
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
                    f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)
-    host = connect(c, host, max_pending=max_pending)
+    host = connect(c, names[0] if names else host, max_pending=max_pending)
     ensure_code(host)
+    _slurm_or_hosts(host, names, nodes)
+    spread = [host, *(connect(c, name) for name in names[1:])]
+    for other in spread[1:]:
+        ensure_code(other)
     args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
     served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets
     engine = served.engine
@@ -64,8 +76,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                         ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
-    args += ["--full"] if full else []
-    measured = _capture_check(c, host, data, verifier, engine)
+    args += ["--full"] if full or gpus else []     # a torchrun scores every sample
+    measured = _capture_check(c, host, data, verifier, engine) if len(spread) == 1 else None
     if measured:
         args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
         if _kept_states(c, measured):
@@ -73,17 +85,60 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
              "limit": limit, "expected_acc": expected_acc, "expected_accept_length": expected_accept_length,
              "expected_from": expected_from, "device": device, "measured_by": measured,
-             **({"full": True} if full else {}), **({"seed": seed} if seed is not None else {})}
+             **({"full": True} if full or gpus else {}), **({"seed": seed} if seed is not None else {}),
+             **({"gpus": gpus} if gpus else {}), **({"hosts": ",".join(names)} if len(names) > 1 else {}),
+             **({"nodes": nodes} if nodes else {})}
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
-                    task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
+    if gpus:
+        from draftops.runs.spread import run_torchrun  # not at import: `invoke --list` loads no remote/ module
+
+        done = run_torchrun(spread, gpus, args, nodes=nodes, port=port, name="test-drafter", view=live("window"),
+                            task="test-drafter", given=given,
+                            env=lambda h: {"DRAFTOPS_DEMO_DIR": demo_dir(h.state_dir)})
+    else:
+        done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
+                        task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
     report = read_report(host, done, given)
     if done.ok and report is not None:
         show_result(report, str(done.result_file), done.run_id, ckpt, console)
     record_test_drafter(host, done, given, report)
     done.check()
+
+
+def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: str | None,
+                  nodes: int | None) -> list[str]:
+    """The hosts of a torchrun (``--hosts``, in order), after the flags' own checks."""
+    if gpus is None and (hosts or port is not None or nodes is not None):
+        raise Exit("error: --hosts, --nodes and --port spread a torchrun: give --gpus N (ranks per node) with them.",
+                   code=1)
+    if nodes is not None and nodes < 1:
+        raise Exit(f"error: --nodes {nodes}: give the number of Slurm nodes, 1 or more.", code=1)
+    if gpus is not None and gpus < 1:
+        raise Exit(f"error: --gpus {gpus}: give the number of GPUs (ranks) per host, 1 or more.", code=1)
+    names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
+    if hosts is not None and not names:
+        raise Exit("error: --hosts names no host: give a comma-separated list of hosts.yaml entries.", code=1)
+    if len(set(names)) != len(names):
+        raise Exit(f"error: --hosts {hosts} names a host twice: each host is one node of the run.", code=1)
+    if names and host and host != names[0]:
+        raise Exit(f"error: --host {host} and --hosts {hosts}: the report comes from the first of --hosts; "
+                   "give one of the two.", code=1)
+    if port is not None and not 0 < port < 65536:
+        raise Exit(f"error: --port {port} is not a TCP port (1-65535).", code=1)
+    return names
+
+
+def _slurm_or_hosts(host: Host, names: list[str], nodes: int | None) -> None:
+    """``--nodes`` is for a Slurm host (one job, srun on each node); ``--hosts`` for the others."""
+    slurm = host.spec.scheduler == "slurm"
+    if nodes is not None and not slurm:
+        raise Exit(f"error: --nodes is for a host with `scheduler: slurm`; {host.name!r} runs its jobs itself: "
+                   "spread a torchrun over hosts with --hosts a,b.", code=1)
+    if slurm and len(names) > 1:
+        raise Exit(f"error: {host.name!r} is a Slurm host: ask for several nodes with --nodes M (one job, srun "
+                   "starting the ranks on each), not --hosts.", code=1)
 
 
 def _capture_check(c: Context, host: Host, data: str | None, verifier: str | None, engine: str | None) -> str | None:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:       # pydantic models: loaded with the inventory, not at imp
     from draftops.slurmspec import SlurmOptions
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
+#: an argv item of a job that is exactly one of these is left to the job's shell: the run folder, and
+#: what a Slurm job's `srun` tasks know of their node (runs/spread.slurm_command)
+JOB_VARS = (RUN_DIR, "$SLURM_NNODES", "$SLURM_NODEID", "$DRAFTOPS_RDZV")
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
 RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last
 MAX_LINE = wire.MAX_LINE      # longer lines are passed on in pieces of this many bytes
@@ -170,8 +173,8 @@ def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:
 def python_m(python: str, module: str, args: Sequence[str], *, no_site: bool = False, in_job: bool = False) -> str:
     """``PYTHON [-S] -m MODULE ARGS``, every part quoted: the one builder of the line that runs a module on
     the host, for a job (:func:`python_module_command`) and a quick tool (``tools.module_command``).
-    ``in_job``: ``RUN_DIR`` among ``args`` is the job's run folder, expanded by the job's shell."""
-    argv = [f'"{RUN_DIR}"' if in_job and a == RUN_DIR else shlex.quote(a) for a in args]
+    ``in_job``: ``RUN_DIR`` (and the other ``JOB_VARS``) among ``args`` are expanded by the job's shell."""
+    argv = [f'"{a}"' if in_job and a in JOB_VARS else shlex.quote(a) for a in args]
     return " ".join([shell_path(python) + (" -S" if no_site else ""), "-m", shlex.quote(module), *argv])
 
 

@@ -17,7 +17,7 @@ from draftops.errors import ExtraMissing
 from draftops.link.host import Host
 
 #: the tools draftops starts whose imports reach torch, safetensors or numpy (outside a guard)
-ML_TOOLS = frozenset({"remote.drafter", "remote.capture", "remote.bench.demo_prompts"})
+ML_TOOLS = frozenset({"remote.drafter", "remote.drafter.launch", "remote.capture", "remote.bench.demo_prompts"})
 ML_STACK = ("torch", "safetensors", "numpy")
 INSTALL = "pip install -e '.[local]'"
 

@@ -234,19 +234,25 @@ def run_job(host: Host, name: str, command: str, *, view: JobView | None = None,
             cwd: str | None = None, pull: bool = True) -> ToolResult:
     """Start the shell command line ``command`` as a detached job, follow it into ``view``, pull its
     run folder and read the result file its ``result`` event names (see :func:`run_tool`)."""
-    view = view or JobView()
     job = jobs.start(host, name, command, env=env, cwd=cwd, task=task, args=given)
-    view.started(host.name, job.id)
+    return finish_job(host, job.id, view=view, pull=pull)
+
+
+def finish_job(host: Host, run_id: str, *, view: JobView | None = None, pull: bool = True) -> ToolResult:
+    """Follow a started job into ``view`` to its end, pull its run folder and read the result file its
+    ``result`` event names (the second half of :func:`run_job`)."""
+    view = view or JobView()
+    view.started(host.name, run_id)
     seen: dict[str, dict[str, Any]] = {}
 
     def tap(event: dict[str, Any]) -> None:
         if event.get("event") in ("result", "error"):
             seen[str(event["event"])] = event
 
-    final = follow(host, job.id, view, tap=tap)
-    result = ToolResult(host.name, job.id, final, error=seen.get("error"))
+    final = follow(host, run_id, view, tap=tap)
+    result = ToolResult(host.name, run_id, final, error=seen.get("error"))
     if pull:
-        pulled = jobs.pull_run(host, job.id)
+        pulled = jobs.pull_run(host, run_id)
         view.skipped(pulled.skipped)
         result.folder, result.skipped = pulled.path, pulled.skipped
         announced = (seen.get("result") or {}).get("path") or (final.get("outcome") or {}).get("path")

@@ -11,7 +11,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 
@@ -31,6 +31,7 @@ class Batch:
     scored: torch.Tensor  # [B, N] bool: loss_mask[t] on valid rows
     lengths: torch.Tensor  # [B] valid rows per sample
     first_ids: torch.Tensor  # [B] x_0, the token of position 0 (slotstats recomputes a tiny target from it)
+    positions: torch.Tensor  # [B] each sample's place in the pass's order (reduce.py puts ranks' rows back by it)
 
     @property
     def rows(self) -> int:
@@ -54,9 +55,11 @@ class Batch:
                        for t in (getattr(self, f.name) for f in fields(self))))
 
 
-def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = False) -> Batch:
+def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = False,
+            positions: Sequence[int] | None = None) -> Batch:
     """Pad ``samples`` (truncated to ``max_len`` tokens) into one Batch on the host, in pinned
-    memory when ``pin`` (so the device copy can run asynchronously).  A sample that holds only some
+    memory when ``pin`` (so the device copy can run asynchronously); ``positions``: their places in
+    the pass's order (default 0..B-1).  A sample that holds only some
     of its file's slots (``Sample.slots``) gets zeros in the others: nothing reads them."""
     trimmed = [(s.token_ids[:max_len], s.hidden[:max_len],
                 None if s.loss_mask is None else s.loss_mask[:max_len]) for s in samples]
@@ -85,43 +88,108 @@ def collate(samples: Sequence[Sample], max_len: int | None = None, pin: bool = F
         lengths[i] = n - 1
     next_ids = torch.where(has_next[:, 1:], tokens[:, 2:t + 1], torch.full_like(tokens[:, 2:t + 1], -1))
     rows = torch.arange(t - 1)[None, :] < lengths[:, None]
-    batch = Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths, tokens[:, 0].clone())
+    places = torch.tensor(list(positions) if positions is not None else range(b), dtype=torch.long)
+    batch = Batch(states, tokens[:, 1:t], next_ids, mask[:, 1:] & rows, lengths, tokens[:, 0].clone(), places)
     return batch.pin() if pin else batch
 
 
 def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budget: int,
                  max_len: int | None = None, pin: bool = False,
                  shape: tuple[int, int] | None = None, readers: int = 4,
-                 max_samples: int | None = None) -> Iterator[Batch]:
+                 max_samples: int | None = None, start: int = 0) -> Iterator[Batch]:
     """Read samples in ``order`` (``readers`` files at a time) and yield a Batch whenever the next
     sample would push B * longest past ``token_budget`` (a longer-than-budget sample gets a batch
     of its own) or B past ``max_samples`` (the sequential verdict's blocks).  Every sample's file must
-    have ``shape`` = (slots, hidden) (default: the first one read)."""
+    have ``shape`` = (slots, hidden) (default: the first one read).  Sample ``order[i]`` has position
+    ``start + i`` (``Batch.positions``)."""
     current: list[Sample] = []
+    places: list[int] = []
     longest = 0
-    for sample in _read_ahead(load, order, readers):
-        found = (sample.slot_count, int(sample.hidden.shape[2]))
-        shape = shape or found
-        if found != shape:
-            raise ShapeMismatchError(
-                "A dump file has a different number of slots or hidden size than the others",
-                path=sample.path, tensor="hidden_states", expected=f"[T, {shape[0]}, {shape[1]}]",
-                found=[int(sample.hidden.shape[0]), *found],
-                fix="dump every sample with the same layers of the same model")
+    for place, sample in enumerate(_read_ahead(load, order, readers), start):
+        shape = _check_shape(sample, shape)
         n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
         if n < 2:
             continue  # no (token, next token) pair to score
-        full = max_samples is not None and len(current) >= max_samples
-        if current and (full or max(longest, n) * (len(current) + 1) > token_budget):
-            yield collate(current, max_len, pin)
-            current, longest = [], 0
+        if current and not fits(len(current), longest, n, token_budget, max_samples):
+            yield collate(current, max_len, pin, places)
+            current, places, longest = [], [], 0
         current.append(sample)
+        places.append(place)
         longest = max(longest, n)
     if current:
-        yield collate(current, max_len, pin)
+        yield collate(current, max_len, pin, places)
 
 
-def _read_ahead(load: Callable[[int], Sample], order: Sequence[int], readers: int) -> Iterator[Sample]:
+def fits(count: int, longest: int, n: int, token_budget: int, max_samples: int | None) -> bool:
+    """Whether a sample of ``n`` tokens joins a batch of ``count`` samples whose longest has ``longest``:
+    the one packing rule of :func:`iter_batches` and :func:`plan`."""
+    full = max_samples is not None and count >= max_samples
+    return not full and max(longest, n) * (count + 1) <= token_budget
+
+
+def plan(order: Sequence[int], lengths: Sequence[int], token_budget: int, max_len: int | None = None
+         ) -> list[list[tuple[int, int]]]:
+    """The batches :func:`iter_batches` would make of ``order``, from the samples' token counts alone
+    (safetensors headers): each a list of (position in ``order``, sample index).  Planned up front so
+    that the ranks of a torchrun (distributed.py) can share the batches out and every sample is scored
+    in the same padded batch as in one process (padding changes fp32 summation order, docs/drafter.md)."""
+    batches: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    longest = 0
+    for place, (index, length) in enumerate(zip(order, lengths, strict=True)):
+        n = min(length, max_len or length)
+        if n < 2:
+            continue
+        if current and not fits(len(current), longest, n, token_budget, None):
+            batches.append(current)
+            current, longest = [], 0
+        current.append((place, index))
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def iter_planned(load: Callable[[int], Sample], batches: Sequence[Sequence[tuple[int, int]]],
+                 max_len: int | None = None, pin: bool = False, shape: tuple[int, int] | None = None,
+                 readers: int = 4) -> Iterator[Batch]:
+    """The planned ``batches`` (:func:`plan`), read ahead across batch boundaries; a sample that loads
+    as a stand-in (NaN/inf, ``EvalContext.load``) leaves its batch, which is not repacked."""
+    flat = [entry for batch in batches for entry in batch]
+    samples = _read_ahead(load, [index for _, index in flat], readers)
+    try:
+        yield from _planned(samples, batches, max_len, pin, shape)
+    finally:
+        samples.close()   # stops the read-ahead's pool when the consumer stops early
+
+
+def _planned(samples: Iterator[Sample], batches: Sequence[Sequence[tuple[int, int]]], max_len: int | None,
+             pin: bool, shape: tuple[int, int] | None) -> Iterator[Batch]:
+    for batch in batches:
+        current: list[Sample] = []
+        places: list[int] = []
+        for place, _ in batch:
+            sample = next(samples)
+            shape = _check_shape(sample, shape)
+            if min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0]) >= 2:
+                current.append(sample)
+                places.append(place)
+        if current:
+            yield collate(current, max_len, pin, places)
+
+
+def _check_shape(sample: Sample, shape: tuple[int, int] | None) -> tuple[int, int]:
+    found = (sample.slot_count, int(sample.hidden.shape[2]))
+    if shape is not None and found != shape:
+        raise ShapeMismatchError(
+            "A dump file has a different number of slots or hidden size than the others",
+            path=sample.path, tensor="hidden_states", expected=f"[T, {shape[0]}, {shape[1]}]",
+            found=[int(sample.hidden.shape[0]), *found],
+            fix="dump every sample with the same layers of the same model")
+    return shape or found
+
+
+def _read_ahead(load: Callable[[int], Sample], order: Sequence[int], readers: int) -> Generator[Sample, None, None]:
     """``load(i)`` for i in ``order``, in order, with up to 2 * ``readers`` reads in flight on a
     thread pool (so reads overlap; torch copies release the GIL); errors are raised in order."""
     if readers <= 1:
@@ -181,7 +249,7 @@ def background(items: Iterable[Batch], depth: int = 2) -> Iterator[Batch]:
         thread.join()
 
 
-def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
+def to_device(batches: Iterable[Batch], device: torch.device) -> Generator[Batch, None, None]:
     """Move batches to ``device``; on CUDA copy from pinned memory on a side stream, one batch
     ahead, so the copy of batch i+1 overlaps the forward of batch i."""
     if device.type != "cuda":

@@ -26,18 +26,37 @@ class ChanceLevel:
 
     vocab: int  # size of the target id space (target vocab for data targets, draft vocab for verifier)
     emit: torch.Tensor  # [vocab] bool: targets the draft can produce
-    _pairs: list[list[torch.Tensor]] = field(default_factory=lambda: [[], []], repr=False)
-    _samples: int = 0
+    # per batch: (positions [B], keys [M] = current * vocab + target, owner [M]: the key's sample in the batch)
+    _entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
-    def update(self, current: torch.Tensor, target: torch.Tensor, scored: torch.Tensor) -> None:
-        """``current``/``target`` [B, N] ids, ``scored`` [B, N] bool; sample i of the run is in fold i % 2."""
-        b = current.shape[0]
-        fold = (self._samples + torch.arange(b, device=current.device)) % 2
-        for f in (0, 1):
-            sel = scored & (fold[:, None] == f)
-            keys = current[sel].to(torch.long) * self.vocab + target[sel].to(torch.long)
-            self._pairs[f].append(keys.cpu())
-        self._samples += b
+    def update(self, current: torch.Tensor, target: torch.Tensor, scored: torch.Tensor,
+               positions: torch.Tensor | None = None) -> None:
+        """``current``/``target`` [B, N] ids, ``scored`` [B, N] bool; ``positions`` [B] the samples'
+        places in the pass's order.  The i-th sample by position is in fold i % 2 (decided when the counts are read,
+        so that the ranks of a torchrun, merged by reduce.py, fold as one process does)."""
+        b, n = current.shape
+        owner = torch.arange(b, device=current.device)[:, None].expand(b, n)[scored]
+        keys = current[scored].to(torch.long) * self.vocab + target[scored].to(torch.long)
+        places = positions.cpu() if positions is not None else self._next_places(b)
+        self._entries.append((places, keys.cpu(), owner.cpu()))
+
+    def _next_places(self, b: int) -> torch.Tensor:
+        start = int(max((int(p.max()) for p, _, _ in self._entries if p.numel()), default=-1)) + 1
+        return torch.arange(start, start + b)
+
+    @property
+    def _pairs(self) -> list[list[torch.Tensor]]:
+        """The keys of each fold."""
+        if not self._entries:
+            return [[], []]
+        places = torch.cat([p for p, _, _ in self._entries])
+        ordinal = torch.empty_like(places)
+        ordinal[torch.argsort(places, stable=True)] = torch.arange(places.numel())
+        offsets = torch.tensor([0] + [p.numel() for p, _, _ in self._entries[:-1]]).cumsum(0)
+        keys = torch.cat([k for _, k, _ in self._entries])
+        owners = torch.cat([o + int(off) for (_, _, o), off in zip(self._entries, offsets, strict=True)])
+        fold = ordinal[owners] % 2
+        return [[keys[fold == 0]], [keys[fold == 1]]]
 
     def constant(self) -> tuple[float | None, int | None]:
         """(accuracy of always guessing the most frequent emittable target, that target)."""

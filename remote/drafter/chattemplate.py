@@ -160,6 +160,8 @@ class Scan:
     contains_marker: int = 0       # a role marker anywhere in the sequence
     double_bos: int = 0            # the sequence opens with BOS twice
     first_tokens: dict[int, int] = field(default_factory=dict)  # the opening token (after BOS) -> samples
+    # per sample seen: (opens with a marker, contains one, double BOS, its opening token)
+    facts: dict[int, tuple[int, int, int, int | None]] = field(default_factory=dict)
     # the batcher's reader threads load samples at once (batching.py): counting without the lock lost updates
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -170,19 +172,34 @@ class Scan:
     def _see(self, index: int, ids: torch.Tensor) -> None:
         if index in self.seen or ids.numel() == 0:
             return
-        self.seen.add(index)
-        self.samples += 1
         bos = self.template.bos_id
         start = 1 if bos is not None and int(ids[0]) == bos else 0
+        double = 0
         if start and ids.numel() > 1 and int(ids[1]) == bos:
-            self.double_bos += 1
+            double = 1
             start = 2
         markers = torch.tensor(sorted(self.template.markers), dtype=ids.dtype)
-        if ids.numel() > start:
-            first = int(ids[start])
+        first = int(ids[start]) if ids.numel() > start else None
+        contains = int(bool(torch.isin(ids, markers).any())) if markers.numel() else 0
+        self._add(index, (int(first is not None and first in self.template.markers), contains, double, first))
+
+    def _add(self, index: int, fact: tuple[int, int, int, int | None]) -> None:
+        opens, contains, double, first = fact
+        self.seen.add(index)
+        self.facts[index] = fact
+        self.samples += 1
+        self.double_bos += double
+        if first is not None:
             self.first_tokens[first] = self.first_tokens.get(first, 0) + 1
-            self.opens_with_marker += int(first in self.template.markers)
-        self.contains_marker += int(bool(torch.isin(ids, markers).any())) if markers.numel() else 0
+        self.opens_with_marker += opens
+        self.contains_marker += contains
+
+    def absorb(self, facts: dict[int, tuple[int, int, int, int | None]]) -> None:
+        """Another scan's samples (a torchrun's other rank: reduce.py), each sample counted once."""
+        with self.lock:
+            for index, fact in facts.items():
+                if index not in self.seen:
+                    self._add(index, fact)
 
     def to_dict(self) -> dict[str, Any]:
         t = self.template

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import exitcodes, jsonread
+from .. import exitcodes, fileio, jsonread
 from ..eagle import acceptlength
+from . import distributed
 from .demo import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
@@ -145,7 +148,19 @@ def _num(x: float | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return exitcodes.main("drafter", lambda: _command(args, parser))
+    rank = os.environ.get("RANK") if os.environ.get(distributed.MARK) == "1" else None
+    if rank not in (None, "0"):   # a torchrun's other ranks: rank 0 alone reports (their errors go to stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    return exitcodes.main("drafter", lambda: _command(args, parser), finish=_error_file if rank else None)
+
+
+def _error_file(ending: exitcodes.Ending) -> None:
+    """A rank that failed leaves its paragraph in torchrun's error file for the launcher to name."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if ending.code == exitcodes.OK or not path or not ending.error:
+        return
+    fileio.write_json(Path(path), {"message": ending.error, "timestamp": int(time.time()),
+                                   "exit_code": ending.code, "error_type": ending.error_type})
 
 
 def _command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -167,7 +182,7 @@ def _command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except DrafterError as exc:
         _name_the_demo(exc)
         raise
-    for line in summary(report):
+    for line in summary(report) if report else ():   # {}: a rank of a torchrun other than 0
         print(line)
     return exitcodes.OK
 

@@ -12,6 +12,7 @@ import torch
 from .chattemplate import Scan
 from .checkpoint import CheckpointInfo
 from .data import DumpSet, Sample, check_sample
+from .distributed import SINGLE, World
 from .model import Eagle3Draft
 from .scoring import VerifierHead
 from .verifier import Verifier
@@ -37,6 +38,7 @@ class EvalContext:
     extra: dict[str, Any] = field(default_factory=dict)  # what loading found for the cause checks (Results.extra)
     chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
     read: dict[str, int] = field(default_factory=lambda: {"samples": 0, "bytes": 0})  # what the loads read
+    world: World = SINGLE  # this process's rank of a torchrun (distributed.py); one process: the world of one
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def load(self, index: int, slots: Sequence[int] | None = None) -> Sample:

@@ -138,3 +138,10 @@ class UnsupportedError(DrafterError):
     """A feature of the checkpoint this evaluator does not implement."""
 
     kind = "unsupported"
+
+
+class RankError(DrafterError):
+    """A torchrun of the evaluator that cannot go on: a rank died or failed, or the ranks disagree
+    about their dumps (remote/drafter/distributed.py, launch.py)."""
+
+    kind = "rank"

@@ -13,11 +13,13 @@ training's slots cannot give.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,20 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import chattemplate, dumpformats, engine_states, layouts, report, sequential, stats, trainermap, vocabmap
-from .batching import Batch, background, iter_batches, to_device
+from . import (
+    chattemplate,
+    distributed,
+    dumpformats,
+    engine_states,
+    layouts,
+    reduce,
+    report,
+    sequential,
+    stats,
+    trainermap,
+    vocabmap,
+)
+from .batching import Batch, background, iter_batches, iter_planned, plan, to_device
 from .causes import config_keys
 from .causes.states import CAPTURE
 from .chance import ChanceLevel
@@ -37,6 +51,8 @@ from .data import DumpSet, SlotInfo
 from .errors import (
     ConfigError,
     DataError,
+    DrafterError,
+    RankError,
     ShapeMismatchError,
     UnsupportedError,
 )
@@ -55,7 +71,7 @@ def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
     """auto -> cuda when present; fp32 on CPU (exact), bf16 on GPU (how drafts are served)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise UnsupportedError("CUDA was requested but torch sees no GPU", expected="a CUDA device",
                                found=f"torch {torch.__version__} without CUDA",
                                fix="use --device auto or cpu, or a CUDA build of torch")
@@ -64,20 +80,37 @@ def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
 
 
 def evaluate(opts: EvalOptions) -> dict[str, Any]:
-    """Run the whole evaluation and write ``report.json`` into ``opts.out``; returns the report."""
+    """Run the whole evaluation and write ``report.json`` into ``opts.out``; returns the report.  As
+    one rank of a torchrun (distributed.py) it scores its share; rank 0 alone reports and writes,
+    the other ranks return ``{}``."""
     opts.validate()
     started = time.time()
-    device, dtype = resolve_device(opts.device)
-    _log(f"loading {opts.ckpt} and {opts.data} on {device} ({dtype})")
-    ctx = _load(opts, device, dtype)
+    device, dtype = resolve_device(distributed.device_of(opts.device))
+    world = distributed.from_env(device)
+    try:
+        if world.size > 1 and not opts.full:
+            raise RankError("A torchrun of the evaluator runs the full pass; the sequential verdict is one process's",
+                            field="--full", fix="pass --full (python -m remote.drafter.launch adds it)")
+        return _evaluate(opts, world, device, dtype, started)
+    finally:
+        distributed.teardown(world)
+
+
+def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device, dtype: torch.dtype,
+              started: float) -> dict[str, Any]:
+    where = f" (rank {world.rank} of {world.size})" if world.size > 1 else ""
+    _log(f"loading {opts.ckpt} and {opts.data} on {device} ({dtype}){where}")
+    ctx = _agreed(world, lambda: _load(opts, device, dtype), opts)
     count = len(ctx.dumps.files) if opts.limit is None else min(opts.limit, len(ctx.dumps.files))
     _log(f"layout scan: every choice of {ctx.draft.arch.num_aux} of {ctx.slot_count} slots")
     scan_n = min(count, opts.layout_samples)
     # the sequential verdict scans and scores in a seeded random order; the full pass in file order
     picked = list(range(count)) if opts.full else sequential.order(count, opts.seed)
     extra: dict[str, Any] = dict(ctx.extra)
-    slot_stats = _slot_stats(ctx)
-    norms, scan, basis = _scan(ctx, picked[:scan_n], opts, slot_stats)
+    slot_stats = _slot_stats(ctx) if world.main else None
+    norms, scan, basis = _scan(ctx, picked[:scan_n], opts, slot_stats if world.size == 1 else None)
+    if slot_stats is not None and world.size > 1:
+        _slot_stats_pass(ctx, picked[:scan_n], opts, slot_stats)
     if slot_stats is not None:
         extra[STATS] = slot_stats.to_dict()
     slot_ids = ctx.dumps.slots.layer_ids
@@ -98,6 +131,10 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
              f"is decided, of {count}")
         full, tokens, chance, coverage, seq = _sequential(ctx, picked, scan_n, roles, opts, variant, basis)
         scored = seq["samples_scored"]
+    if world.size > 1:
+        _merge_context(ctx)
+        if not world.main:
+            return {}
     as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, scored)
     if seq is not None:
@@ -152,7 +189,8 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
     assert opts.engine_states is not None
     states = engine_states.open_for(opts.engine_states, ctx.dumps, ctx.hidden_size)
     ids = list(states.slots.layer_ids or ())
-    ectx = dataclasses.replace(ctx, dumps=states, slot_count=len(ids), final_slot=states.slots.final_slot,
+    ectx = dataclasses.replace(ctx, world=distributed.SINGLE, dumps=states, slot_count=len(ids),
+                               final_slot=states.slots.final_slot,
                                final_source="the engine's final boundary (capture check)",
                                num_layers=states.slots.num_hidden_layers or ctx.num_layers, skipped={}, extra={},
                                chat=None, read={"samples": 0, "bytes": 0})
@@ -312,20 +350,25 @@ def _verifier_head(verifier: Verifier, draft: Eagle3Draft, device: torch.device,
 
 
 def _batches(ctx: EvalContext, samples: Sequence[int], max_len: int | None, in_order: bool = False,
-             slots: Sequence[int] | None = None) -> Iterator[Batch]:
+             slots: Sequence[int] | None = None, start: int = 0) -> Generator[Batch, None, None]:
     """Batches of ``samples``, read ahead on threads (``background``: the next batches' files are read
     while this one is scored).  Sorted by length (less padding) unless ``in_order`` (the sequential
-    verdict's blocks of at most ``sequential.BLOCK`` samples); only ``slots`` are read when given."""
-    if in_order:
-        order = list(samples)
-    else:
-        lengths = ctx.dumps.lengths_of(samples)
-        order = [i for _, i in sorted(zip(lengths, samples, strict=True))] if lengths else list(samples)
+    verdict's blocks of at most ``sequential.BLOCK`` samples); only ``slots`` are read when given.
+    Sorted, the batches are planned from the files' token counts and a rank of a torchrun takes every
+    ``world.size``-th of them (the same batches as one process's); where the format has no token counts
+    in a header, its contiguous share of the samples.  ``start``: the first sample's position."""
     load = ctx.load if slots is None else functools.partial(ctx.load, slots=slots)
-    host = background(iter_batches(load, order, ctx.budget, max_len, pin=ctx.device.type == "cuda",
-                                   shape=(ctx.slot_count, ctx.hidden_size),
-                                   max_samples=sequential.BLOCK if in_order else None))
-    return to_device(host, ctx.device)
+    pin, shape = ctx.device.type == "cuda", (ctx.slot_count, ctx.hidden_size)
+    lengths = None if in_order else ctx.dumps.lengths_of(samples)
+    if lengths:
+        ranked = sorted(zip(lengths, samples, strict=True))
+        planned = plan([i for _, i in ranked], [n for n, _ in ranked], ctx.budget, max_len)
+        host = iter_planned(load, ctx.world.shard(planned), max_len, pin=pin, shape=shape)
+    else:
+        mine = ctx.world.chunk(list(enumerate(samples, start)))
+        host = iter_batches(load, [i for _, i in mine], ctx.budget, max_len, pin=pin, shape=shape,
+                            max_samples=sequential.BLOCK if in_order else None, start=mine[0][0] if mine else start)
+    return to_device(background(host), ctx.device)
 
 
 def _verifier_targets(ctx: EvalContext, batch: Batch) -> torch.Tensor | None:
@@ -353,14 +396,14 @@ def _scan(ctx: EvalContext, samples: Sequence[int], opts: EvalOptions, slot_stat
     if combos is None:
         combos = list(itertools.combinations(range(ctx.slot_count), ctx.draft.arch.num_aux))
     scan = {c: new_score(c, 1, ctx.head is not None) for c in combos}
-    norm_sum = torch.zeros(ctx.slot_count, dtype=torch.float64)
+    norm_parts: list[tuple[int, torch.Tensor]] = []   # per batch: (first position, per-slot float64 sums)
     rows = done = 0
-    count = len(samples)
+    count = len(ctx.world.chunk(samples))   # this rank's share, about
     with torch.inference_mode():
         for batch in _batches(ctx, samples, opts.max_len):
             valid = torch.arange(batch.states.shape[1], device=ctx.device)[None, :] <= batch.lengths[:, None]
             rms = batch.states.float().pow(2).mean(-1).sqrt()  # [B, T, S]
-            norm_sum += (rms * valid[..., None]).sum((0, 1)).double().cpu()
+            norm_parts.append((int(batch.positions[0]), (rms.double() * valid[..., None]).sum((0, 1)).cpu()))
             rows += int(valid.sum())
             if slot_stats is not None:
                 slot_stats.update(batch)
@@ -370,7 +413,22 @@ def _scan(ctx: EvalContext, samples: Sequence[int], opts: EvalOptions, slot_stat
             done += batch.lengths.shape[0]
             events.progress(done, count, "layout scan samples")
     basis = "verifier" if ctx.head is not None else "data"
+    if ctx.world.size > 1:
+        scan, norm_sum, rows = reduce.gather_scan(ctx.world, scan, norm_parts, rows, ctx.slot_count)
+    else:
+        norm_sum = reduce.norms([norm_parts], ctx.slot_count)
     return [float(x) for x in norm_sum / max(rows, 1)], scan, basis
+
+
+def _slot_stats_pass(ctx: EvalContext, samples: Sequence[int], opts: EvalOptions, slot_stats: SlotStats) -> None:
+    """Rank 0 of a torchrun compares the scan's first batches with the target (MAX_ROWS rows, as one
+    process does within its scan), reading them again on its own: not counted in ``data.read``."""
+    solo = dataclasses.replace(ctx, world=distributed.SINGLE, chat=None, skipped={}, read={"samples": 0, "bytes": 0})
+    with torch.inference_mode(), contextlib.closing(_batches(solo, samples, opts.max_len)) as batches:
+        for batch in batches:
+            if slot_stats.full:
+                break
+            slot_stats.update(batch)
 
 
 def _roles(scan: dict[tuple[int, ...], LayoutScore], basis: str, served: Interpretation,
@@ -459,16 +517,17 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     coverage = vocabmap.Coverage(emit.to(draft.device), stored)
     slots = _needed_slots(ctx, [sc.slots for sc in scores.values()])
     tokens = done = 0
-    count = len(samples) + len(then)
-    passes = [(samples, stop), (then, None)] if stop is not None else [(samples, None)]
+    count = len(ctx.world.chunk(samples)) + len(then)
+    passes = [(samples, stop, 0), (then, None, len(samples))] if stop is not None else [(samples, None, 0)]
     with torch.inference_mode():
-        for part, check in passes:
-            for batch in _batches(ctx, part, opts.max_len, in_order=stop is not None, slots=slots):
+        for part, check, start in passes:
+            for batch in _batches(ctx, part, opts.max_len, in_order=stop is not None, slots=slots, start=start):
                 vt = _verifier_targets(ctx, batch)
                 if vt is not None:
-                    chance.update(batch.input_ids, vt, batch.scored)
+                    chance.update(batch.input_ids, vt, batch.scored, batch.positions)
                 else:
-                    chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0))
+                    chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0),
+                                  batch.positions)
                 coverage.update(batch.next_ids, batch.scored)
                 for role, score in scores.items():
                     score_batch(drafts[role], batch, score, opts.steps, vt)
@@ -477,7 +536,75 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
                 events.progress(done, count, "metrics samples")
                 if check is not None and check(scores):
                     return scores, tokens, chance, coverage.to_dict()
+    if ctx.world.size > 1:
+        scores, tokens, chance = _gathered(ctx.world, scores, tokens, chance, coverage)
     return scores, tokens, chance, coverage.to_dict()
+
+
+def _gathered(world: distributed.World, scores: dict[str, LayoutScore], tokens: int, chance: ChanceLevel,
+              coverage: vocabmap.Coverage) -> tuple[dict[str, LayoutScore], int, ChanceLevel]:
+    """The metrics pass of every rank on rank 0, exactly (reduce.py); the other ranks keep their own."""
+    parts = world.gather((scores, tokens, chance, reduce.coverage_state(coverage)))
+    if parts is None:
+        return scores, tokens, chance
+    reduce.coverage(coverage, [p[3] for p in parts])
+    return reduce.scores([p[0] for p in parts]), sum(p[1] for p in parts), reduce.chance([p[2] for p in parts])
+
+
+def _merge_context(ctx: EvalContext) -> None:
+    """What every rank's loads found (samples skipped, bytes read, the chat-template scan), on rank 0."""
+    parts = ctx.world.gather((ctx.skipped, ctx.read, reduce.chat_state(ctx.chat)))
+    if parts is None:
+        return
+    for skipped, _, _ in parts[1:]:
+        ctx.skipped.update(skipped)
+    ctx.read = {key: sum(p[1][key] for p in parts) for key in ctx.read}
+    if ctx.chat is not None:
+        reduce.chat(ctx.chat, [p[2] for p in parts])
+
+
+#: what every rank's dumps must agree on before scoring (fingerprint of format and layout)
+FINGERPRINT = ("format", "samples", "files", "slots", "hidden_size", "layer_ids", "final_slot")
+
+
+def _fingerprint(ctx: EvalContext) -> dict[str, Any]:
+    names = "\n".join(str(f.relative_to(ctx.dumps.root)) if f != ctx.dumps.root else f.name for f in ctx.dumps.files)
+    return {"format": ctx.dumps.format, "samples": len(ctx.dumps.files),
+            "files": hashlib.sha256(names.encode()).hexdigest()[:16], "slots": ctx.slot_count,
+            "hidden_size": ctx.hidden_size, "layer_ids": list(ctx.dumps.slots.layer_ids or []) or None,
+            "final_slot": ctx.final_slot}
+
+
+def _agreed(world: distributed.World, load: Callable[[], EvalContext], opts: EvalOptions) -> EvalContext:
+    """Each rank loads its own draft and dumps, then (a torchrun) the ranks compare what they found
+    before any is scored: a rank that could not load, or dumps of another format or layout, end every
+    rank with one paragraph naming the ranks, their hosts and what differs."""
+    if world.size == 1:
+        return load()
+    ctx: EvalContext | None = None
+    problem = None
+    try:
+        ctx = load()
+    except DrafterError as exc:
+        problem = str(exc)
+    found = world.all_gather({"rank": world.rank, "host": world.host, "data": str(opts.data), "error": problem,
+                              **(_fingerprint(ctx) if ctx is not None else {})})
+    failed = [f for f in found if f["error"]]
+    if failed:
+        raise RankError(" ".join(f"Rank {f['rank']} of {world.size} (host {f['host']}, --data {f['data']}) could "
+                                 f"not load its draft or dumps: {f['error']}" for f in failed))
+    differ = [key for key in FINGERPRINT if len({repr(f[key]) for f in found}) > 1]
+    if differ:
+        seen = "; ".join(f"rank {f['rank']} (host {f['host']}, --data {f['data']}): "
+                         + ", ".join(f"{key} {f[key]}" for key in differ) for f in found)
+        raise RankError(f"The ranks' dumps differ in {', '.join(differ)}, so their counts cannot be added: {seen}",
+                        field="--data", expected="the same dump set (format, files, slots, layer ids) on every rank",
+                        found=", ".join(differ),
+                        fix="give every host the same dumps at --data (a shared filesystem or a copy of the same "
+                            "files); each rank scores its own share of them")
+    assert ctx is not None
+    ctx.world = world
+    return ctx
 
 
 def _needed_slots(ctx: EvalContext, layouts: Sequence[Sequence[int]]) -> list[int] | None:

@@ -30,16 +30,19 @@ class StepCounts:
     top5_total: int = 0
     walk_rounds: int = 0      # decoding walk (see ``walk``): verify rounds with all K rows scored
     walk_accepted: int = 0    # drafted tokens those rounds accepted
-    _samples: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
+    # per batch: (positions [B], correct [B, K], total [B, K]); reduce.py merges ranks' by position
+    _samples: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("full_correct", "full_total", "cond_total"):
             if not getattr(self, name):
                 setattr(self, name, [0] * self.steps)
 
-    def update(self, preds: list[torch.Tensor], target: torch.Tensor, scored: torch.Tensor) -> None:
+    def update(self, preds: list[torch.Tensor], target: torch.Tensor, scored: torch.Tensor,
+               positions: torch.Tensor | None = None) -> None:
         """``preds``: per step [B, N] ids in the same id space as ``target`` [B, N];
-        ``scored`` [B, N] bool marks rows whose target counts (loss mask and existence)."""
+        ``scored`` [B, N] bool marks rows whose target counts (loss mask and existence);
+        ``positions`` [B]: the samples' places in the pass's order (``Batch.positions``)."""
         b, n = target.shape
         prev = scored.clone()
         correct = torch.zeros(b, self.steps, dtype=torch.long, device=target.device)
@@ -60,7 +63,8 @@ class StepCounts:
         self.walk_rounds += rounds
         self.walk_accepted += accepted
         correct, total = correct.cpu(), total.cpu()
-        self._samples.append((correct, total))
+        places = positions.cpu() if positions is not None else torch.arange(b)
+        self._samples.append((places, correct, total))
         for k in range(self.steps):
             self.full_correct[k] += int(correct[:, k].sum())
             self.full_total[k] += int(total[:, k].sum())
@@ -70,7 +74,7 @@ class StepCounts:
         if not self._samples:
             empty = torch.zeros(0, self.steps, dtype=torch.long)
             return PerSample(empty, empty.clone())
-        return PerSample(torch.cat([c for c, _ in self._samples]), torch.cat([t for _, t in self._samples]))
+        return PerSample(torch.cat([c for _, c, _ in self._samples]), torch.cat([t for _, _, t in self._samples]))
 
     def update_top5(self, hits: torch.Tensor, scored: torch.Tensor) -> None:
         self.top5_correct += int((hits & scored).sum())

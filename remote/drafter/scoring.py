@@ -104,9 +104,9 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     filler = torch.full((bsz, n), -2, dtype=torch.long, device=has_next.device)
     for per_step in preds.values():  # steps no row reached: nothing to count
         per_step += [filler] * (steps - len(per_step))
-    score.data.update(preds["data"], batch.next_ids, has_next)
+    score.data.update(preds["data"], batch.next_ids, has_next, batch.positions)
     score.data.update_top5(hits.get("data", torch.zeros_like(has_next)), has_next)
     if "verifier" in chains and score.verifier is not None:
-        score.verifier.update(preds["verifier"], chains["verifier"][0], batch.scored)
+        score.verifier.update(preds["verifier"], chains["verifier"][0], batch.scored, batch.positions)
         score.verifier.update_top5(hits.get("verifier", torch.zeros_like(has_next)), batch.scored)
     return computed

@@ -121,6 +121,11 @@ class SlotStats:
         return cls(embed, scale, tallies, tiny, mine,
                    SlotTally(-1, -1, "embedding") if mine is not None else None, notes)
 
+    @property
+    def full(self) -> bool:
+        """MAX_ROWS rows are compared: later batches add nothing."""
+        return max((t.rows for t in self.tallies.values()), default=self.draft.rows if self.draft else 0) >= MAX_ROWS
+
     def update(self, batch: Batch) -> None:
         """Rows 1..N of the batch's samples (the positions whose token ``input_ids`` holds), whole samples
         until MAX_ROWS rows are compared."""

@@ -1,0 +1,111 @@
+"""`invoke test-drafter --gpus N [--hosts a,b]`: the evaluator under torchrun, on one host or spread
+over several.
+
+One host: one job running the launcher (``python -m remote.drafter.launch``, remote/drafter/launch.py)
+with one rank per GPU.  Several hosts: one ordinary job per host (each survives a dropped link and is
+listed by `invoke runs`), each launching its ranks as node ``i`` of ``len(hosts)`` with the
+rendezvous on the first host's address as the others reach it (hosts.yaml's ``address``; 127.0.0.1
+for ``local``) and ``port``.  Rank 0 runs on the first host, so the report is that job's, pulled and
+read as any test-drafter run's; a node that failed is named in the failure of the whole.
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from draftops.errors import DraftopsError
+from draftops.link.host import Host
+from draftops.runs import jobs, mlstack
+from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_tool
+from draftops.terminal import clean
+from remote.drafter import launch_line
+
+LAUNCHER = launch_line.MODULE
+
+
+def run_torchrun(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, nodes: int | None, port: int | None,
+                 name: str, view: JobView, env: Callable[[Host], Mapping[str, str]], task: str | None = None,
+                 given: Mapping[str, Any] | None = None) -> ToolResult:
+    """The torchrun ``invoke test-drafter --gpus`` asks for: one Slurm job of ``nodes`` nodes on a Slurm
+    host (:func:`run_slurm`), else one job per host (:func:`run_spread`)."""
+    port = port or launch_line.DEFAULT_PORT
+    if hosts[0].spec.scheduler == "slurm":
+        return run_slurm(hosts[0], gpus, nodes or 1, eval_args, name=name, view=view, env=env(hosts[0]), task=task,
+                         given=given, port=port)
+    return run_spread(hosts, gpus, eval_args, name=name, view=view, env=env, task=task, given=given, port=port)
+
+
+def endpoint(host: Host, port: int) -> str:
+    """The first host's rendezvous endpoint as the other hosts reach it."""
+    address = host.spec.address if host.spec.transport != "local" and host.spec.address else "127.0.0.1"
+    return f"{address}:{port}"
+
+
+def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: str, view: JobView,
+               env: Callable[[Host], Mapping[str, str]] | None = None, task: str | None = None,
+               given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
+    """Run ``python -m remote.drafter eval_args`` as ``gpus`` ranks on each of ``hosts`` and return the
+    first host's :class:`ToolResult` (rank 0's report), its failure naming every node that failed.
+    ``env(host)``: the environment of that host's job."""
+    if len(hosts) == 1:
+        return run_tool(hosts[0], "remote.drafter.launch", launch_line.launcher_args(gpus, eval_args), name=name,
+                        view=view,
+                        env=env(hosts[0]) if env else None, task=task, given=given)
+    where = endpoint(hosts[0], port)
+    started: list[tuple[Host, jobs.Job]] = []
+    try:
+        for rank, host in enumerate(hosts):
+            mlstack.require(host, LAUNCHER)
+            argv = launch_line.launcher_args(gpus, eval_args, nnodes=len(hosts), node_rank=rank, endpoint=where)
+            job = jobs.start(host, name, jobs.python_module_command(host, LAUNCHER, argv),
+                             env=env(host) if env else None, task=task,
+                             args={**(given or {}), "node": f"{rank}/{len(hosts)}"})
+            started.append((host, job))
+    except (DraftopsError, OSError):
+        for host, job in started:      # a node that cannot start: the others would wait for it in vain
+            jobs.kill(host, job.id)
+        raise
+    first = finish_job(hosts[0], started[0][1].id, view=view)
+    failed = []
+    for rank, (host, job) in enumerate(started[1:], 1):
+        final = follow(host, job.id, JobView())     # bounded: the rendezvous and collective timeouts
+        if final.get("state") != "succeeded":
+            failed.append(f"node {rank} (host {host.name}, run {job.id}) {clean(str(final.get('state')))} "
+                          f"(exit {final.get('exit_code')}): {_reason(final)}")
+    if failed:
+        said = first.error_message or ""
+        message = " ".join([said, "Other nodes:", "; ".join(failed) + "."]).strip()
+        first.error = {**(first.error or {}), "message": message}
+    return first
+
+
+def slurm_command(host: Host, gpus: int, eval_args: list[str], port: int) -> str:
+    """The command of the one Slurm job of a torchrun on ``--nodes`` nodes: inside the job, the first
+    node of its allocation holds the rendezvous, and ``srun`` starts the launcher once per node, each
+    with its node's rank (docs/slurm.md § torchrun)."""
+    argv = launch_line.launcher_args(gpus, eval_args, nnodes="$SLURM_NNODES", node_rank="$SLURM_NODEID",
+                                     endpoint="$DRAFTOPS_RDZV")
+    per_node = jobs.python_module_command(host, LAUNCHER, argv)
+    return ('first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) && '
+            f'[ -n "$first" ] && export DRAFTOPS_RDZV="$first:{int(port)}" && '
+            'exec srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+            f"sh -c {shlex.quote(per_node)}")
+
+
+def run_slurm(host: Host, gpus: int, nodes: int, eval_args: list[str], *, name: str, view: JobView,
+              env: Mapping[str, str] | None = None, task: str | None = None,
+              given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
+    """A torchrun on a Slurm host: ONE job of ``nodes`` nodes, one task each (the host's slurm settings
+    give the GPUs per node), whose ``srun`` runs the launcher on every node; rank 0's report as usual."""
+    from draftops.slurmspec import SlurmOptions
+
+    mlstack.require(host, LAUNCHER)
+    job = jobs.start(host, name, slurm_command(host, gpus, eval_args, port), env=env, task=task, args=given,
+                     slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
+    return finish_job(host, job.id, view=view)
+
+
+def _reason(final: Mapping[str, Any]) -> str:
+    outcome = final.get("outcome") or {}
+    return clean(str(outcome.get("error") or "see its log (`invoke logs ID --host HOST`)"))

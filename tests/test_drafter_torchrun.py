@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -119,6 +120,30 @@ def test_a_rank_killed_mid_run_is_named_and_leaves_no_report(tmp_path: Path) -> 
     assert code == 3, text[-3000:]
     assert "rank 1 " in message and "signal 9 (SIGKILL)" in message and f"pid {victim}" in message
     assert not (tmp_path / "run" / "report.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_launcher_and_its_ranks_as_any_tool_is_stopped(tmp_path: Path) -> None:
+    """`invoke kill` sends SIGTERM: torchrun stops the ranks and raises its own SignalException, which
+    must end the launcher by that signal in one line, not as an internal error with a traceback."""
+    proc = launch(tmp_path / "run", "--gpus", "2")
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "drafter: metrics:" in line or not line:
+            break
+    ranks = [_rank_pid(proc.pid, r) for r in (0, 1)]
+    assert None not in ranks, "".join(seen)
+    proc.send_signal(signal.SIGTERM)
+    code, text = finish(proc)
+    assert code == -signal.SIGTERM, text[-3000:]
+    assert "drafter-launch: stopped by SIGTERM" in text and "Traceback" not in text, text[-3000:]
+    assert not (tmp_path / "run" / "report.json").exists()
+    for pid in ranks:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:

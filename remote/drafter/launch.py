@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,6 +122,7 @@ def describe(rank: int, failure: Any, nproc: int, node_rank: int) -> str:
 def run(opts: argparse.Namespace) -> int:
     """torchrun with the ranks; a failure as a RankError naming the rank that failed first."""
     from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args
@@ -155,6 +156,13 @@ def run(opts: argparse.Namespace) -> int:
                         fix="start the launcher on every node with the same --nnodes and --endpoint (the first "
                             "node's address as the others reach it, its port free there and open between them), "
                             "or raise --rdzv-timeout") from None
+    except SignalException as exc:
+        # torchrun's own handler turns SIGTERM/SIGINT into this Exception once it has stopped the ranks:
+        # end as any tool stopped by that signal does (exitcodes.run), not as an internal error
+        _drop_partial(report, started)
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise exitcodes.Stopped() from None
     except BaseException:
         _drop_partial(report, started)
         raise
@@ -177,4 +185,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exitcodes.run("drafter-launch", lambda: run(build_parser().parse_args()))

@@ -25,19 +25,22 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SGLANG = "0.5.13"
 
 
-@pytest.fixture
-def box_project(tmp_path: Path, sshd) -> tuple[Path, Path]:
-    """A project whose default host `box` is the sshd, serving with vLLM; the host root holds this
-    session's demo."""
+def _box(tmp_path: Path, entry: dict) -> tuple[Path, Path]:
+    """A project whose default host `box` is ``entry``, and that host's root holding this session's demo."""
     project = tmp_path / "project"
     project.mkdir()
     copy_remote_package(project)
     (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    entry = ssh_entry(sshd, tmp_path, python=sys.executable, engine="vllm")
     (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
     hostroot = tmp_path / "hostroot"
     shutil.copytree(demo().root, hostroot / "state" / "demo")
     return project, hostroot
+
+
+@pytest.fixture
+def box_project(tmp_path: Path, sshd) -> tuple[Path, Path]:
+    """`box` is the sshd, serving with vLLM."""
+    return _box(tmp_path, ssh_entry(sshd, tmp_path, python=sys.executable, engine="vllm"))
 
 
 def test_doctor_over_ssh_fixes_the_hosts_draft_and_resumes_after_sigterm(box_project):
@@ -78,14 +81,7 @@ def sglang_box(tmp_path: Path, sshd) -> tuple[Path, Path, Path]:
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     extract(SGLANG, site)
     (site / "draftops-test-parent.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    project = tmp_path / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    entry = ssh_entry(sshd, tmp_path, python=str(venv / "bin" / "python"))
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
-    hostroot = tmp_path / "hostroot"
-    shutil.copytree(demo().root, hostroot / "state" / "demo")
+    project, hostroot = _box(tmp_path, ssh_entry(sshd, tmp_path, python=str(venv / "bin" / "python")))
     return project, hostroot, site
 
 

@@ -115,7 +115,8 @@ def test_seed_story_measured_against_predicted(project, where):  # noqa: F811
     rows = History(root / "runs" / "history.sqlite").query()
     kinds = sorted(r.kind for r in rows)
     assert kinds.count("bench") == 2 and "test-drafter" in kinds and "compare" in kinds
-    assert next(r for r in rows if r.kind == "compare").verdict in ("config-wrong", "draft-limit")
+    verdict = next(r for r in rows if r.kind == "compare").verdict     # the compare's headline finding
+    assert verdict in ("config-wrong", "draft-limit") or (verdict == "within-noise" and "within-noise" in codes)
     ok(invoke(root, "serve.stop", "--all"))
     print(f"{where}: predicted {predicted['served']:.3f} -> measured {measured_wrong:.3f}; predicted best "
           f"{predicted['best']:.3f} -> measured {measured_fixed:.3f}; {time.monotonic() - started:.0f} s",

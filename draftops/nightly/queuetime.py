@@ -84,4 +84,5 @@ def of_step(runs_dir: Path, since: float) -> QueueTime | None:
         times = of_run(folder)
         if times is not None:
             queued, ran, count = queued + times[0], ran + times[1], count + 1
-    return QueueTime(round(queued, 1), round(ran, 1), count) if count else None
+    # unrounded: the report rounds once where it prints (rounding here first made 6.52 s print as 6)
+    return QueueTime(queued, ran, count) if count else None

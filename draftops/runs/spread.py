@@ -49,8 +49,7 @@ def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: 
     first host's :class:`ToolResult` (rank 0's report), its failure naming every node that failed.
     ``env(host)``: the environment of that host's job."""
     if len(hosts) == 1:
-        return run_tool(hosts[0], "remote.drafter.launch", launch_line.launcher_args(gpus, eval_args), name=name,
-                        view=view,
+        return run_tool(hosts[0], LAUNCHER, launch_line.launcher_args(gpus, eval_args), name=name, view=view,
                         env=env(hosts[0]) if env else None, task=task, given=given)
     where = endpoint(hosts[0], port)
     started: list[tuple[Host, jobs.Job]] = []

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from .errors import RankError
+from .launch_line import COLLECTIVE_TIMEOUT_S
 
 T = TypeVar("T")
 
@@ -26,7 +27,7 @@ T = TypeVar("T")
 MARK = "DRAFTOPS_DRAFTER_TORCHRUN"
 #: seconds a collective may wait for the slowest rank (the launcher's --collective-timeout)
 TIMEOUT_ENV = "DRAFTOPS_COLLECTIVE_TIMEOUT"
-DEFAULT_TIMEOUT_S = 3600
+DEFAULT_TIMEOUT_S = COLLECTIVE_TIMEOUT_S
 
 
 @dataclass(frozen=True)

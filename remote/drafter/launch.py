@@ -65,18 +65,18 @@ def check(opts: argparse.Namespace) -> None:
         raise OptionError("--gpus must be at least 1", field="--gpus", expected="an integer >= 1", found=opts.gpus,
                           fix="pass --gpus the number of GPUs of this host to use")
     gpu = device in ("auto", "cuda") and torch.cuda.is_available()
-    if gpu and opts.gpus > torch.cuda.device_count():
+    if gpu and opts.gpus > (have := torch.cuda.device_count()):
         raise OptionError(f"--gpus {opts.gpus} asks for more GPUs than host {host} has", field="--gpus",
-                          expected=f"at most {torch.cuda.device_count()} (torch.cuda.device_count())",
-                          found=opts.gpus, fix=f"pass --gpus {torch.cuda.device_count()} or less")
+                          expected=f"at most {have} (torch.cuda.device_count())",
+                          found=opts.gpus, fix=f"pass --gpus {have} or less")
     if device == "cuda" and not torch.cuda.is_available():
         raise OptionError(f"--device cuda was asked for, but torch sees no GPU on host {host}", field="--device",
                           expected="a CUDA device", found=f"torch {torch.__version__} without one",
                           fix="use --device auto (gloo ranks on the CPU) or a host with GPUs")
-    if not gpu and opts.gpus > cpu_ranks_cap():
+    if not gpu and opts.gpus > (cap := cpu_ranks_cap()):
         raise OptionError(f"--gpus {opts.gpus} asks for more CPU ranks than host {host} runs", field="--gpus",
-                          expected=f"at most {cpu_ranks_cap()} gloo ranks on a CPU host (one per core)",
-                          found=opts.gpus, fix=f"pass --gpus {cpu_ranks_cap()} or less (this host has no GPU torch "
+                          expected=f"at most {cap} gloo ranks on a CPU host (one per core)",
+                          found=opts.gpus, fix=f"pass --gpus {cap} or less (this host has no GPU torch "
                                                "can use, so each rank is a CPU process)")
     if opts.nnodes < 1 or not 0 <= opts.node_rank < opts.nnodes:
         raise OptionError("--node-rank must be one of the --nnodes nodes", field="--node-rank",

@@ -239,16 +239,51 @@ def test_the_laptop_side_never_imports_the_ml_stack():
     assert "torch" in ml_imports(REPO / "remote/drafter/model.py", guarded=True)    # and would see one
 
 
+STARTERS = ("run_tool", "call_tool", "ask_tool", "python_module_command")
+
+
+def module_constants(tree: ast.Module, known: dict[str, Path]) -> dict[str, str]:
+    """{name: string} for a module's top-level ``NAME = "text"`` and ``NAME = module.CONSTANT`` (the
+    latter read from that project module), so a tool named once in a constant is still found."""
+    aliases = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname or a.name: a.name for a in node.names})
+    found = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        value = node.value
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            found[node.targets[0].id] = value.value
+        elif (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+              and aliases.get(value.value.id) in known):
+            other = ast.parse(known[aliases[value.value.id]].read_text())
+            if value.attr in (theirs := module_constants(other, {})):
+                found[node.targets[0].id] = theirs[value.attr]
+    return found
+
+
 def started_tools() -> set[str]:
-    """Every remote module draftops starts: the literal first argument after the host of a
-    run_tool / call_tool / ask_tool call anywhere under draftops/."""
+    """Every remote module draftops starts: the first argument after the host of a run_tool / call_tool
+    / ask_tool / python_module_command call anywhere under draftops/, a string or a module constant
+    holding one."""
+    known = modules()
     found = set()
     for path in (REPO / "draftops").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
-                    in ("run_tool", "call_tool", "ask_tool") and len(node.args) >= 2
-                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-                found.add(node.args[1].value)
+        tree = ast.parse(path.read_text(), str(path))
+        constants = module_constants(tree, known)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and len(node.args) >= 2
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) in STARTERS):
+                continue
+            arg = node.args[1]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.add(arg.value)
+            elif isinstance(arg, ast.Name) and arg.id in constants:
+                found.add(constants[arg.id])
     return found
 
 
@@ -257,7 +292,8 @@ def test_the_tools_the_local_host_refuses_without_the_extra_are_those_that_need_
     guard: a tool added without it would die on `import torch` on a base install's local host."""
     known = modules()
     tools = started_tools()
-    assert {"remote.drafter", "remote.serve", "remote.envcheck", "remote.drafter.demo_spec"} <= tools
+    assert {"remote.drafter", "remote.serve", "remote.envcheck", "remote.drafter.demo_spec",
+            "remote.drafter.launch"} <= tools
     needing = set()
     for tool in tools:
         entry = f"{tool}.__main__" if f"{tool}.__main__" in known else tool

@@ -347,8 +347,9 @@ class LiveJob(JobView):
         os._exit(130)
 
     def ended(self, run_id: str, final: dict[str, Any]) -> None:
-        self.out.print(f"job {safe(run_id)}: {state_text(final.get('state'))}"
-                       + (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None else ""))
+        how = (f" (exit {safe(final['exit_code'])})" if final.get("exit_code") is not None
+               else f" ({safe(final['note'])})" if final.get("slurm") and final.get("note") else "")
+        self.out.print(f"job {safe(run_id)}: {state_text(final.get('state'))}{how}")
 
     def skipped(self, notes: list[dict[str, str]]) -> None:
         show_skipped(notes, self.out)

@@ -82,6 +82,8 @@ def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_p
         followed = follower.communicate(timeout=60)[0].decode()
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert f"job {run_id}: killed" in followed, followed
+    # no process of it ever ran: Slurm's "0:0" is not shown as its exit status
+    assert "while it waited in Slurm's queue; it never ran" in followed and "exit 0" not in followed, followed
     assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
     listing = invoke(cluster_project, "runs", "--host", "cluster")
     assert "CANCELLED" in listing.stdout, listing.stdout

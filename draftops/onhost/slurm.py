@@ -199,6 +199,11 @@ def _merge(row, facts, recorded, job_id):
     ended = END_STATE.get(state, "failed")
     if ended is not None or recorded in (None, "starting", "running"):
         row["state"] = ended or ("succeeded" if facts.get("exit_code") == 0 else "failed")
+        if ended == "killed" and recorded in (None, "starting"):
+            # cancelled (or preempted) while queued: no process of its ever exited, so Slurm's "0:0" is
+            # no exit status of the run's; it reads "never ran", not "killed (exit 0)"
+            row["note"] = f"Slurm job {job_id}: {state} while it waited in Slurm's queue; it never ran"
+            return
         row["note"] = f"Slurm job {job_id}: {state}, {facts['words']}"
         if row.get("exit_code") is None:
             row["exit_code"] = facts.get("exit_code")

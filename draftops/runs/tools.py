@@ -179,7 +179,9 @@ class ToolResult:
             return (f"run {self.run_id} did not start: {note}. `invoke kill {self.run_id}` cancels it; `invoke "
                     f"logs {self.run_id} --follow` waits for it, and `invoke pull {self.run_id}` brings it home "
                     "once it ran.")
-        head = f"run {self.run_id} {clean(str(self.state))} (exit {self.exit_code})"
+        head = f"run {self.run_id} {clean(str(self.state))}"
+        if self.exit_code is not None:               # None: a Slurm job cancelled while queued never ran
+            head += f" (exit {self.exit_code})"
         slurm = self.final.get("slurm") or {}
         if slurm.get("job_id") and slurm.get("state") not in ("COMPLETED", "FAILED", None):
             head += clean(f" (Slurm job {slurm['job_id']} {slurm['state']}: {slurm.get('words', '')})")

@@ -1,4 +1,4 @@
-"""`--max-pending SECONDS` on the tasks that follow a job (test-drafter, capture-check, bench, serve):
+"""`--max-pending SECONDS` on the tasks that follow a job (test-drafter, capture-check, bench, serve, doctor):
 a number of seconds from 1 to slurmspec.MAX_PENDING_S, checked as Invoke reads the command line, and
 refused with one paragraph on a host that has no scheduler (its jobs never queue). What it does on a
 Slurm host is tested against the real cluster in tests/test_slurm_tasks_ssh.py."""
@@ -8,12 +8,12 @@ import pytest
 from invoke.exceptions import ParseError
 
 from draftops import slurmspec
-from draftops.cli import bench, capture, drafter, options, serve
+from draftops.cli import bench, capture, doctor, drafter, options, serve
 from tests.conftest import REPO
 from tests.test_drafter_task_ssh import invoke
 
 TASKS = {"test-drafter": drafter.test_drafter, "capture-check": capture.capture_check, "bench": bench.run,
-         "serve": serve.start}
+         "serve": serve.start, "doctor": doctor.doctor}
 
 
 def test_the_flag_is_bounded_like_hosts_yaml_max_pending():
@@ -44,9 +44,9 @@ def test_a_bad_value_is_one_line_before_anything_runs(plain_project):
     assert not (plain_project / "hostroot").exists()
 
 
-@pytest.mark.parametrize("task_", ["test-drafter", "serve"])
+@pytest.mark.parametrize("task_", ["test-drafter", "serve", "doctor --draft demo"])
 def test_a_host_without_a_scheduler_refuses_the_flag_in_one_paragraph(plain_project, task_):
-    done = invoke(plain_project, task_, "--max-pending", "60")
+    done = invoke(plain_project, *task_.split(), "--max-pending", "60")
     assert done.returncode == 1, done.stdout + done.stderr
     text = " ".join(done.stderr.split())
     assert text == ("error: Host 'here' has no scheduler (no `scheduler: slurm` in hosts.yaml): its jobs start at "

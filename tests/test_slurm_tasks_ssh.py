@@ -116,6 +116,36 @@ def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_
         (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
 
 
+def test_doctor_max_pending_bounds_its_check_and_ends_the_doctor_with_slurms_reason(cluster_project, slurm):
+    """`invoke doctor --max-pending 3` on the cluster: its check (a test-drafter job asking more CPUs than
+    the node has) stops waiting after 3 s with Slurm's reason; the doctor ends on that step (exit 1)
+    and cancels the queued job, saying so; its job.json held the doctor's bound."""
+    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
+    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
+    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
+    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    try:
+        started = time.monotonic()
+        done = invoke(cluster_project, "doctor", "--draft", "demo", "--host", "cluster", "--max-pending", "3")
+        waited = time.monotonic() - started
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+        assert waited < 90, waited
+        run_id = out.split("run ", 1)[1].split()[0]
+        job = json.loads((cluster_project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
+        assert job["slurm"]["max_pending"] == 3.0 and "-test-drafter-" in run_id
+        # the doctor leaves nothing behind: it cancelled the queued check, and says so (not "it stays queued")
+        text = " ".join(out.split())
+        assert f"stopped run {run_id}, which the doctor was following" in text, out
+        assert "The doctor cancels it as it ends" in text and "stays queued" not in text, out
+        assert "invoke doctor --resume " in text and "--max-pending SECONDS" in text, out
+        assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
+    finally:
+        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
+        (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
 def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run(cluster_project, slurm):
     """playbooks/cluster.yaml on the cluster host: its env and drafter steps queue as Slurm jobs while an
     outside job holds every CPU of the node, so they wait in the queue for real; the night's report

@@ -6,7 +6,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root
-from draftops.cli.options import WHOLE, task
+from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, task
 from draftops.console import console, escape
 
 _HELP = {
@@ -21,21 +21,22 @@ _HELP = {
     "fresh": "bench the baseline again even when the history holds a recent one of the same code",
     "resume": "continue the latest doctor (or the doctor of this id) from its last finished step",
     "host": HOST_HELP,
+    "max_pending": MAX_PENDING_HELP + " (each of the doctor's jobs; a --resume takes its own)",
 }
 
 
-@task(help=_HELP, optional=["resume"], options={"port": WHOLE})
+@task(help=_HELP, optional=["resume"], options={"port": WHOLE, "max_pending": MAX_PENDING})
 @friendly
 def doctor(c: Context, draft: str | None = None, data: str | None = None, profile: str | None = None,
            fix: bool = False, bench: bool = True, capture: bool = False, port: int | None = None,
            keep_serving: bool = False, fresh: bool = False, resume: str | None = None,
-           host: str | None = None) -> None:
+           host: str | None = None, max_pending: float | None = None) -> None:
     """Check a draft (test-drafter), show its findings and the one command that fixes them; with --fix,
     apply the fix, check again, and serve + bench the baseline, the draft as it was and the fixed draft,
     with the story in runs/<id>/doctor.{md,html,json}. Exit 0 healthy or fixed, 3 not, 1 a failed step."""
     from draftops.doctor import flow, plan, state  # the flow loads the bench modules (pydantic)
     from draftops.errors import DoctorError
-    host_ = connect(c, host)
+    host_ = connect(c, host, max_pending=max_pending)
     runs_dir = project_root(c) / "runs"
     if resume is not None:
         asked = plan.Args(draft=draft, data=data, profile=profile, fix=fix, bench=bench, capture=capture, port=port,

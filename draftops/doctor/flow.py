@@ -18,7 +18,7 @@ from typing import Any
 from draftops import records
 from draftops.doctor import plan, report, steps
 from draftops.doctor.state import State
-from draftops.errors import DoctorError, DraftopsError
+from draftops.errors import DoctorError, DraftopsError, ToolFailed
 from draftops.history import RunRecord, now_iso
 from draftops.link.host import Host
 from draftops.runs import jobs
@@ -106,7 +106,7 @@ def _one(ctx: steps.Ctx, step: Any) -> bool:
         step.state, state.status, state.stopped_at = "stopped", "stopped", step.name
         state.why, state.why_signal = f"stopped by {signal.Signals(signum).name} during this step", signum
     except (DraftopsError, OSError) as exc:
-        text = clean(str(exc)) if isinstance(exc, DraftopsError) else f"{type(exc).__name__}: {exc}"
+        text = _failure_text(exc, state)
         step.state, step.error, state.status, state.stopped_at, state.why = "failed", text, "failed", step.name, text
     step.ended = now_iso()
     try:
@@ -116,6 +116,17 @@ def _one(ctx: steps.Ctx, step: Any) -> bool:
             step.state, step.error, state.status, state.stopped_at, state.why = \
                 "failed", str(exc), "failed", step.name, str(exc)
     return step.state in ("done", "skipped")
+
+
+def _failure_text(exc: DraftopsError | OSError, state: State) -> str:
+    """A step's failure in one paragraph. A job left queued past its bound is cancelled as the doctor
+    ends (_clean_up: a check that started later would have nobody to read it), so the task's "it stays
+    queued" would be untrue here: say what the doctor does instead, and how to try again."""
+    if isinstance(exc, ToolFailed) and (note := exc.result.queued_note()) is not None:
+        return (f"run {exc.result.run_id} did not start: {note}. The doctor cancels it as it ends; "
+                f"`invoke doctor --resume {state.doctor_id} --max-pending SECONDS` tries again with a longer "
+                "bound, once the queue has room.")
+    return clean(str(exc)) if isinstance(exc, DraftopsError) else f"{type(exc).__name__}: {exc}"
 
 
 def verdict(state: State) -> str:

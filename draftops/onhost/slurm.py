@@ -310,7 +310,8 @@ def _cancel(run_dir, row, grace):
 
 def _pending_too_long(run_dir, row):
     """Whether a follow should stop waiting for a job still queued past its ``max_pending`` bound; then
-    ``row`` says so (the job stays queued: `invoke kill` cancels it)."""
+    ``row`` says so: the facts only, as what follows (the job stays queued, or a doctor cancels it) is the
+    caller's to say."""
     facts = row.get("slurm") or {}
     bound = (_slurm_spec(run_dir) or {}).get("max_pending")
     waited = facts.get("pending_s")
@@ -320,8 +321,7 @@ def _pending_too_long(run_dir, row):
         return False
     row.update(pending_bound=bound, note=(
         f"still waiting in Slurm's queue after {waited:.0f} s, past its bound of {bound:.0f} s (max_pending); "
-        f"Slurm's reason: {facts.get('reason', 'none given')}. The job stays queued and runs when Slurm "
-        "starts it"))
+        f"Slurm's reason: {facts.get('reason', 'none given')}"))
     return True
 
 

@@ -171,12 +171,19 @@ class ToolResult:
         text = clean(str(message or "")).strip()
         return text or None
 
+    def queued_note(self) -> str | None:
+        """Why a Slurm job left queued past its bound has not started (Slurm's reason, cleaned); None for
+        a run that started."""
+        if self.state not in ("starting", "running"):
+            return None
+        return clean(str(self.final.get("note") or "it is still queued")).rstrip(".")
+
     def failure(self) -> str:
         """One paragraph on why the run failed: the tool's reason (its ``error`` event), where its log
         is, and the end of that log without the lines that repeat the reason (shown once)."""
-        if self.state in ("starting", "running"):       # a Slurm job left queued past its bound
-            note = clean(str(self.final.get("note") or "it is still queued")).rstrip(".")
-            return (f"run {self.run_id} did not start: {note}. `invoke kill {self.run_id}` cancels it; `invoke "
+        if (note := self.queued_note()) is not None:
+            return (f"run {self.run_id} did not start: {note}. The job stays queued and runs when Slurm starts "
+                    f"it: `invoke kill {self.run_id}` cancels it; `invoke "
                     f"logs {self.run_id} --follow` waits for it, and `invoke pull {self.run_id}` brings it home "
                     "once it ran.")
         head = f"run {self.run_id} {clean(str(self.state))}"

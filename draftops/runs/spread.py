@@ -17,7 +17,7 @@ from typing import Any
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
 from draftops.runs import jobs, mlstack
-from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_tool
+from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job, run_tool
 from draftops.terminal import clean
 from remote.drafter import launch_line
 
@@ -100,9 +100,8 @@ def run_slurm(host: Host, gpus: int, nodes: int, eval_args: list[str], *, name: 
     from draftops.slurmspec import SlurmOptions
 
     mlstack.require(host, LAUNCHER)
-    job = jobs.start(host, name, slurm_command(host, gpus, eval_args, port), env=env, task=task, args=given,
-                     slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
-    return finish_job(host, job.id, view=view)
+    return run_job(host, name, slurm_command(host, gpus, eval_args, port), view=view, env=env, task=task,
+                   given=given, slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
 
 
 def _reason(final: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ from remote import events, exitcodes, jsonread
 
 if TYPE_CHECKING:
     from draftops.documents import Document
+    from draftops.slurmspec import SlurmOptions
 
 D = TypeVar("D", bound="Document")
 
@@ -240,10 +241,11 @@ def run_tool(host: Host, module: str, args: list[str], *, name: str | None = Non
 
 def run_job(host: Host, name: str, command: str, *, view: JobView | None = None,
             env: Mapping[str, str] | None = None, task: str | None = None, given: Mapping[str, Any] | None = None,
-            cwd: str | None = None, pull: bool = True) -> ToolResult:
+            cwd: str | None = None, pull: bool = True, slurm: SlurmOptions | None = None) -> ToolResult:
     """Start the shell command line ``command`` as a detached job, follow it into ``view``, pull its
-    run folder and read the result file its ``result`` event names (see :func:`run_tool`)."""
-    job = jobs.start(host, name, command, env=env, cwd=cwd, task=task, args=given)
+    run folder and read the result file its ``result`` event names (see :func:`run_tool`). ``slurm``:
+    settings of this job over the host's (a torchrun's nodes)."""
+    job = jobs.start(host, name, command, env=env, cwd=cwd, task=task, args=given, slurm=slurm)
     return finish_job(host, job.id, view=view, pull=pull)
 
 

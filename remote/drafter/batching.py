@@ -107,7 +107,7 @@ def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budg
     longest = 0
     for place, sample in enumerate(_read_ahead(load, order, readers), start):
         shape = _check_shape(sample, shape)
-        n = min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0])
+        n = kept_length(int(sample.token_ids.shape[0]), max_len)
         if n < 2:
             continue  # no (token, next token) pair to score
         if current and not fits(len(current), longest, n, token_budget, max_samples):
@@ -118,6 +118,12 @@ def iter_batches(load: Callable[[int], Sample], order: Sequence[int], token_budg
         longest = max(longest, n)
     if current:
         yield collate(current, max_len, pin, places)
+
+
+def kept_length(tokens: int, max_len: int | None) -> int:
+    """The tokens of a sample that a pass reads (``max_len`` truncates); under 2, nothing is scored (no
+    (token, next token) pair): the one length rule of :func:`iter_batches`, :func:`plan` and the planned read."""
+    return min(tokens, max_len or tokens)
 
 
 def fits(count: int, longest: int, n: int, token_budget: int, max_samples: int | None) -> bool:
@@ -137,7 +143,7 @@ def plan(order: Sequence[int], lengths: Sequence[int], token_budget: int, max_le
     current: list[tuple[int, int]] = []
     longest = 0
     for place, (index, length) in enumerate(zip(order, lengths, strict=True)):
-        n = min(length, max_len or length)
+        n = kept_length(length, max_len)
         if n < 2:
             continue
         if current and not fits(len(current), longest, n, token_budget, None):
@@ -171,7 +177,7 @@ def _planned(samples: Iterator[Sample], batches: Sequence[Sequence[tuple[int, in
         for place, _ in batch:
             sample = next(samples)
             shape = _check_shape(sample, shape)
-            if min(sample.token_ids.shape[0], max_len or sample.token_ids.shape[0]) >= 2:
+            if kept_length(int(sample.token_ids.shape[0]), max_len) >= 2:
                 current.append(sample)
                 places.append(place)
         if current:

@@ -28,6 +28,13 @@ class ChanceLevel:
     emit: torch.Tensor  # [vocab] bool: targets the draft can produce
     # per batch: (positions [B], keys [M] = current * vocab + target, owner [M]: the key's sample in the batch)
     _entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
+    _folds_of_entries: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @classmethod
+    def merged(cls, parts: list[ChanceLevel]) -> ChanceLevel:
+        """The counts of a torchrun's ranks as one (reduce.py): the folds are drawn by position, so the
+        entries of every rank together fold as one process's do."""
+        return cls(parts[0].vocab, parts[0].emit, [entry for part in parts for entry in part._entries])
 
     def update(self, current: torch.Tensor, target: torch.Tensor, scored: torch.Tensor,
                positions: torch.Tensor | None = None) -> None:
@@ -39,16 +46,22 @@ class ChanceLevel:
         keys = current[scored].to(torch.long) * self.vocab + target[scored].to(torch.long)
         places = positions.cpu() if positions is not None else self._next_places(b)
         self._entries.append((places, keys.cpu(), owner.cpu()))
+        self._folds_of_entries = None
 
     def _next_places(self, b: int) -> torch.Tensor:
         start = int(max((int(p.max()) for p, _, _ in self._entries if p.numel()), default=-1)) + 1
         return torch.arange(start, start + b)
 
-    @property
-    def _pairs(self) -> list[list[torch.Tensor]]:
-        """The keys of each fold."""
+    def _folds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys of each fold: sorted by position once per set of counts (both guesses read them)."""
+        if self._folds_of_entries is None:
+            self._folds_of_entries = self._fold()
+        return self._folds_of_entries
+
+    def _fold(self) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._entries:
-            return [[], []]
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, empty
         places = torch.cat([p for p, _, _ in self._entries])
         ordinal = torch.empty_like(places)
         ordinal[torch.argsort(places, stable=True)] = torch.arange(places.numel())
@@ -56,12 +69,11 @@ class ChanceLevel:
         keys = torch.cat([k for _, k, _ in self._entries])
         owners = torch.cat([o + int(off) for (_, _, o), off in zip(self._entries, offsets, strict=True)])
         fold = ordinal[owners] % 2
-        return [[keys[fold == 0]], [keys[fold == 1]]]
+        return keys[fold == 0], keys[fold == 1]
 
     def constant(self) -> tuple[float | None, int | None]:
         """(accuracy of always guessing the most frequent emittable target, that target)."""
-        counts = torch.bincount(torch.cat([torch.cat(p) if p else torch.zeros(0, dtype=torch.long)
-                                           for p in self._pairs]) % self.vocab, minlength=self.vocab)
+        counts = torch.bincount(torch.cat(self._folds()) % self.vocab, minlength=self.vocab)
         total = int(counts.sum())
         if not total:
             return None, None
@@ -71,7 +83,7 @@ class ChanceLevel:
 
     def current_token(self) -> float | None:
         """Cross-fitted accuracy of guessing the target from the current token alone."""
-        folds = [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in self._pairs]
+        folds = self._folds()
         total = sum(int(f.numel()) for f in folds)
         if not total:
             return None

@@ -58,9 +58,7 @@ def scores(parts: Sequence[dict[K, LayoutScore]]) -> dict[K, LayoutScore]:
 
 
 def chance(parts: Sequence[ChanceLevel]) -> ChanceLevel:
-    out = ChanceLevel(parts[0].vocab, parts[0].emit)
-    out._entries = [entry for part in parts for entry in part._entries]   # folds are drawn by position
-    return out
+    return ChanceLevel.merged(list(parts))
 
 
 def coverage_state(cov: Coverage) -> tuple[torch.Tensor, ...]:

@@ -1,7 +1,7 @@
 """The one exit-code table of the remote tools, and the guard that keeps a crash inside it.
 
 Every tool the local side starts on the host (``remote.drafter``, ``remote.sglang_patch``,
-``remote.draft_config``, ``remote.envcheck``, ``remote.serve``, ``remote.bench.runner``, and the
+``remote.draft_config``, ``remote.draft_flat``, ``remote.envcheck``, ``remote.serve``, ``remote.bench.runner``, and the
 quick ones: ``remote.bench.probe``, ``remote.bench.demo_prompts``, ``remote.drafter.demo_spec``)
 ends with one of these codes, and ``draftops/runs/tools.py`` reads a finished run by them. Stdlib only: it runs
 with the host's ml-env python.

@@ -18,6 +18,7 @@ import pytest
 
 from draftops.documents import Document, load, parse
 from draftops.documents.draft_config import DraftConfigResult
+from draftops.documents.draft_flat import DraftFlatResult
 from draftops.documents.drafter_report import DrafterReport
 from draftops.documents.env_check import EnvCheck
 from draftops.documents.serve_inspect import ServeInspect
@@ -157,6 +158,11 @@ def _draft_config(tmp_path: Path) -> Path:
         / "draft_config.json"
 
 
+def _draft_flat(tmp_path: Path) -> Path:
+    return _tool(tmp_path, "remote.draft_flat", "--ckpt", str(demo().root / "draft_fixed"), "--dest",
+                 str(tmp_path / "flat")) / "draft_flat.json"
+
+
 def _sglang_patch(tmp_path: Path) -> Path:
     """patch.json of a status on a python without SGLang (the tool's refusal still writes it)."""
     return _tool(tmp_path, "remote.sglang_patch", "status", "--state-dir", str(tmp_path / "state")) / "patch.json"
@@ -169,6 +175,7 @@ def _env_check(tmp_path: Path) -> Path:
 
 TOOLS: dict[str, tuple[type[Document], Callable[[Path], Path], str, Any]] = {
     "draft-config": (DraftConfigResult, _draft_config, "written_ids", "-1,1,3"),
+    "draft-flat": (DraftFlatResult, _draft_flat, "layer_ids", "-1,1,3"),
     "sglang-patch": (SglangPatch, _sglang_patch, "files", {"file": "x"}),
     "env-check": (EnvCheck, _env_check, "packages", ["torch"]),
 }

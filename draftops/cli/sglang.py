@@ -5,6 +5,7 @@ Invoke has no optional positional arguments.
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from draftops.documents.draft_config import DraftConfigResult
+    from draftops.documents.draft_flat import DraftFlatResult
     from draftops.documents.sglang_patch import SglangPatch
 
 STATE_STYLE = {"native": "green", "patched": "green", "needs-patch": "yellow", "unsupported": "dim",
@@ -169,3 +171,49 @@ def show_draft_config(result: DraftConfigResult, out: Console) -> None:
         out.print(f"  backup: {safe(result.backup)}")
     for warning in result.warnings:
         out.print(f"  [yellow]warning[/]: {safe(warning)}")
+
+
+@task(help={"ckpt": "speculators-format draft checkpoint folder on the host (`demo`: the generated demo's draft)",
+            "out": "new folder for the copy on the host (default: CKPT-flat beside it; never replaced)",
+            "layer_ids": "ids to write, SGLang convention: -1,2,30 (default: the checkpoint's own, converted)",
+            "from_report": "take the ids from this test-drafter or capture-check run's fix",
+            "host": HOST_HELP})
+@friendly
+def draft_flat(c: Context, ckpt: str, out: str | None = None, layer_ids: str | None = None,
+               from_report: str | None = None, host: str | None = None) -> None:
+    """Write a flat-format (LlamaForCausalLMEagle3) copy of a speculators draft: what SGLang reads.
+
+    SGLang reads a draft's aux layer ids only from a flat config's eagle_config and loads layer 0 only
+    as midlayer.*, so a speculators checkpoint runs on SGLang's default layers; the copy holds the
+    same tensor bytes under SGLang's names, the ids in eagle_config. The source is never written."""
+    if layer_ids and from_report:
+        raise Exit("error: give at most one of --layer-ids (e.g. -1,2,30) or --from-report RUN_ID.", code=1)
+    host_ = connect(c, host)
+    ensure_code(host_)
+    if ckpt == DEMO:
+        ensure_demo(host_)
+        ckpt = f"{demo_dir(host_.state_dir)}/{DEMO_DRAFT}"
+    source = str(host_path(host_, ckpt))
+    dest = str(host_path(host_, out)) if out else source.rstrip("/") + "-flat"
+    args = ["--ckpt", source, "--dest", dest, "--out", jobs.RUN_DIR]
+    if layer_ids:
+        args += ["--layer-ids", layer_ids]
+    elif from_report:
+        extra, _ = _ids_from_report(c, host_, str(from_report))
+        args += extra
+    done = run_tool(host_, "remote.draft_flat", args, name="draft-flat", view=live("hide")).check()
+    from draftops.documents.draft_flat import DraftFlatResult  # pydantic: once the run has ended
+
+    result = done.document(DraftFlatResult)
+    if result is not None:
+        show_draft_flat(result, console)
+
+
+def show_draft_flat(result: DraftFlatResult, out: Console) -> None:
+    """draft_flat.json in a few lines: the copy, its ids, how to serve it, the warnings."""
+    out.print(f"[green]draft-flat[/] {safe(result.dest)}: {result.tensors} tensors ({result.renamed} renamed "
+              f"midlayer.*), ids {safe(result.layer_ids)} in eagle_config (SGLang convention, from the "
+              f"{safe(result.ids_from)})", soft_wrap=True)
+    for warning in result.warnings:
+        out.print(f"  [yellow]warning[/]: {safe(warning)}", soft_wrap=True)
+    out.print(f"  serve it with SGLang: invoke serve --draft {safe(shlex.quote(result.dest or ''))}", soft_wrap=True)

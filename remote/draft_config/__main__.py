@@ -8,6 +8,7 @@ remote/exitcodes.py) without touching the checkpoint.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,21 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the engine the host serves with: advice for it only (default: both)")
     parser.add_argument("--lock-timeout", type=float, default=60.0,
                         help="seconds to wait for another draft-config on the same config (default 60)")
-    return parser.parse_args(_join_negative_values(argv))
-
-
-def _join_negative_values(argv: list[str]) -> list[str]:
-    """Let ``--layer-ids -1,2,30`` through (argparse takes '-1,2,30' for an option)."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--layer-ids" and i + 1 < len(argv):
-            out.append(f"--layer-ids={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
+    return parser.parse_args(validate.join_negative_values(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +111,8 @@ def _rewrite(args: argparse.Namespace, payload: dict[str, Any], fix: ReportFix |
         warnings.append(f"speculators format: {cfg.field} is in the vLLM convention, so SGLang ids "
                         f"{checked.ids} are written as {written}; SGLang's target never reads this "
                         "field (it reads eagle_config only), so serve a flat-format copy with "
-                        "SGLang")
+                        f"SGLang (`invoke draft-flat --ckpt {shlex.quote(str(args.ckpt))} --layer-ids "
+                        f"{','.join(str(i) for i in checked.ids)}` writes one)")
     stray = cfg.stray_top_level_ids()
     if stray is not None:
         warnings.append(f"top-level {IDS_KEY}={stray} left as is: SGLang ignores it but "

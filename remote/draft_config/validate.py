@@ -33,6 +33,20 @@ class Checked:
 _ID = re.compile(r"-?[0-9]+")
 
 
+def join_negative_values(argv: list[str]) -> list[str]:
+    """Let ``--layer-ids -1,2,30`` through (argparse takes '-1,2,30' for an option)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--layer-ids" and i + 1 < len(argv):
+            out.append(f"--layer-ids={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def parse_ids(text: str) -> list[int]:
     """``"-1,2,30"`` -> ``[-1, 2, 30]``. An empty entry (``-1,,2,30``, a trailing comma) is refused:
     it is a typo for a missing id more often than a stray comma, and the ids would be one short."""

@@ -139,8 +139,9 @@ class _Case:
         if self.engine == convention.SGLANG and convention.serving_convention(fmt) != convention.SGLANG:
             # draft-config writes a speculators config's own (vLLM) field, which SGLang never reads
             field = convention.READS[self.engine][0]
-            return (f"Serve SGLang a flat-format copy of {ckpt}: SGLang reads only `{field}`, "
-                    f"so put [{ids.replace(',', ', ')}] there (SGLang ids), or serve this {fmt} config with vLLM")
+            return (f"Serve SGLang a flat-format copy of {ckpt}: SGLang reads only `{field}`, so "
+                    f"`invoke draft-flat --ckpt {ckpt} --layer-ids {ids}` writes one with [{ids.replace(',', ', ')}] "
+                    f"there (SGLang ids) beside it, then serve that copy; or serve this {fmt} config with vLLM")
         fix = f"invoke draft-config --ckpt {ckpt} --layer-ids {ids}"
         sglang = self.engine == convention.SGLANG
         native = engine_rules.captures_embedding(self.engine, self.version, self.model_type)

@@ -1,0 +1,209 @@
+"""`invoke draft-flat`: a flat-format copy of a speculators draft, the one SGLang reads as trained.
+
+The copy holds every tensor's bytes unchanged under SGLang's names, its ids in eagle_config; the
+evaluator, asked what SGLang serves, finds the copy right where it finds the speculators checkpoint
+with the same ids `ids-missing-engine-default`, and scores the copy on SGLang exactly as the
+original on vLLM. Bad input and faults are one paragraph each, with nothing written and the source
+untouched: a full disk (a real small tmpfs), a cut-off file, an existing destination, a forward
+SGLang cannot run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from safetensors.torch import load_file, save_file
+
+from remote.draft_flat.tensors import renamed
+from remote.eagle import formats
+from tests.conftest import REPO, copy_remote_package, small_tmpfs
+from tests.drafter_support import demo, run_eval
+from tests.test_drafter_task_ssh import invoke
+
+FIX_IDS = [-1, 1, 3]        # the demo's trained layers, SGLang ids (its draft_fixed holds them)
+
+
+def flat_copy(ckpt: Path, dest: Path, *args: str, result: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m remote.draft_flat`` as the host runs it."""
+    out = ["--out", str(result)] if result else []
+    return subprocess.run([sys.executable, "-m", "remote.draft_flat", "--ckpt", str(ckpt), "--dest", str(dest),
+                           *args, *out], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def refusal(done: subprocess.CompletedProcess) -> str:
+    """The one paragraph a refusal prints (exit 3, no traceback)."""
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("draft-flat refused: "), done.stderr
+    return lines[0]
+
+
+def test_the_copy_is_the_same_bytes_under_sglangs_names_and_sglang_serves_it_as_trained(tmp_path: Path) -> None:
+    d = demo()
+    source = d.root / "draft_fixed"
+    before = digest(source)
+    done = flat_copy(source, tmp_path / "flat", result=tmp_path / "result")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert digest(source) == before                                            # the source is never written
+    result = json.loads((tmp_path / "result" / "draft_flat.json").read_text())
+    assert result["ok"] and result["ids_from"] == "config" and result["layer_ids"] == FIX_IDS
+    original, copied = load_file(source / "model.safetensors"), load_file(tmp_path / "flat" / "model.safetensors")
+    assert set(copied) == {renamed(n) for n in original} and any(n.startswith("midlayer.") for n in copied)
+    assert not any(n.startswith("layers.0.") for n in copied)
+    for name, tensor in original.items():
+        assert copied[renamed(name)].dtype == tensor.dtype and copied[renamed(name)].equal(tensor), name
+    config = json.loads((tmp_path / "flat" / "config.json").read_text())
+    layer = json.loads((source / "config.json").read_text())[formats.LAYER_CONFIG]
+    assert formats.detect(config) == formats.FLAT and config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config[formats.EAGLE_CONFIG][formats.IDS_KEY] == FIX_IDS
+    assert {k: config[k] for k in ("hidden_size", "num_attention_heads", "head_dim", "vocab_size")} == \
+        {k: layer[k] for k in ("hidden_size", "num_attention_heads", "head_dim", "vocab_size")}
+    # what SGLang serves: the copy as trained; the speculators original with the same ids, SGLang's defaults
+    on_sglang = run_eval(tmp_path / "copy", ckpt=tmp_path / "flat", engine="sglang", engine_version="0.5.13",
+                         full=True)
+    spec_on_sglang = run_eval(tmp_path / "spec", ckpt=source, engine="sglang", engine_version="0.5.13", full=True)
+    spec_on_vllm = run_eval(tmp_path / "vllm", ckpt=source, engine="vllm", full=True)
+    assert on_sglang["verdict"]["status"] == "MATCH" and on_sglang["findings"] == []
+    assert "ids-missing-engine-default" in [f["id"] for f in spec_on_sglang["findings"]]
+    assert on_sglang["metrics"]["served"]["data"] == spec_on_vllm["metrics"]["served"]["data"]
+
+
+def test_a_sharded_checkpoint_keeps_its_shards_and_its_index_names_the_new_names(tmp_path: Path) -> None:
+    source = tmp_path / "sharded"
+    source.mkdir()
+    shutil.copy(demo().root / "draft_fixed" / "config.json", source)
+    tensors = load_file(demo().root / "draft_fixed" / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(source / file))
+    index = {"metadata": {"total_size": 1}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+    (source / "model.safetensors.index.json").write_text(json.dumps(index))
+    (source / "tokenizer_config.json").write_text('{"x": 1}')                 # carried over byte for byte
+    done = flat_copy(source, tmp_path / "flat")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "flat"
+    copied_index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert copied_index["metadata"] == index["metadata"]
+    assert copied_index["weight_map"] == {renamed(n): f for n, f in index["weight_map"].items()}
+    for file in shards:
+        part = load_file(out / file)
+        assert all(part[renamed(n)].equal(tensors[n]) for n in shards[file])
+    assert (out / "tokenizer_config.json").read_text() == '{"x": 1}'
+
+
+def _edit_config(folder: Path, change: dict[str, Any]) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in change.items():
+        if key.startswith(formats.LAYER_CONFIG + "."):
+            config[formats.LAYER_CONFIG][key.split(".", 1)[1]] = value
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _cut(folder: Path) -> None:
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize(("name", "prepare", "args", "said"), [
+    ("already flat", lambda f: shutil.copytree(demo().root / "draft_flat", f, dirs_exist_ok=True), [],
+     "is already in the flat format, which SGLang reads"),
+    ("norm before residual", lambda f: _edit_config(f, {"norm_before_residual": True}), [],
+     "norm_before_residual is true"),
+    ("no ids", lambda f: _edit_config(f, {formats.IDS_KEY: None}), [], "Pass --layer-ids"),
+    ("qwen3 decoder", lambda f: _edit_config(f, {f"{formats.LAYER_CONFIG}.model_type": "qwen3"}), [],
+     "SGLang serves EAGLE-3 drafts only as LlamaForCausalLMEagle3"),
+    ("cut-off weights", _cut, [], "The file is truncated"),
+    ("two ids for three slots", lambda f: None, ["--layer-ids", "-1,1"], "2 ids but fc.weight takes 3"),
+    ("ids not digits", lambda f: None, ["--layer-ids", "-1,1_0,3"], "is not an integer written with the digits"),
+])
+def test_bad_input_is_one_paragraph_and_nothing_is_written(tmp_path: Path, name: str, prepare: Any,
+                                                           args: list[str], said: str) -> None:
+    source = shutil.copytree(demo().root / "draft_fixed", tmp_path / "src 'x'")    # a quote in the path too
+    prepare(source)
+    before = digest(source)
+    text = refusal(flat_copy(source, tmp_path / "flat", *args))
+    assert said in text, text
+    assert not (tmp_path / "flat").exists() and digest(source) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src 'x'"]            # no temporary folder left
+
+
+def test_the_destination_is_never_replaced_nor_inside_the_source(tmp_path: Path) -> None:
+    source = demo().root / "draft_fixed"
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("keep")
+    assert "already exists; draftops never replaces a folder" in refusal(flat_copy(source, taken))
+    assert (taken / "mine.txt").read_text() == "keep" and sorted(p.name for p in taken.iterdir()) == ["mine.txt"]
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")                     # a dangling link is a name taken too
+    assert "already exists" in refusal(flat_copy(source, link))
+    assert not (tmp_path / "elsewhere").exists()
+    inside = shutil.copytree(source, tmp_path / "src")
+    assert "is inside the checkpoint" in refusal(flat_copy(inside, inside / "flat"))
+    assert "its folder" in refusal(flat_copy(source, tmp_path / "no" / "such" / "flat"))
+
+
+def test_a_full_disk_leaves_nothing_behind(tmp_path: Path) -> None:
+    source = demo().root / "draft_fixed"
+    size = (source / "model.safetensors").stat().st_size
+    with small_tmpfs(tmp_path / "small", "64k") as small:
+        assert size > 64 * 1024
+        text = refusal(flat_copy(source, small / "flat"))
+        assert "No room left on the disk" in text and "Nothing was left behind" in text, text
+        assert list(small.iterdir()) == []
+
+
+def test_the_header_keeps_the_data_aligned(tmp_path: Path) -> None:
+    done = flat_copy(demo().root / "draft_fixed", tmp_path / "flat")
+    assert done.returncode == 0, done.stderr
+    with (tmp_path / "flat" / "model.safetensors").open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    assert n % 8 == 0
+
+
+@pytest.fixture
+def project(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Path:
+    root = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
+    copy_remote_package(root)
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")
+    hosts = yaml.safe_load((root / "hosts.yaml").read_text())
+    assert hosts["default"] == "here"
+    return root
+
+
+@pytest.mark.slow
+def test_the_task_takes_the_fix_of_a_test_drafter_run_and_says_how_to_serve_the_copy(project: Path,
+                                                                                     tmp_path: Path) -> None:
+    checked = invoke(project, "sync", "test-drafter")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (run_id,) = [p.name for p in (project / "runs").glob("*-test-drafter-*")]
+    dest = tmp_path / "hostroot" / "my 'flat' draft"
+    done = invoke(project, "draft-flat", "--ckpt", "demo", "--from-report", run_id, "--out", str(dest))
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"draft-flat {dest}:" in out and "ids [-1, 1, 3] in eagle_config" in out and "from the report" in out
+    assert f"serve it with SGLang: invoke serve --draft {shlex.quote(str(dest))}" in out, out   # a line to paste
+    config = json.loads((dest / "config.json").read_text())
+    assert config[formats.EAGLE_CONFIG][formats.IDS_KEY] == FIX_IDS
+    again = invoke(project, "draft-flat", "--ckpt", "demo", "--from-report", run_id, "--out", str(dest))
+    assert again.returncode == 1 and "already exists" in again.stderr, again.stdout + again.stderr

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from safetensors.torch import load_file, save_file
 
 from remote.draft_flat.tensors import renamed
@@ -182,28 +181,46 @@ def test_the_header_keeps_the_data_aligned(tmp_path: Path) -> None:
 
 @pytest.fixture
 def project(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Path:
-    root = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
+    """A host that serves with SGLang (`engine: sglang`): where a speculators draft needs the copy."""
+    root = make_project({"box": {"transport": "local", "root": str(tmp_path / "hostroot"), "engine": "sglang",
+                                 "python": sys.executable}}, default="box")
     copy_remote_package(root)
     (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
     shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")
-    hosts = yaml.safe_load((root / "hosts.yaml").read_text())
-    assert hosts["default"] == "here"
     return root
 
 
+def _paste(stdout: str) -> list[str]:
+    """The command after "fix it with:", as a user pastes it (minus `invoke`)."""
+    lines = stdout.splitlines()
+    return shlex.split(lines[lines.index("fix it with:") + 1])[1:]
+
+
 @pytest.mark.slow
-def test_the_task_takes_the_fix_of_a_test_drafter_run_and_says_how_to_serve_the_copy(project: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_on_an_sglang_host_test_drafter_names_draft_flat_whose_copy_then_checks_right(project: Path,
+                                                                                      tmp_path: Path) -> None:
+    """test-drafter of the speculators demo on an SGLang host says `invoke draft-flat ... --from-report`;
+    that command, pasted, writes the copy with the report's ids and says how to serve it; test-drafter
+    of the copy on the same host finds nothing wrong. A second paste refuses: the copy is never replaced."""
     checked = invoke(project, "sync", "test-drafter")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     (run_id,) = [p.name for p in (project / "runs").glob("*-test-drafter-*")]
+    pasted = _paste(checked.stdout)
+    assert pasted == ["draft-flat", "--ckpt", "demo", "--from-report", run_id], checked.stdout
     dest = tmp_path / "hostroot" / "my 'flat' draft"
-    done = invoke(project, "draft-flat", "--ckpt", "demo", "--from-report", run_id, "--out", str(dest))
+    done = invoke(project, *pasted, "--out", str(dest))
     out = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"draft-flat {dest}:" in out and "ids [-1, 1, 3] in eagle_config" in out and "from the report" in out
     assert f"serve it with SGLang: invoke serve --draft {shlex.quote(str(dest))}" in out, out   # a line to paste
     config = json.loads((dest / "config.json").read_text())
     assert config[formats.EAGLE_CONFIG][formats.IDS_KEY] == FIX_IDS
-    again = invoke(project, "draft-flat", "--ckpt", "demo", "--from-report", run_id, "--out", str(dest))
-    assert again.returncode == 1 and "already exists" in again.stderr, again.stdout + again.stderr
+    data = tmp_path / "hostroot" / "state" / "demo" / "data"
+    again = invoke(project, "test-drafter", "--ckpt", str(dest), "--data", str(data))
+    assert again.returncode == 0, again.stdout + again.stderr
+    (copy_run,) = [p.name for p in (project / "runs").glob("*-test-drafter-*") if p.name != run_id]
+    report = json.loads((project / "runs" / copy_run / "report.json").read_text())
+    assert report["verdict"]["status"] == "MATCH" and not [f for f in report["findings"] if f["severity"] == "bad"]
+    assert "fix it with:" not in again.stdout
+    twice = invoke(project, *pasted, "--out", str(dest))
+    assert twice.returncode == 1 and "already exists" in twice.stderr, twice.stdout + twice.stderr

@@ -194,5 +194,11 @@ def show_result(data: DrafterReport, result_file: str, run_id: str, ckpt: str | 
     out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
     if data.fixable:    # draft-config refuses a report without a fix
         out.print("fix it with:")
-        out.print(escape(f"  invoke draft-config --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
+        out.print(escape(f"  invoke {fix_task(data)} --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
                   soft_wrap=True)
+
+
+def fix_task(data: DrafterReport) -> str:
+    """The task that applies the report's fix where it was judged (``convention.fix_task``)."""
+    from remote.eagle import convention
+    return convention.fix_task(data.verdict.advice_engine, data.checkpoint.format)

@@ -244,6 +244,11 @@ def _capture_patch(plan: Plan, reading: Reading, sglang: CaptureFacts | None, fo
                            "captures the embedding (id -1)")
 
 
+def fix_task(plan: Plan, draft: DraftFacts) -> str:
+    """The task that applies a layer-id fix to this draft on this engine (``convention.fix_task``)."""
+    return convention.fix_task(plan.engine.name, draft.format)
+
+
 def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Findings) -> None:
     if verdict is None:
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
@@ -268,7 +273,7 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
             f"The verdict of test-drafter run {verdict.run_id} is MISMATCH"
             f"{': ' + _predicted(verdict) if _predicted(verdict) else ''}; the demo is served as configured to "
             "show it. Fix it with:\n"
-            f"  invoke draft-config --ckpt demo --from-report {verdict.run_id}")
+            f"  invoke {fix_task(plan, draft)} --ckpt demo --from-report {verdict.run_id}")
         return
     # any other draft with this verdict is refused unless --force: the refusal is all the user sees
     found.refuse_unless(plan.request.force, "--force",
@@ -276,8 +281,8 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
                         f"MISMATCH: {clean(verdict.why)}"
                         + (f" {_predicted(verdict).capitalize()}." if _predicted(verdict) else ""),
                         "Serving it would spend GPU time at a low accept length. Apply the fix with `invoke "
-                        f"draft-config --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and test "
-                        "again, or pass --force to serve it as it is.")
+                        f"{fix_task(plan, draft)} --ckpt {plan.launch.draft} --from-report {verdict.run_id}` and "
+                        "test again, or pass --force to serve it as it is.")
 
 
 def _bad_findings(plan: Plan, verdict: Verdict, found: Findings, stale: bool = False) -> None:
@@ -313,7 +318,7 @@ def _measured(plan: Plan, draft: DraftFacts, measured: Measured | None, found: F
     said = (f"The engine's own hidden states (capture-check run {measured.run_id}) show that {plan.engine.label} "
             f"will feed this draft the states after layers {measured.fed}, while training fed those after layers "
             f"{measured.trained}.")
-    fix = f"invoke draft-config --ckpt {'demo' if plan.request.draft == DEMO else plan.launch.draft} " \
+    fix = f"invoke {fix_task(plan, draft)} --ckpt {'demo' if plan.request.draft == DEMO else plan.launch.draft} " \
           f"--from-report {measured.run_id}"
     if plan.request.draft == DEMO:
         found.warnings.append(f"{said} The demo is served as configured to show it. Fix it with:\n  {fix}")

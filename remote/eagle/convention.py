@@ -47,6 +47,13 @@ def serving_convention(fmt: str) -> str:
     return VLLM if fmt == SPECULATORS else SGLANG
 
 
+def fix_task(engine: str | None, fmt: str | None) -> str:
+    """The draftops task that applies a layer-id fix for a draft of format ``fmt`` served by ``engine``:
+    ``draft-config`` rewrites the config in place, but SGLang never reads a speculators config's field,
+    so where SGLang serves one the fix is a flat-format copy (``draft-flat``)."""
+    return "draft-flat" if engine == SGLANG and fmt == SPECULATORS else "draft-config"
+
+
 def convert(ids: list[int], source: str, dest: str) -> list[int]:
     """``ids`` written in engine ``source``'s convention, rewritten in ``dest``'s (same order)."""
     return [i + OFFSET[source] - OFFSET[dest] for i in ids]

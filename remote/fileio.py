@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -76,6 +77,32 @@ def atomic_write_with(path: Path, write: Callable[[IO[bytes]], object], *, mode:
             pass
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def new_folder(dest: Path) -> Iterator[Path]:
+    """A folder that appears at ``dest`` whole or not at all (a copy of a checkpoint): ``dest`` is claimed
+    first as an empty folder (exclusive: a name already there raises FileExistsError and is never
+    replaced), the block writes into the temporary folder it is given beside it, and that folder is
+    renamed onto the claimed one when the block ends. Whatever fails (the block, a full disk, a signal
+    that unwinds) removes both, leaving nothing."""
+    import shutil
+    import tempfile
+    dest.mkdir()
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent))
+    except BaseException:
+        dest.rmdir()
+        raise
+    try:
+        os.chmod(tmp, dest.stat().st_mode & 0o7777)     # mkdtemp's 0700 -> what the umask gave dest
+        yield tmp
+        os.rename(tmp, dest)                             # onto the empty folder claimed above: atomic
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        dest.rmdir()
+        raise
+    _fsync_dir(dest.parent)
 
 
 def write_exclusive(path: Path, data: bytes) -> None:

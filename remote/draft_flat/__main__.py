@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ from ..draft_config import config_file, validate
 from ..draft_config.report import read_fix
 from ..eagle.formats import FLAT, NESTED_FIELD
 from ..eagle.weights import INDEX_NAME
-from ..fileio import write_json
+from ..fileio import new_folder, write_json
 from . import flat_config, tensors
 from .errors import NotConvertible, OutputError
 
 SCHEMA = "draftops.draft-flat/1"
-TMP_SUFFIX = ".draftops-flat-tmp"
 #: files of the source that are not carried over: its own config and weights are rewritten, and
 #: draft-config's backups belong to the source
 _NOT_COPIED_SUFFIXES = (".safetensors",)
@@ -83,23 +81,20 @@ def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:
         raise NotConvertible(f"{cfg.path} is already in the flat format, which SGLang reads: serve {ckpt} as it is "
                              f"(`invoke draft-config --ckpt {ckpt} --layer-ids IDS` changes its ids in place).")
     ids, warnings = _ids(args, cfg, payload)
-    out = _claim(args.dest, ckpt)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=TMP_SUFFIX, dir=out.parent))
+    out = _checked_dest(args.dest, ckpt)
     try:
-        os.chmod(tmp, out.stat().st_mode & 0o7777)      # mkdtemp's 0700 -> what the umask gave --dest
-        _write(ckpt, cfg.data, tmp, ids, warnings, payload)
-        os.rename(tmp, out)                  # onto the empty folder claimed above: atomic
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        out.rmdir()
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        with new_folder(out) as tmp:
+            _write(ckpt, cfg.data, tmp, ids, warnings, payload)
+    except FileExistsError:
+        raise OutputError(f"--dest {out} already exists; draftops never replaces a folder it did not make. Give "
+                          "--dest a new name (or remove that folder yourself).") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OutputError(f"No room left on the disk of {out.parent} while writing the copy ({exc}); the copy "
                               f"needs about the size of {ckpt}. Nothing was left behind: free space, or give --dest "
                               "a folder on another disk.") from None
-        if isinstance(exc, OSError):
-            raise OutputError(f"Cannot write the copy into {out.parent} ({exc}). Nothing was left behind: give "
-                              "--dest a new folder in a place you can write.") from None
-        raise
+        raise OutputError(f"Cannot write the copy into {out.parent} ({exc}). Nothing was left behind: give "
+                          "--dest a new folder in a place you can write.") from None
     payload.update(dest=str(out), warnings=warnings)
 
 
@@ -123,8 +118,8 @@ def _ids(args: argparse.Namespace, cfg: config_file.DraftConfig, payload: dict[s
     return checked.ids, [w for w in checked.warnings if not w.startswith("no --target given")]
 
 
-def _claim(out: Path, ckpt: Path) -> Path:
-    """``out`` made as an empty folder (exclusive: a folder or file there is refused, never replaced)."""
+def _checked_dest(out: Path, ckpt: Path) -> Path:
+    """``out`` as an absolute path, outside the source, in a folder that exists."""
     out = Path(os.path.abspath(out))
     source = ckpt.resolve()
     if out == source or source in out.parents:
@@ -133,14 +128,6 @@ def _claim(out: Path, ckpt: Path) -> Path:
     if not out.parent.is_dir():
         raise OutputError(f"--dest {out}: its folder {out.parent} does not exist. Create it, or give --dest a new "
                           "folder in an existing one.")
-    try:
-        out.mkdir()
-    except FileExistsError:
-        raise OutputError(f"--dest {out} already exists; draftops never replaces a folder it did not make. Give "
-                          "--dest a new name (or remove that folder yourself).") from None
-    except OSError as exc:
-        raise OutputError(f"Cannot create --dest {out} ({exc}). Give --dest a new folder in a place you can "
-                          "write.") from None
     return out
 
 

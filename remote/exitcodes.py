@@ -109,6 +109,29 @@ def main(tool: str, body: Callable[[], int], *, heading: str = "error",
     return ending.code
 
 
+
+def main_with_result(tool: str, work: Callable[[], int], payload: dict[str, Any], out: Any, file: str,
+                     fields: Callable[[dict[str, Any]], dict[str, Any]] = lambda payload: {}) -> int:
+    """:func:`main` for a tool whose result is one JSON ``payload`` (draft-config, draft-flat): ``work``
+    fills it and returns the exit code; whatever happened (a refusal, a bug) the payload is written
+    with its ``ok``, ``error`` and ``error_type`` as ``out/file`` (``out`` a Path, or None: not written),
+    announced in a ``result`` event with ``fields(payload)``, and a ``done`` event ends the output."""
+    def body() -> int:
+        code = work()
+        payload["ok"] = True
+        return code
+
+    def finish(ending: Ending) -> None:
+        if ending.error is not None:
+            payload.update(error=ending.error, error_type=ending.error_type)
+        if out is not None:
+            from .fileio import write_json
+            path = write_json(out / file, payload)
+            events.result(str(path), ok=payload["ok"], **fields(payload))
+        events.emit("done", ok=payload["ok"], exit_code=ending.code)
+
+    return main(tool, body, heading=f"{tool} refused", finish=finish)
+
 def _ended(tool: str, body: Callable[[], int], heading: str) -> Ending:
     try:
         return Ending(body())

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -91,14 +92,25 @@ def test_a_task_pending_past_its_bound_is_reported_and_kill_cancels_it(cluster_p
     (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
 
 
+@contextmanager
+def impossible_drafter_task(project, slurm):
+    """hosts.yaml's test-drafter task asks more CPUs than the node has (its jobs stay PENDING with
+    reason PartitionConfig) while the block runs; the task's settings are put back after."""
+    hosts = yaml.safe_load((project / "hosts.yaml").read_text())
+    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
+    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
+    (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+    try:
+        yield
+    finally:
+        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
+        (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
+
+
 def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_project, slurm):
     """hosts.yaml asks the impossible (more CPUs than the node has) and sets no bound; `--max-pending 3`
     ends this one run's wait with Slurm's reason; the job stays queued, with the bound in its job.json."""
-    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
-    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
-    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
-    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
-    try:
+    with impossible_drafter_task(cluster_project, slurm):
         started = time.monotonic()
         done = invoke(cluster_project, "test-drafter", "--steps", "3", "--host", "cluster", "--max-pending", "3")
         waited = time.monotonic() - started
@@ -111,20 +123,13 @@ def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_
         assert job["slurm"]["max_pending"] == 3.0
         assert slurm.run("squeue", "-h", "-n", run_id, "-o", "%T").stdout.strip() == "PENDING"
         assert invoke(cluster_project, "kill", run_id, "--host", "cluster").returncode == 0
-    finally:
-        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
-        (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
 
 
 def test_doctor_max_pending_bounds_its_check_and_ends_the_doctor_with_slurms_reason(cluster_project, slurm):
     """`invoke doctor --max-pending 3` on the cluster: its check (a test-drafter job asking more CPUs than
     the node has) stops waiting after 3 s with Slurm's reason; the doctor ends on that step (exit 1)
     and cancels the queued job, saying so; its job.json held the doctor's bound."""
-    hosts = yaml.safe_load((cluster_project / "hosts.yaml").read_text())
-    kept = hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"]
-    hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = {"cpus": slurm.cpus + 1}
-    (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
-    try:
+    with impossible_drafter_task(cluster_project, slurm):
         started = time.monotonic()
         done = invoke(cluster_project, "doctor", "--draft", "demo", "--host", "cluster", "--max-pending", "3")
         waited = time.monotonic() - started
@@ -141,9 +146,6 @@ def test_doctor_max_pending_bounds_its_check_and_ends_the_doctor_with_slurms_rea
         assert "The doctor cancels it as it ends" in text and "stays queued" not in text, out
         assert "invoke doctor --resume " in text and "--max-pending SECONDS" in text, out
         assert slurm.run("squeue", "-h", "-n", run_id).stdout.strip() == ""
-    finally:
-        hosts["hosts"]["cluster"]["slurm"]["tasks"]["test-drafter"] = kept
-        (cluster_project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
 
 
 def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run(cluster_project, slurm):

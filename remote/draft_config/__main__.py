@@ -15,7 +15,6 @@ from typing import Any
 
 from .. import events, exitcodes
 from ..eagle.formats import IDS_KEY, SPECULATORS
-from ..fileio import write_json
 from . import config_file, validate
 from .capture import sglang_warnings
 from .lock import config_lock
@@ -60,22 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     events.emit("start", tool="draft-config", ckpt=str(args.ckpt))
 
-    def body() -> int:
+    def work() -> int:
         _run(args, payload)
-        payload["ok"] = True
         _print_summary(payload)
         return exitcodes.OK
 
-    def finish(ending: exitcodes.Ending) -> None:
-        """Leave the JSON for the local side whatever happened (a refusal, a bug)."""
-        if ending.error is not None:
-            payload.update(error=ending.error, error_type=ending.error_type)
-        if args.out is not None:
-            path = write_json(args.out / "draft_config.json", payload)
-            events.result(str(path), ok=payload["ok"], changed=payload["changed"])
-        events.emit("done", ok=payload["ok"], exit_code=ending.code)
-
-    return exitcodes.main("draft-config", body, heading="draft-config refused", finish=finish)
+    return exitcodes.main_with_result("draft-config", work, payload, args.out, "draft_config.json",
+                                      lambda done: {"changed": done["changed"]})
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:

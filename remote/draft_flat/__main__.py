@@ -21,7 +21,7 @@ from ..draft_config import config_file, validate
 from ..draft_config.report import read_fix
 from ..eagle.formats import FLAT, NESTED_FIELD
 from ..eagle.weights import INDEX_NAME
-from ..fileio import new_folder, write_json
+from ..fileio import new_folder
 from . import flat_config, tensors
 from .errors import NotConvertible, OutputError
 
@@ -53,22 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     events.emit("start", tool="draft-flat", ckpt=str(args.ckpt))
 
-    def body() -> int:
+    def work() -> int:
         _run(args, payload)
-        payload["ok"] = True
         _print_summary(payload)
         return exitcodes.OK
 
-    def finish(ending: exitcodes.Ending) -> None:
-        if ending.error is not None:
-            payload.update(error=ending.error, error_type=ending.error_type)
-        if args.out is not None:
-            path = write_json(args.out / "draft_flat.json", payload)
-            events.result(str(path), ok=payload["ok"], headline=f"flat copy {payload['dest']}" if payload["ok"]
-                          else "refused")
-        events.emit("done", ok=payload["ok"], exit_code=ending.code)
-
-    return exitcodes.main("draft-flat", body, heading="draft-flat refused", finish=finish)
+    return exitcodes.main_with_result("draft-flat", work, payload, args.out, "draft_flat.json",
+                                      lambda done: {"headline": f"flat copy {done['dest']}" if done["ok"]
+                                                    else "refused"})
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:

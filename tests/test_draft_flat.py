@@ -333,3 +333,14 @@ def test_the_copy_keeps_each_files_permission_bits(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "flat").iterdir()}
     assert modes == {"model.safetensors": 0o600, "config.json": 0o640, "tokenizer_config.json": 0o600}
+
+
+def test_a_side_file_linked_outside_the_checkpoint_is_not_copied(tmp_path: Path) -> None:
+    """A tokenizer file linked to a file elsewhere (e.g. a secret) was copied into the new folder."""
+    source = shutil.copytree(demo().root / "draft_fixed", tmp_path / "src")
+    (tmp_path / "secret.txt").write_text("not the draft's")
+    (source / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
+    done = flat_copy(source, tmp_path / "flat")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "flat" / "tokenizer.json").exists()
+    assert "outside the checkpoint folder: not copied" in done.stdout

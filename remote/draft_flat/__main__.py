@@ -20,6 +20,7 @@ from typing import Any
 from .. import events, exitcodes, jsonread
 from ..draft_config import config_file, validate
 from ..draft_config.report import read_fix
+from ..eagle import weights
 from ..eagle.formats import FLAT, NESTED_FIELD
 from ..eagle.weights import INDEX_NAME
 from ..fileio import new_folder
@@ -190,6 +191,12 @@ def _copy_others(ckpt: Path, tmp: Path, done: set[str], warnings: list[str]) -> 
             continue
         if not entry.is_file():
             warnings.append(f"{entry} is not a plain file: not copied")
+            continue
+        try:
+            weights.check_inside(ckpt, entry)
+        except weights.HeaderError:
+            warnings.append(f"{entry} is a link to {os.path.realpath(entry)}, outside the checkpoint folder: not "
+                            "copied (copy that file in yourself if the draft needs it)")
             continue
         shutil.copyfile(entry, tmp / name)
         os.chmod(tmp / name, entry.stat().st_mode & 0o777)

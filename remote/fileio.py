@@ -97,8 +97,8 @@ def new_folder(dest: Path) -> Iterator[Path]:
         tmp = Path(_tmp_beside(dest))
         lock = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _flock(lock, exclusive=True, wait=True)
-            _clear_leftovers(dest, tmp)
+            if _flock(lock, exclusive=True, wait=True):     # (no locks on this file system: nothing is cleared)
+                _clear_leftovers(dest, tmp)
             dest.mkdir()
         except BaseException:
             os.close(lock)
@@ -123,14 +123,17 @@ def _tmp_beside(dest: Path) -> str:
     return tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent)
 
 
-def _flock(fd: int, *, exclusive: bool, wait: bool) -> bool:
-    """``flock`` on ``fd``; False when ``wait`` is False and another process holds it."""
+def _flock(fd: int, *, exclusive: bool, wait: bool) -> bool | None:
+    """``flock`` on ``fd``: True when held, False when ``wait`` is False and another process holds it,
+    None where the file system has no such locks (some network file systems refuse them on a folder)."""
     import fcntl
     flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
     try:
         fcntl.flock(fd, flags)
     except BlockingIOError:
         return False
+    except OSError:
+        return None
     return True
 
 
@@ -158,7 +161,7 @@ def _clear_leftovers(dest: Path, mine: Path) -> None:
              if p != mine and pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in stale]
     try:
-        if not stale or not all(_flock(fd, exclusive=True, wait=False) for fd in fds):
+        if not stale or not all(_flock(fd, exclusive=True, wait=False) is True for fd in fds):
             return
         for folder in stale:
             shutil.rmtree(folder)

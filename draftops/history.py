@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -152,14 +154,57 @@ def _values(rec: RunRecord) -> list[Any]:
     return values
 
 
+class BadRow(ValueError):
+    """A row of the table that draftops did not write as it is (edited by hand, or by another tool)."""
+
+
 def _row(row: sqlite3.Row) -> RunRecord:
-    data = {key: row[key] for key in _COLUMNS}
+    """The one reader of a stored row: every column as RunRecord types it, text cleaned of escapes (a row
+    is text someone may have edited); BadRow saying which column is wrong otherwise."""
+    data: dict[str, Any] = {}
+    for key in _COLUMNS:
+        value = row[key]
+        if value is not None and not isinstance(value, str):
+            raise BadRow(f"{key} is {type(value).__name__}, not text")
+        data[key] = clean(value) if isinstance(value, str) else value
+    for key in ("run_id", "kind", "host", "time"):
+        if not data[key]:
+            raise BadRow(f"{key} is empty")
+    if data["run_id"] != row["run_id"] or "\n" in data["run_id"] or not _KIND.match(data["kind"]):
+        raise BadRow("its run id or kind holds characters draftops never writes")
+    try:
+        data["time"] = to_iso(parse_time(row["time"]))
+    except HistoryError:
+        raise BadRow(f"time {data['time']!r} is not a time") from None
     for key in ("settings", "metrics"):
         try:
-            data[key] = json.loads(data[key] or "{}")
-        except ValueError:
-            data[key] = {"unreadable": data[key]}
+            parsed = json.loads(row[key] or "{}")
+        except (ValueError, RecursionError):
+            raise BadRow(f"{key} is not JSON") from None
+        if not isinstance(parsed, dict):
+            raise BadRow(f"{key} is {type(parsed).__name__}, not a JSON object")
+        data[key] = _cleaned(parsed)
     return RunRecord(**data)
+
+
+def _rows(path: Path, rows: Iterator[sqlite3.Row]) -> list[RunRecord]:
+    """The readable rows; the others are skipped with one warning on stderr for all of them, which names
+    the file, the rows and the fix (the history stays usable, and a bad row is never shown raw)."""
+    good: list[RunRecord] = []
+    bad: list[str] = []
+    for row in rows:
+        try:
+            good.append(_row(row))
+        except BadRow as exc:
+            run_id = row["run_id"]
+            bad.append(f"{clean(run_id) if isinstance(run_id, str) else repr(run_id)!r}: {exc}")
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        aside = shlex.join(["mv", str(path), f"{path}.bad"])
+        sys.stderr.write(f"warning: {path}: {len(bad)} row(s) skipped, not as draftops writes them ({shown}). "
+                         f"Delete those rows with sqlite3, or move the file aside ({aside}) to start a new "
+                         "history.\n")
+    return good
 
 
 def parse_time(text: str) -> datetime:
@@ -379,7 +424,7 @@ class History:
             with self._connect(write=False) as conn:
                 if self._unwritten(conn):              # (after _connect's check of a newer schema)
                     return []
-                return [_row(r) for r in conn.execute(sql, args)]
+                return _rows(self.path, conn.execute(sql, args))
         except FileNotFoundError:
             return []
 
@@ -393,8 +438,8 @@ class History:
             with self._connect(write=False) as conn:
                 if self._unwritten(conn):
                     return None
-                row = conn.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]).fetchone()
-                return _row(row) if row else None
+                found = _rows(self.path, conn.execute("SELECT * FROM runs WHERE run_id = ?", [run_id]))
+                return found[0] if found else None
         except FileNotFoundError:
             return None
 

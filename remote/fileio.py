@@ -85,15 +85,25 @@ def new_folder(dest: Path) -> Iterator[Path]:
     first as an empty folder (exclusive: a name already there raises FileExistsError and is never
     replaced), the block writes into the temporary folder it is given beside it, and that folder is
     renamed onto the claimed one when the block ends. Whatever fails (the block, a full disk, a signal
-    that unwinds) removes both, leaving nothing."""
+    that unwinds) removes both, leaving nothing.
+
+    A SIGKILL cannot unwind: it leaves ``dest`` empty and the temporary folder beside it. Each live
+    call holds a lock on its temporary folder (``flock``, released by the kernel when the process
+    dies), and claims run one at a time (a lock on the parent folder), so the next call recognises
+    what a dead one left, an empty ``dest`` and unlocked temporary folders of its name, and clears
+    it; a copy still being written is never touched."""
     import shutil
-    import tempfile
-    dest.mkdir()
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent))
-    except BaseException:
-        dest.rmdir()
-        raise
+    with _locked(dest.parent):
+        tmp = Path(_tmp_beside(dest))
+        lock = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _flock(lock, exclusive=True, wait=True):     # (no locks on this file system: nothing is cleared)
+                _clear_leftovers(dest, tmp)
+            dest.mkdir()
+        except BaseException:
+            os.close(lock)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     try:
         os.chmod(tmp, dest.stat().st_mode & 0o7777)     # mkdtemp's 0700 -> what the umask gave dest
         yield tmp
@@ -102,7 +112,63 @@ def new_folder(dest: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         dest.rmdir()
         raise
+    finally:
+        os.close(lock)
     _fsync_dir(dest.parent)
+
+
+def _tmp_beside(dest: Path) -> str:
+    """The temporary folder of a :func:`new_folder` at ``dest`` (``.NAME.XXXXXXXX.draftops-tmp``)."""
+    import tempfile
+    return tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=TMP_SUFFIX, dir=dest.parent)
+
+
+def _flock(fd: int, *, exclusive: bool, wait: bool) -> bool | None:
+    """``flock`` on ``fd``: True when held, False when ``wait`` is False and another process holds it,
+    None where the file system has no such locks (some network file systems refuse them on a folder)."""
+    import fcntl
+    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` itself for the block (claims of new folders one at a time)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _flock(fd, exclusive=True, wait=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clear_leftovers(dest: Path, mine: Path) -> None:
+    """Remove what a killed :func:`new_folder` left at ``dest``: the empty folder and its unlocked
+    temporary folders. Anything else there (a file, a folder with content, no temporary folder, or
+    one a live call holds) is left alone, and the claim then refuses the name."""
+    import re
+    import shutil
+    if dest.is_symlink() or not dest.is_dir() or any(dest.iterdir()):
+        return
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.[a-z0-9_]{{8}}{re.escape(TMP_SUFFIX)}")
+    stale = [p for p in dest.parent.iterdir()
+             if p != mine and pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in stale]
+    try:
+        if not stale or not all(_flock(fd, exclusive=True, wait=False) is True for fd in fds):
+            return
+        for folder in stale:
+            shutil.rmtree(folder)
+        dest.rmdir()
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def write_exclusive(path: Path, data: bytes) -> None:

@@ -122,6 +122,46 @@ def _cut(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _tamper(change: Any) -> Any:
+    """A preparation that rewrites model.safetensors' header with ``change(entries)``, the data unchanged."""
+    def prepare(folder: Path) -> None:
+        path = folder / "model.safetensors"
+        raw = path.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+        entries = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+        change([header[k] for k in entries])
+        body = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n:])
+    return prepare
+
+
+def _overlap(entries: list[dict[str, Any]]) -> None:
+    begin, end = entries[1]["data_offsets"]
+    entries[1]["data_offsets"] = [begin - 4, end - 4]       # its first bytes are the last of the one before
+
+
+def _negative(entries: list[dict[str, Any]]) -> None:
+    entries[0]["data_offsets"] = [-8, entries[0]["data_offsets"][1]]
+
+
+def _wrong_dtype(entries: list[dict[str, Any]]) -> None:
+    entry = next(e for e in entries if e["dtype"] == "F32")
+    entry["dtype"] = "F16"                                  # half the bytes its offsets hold
+
+
+def _nan_config(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config[formats.LAYER_CONFIG]["rms_norm_eps"] = float("nan")
+    (folder / "config.json").write_text(json.dumps(config))          # Python writes the bare token NaN
+
+
+def _linked_outside(folder: Path) -> None:
+    outside = folder.parent / "elsewhere.safetensors"
+    (folder / "model.safetensors").rename(outside)
+    (folder / "model.safetensors").symlink_to(outside)
+
+
 @pytest.mark.parametrize(("name", "prepare", "args", "said"), [
     ("already flat", lambda f: shutil.copytree(demo().root / "draft_flat", f, dirs_exist_ok=True), [],
      "is already in the flat format, which SGLang reads"),
@@ -131,6 +171,11 @@ def _cut(folder: Path) -> None:
     ("qwen3 decoder", lambda f: _edit_config(f, {f"{formats.LAYER_CONFIG}.model_type": "qwen3"}), [],
      "SGLang serves EAGLE-3 drafts only as LlamaForCausalLMEagle3"),
     ("cut-off weights", _cut, [], "The file is truncated"),
+    ("overlapping offsets", _tamper(_overlap), [], "data_offsets overlap the tensor before them"),
+    ("negative offsets", _tamper(_negative), [], "is not a non-negative integer"),
+    ("dtype against byte length", _tamper(_wrong_dtype), [], "byte length does not match its dtype and shape"),
+    ("NaN in the config", _nan_config, [], "`transformer_layer_config.rms_norm_eps` is nan, which is not a JSON"),
+    ("shard linked outside", _linked_outside, [], "outside the checkpoint folder"),
     ("two ids for three slots", lambda f: None, ["--layer-ids", "-1,1"], "2 ids but fc.weight takes 3"),
     ("ids not digits", lambda f: None, ["--layer-ids", "-1,1_0,3"], "is not an integer written with the digits"),
 ])
@@ -142,7 +187,7 @@ def test_bad_input_is_one_paragraph_and_nothing_is_written(tmp_path: Path, name:
     text = refusal(flat_copy(source, tmp_path / "flat", *args))
     assert said in text, text
     assert not (tmp_path / "flat").exists() and digest(source) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src 'x'"]            # no temporary folder left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "elsewhere.safetensors") == ["src 'x'"]
 
 
 def test_the_destination_is_never_replaced_nor_inside_the_source(tmp_path: Path) -> None:
@@ -224,3 +269,78 @@ def test_on_an_sglang_host_test_drafter_names_draft_flat_whose_copy_then_checks_
     assert "fix it with:" not in again.stdout
     twice = invoke(project, *pasted, "--out", str(dest))
     assert twice.returncode == 1 and "already exists" in twice.stderr, twice.stdout + twice.stderr
+
+
+_SLOW_COPY = """
+import sys, time
+from pathlib import Path
+from remote.draft_flat import __main__ as tool, tensors
+real = tensors.copy
+def slow(src, dest, n, header):
+    written = real(src, dest, n, header)
+    Path(sys.argv[1]).write_text("copying")
+    time.sleep(120)
+    return written
+tensors.copy = slow
+sys.exit(tool.main(["--ckpt", sys.argv[2], "--dest", sys.argv[3]]))
+"""
+
+
+def test_a_copy_killed_midway_is_cleared_by_the_next_run_and_a_live_one_is_left_alone(tmp_path: Path) -> None:
+    """SIGKILL during the copy left an empty --dest and a hidden partial folder, and every rerun was refused
+    ("already exists"). The rerun clears what a dead copy left; a copy still running is never touched."""
+    import signal
+    import time
+
+    source, dest, ready = demo().root / "draft_fixed", tmp_path / "flat", tmp_path / "ready"
+    slow = subprocess.Popen([sys.executable, "-c", _SLOW_COPY, str(ready), str(source), str(dest)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and slow.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), "the slow copy never started writing"
+        partial = [p for p in tmp_path.iterdir() if p.name.startswith(".flat.")]
+        assert len(partial) == 1 and list(dest.iterdir()) == []
+        assert "already exists" in refusal(flat_copy(source, dest))        # a live copy: left alone
+        assert partial[0].is_dir() and (partial[0] / "model.safetensors").exists()
+    finally:
+        slow.send_signal(signal.SIGKILL)
+        slow.wait(timeout=30)
+    assert list(dest.iterdir()) == [] and partial[0].is_dir()             # what a SIGKILL leaves
+    done = flat_copy(source, dest)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (dest / "model.safetensors").is_file() and (dest / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flat", "ready"]  # the partial folder is gone
+
+
+def test_someone_elses_empty_folder_is_still_never_replaced(tmp_path: Path) -> None:
+    """Clearing leftovers takes an empty --dest only beside a dead copy's own hidden folder."""
+    (tmp_path / "flat").mkdir()
+    (tmp_path / ".flat.notours").mkdir()                                   # not a name the copy makes
+    assert "already exists" in refusal(flat_copy(demo().root / "draft_fixed", tmp_path / "flat"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".flat.notours", "flat"]
+
+
+def test_the_copy_keeps_each_files_permission_bits(tmp_path: Path) -> None:
+    """Weights kept 0600 (private) became 0644 in the copy; each file keeps its source's bits."""
+    source = shutil.copytree(demo().root / "draft_fixed", tmp_path / "src")
+    (source / "tokenizer_config.json").write_text("{}")
+    for name, mode in (("model.safetensors", 0o600), ("config.json", 0o640), ("tokenizer_config.json", 0o600)):
+        os.chmod(source / name, mode)
+    done = flat_copy(source, tmp_path / "flat")
+    assert done.returncode == 0, done.stdout + done.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "flat").iterdir()}
+    assert modes == {"model.safetensors": 0o600, "config.json": 0o640, "tokenizer_config.json": 0o600}
+
+
+def test_a_side_file_linked_outside_the_checkpoint_is_not_copied(tmp_path: Path) -> None:
+    """A tokenizer file linked to a file elsewhere (e.g. a secret) was copied into the new folder."""
+    source = shutil.copytree(demo().root / "draft_fixed", tmp_path / "src")
+    (tmp_path / "secret.txt").write_text("not the draft's")
+    (source / "tokenizer.json").symlink_to(tmp_path / "secret.txt")
+    done = flat_copy(source, tmp_path / "flat")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "flat" / "tokenizer.json").exists()
+    assert "outside the checkpoint folder: not copied" in done.stdout

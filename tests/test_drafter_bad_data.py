@@ -205,6 +205,27 @@ def test_a_dump_link_to_nothing_is_named_not_skipped(tmp_path: Path) -> None:
     assert [f.name for f in DumpSet.open(data).files] == [f"hs_{i}.safetensors" for i in range(3)]
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_dump_that_is_a_fifo_or_a_device_is_named_not_silently_left_out(tmp_path: Path, kind: str) -> None:
+    """A FIFO or a link to /dev/zero named like a dump was left out of the sample set without a word, even
+    with --full: the verdict then covered fewer samples than the folder named. It is an error naming it."""
+    import os
+
+    from remote.drafter.data import DumpSet
+    from remote.drafter.errors import CorruptFileError
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        (data / f"hs_{i}.safetensors").symlink_to(lab().data / f"hs_{i}.safetensors")
+    odd = data / "hs_2.safetensors"
+    os.mkfifo(odd) if kind == "fifo" else odd.symlink_to("/dev/zero")
+    with pytest.raises(CorruptFileError) as exc:
+        DumpSet.open(data)
+    text = str(exc.value)
+    assert "1 dump file(s) are no regular file" in text and str(odd) in text
+    assert ("a FIFO" if kind == "fifo" else "a device") in text
+
+
 def test_the_trained_layout_on_clean_dumps_is_still_a_verdict(tmp_path: Path) -> None:
     """Control for the tests above: the same draft and data, unmodified, give a real verdict."""
     ck = save(tmp_path / "ck", trained_weights(WELL_TRAINED), TRAINED)

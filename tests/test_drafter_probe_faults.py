@@ -179,3 +179,61 @@ def test_draft_config_without_a_target_refuses_an_id_past_any_target(tmp_path, c
     said = capsys.readouterr().err
     assert code == exitcodes.REFUSED and str(huge) in said and "--target" in said
     assert (ckpt / "config.json").read_bytes() == before and not list(ckpt.glob("*draftops-bak*"))
+
+
+_BOMB = """
+import gzip, resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from remote.drafter import torchfile
+from remote.drafter.errors import CorruptFileError
+try:
+    torchfile.load(Path(sys.argv[1]), "remake it")
+except CorruptFileError as exc:
+    print(exc)
+"""
+
+
+def test_a_gzip_bomb_sample_is_refused_before_it_fills_memory_naming_the_file(tmp_path):
+    """8.3 MB expanding to 8 GiB read until MemoryError; a 2 GiB one was read whole, then called "a pickle
+    that would run code". The expansion is bounded (64 times the file, at least 256 MiB), under a memory cap."""
+    import gzip
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bomb = tmp_path / "data_0.ckpt.gz"
+    zeros = bytes(1 << 24)
+    with gzip.open(bomb, "wb", compresslevel=1) as out:        # 768 MiB of zeros in well under 1 MiB
+        for _ in range(48):
+            out.write(zeros)
+    assert bomb.stat().st_size < 4 << 20
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _BOMB, str(bomb)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gzip stream expands past 256 MiB" in done.stdout and str(bomb) in done.stdout, done.stdout
+    assert "would run code" not in done.stdout
+
+
+def test_a_gzip_sample_within_the_bound_still_loads(tmp_path):
+    import gzip
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"hidden_states": torch.randn(64, 3, 32)}, buffer)
+    file = tmp_path / "data_0.ckpt.gz"
+    file.write_bytes(gzip.compress(buffer.getvalue()))
+    assert torchfile.load(file, FIX)["hidden_states"].shape == (64, 3, 32)
+
+
+def test_bytes_that_are_no_pickle_are_not_called_code(tmp_path):
+    """A sample of zeros was "a pickle that would run code"; it holds no pickle at all."""
+    import gzip
+
+    file = tmp_path / "data_0.ckpt.gz"
+    file.write_bytes(gzip.compress(bytes(4096)))
+    with pytest.raises(CorruptFileError) as err:
+        torchfile.load(file, FIX)
+    assert "is not a torch save" in str(err.value) and "run code" not in str(err.value)

@@ -441,3 +441,66 @@ def test_keep_records_with_the_revision_and_only_warns_when_it_cannot(tmp_path: 
     records.keep(tmp_path, "run r3", build, warned.append)
     assert warned[0] == "serve run r2 was not recorded in the local history: PermissionError: host said no"
     assert warned[1].startswith("run r3 was not recorded in the local history: ") and "Error:" not in warned[1]
+
+
+def _tampered(path: Path) -> None:
+    """Rows edited by hand, as the outside probe wrote them (issue 35 I), beside one good run."""
+    History(path).record(_rec("good", kind="bench", time="2026-11-30T10:00:00Z", host="local", engine="vllm",
+                              target="t", settings={"mode": "baseline"}, verdict="succeeded"))
+    conn = sqlite3.connect(path)
+    rows = [("esc", "\x1b[2J\x1b[31m2026-11-30T11:00:00Z", "{}", "{}"),
+            ("metrics-int", "2026-11-30T12:00:00Z", "{}", "7"),
+            ("settings-str", "2026-11-30T13:00:00Z", '"str"', "{}"),
+            ("not-json", "2026-11-30T14:00:00Z", "{", "{}")]
+    for run_id, when, settings, metrics in rows:
+        conn.execute("INSERT INTO runs (run_id, kind, host, time, engine, target, settings, metrics, verdict, "
+                     "recorded_at) VALUES (?, 'bench', 'local', ?, 'vllm', 't', ?, ?, 'succeeded', ?)",
+                     [run_id, when, settings, metrics, "2026-11-30T15:00:00Z"])
+    conn.execute("INSERT INTO runs (run_id, kind, host, time, recorded_at) VALUES ('blob', 'bench', ?, "
+                 "'2026-11-30T10:00:00Z', 'x')", [b"\x1b[2J"])
+    conn.commit()
+    conn.close()
+
+
+def test_a_hand_edited_row_is_skipped_with_one_warning_and_never_reaches_the_terminal(tmp_path: Path,
+                                                                                      capsys) -> None:
+    """A time of `\\x1b[2J…` reached the terminal raw; metrics 7 or settings "str" crashed every reader."""
+    path = tmp_path / "h.sqlite"
+    _tampered(path)
+    found = History(path).query()
+    assert [r.run_id for r in found] == ["good"]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "5 row(s) skipped" in err and str(path) in err
+    assert "'metrics-int': metrics is int, not a JSON object" in err and "\x1b" not in err
+    assert History(path).get("metrics-int") is None and History(path).get("good") is not None
+
+
+def test_the_doctors_baseline_lookup_reads_past_a_bad_row(tmp_path: Path, capsys) -> None:
+    """`doctor --fix` (reusable_baseline) called .get on a metrics or settings row stored as 7 or "str"."""
+    from draftops.doctor.serving import reusable_baseline
+
+    path = tmp_path / "h.sqlite"
+    _tampered(path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE runs SET git_rev = 'rev1'")
+    conn.commit()
+    conn.close()
+    (tmp_path / "runs" / "good").mkdir(parents=True)
+    (tmp_path / "runs" / "good" / "bench-result.json").write_text("{}")
+    found = reusable_baseline(tmp_path / "runs", History(path), host="local", engine="vllm", target="t",
+                              settings={}, git_rev="rev1", now=datetime(2026, 11, 30, 16, tzinfo=timezone.utc))
+    assert found is not None and found.run_id == "good"
+    assert "row(s) skipped" in capsys.readouterr().err
+
+
+def test_runs_local_shows_the_good_rows_of_a_tampered_history(tmp_path: Path, make_project, no_inventory_env) -> None:
+    root = make_project({"here": {"transport": "local", "root": str(tmp_path / "hostroot")}}, default="here")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    _tampered(root / "runs" / "history.sqlite")
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("DRAFTOPS_HOST", None)
+    done = subprocess.run([sys.executable, "-m", "invoke", "runs", "--local"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "good" in done.stdout and "\x1b[2J" not in done.stdout + done.stderr
+    assert "row(s) skipped" in done.stderr and "Traceback" not in done.stderr

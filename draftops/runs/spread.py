@@ -68,6 +68,9 @@ def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: 
     first = finish_job(hosts[0], started[0][1].id, view=view)
     failed = []
     for rank, (host, job) in enumerate(started[1:], 1):
+        if not first.ok and _stop_node(host, job.id):  # the others would wait for node 0 until their timeout
+            failed.append(f"node {rank} (host {host.name}, run {job.id}) stopped, as node 0 failed")
+            continue
         final = follow(host, job.id, JobView())     # bounded: the rendezvous and collective timeouts
         if final.get("state") != "succeeded":
             failed.append(f"node {rank} (host {host.name}, run {job.id}) {clean(str(final.get('state')))} "
@@ -102,6 +105,15 @@ def run_slurm(host: Host, gpus: int, nodes: int, eval_args: list[str], *, name: 
     mlstack.require(host, LAUNCHER)
     return run_job(host, name, slurm_command(host, gpus, eval_args, port), view=view, env=env, task=task,
                    given=given, slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
+
+
+def _stop_node(host: Host, run_id: str) -> bool:
+    """End a node whose run can no longer meet node 0 (SIGTERM, then SIGKILL); False when it had already
+    ended (its own status and reason then tell why)."""
+    if jobs.status(host, run_id).get("state") not in ("starting", "running"):
+        return False
+    jobs.kill(host, run_id, grace_s=5.0)
+    return True
 
 
 def _reason(final: Mapping[str, Any]) -> str:

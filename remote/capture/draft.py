@@ -39,7 +39,7 @@ def aux_count(draft: Path, hidden: int) -> tuple[int, str]:
 def read_config(draft: Path) -> dict[str, Any]:
     file = draft / "config.json" if draft.is_dir() else draft
     try:
-        config = jsonread.loads(file.read_bytes())
+        config = jsonread.load(file)
     except (OSError, ValueError) as exc:
         raise CaptureError(f"The draft's config cannot be read ({type(exc).__name__}: {exc})", path=file,
                            fix="pass --draft the checkpoint folder holding config.json") from exc

@@ -43,7 +43,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 def read(path: Path) -> Target:
     file = path / "config.json"
     try:
-        raw = file.read_bytes()
+        raw = jsonread.read_bounded(file)
         config = jsonread.loads(raw)
     except (OSError, ValueError) as exc:
         raise CaptureError(f"The target's config cannot be read ({type(exc).__name__}: {exc})", path=file,

@@ -97,7 +97,7 @@ def load(ckpt: Path) -> DraftConfig:
     """Read ``ckpt/config.json`` (or ``ckpt`` itself when it is a file) and detect its format."""
     path = ckpt if ckpt.is_file() else ckpt / "config.json"
     try:
-        raw = path.read_bytes()
+        raw = jsonread.read_bounded(path)
         data = jsonread.loads(raw)
     except (OSError, ValueError) as exc:
         raise ConfigFormatError(

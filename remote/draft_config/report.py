@@ -24,7 +24,7 @@ class ReportFix:
 def read_fix(path: Path) -> ReportFix:
     """The fix in the report at ``path``; a report without one is refused."""
     try:
-        data = jsonread.loads(path.read_text())
+        data = jsonread.load(path)
     except (OSError, ValueError) as exc:
         raise ReportError(f"Cannot read the drafter report {path} ({exc}).") from exc
     verdict = data.get("verdict") if isinstance(data, dict) else None

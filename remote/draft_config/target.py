@@ -28,7 +28,7 @@ def load_target(path: Path) -> TargetInfo:
     """Read the target's config.json (``path`` is the model folder or the file itself)."""
     config = path if path.is_file() else path / "config.json"
     try:
-        data = jsonread.loads(config.read_text())
+        data = jsonread.load(config)
     except (OSError, ValueError) as exc:
         raise ConfigFormatError(
             f"Cannot read the target config {config} ({exc}). Pass --target the target model "

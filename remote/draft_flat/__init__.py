@@ -9,7 +9,11 @@ convention, ``layers.0.*`` renamed ``midlayer.*``; every tensor's bytes are copi
 safetensors headers are rewritten, the data is streamed: no torch, memory bounded at any size).
 
 Stdlib only. The source is never written; the copy is built in a temporary folder beside ``--dest``
-and renamed into place when complete, so a failure (a full disk, a signal) leaves no half copy.
+and renamed into place when complete, so a failure (a full disk, a signal) leaves no half copy, and
+what a SIGKILL leaves (an empty ``--dest``, the temporary folder) is cleared by the next run
+(``remote.fileio.new_folder``). Every header is checked as safetensors checks it before a byte is
+written, the configs are written as strict JSON (a NaN or Infinity refused, naming the field), and
+each file keeps its source's permission bits.
 
 draft_flat.json (``--out DIR``), schema ``draftops.draft-flat/1``::
 

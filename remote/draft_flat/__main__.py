@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from .. import events, exitcodes
+from .. import events, exitcodes, jsonread
 from ..draft_config import config_file, validate
 from ..draft_config.report import read_fix
+from ..eagle import weights
 from ..eagle.formats import FLAT, NESTED_FIELD
 from ..eagle.weights import INDEX_NAME
 from ..fileio import new_folder
@@ -128,25 +130,60 @@ def _write(ckpt: Path, config: dict[str, Any], tmp: Path, ids: list[int], warnin
     files, weight_map = tensors.weight_files(ckpt)
     headers = {name: tensors.read(ckpt / name) for name in files}       # every header checked first
     dtype = next((d for _, h in headers.values() if (d := tensors.dtype_of(h))), None)
+    _strict_json(config, ckpt / "config.json")                         # names the source's own field
     flat, notes = flat_config.build(config, ckpt / "config.json", ids, dtype)
     warnings += notes
+    config_text = _strict_json(flat, ckpt / "config.json")
+    index_text = None
+    if weight_map is not None:
+        index = jsonread.load(ckpt / INDEX_NAME)
+        index["weight_map"] = {tensors.renamed(k): v for k, v in weight_map.items()}
+        index_text = _strict_json(index, ckpt / INDEX_NAME)
     for name in files:
         n, header = headers[name]
         body, changed = tensors.new_header(ckpt / name, header)
         payload["bytes"] += tensors.copy(ckpt / name, tmp / name, n, body)
         payload["tensors"] += sum(1 for k in header if k != "__metadata__")
         payload["renamed"] += changed
-    if weight_map is not None:
-        index = json.loads((ckpt / INDEX_NAME).read_text())
-        index["weight_map"] = {tensors.renamed(k): v for k, v in weight_map.items()}
-        (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    (tmp / "config.json").write_text(json.dumps(flat, indent=2) + "\n")
+    if index_text is not None:
+        _write_like(ckpt / INDEX_NAME, tmp / INDEX_NAME, index_text)
+    _write_like(ckpt / "config.json", tmp / "config.json", config_text)
     payload["files"] = sorted([*files, "config.json", *([INDEX_NAME] if weight_map is not None else [])])
     payload["files"] += _copy_others(ckpt, tmp, set(payload["files"]), warnings)
 
 
+def _strict_json(document: Any, source: Path) -> str:
+    """``document`` as JSON every parser reads: a NaN or Infinity (which Python's json reads and writes as
+    bare tokens no other parser accepts) is refused, naming the field."""
+    bad = _non_finite(document, "")
+    if bad is not None:
+        raise NotConvertible(f"{source}: `{bad[0]}` is {bad[1]}, which is not a JSON number (strict parsers, "
+                             "SGLang's included, refuse the file) and no valid setting. Write the number the "
+                             "draft was trained with into that field, then run draft-flat again.")
+    return json.dumps(document, indent=2, allow_nan=False) + "\n"
+
+
+def _non_finite(value: Any, where: str, depth: int = 0) -> tuple[str, float] | None:
+    """The first (dotted field, value) holding NaN or an infinity in a parsed JSON document."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(the document)", value
+    items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ())
+    for key, item in items if depth < 64 else ():
+        found = _non_finite(item, f"{where}.{key}" if where else str(key), depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _write_like(source: Path, dest: Path, text: str) -> None:
+    """``dest`` written with ``text``, with the permission bits of the file it is made from."""
+    dest.write_text(text)
+    os.chmod(dest, source.stat().st_mode & 0o777)
+
+
 def _copy_others(ckpt: Path, tmp: Path, done: set[str], warnings: list[str]) -> list[str]:
-    """The checkpoint's other plain files (tokenizer, generation config, README), byte for byte."""
+    """The checkpoint's other plain files (tokenizer, generation config, README), byte for byte, with their
+    permission bits."""
     copied = []
     for entry in sorted(ckpt.iterdir()):
         name = entry.name
@@ -155,7 +192,14 @@ def _copy_others(ckpt: Path, tmp: Path, done: set[str], warnings: list[str]) -> 
         if not entry.is_file():
             warnings.append(f"{entry} is not a plain file: not copied")
             continue
+        try:
+            weights.check_inside(ckpt, entry)
+        except weights.HeaderError:
+            warnings.append(f"{entry} is a link to {os.path.realpath(entry)}, outside the checkpoint folder: not "
+                            "copied (copy that file in yourself if the draft needs it)")
+            continue
         shutil.copyfile(entry, tmp / name)
+        os.chmod(tmp / name, entry.stat().st_mode & 0o777)
         copied.append(name)
     return copied
 

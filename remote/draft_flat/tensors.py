@@ -30,17 +30,21 @@ def renamed(name: str) -> str:
 def weight_files(ckpt: Path) -> tuple[list[str], dict[str, str] | None]:
     """The checkpoint's safetensors file names, and its shard index's weight_map when it has one."""
     index = ckpt / weights.INDEX_NAME
+    mapped: dict[str, str] | None = None
     try:
         if index.is_file():
             mapped = weights.index_map(index)
-            return sorted(set(mapped.values())), mapped
+            files = sorted(set(mapped.values()))
+        else:
+            files = sorted(p.name for p in ckpt.glob("*.safetensors") if not p.is_dir())
+        for name in files:
+            weights.check_inside(ckpt, ckpt / name)
     except weights.HeaderError as exc:
         raise NotConvertible(_header_text(exc)) from None
-    files = sorted(p.name for p in ckpt.glob("*.safetensors") if p.is_file())
     if not files:
         raise NotConvertible(f"{ckpt} holds no *.safetensors file and no {weights.INDEX_NAME}: there are no "
                              "weights to copy. Point --ckpt at the draft checkpoint folder.")
-    return files, None
+    return files, mapped
 
 
 def read(path: Path) -> tuple[int, dict[str, Any]]:
@@ -48,7 +52,7 @@ def read(path: Path) -> tuple[int, dict[str, Any]]:
     data past the end) before anything is written."""
     try:
         weights.read_header(path)
-        with path.open("rb") as f:
+        with jsonread.open_regular(path) as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = jsonread.loads(f.read(n))
     except weights.HeaderError as exc:
@@ -75,7 +79,8 @@ def new_header(path: Path, header: dict[str, Any]) -> tuple[bytes, int]:
 
 
 def copy(src: Path, dest: Path, n: int, header: bytes) -> int:
-    """Write ``dest``: ``header`` then the data of ``src`` (whose header is ``n`` bytes); its bytes."""
+    """Write ``dest``: ``header`` then the data of ``src`` (whose header is ``n`` bytes), with the permission
+    bits of ``src``; its bytes."""
     written = 0
     with src.open("rb") as inp, open(dest, "xb") as out:
         out.write(struct.pack("<Q", len(header)) + header)
@@ -84,6 +89,7 @@ def copy(src: Path, dest: Path, n: int, header: bytes) -> int:
             out.write(chunk)
             written += len(chunk)
         out.flush()
+        os.fchmod(out.fileno(), os.fstat(inp.fileno()).st_mode & 0o777)    # 0600 weights stay 0600
         os.fsync(out.fileno())
     return 8 + len(header) + written
 

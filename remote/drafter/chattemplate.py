@@ -33,7 +33,7 @@ TEMPLATE_FLAGS = ("speculators' data generation and SpecForge's prepare_hidden_s
 
 def _json(path: Path) -> Any:
     try:
-        return jsonread.loads(path.read_text())
+        return jsonread.load(path)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError("A tokenizer file of the verifier cannot be read as JSON", path=path,
                           expected="the tokenizer file the target was saved with", found=f"{type(exc).__name__}: {exc}",

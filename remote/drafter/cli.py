@@ -98,7 +98,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         ckpt, data = paths.draft, paths.data
         verifier = verifier or paths.target
         if expected is None:
-            expected = jsonread.loads((paths.root / MARKER).read_text()).get("val_full_acc_0")
+            expected = jsonread.load(paths.root / MARKER).get("val_full_acc_0")
     elif ckpt is None or data is None:
         parser.error("eval: give both --ckpt and --data, or neither (to run the demo)")
     return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,

@@ -14,6 +14,7 @@ Absent values get transformers' LlamaConfig defaults, as speculators does.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -70,22 +71,56 @@ def read(path: Path, config_file: str | Path | None = None) -> DraftConfig:
 
 def read_json(path: Path, config_file: str | Path | None) -> tuple[dict[str, Any], Path]:
     """The JSON object of the draft config and where it came from."""
+    cfg_path = locate(path, config_file)
+    return json_object(cfg_path, "The draft config", "repair it or pass --config with a good copy"), cfg_path
+
+
+def locate(path: Path, config_file: str | Path | None) -> Path:
+    """Where the draft config is (``config_file``, else ``config.json`` in the draft's folder); a missing
+    one is a ConfigError that says what a draft folder holds. Checked before anything is loaded."""
     if not config_file and not path.exists():
         raise ConfigError("The draft checkpoint does not exist", path=path,
                           fix="pass --ckpt with the draft's folder (config.json and its .safetensors) or one "
                               "of its weight files; on a remote host the path is the host's")
     cfg_path = Path(config_file) if config_file else (path / "config.json" if path.is_dir()
                                                       else path.parent / "config.json")
-    if not cfg_path.is_file():
-        raise ConfigError("The draft config file does not exist", path=cfg_path,
-                          fix="pass --config FILE (e.g. the config_speculators.json backup)")
-    return json_object(cfg_path, "The draft config", "repair it or pass --config with a good copy"), cfg_path
+    if config_file and not cfg_path.exists():
+        raise ConfigError("The --config file does not exist", path=cfg_path, field="--config",
+                          fix="check the path (on a remote host it is the host's), or leave --config out to "
+                              "read config.json in the draft's folder")
+    if not cfg_path.exists() and not cfg_path.is_symlink():
+        raise ConfigError(
+            "This is not a draft checkpoint folder: it has no config.json", path=cfg_path.parent,
+            expected=DRAFT_FOLDER, found=_listing(cfg_path.parent),
+            fix="point --ckpt at the draft's own folder (the one the trainer saved, or draft-config and "
+                "draft-flat wrote); a config saved under another name is given with --config FILE")
+    return cfg_path
+
+
+#: what a draft checkpoint folder holds (the text of a folder that is not one)
+DRAFT_FOLDER = ("config.json (an EAGLE-3 draft config: speculators or flat format) beside model.safetensors, "
+                "or its shards with model.safetensors.index.json (or the EAGLE repository's pytorch_model.bin)")
+
+
+def _listing(folder: Path, most: int = 6) -> str:
+    """A few names in ``folder``, for an error (bounded: a folder of millions is not listed whole)."""
+    try:
+        names = sorted(itertools.islice((p.name for p in folder.iterdir()), 200))
+    except OSError as exc:
+        return f"a folder that cannot be listed ({exc.strerror})"
+    if not names:
+        return "an empty folder"
+    more = f" and more ({len(names)}{'+' if len(names) == 200 else ''} entries)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def json_object(file: Path, what: str, fix: str) -> dict[str, Any]:
-    """The JSON object in ``file``; anything else (unreadable, not JSON, a list) is a ConfigError."""
+    """The JSON object in ``file``; anything else (unreadable, not a regular file, too large, not JSON, a
+    list) is a ConfigError."""
     try:
-        cfg = jsonread.loads(file.read_text())
+        cfg = jsonread.load(file)
+    except (jsonread.NotRegular, jsonread.TooLarge) as exc:
+        raise ConfigError(f"{what} is refused: {exc}", path=file, fix=fix) from exc
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{what} is not valid JSON ({exc})", path=file, fix=fix) from exc
     if not isinstance(cfg, dict):

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .. import jsonread
 from ..eagle import convention
 from . import dumpformats as fmts
 from . import torchfile, trainerconfig
@@ -291,6 +292,14 @@ def _dump_files(folder: Path) -> list[Path]:
             f"{len(dangling)} dump file(s) are links to nothing (first: -> {_link_target(dangling[0])})",
             path=dangling[0], fix="restore what the links point to (a moved or unmounted dump folder), or remove "
                                   "the links to evaluate without those samples")
+    special = sorted((f for f in named if f.exists() and not f.is_file() and not f.is_dir()), key=_natural_key)
+    if special:
+        what = jsonread.kind(special[0].stat().st_mode)
+        raise CorruptFileError(
+            f"{len(special)} dump file(s) are no regular file (first: {what}), so they are not read: leaving them "
+            "out would evaluate fewer samples than the folder names, and say nothing", path=special[0],
+            fix="put the dump files themselves there (a FIFO waits for a writer forever, a device such as "
+                "/dev/zero never ends), or remove those names to evaluate without them")
     return sorted((f for f in named if f.is_file()), key=_natural_key)
 
 

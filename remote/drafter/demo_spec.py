@@ -101,7 +101,7 @@ def is_complete(out: Path, spec: DemoSpec = DemoSpec()) -> bool:
     """True when ``out`` holds a finished demo of this version and these parameters."""
     marker = Path(out) / MARKER
     try:
-        meta = jsonread.loads(marker.read_text())
+        meta = jsonread.load(marker)
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("version") == DEMO_VERSION and meta.get("spec") == asdict(spec)

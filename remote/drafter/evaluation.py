@@ -30,6 +30,7 @@ from .. import events
 from ..eagle import convention, engine_rules
 from . import (
     chattemplate,
+    config,
     distributed,
     dumpformats,
     engine_states,
@@ -84,6 +85,7 @@ def evaluate(opts: EvalOptions) -> dict[str, Any]:
     one rank of a torchrun (distributed.py) it scores its share; rank 0 alone reports and writes,
     the other ranks return ``{}``."""
     opts.validate()
+    config.locate(opts.ckpt, opts.config)      # a folder that is no draft is told so before any "loading" line
     started = time.time()
     device, dtype = resolve_device(distributed.device_of(opts.device))
     world = distributed.from_env(device)

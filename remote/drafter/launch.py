@@ -10,6 +10,7 @@ that failed leaves none.  ``--gpus`` implies ``--full`` (a torchrun scores every
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import socket
@@ -85,6 +86,8 @@ def check(opts: argparse.Namespace) -> None:
                           fix="number the nodes 0..N-1 in the order of the host list, the first holding the endpoint")
     if opts.nnodes > 1:
         _check_endpoint(opts.endpoint)
+        if opts.node_rank == 0:
+            _check_port_free(opts.endpoint, opts.nnodes)
     for flag in ("--rdzv-timeout", "--collective-timeout"):
         value = getattr(opts, flag[2:].replace("-", "_"))
         if value < 1:
@@ -98,6 +101,43 @@ def _check_endpoint(endpoint: str | None) -> None:
         raise OptionError("Several nodes need the rendezvous endpoint of the first one", field="--endpoint",
                           expected="HOST:PORT, the first node's address as the other nodes reach it",
                           found=endpoint, fix="pass --endpoint HOST:PORT (port 1-65535)")
+
+
+def port_taken(endpoint: str, nnodes: int) -> RankError:
+    """The first node cannot hold the rendezvous: its port is taken (torch says EADDRINUSE, and the
+    other nodes would wait for it until their --rdzv-timeout)."""
+    port = endpoint.rpartition(":")[2]
+    return RankError(f"The rendezvous port {port} is taken on host {socket.gethostname()} (node 0 of {nnodes}, "
+                     f"which holds the rendezvous {endpoint}): another process listens on it, so this torchrun "
+                     "cannot start, and no node waits for it", field="--endpoint",
+                     expected="a free port on the first host", found=f"port {port} in use",
+                     fix="run it again with another rendezvous port (test-drafter's --port; `ss -ltnp` on that "
+                         "host lists the process listening on this one), or stop that process")
+
+
+def _check_port_free(endpoint: str | None, nnodes: int) -> None:
+    """Node 0 binds the rendezvous port on every address (torch's TCP store): a port already listened on
+    is refused before any rank starts, not reported as nodes that never met."""
+    port = int((endpoint or "").rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # a closed run's TIME_WAIT is no owner
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise port_taken(str(endpoint), nnodes) from None
+
+
+def _in_use(exc: BaseException) -> bool:
+    """torch's rendezvous failed because its port is taken (its message, or its cause's)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if "EADDRINUSE" in str(seen) or "address already in use" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def describe(rank: int, failure: Any, nproc: int, node_rank: int) -> str:
@@ -150,6 +190,8 @@ def run(opts: argparse.Namespace) -> int:
         raise RankError(f"The torchrun of the evaluator failed and wrote no report: {text}") from None
     except (DistError, RendezvousError) as exc:
         _drop_partial(report, started)
+        if opts.nnodes > 1 and opts.node_rank == 0 and _in_use(exc):
+            raise port_taken(str(opts.endpoint), opts.nnodes) from None
         raise RankError(f"Node {opts.node_rank} of {opts.nnodes} (host {socket.gethostname()}) did not meet the other "
                         f"nodes at the rendezvous {opts.endpoint or 'on this node'} within {opts.rdzv_timeout} s: "
                         f"{(str(exc).splitlines() or [type(exc).__name__])[0]}", field="--endpoint",

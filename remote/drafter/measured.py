@@ -18,7 +18,7 @@ def read_capture_check(path: Path, slot_count: int) -> tuple[SlotInfo | None, di
     the draft scores on them. Refused in one paragraph when unreadable, for another slot count, or when
     slots are unmatched without differences (an SGLang check measures the final slot only)."""
     try:
-        doc = jsonread.loads(path.read_bytes())
+        doc = jsonread.load(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"The capture-check report cannot be read ({type(exc).__name__}: {exc})", path=path,
                           fix="run `invoke capture-check` again, or drop --measured") from exc

@@ -56,6 +56,14 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return {name: TensorInfo(name, path, e.shape, e.dtype, e.end) for name, e in entries.items()}
 
 
+def _inside(folder: Path, file: Path) -> None:
+    """``remote.eagle.weights.check_inside`` as a CorruptFileError."""
+    try:
+        headers.check_inside(folder, file)
+    except HeaderError as exc:
+        raise _corrupt(exc) from exc
+
+
 def _corrupt(exc: HeaderError) -> CorruptFileError:
     return CorruptFileError(exc.problem, path=exc.path, tensor=exc.tensor, expected=exc.expected,
                             found=exc.found, fix=exc.fix)
@@ -102,6 +110,8 @@ class TensorStore:
             )
         infos: dict[str, TensorInfo] = {}
         for file in files:
+            if path.is_dir():
+                _inside(path, file)
             header = read_header(file)
             if not weight_map:
                 _refuse_duplicates(infos, header, path)
@@ -292,7 +302,7 @@ def _files_from_index(index: Path) -> tuple[list[Path], dict[str, str]]:
         raise _corrupt(exc) from exc
     files = sorted({index.parent / f for f in weight_map.values()})
     for file in files:
-        if not file.is_file():
+        if not file.exists() and not file.is_symlink():
             raise CorruptFileError(
                 "A shard listed in the index is missing", path=file,
                 expected="file present", found="absent", fix="copy every shard named in the index",

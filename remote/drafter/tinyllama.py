@@ -260,7 +260,7 @@ def load(folder: str | Path) -> tuple[TinyConfig, Weights]:
     folder = Path(folder)
     file = folder / "config.json"
     try:
-        raw = jsonread.loads(file.read_text())
+        raw = jsonread.load(file)
     except OSError as exc:
         raise ConfigError(f"Cannot read the target config ({exc.strerror})", path=file,
                           fix="pass the target model folder (config.json + safetensors)") from exc

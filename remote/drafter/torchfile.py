@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import shutil
 import stat
 import zlib
 from pathlib import Path
@@ -37,6 +36,14 @@ def load(file: Path, regenerate: str) -> Any:
                                    f"or {regenerate}")
     try:
         loaded = _load(file)
+    except Expanded as exc:
+        size = file.stat().st_size
+        raise CorruptFileError(
+            f"The gzip stream expands past {exc.args[0] / 2**20:.0f} MiB ({MAX_GZIP_RATIO} times the file's "
+            f"{size / 2**20:.1f} MiB): hidden states compress far less, so this is no sample (a gzip bomb, or "
+            "a stream of repeated bytes) and it is refused before it fills memory", path=file,
+            expected=f"at most {MAX_GZIP_RATIO} times the compressed size", found="more",
+            fix=f"re-copy the file, or {regenerate}") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise CorruptFileError(
             f"The gzip stream is cut short or damaged ({type(exc).__name__}: {exc}), so no sample is read from it",
@@ -85,11 +92,31 @@ def _regular(file: Path, regenerate: str) -> None:
                                fix=f"point at the saved file itself (not a link to a device or pipe), or {regenerate}")
 
 
+#: how far a ``.ckpt.gz`` may expand: hidden states (floats) compress to 70-95 % of their size and a
+#: zero-padded sample a few times smaller, so a stream past 64 times its file (and past 256 MiB) is no
+#: sample but a gzip bomb, refused before it fills memory
+MAX_GZIP_RATIO = 64
+MIN_GZIP_CAP = 256 * 1024 * 1024
+
+
+class Expanded(ValueError):
+    """A gzip stream expands past the bound of :func:`gzip_cap`."""
+
+
+def gzip_cap(file: Path) -> int:
+    """The most bytes ``file``'s gzip stream may expand to."""
+    return max(MIN_GZIP_CAP, MAX_GZIP_RATIO * file.stat().st_size)
+
+
 def _load(file: Path) -> Any:
     if is_gzip(file):
         buffer = io.BytesIO()
+        cap = gzip_cap(file)
         with gzip.open(file, "rb") as stream:
-            shutil.copyfileobj(stream, buffer, 1 << 22)
+            while chunk := stream.read(min(1 << 22, cap + 1 - buffer.tell())):
+                buffer.write(chunk)
+                if buffer.tell() > cap:
+                    raise Expanded(cap)
         buffer.seek(0)
         return torch.load(buffer, map_location="cpu", weights_only=True)
     with open(file, "rb") as fh:
@@ -99,6 +126,11 @@ def _load(file: Path) -> Any:
 
 def _refusal(file: Path, exc: Exception, regenerate: str) -> CorruptFileError:
     text = str(exc)
+    if "Unsupported operand" in text:      # bytes that are no pickle at all (zeros, noise): no code in them
+        return CorruptFileError("The file is not a torch save (its bytes are no pickle stream: "
+                                f"{text.split('Unsupported operand', 1)[1].split(chr(10))[0].strip()[:40]!r} "
+                                "is no pickle operation)", path=file,
+                                fix=f"re-copy the file (it is damaged or not a torch.save), or {regenerate}")
     if "Weights only load failed" in text or "Unsupported global" in text:
         culprit = next((line.strip() for line in text.splitlines() if "GLOBAL" in line or "global" in line), "")
         return CorruptFileError(

@@ -61,7 +61,7 @@ def _json(file: Path) -> Any:
     try:
         if not file.is_file() or file.stat().st_size > MAX_BYTES:
             return None   # a draft or target config.json this names is small and a regular file too
-        return jsonread.loads(file.read_bytes())
+        return jsonread.load(file)
     except (OSError, ValueError):
         return None
 

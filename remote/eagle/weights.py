@@ -10,6 +10,8 @@ tells how many aux hidden states (A) the draft was trained on, whatever its conf
 """
 from __future__ import annotations
 
+import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,10 @@ from .. import jsonread
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_HEADER = 100 * 1024 * 1024  # a larger header means a corrupt or non-safetensors file
+#: bits per element of each safetensors dtype (the format's own list)
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+              "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+              "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "C64": 64}
 _RECOPY = "re-copy or re-generate the file"
 
 
@@ -44,10 +50,35 @@ class TensorEntry:
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
-    """Parse and check the header of one .safetensors file (``__metadata__`` left out)."""
+    """Parse and check the header of one .safetensors file (``__metadata__`` left out) as the safetensors
+    library checks it before it loads a byte: every tensor's bytes in bounds, the tensors one after the
+    other from the start of the data to the end of the file (none overlapping, none negative), and each
+    one's byte length what its dtype and shape need. A stdlib copier (draft-flat) so refuses what the
+    evaluator would refuse, instead of copying it."""
+    n, size, header = _raw_header(path)
+    entries: dict[str, TensorEntry] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        entry, begin = _entry(path, name, meta, n)
+        entries[name] = entry
+        spans.append((begin, entry.end, name))
+    full = max((e.end for e in entries.values()), default=8 + n)
+    if full > size:
+        cut = min((e for e in entries.values() if e.end > size), key=lambda e: e.end)
+        raise HeaderError("The file is truncated: the bytes of a tensor are past its end", path,
+                          tensor=cut.name, expected=f"{full} bytes", found=f"{size} bytes",
+                          fix=f"{_RECOPY} (compare its size with the source)")
+    _contiguous(path, sorted(spans), 8 + n, size)
+    return entries
+
+
+def _raw_header(path: Path) -> tuple[int, int, dict[str, Any]]:
+    """(header length, file size, header object) of a regular file, read within bounds."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with jsonread.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise HeaderError("The safetensors file is shorter than its 8-byte header length", path,
@@ -62,34 +93,68 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         header = jsonread.loads(raw)
     except HeaderError:                          # a ValueError too: already says what is wrong
         raise
+    except jsonread.NotRegular as exc:
+        raise HeaderError(f"The weight file is not read: {exc}", path, fix="put the shard file itself there "
+                          "(a regular file)") from exc
     except (OSError, ValueError) as exc:         # JSONDecodeError, jsonread.TooDeep, UnicodeDecodeError
         raise HeaderError(f"The safetensors header cannot be parsed ({exc})", path,
                           fix=f"{_RECOPY}; its header is damaged") from exc
     if not isinstance(header, dict):
         raise HeaderError("The safetensors header is not a JSON object", path)
-    entries: dict[str, TensorEntry] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            _, end = meta["data_offsets"]
-            entries[name] = TensorEntry(name, tuple(int(d) for d in meta["shape"]), str(meta["dtype"]),
-                                        8 + n + int(end))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise HeaderError("A safetensors header entry is malformed", path, tensor=name) from exc
-    full = max((e.end for e in entries.values()), default=8 + n)
-    if full > size:
-        cut = min((e for e in entries.values() if e.end > size), key=lambda e: e.end)
-        raise HeaderError("The file is truncated: the bytes of a tensor are past its end", path,
-                          tensor=cut.name, expected=f"{full} bytes", found=f"{size} bytes",
-                          fix=f"{_RECOPY} (compare its size with the source)")
-    return entries
+    return n, size, header
+
+
+def _entry(path: Path, name: str, meta: Any, n: int) -> tuple[TensorEntry, int]:
+    """One header entry, checked: (the entry, the absolute offset of its first byte)."""
+    try:
+        begin, end = (_count(v) for v in meta["data_offsets"])
+        shape = tuple(_count(d) for d in meta["shape"])
+        dtype = meta["dtype"]
+        if not isinstance(dtype, str):
+            raise TypeError("dtype is not a string")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HeaderError(f"A safetensors header entry is malformed ({exc})", path, tensor=name,
+                          expected="dtype, shape and data_offsets of non-negative integers") from exc
+    if end < begin:
+        raise HeaderError("A tensor's data_offsets end before they begin", path, tensor=name,
+                          expected="begin <= end", found=[begin, end])
+    bits = DTYPE_BITS.get(dtype)
+    if bits is None:
+        raise HeaderError("A tensor's dtype is not a safetensors dtype", path, tensor=name,
+                          expected=", ".join(sorted(DTYPE_BITS)), found=dtype)
+    need = math.prod(shape) * bits
+    if need != 8 * (end - begin):
+        raise HeaderError(f"A tensor's byte length does not match its dtype and shape ({dtype} {list(shape)})",
+                          path, tensor=name, expected=f"{need / 8:g} bytes", found=f"{end - begin} bytes")
+    return TensorEntry(name, shape, dtype, 8 + n + end), 8 + n + begin
+
+
+def _count(value: Any) -> int:
+    """A JSON integer >= 0 (a bool, float or negative number is refused)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
+
+def _contiguous(path: Path, spans: list[tuple[int, int, str]], start: int, size: int) -> None:
+    """The tensors' bytes, sorted, follow one another from ``start`` to the end of the file."""
+    at = start
+    for begin, end, name in spans:
+        if begin != at:
+            problem = "overlap the tensor before them" if begin < at else "leave a gap after the tensor before them"
+            raise HeaderError(f"A tensor's data_offsets {problem}", path, tensor=name,
+                              expected=f"its bytes from offset {at - start}", found=f"from {begin - start}")
+        at = end
+    if at != size:
+        raise HeaderError("The file holds bytes after its last tensor that no header entry describes", path,
+                          expected=f"{at} bytes", found=f"{size} bytes",
+                          fix=f"{_RECOPY}; it is damaged or two files were joined")
 
 
 def index_map(index: Path) -> dict[str, str]:
     """``weight_map`` of a shard index (tensor -> file name); HeaderError when unreadable."""
     try:
-        weight_map = jsonread.loads(index.read_text())["weight_map"]
+        weight_map = jsonread.load(index)["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
         mapped = {str(k): str(v) for k, v in weight_map.items()}
@@ -103,6 +168,20 @@ def index_map(index: Path) -> dict[str, str]:
                           tensor="weight_map", fix="re-copy the index as the trainer wrote it (plain shard file "
                                                    "names), or remove it to scan *.safetensors")
     return mapped
+
+
+def check_inside(folder: Path, file: Path) -> None:
+    """HeaderError when ``file``, through its links, is not in the checkpoint ``folder``: a shard linked
+    elsewhere would serve (or be copied as) weights of another folder, unseen. The one exception is
+    the Hugging Face cache, whose ``snapshots/<rev>/`` files are links into the repository's ``blobs/``."""
+    real, home = Path(os.path.realpath(file)), Path(os.path.realpath(folder))
+    blobs = home.parent.parent / "blobs" if home.parent.name == "snapshots" else None
+    if home in real.parents or (blobs is not None and blobs in real.parents):
+        return
+    raise HeaderError(f"The weight file is a link to {real}, outside the checkpoint folder {home}, so it is "
+                      "not read", file, expected="the shard files inside the checkpoint folder",
+                      found=str(real), fix="copy the shard into the checkpoint folder (cp --dereference), "
+                                           "or point at the folder that holds it")
 
 
 def _outside(name: str) -> bool:

@@ -56,7 +56,7 @@ def training_size(config_path: str, ckpt: str) -> dict[str, Any]:
     out: dict[str, Any] = {"samples": None, "epochs": None, "source": None}
     for path in candidates:
         try:
-            doc = jsonread.loads(path.read_text()) if path.is_file() else None
+            doc = jsonread.load(path) if path.is_file() else None
         except (OSError, UnicodeDecodeError, ValueError):   # jsonread: nested too deep is a ValueError
             continue   # a trainer's side file is optional: an unreadable one is no evidence
         samples, epochs = _find(doc, SIZE_KEYS, whole=True), _find(doc, EPOCH_KEYS)

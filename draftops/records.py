@@ -10,22 +10,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftops import history
+from draftops import history, tracking
 from draftops.errors import DraftopsError, HistoryError
 from draftops.history import RunRecord, now_iso
 from remote.bench.numbers import finite
 
 
-def keep(root: Path, what: str, build: Callable[[str | None], RunRecord], warn: Callable[[str], None]) -> None:
-    """Record one run (``build`` gets the project's git revision) in the project's local history.
+def keep(root: Path, what: str, build: Callable[[str | None], RunRecord],
+         warn: Callable[[str], None]) -> tracking.Logged | None:
+    """Record one run (``build`` gets the project's git revision) in the project's local history, and
+    log it to MLflow when ``MLFLOW_TRACKING_URI`` is set (``draftops.tracking``: bounded, never fails
+    the run); returns where it was logged, None when it was not.
 
     Recording never fails the task it follows: a record that cannot be built or written is one
     ``warn`` line naming ``what`` was not recorded and why; the run's own files stay in runs/<id>/."""
     try:
-        history.for_project(root).record(build(history.project_revision(root)))
+        rec = build(history.project_revision(root))
+        history.for_project(root).record(rec)
     except (DraftopsError, OSError) as exc:
         why = str(exc) if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
         warn(f"{what} was not recorded in the local history: {why}")
+        return None
+    return tracking.log(root, rec, warn)
 
 
 if TYPE_CHECKING:                 # the model loads pydantic; the task modules import this one at listing time

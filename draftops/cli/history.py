@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
-from draftops import history, records
-from draftops.cli.common import project_root, warn
+from draftops import history, records, tracking
+from draftops.cli.common import friendly, project_root, warn
+from draftops.cli.options import task
 from draftops.console import console, err_console, escape, show_not_shown
 from draftops.errors import RemoteError
 from draftops.link.host import Host
@@ -143,3 +144,21 @@ def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], repo
                                            config_digest=_host_config_digest(host, report))
 
     records.keep(host.project_root, f"run {done.run_id}", build, warn)
+
+
+@task(help={"since": "only runs since a date (2026-11-30), a time (2026-11-30T14:05) or an age (12h, 7d)",
+            "host": "only runs of this host (default: every host)"})
+@friendly
+def export(c: Context, since: str | None = None, host: str | None = None) -> None:
+    """Send the local run history to the MLflow tracking server in $MLFLOW_TRACKING_URI.
+
+    Experiment $MLFLOW_EXPERIMENT_NAME (default draftops), one MLflow run per history row, named by
+    its run id, with its files; idempotent: a run already there is not sent again. A doctor's and a
+    night's steps are nested under it."""
+    root = project_root(c)
+    done = tracking.export(root, history.parse_since(since) if since else None, host,
+                           lambda line: console.print(escape(line), soft_wrap=True))
+    where = tracking.target()
+    console.print(escape(f"{len(done.sent)} run(s) sent to MLflow at {where.uri if where else '?'} (experiment "
+                         f"{where.experiment if where else '?'}); {len(done.already)} already there, not sent again."),
+                  soft_wrap=True)

@@ -95,6 +95,9 @@ def split_metrics(metrics: Mapping[str, Any]) -> tuple[list[tuple[str, float, in
     numbers: list[tuple[str, float, int]] = []
     texts: dict[str, str] = {}
     for name, value in _flat("", metrics):
+        if name.endswith("ids"):              # layer ids name layers: a tag, not a measurement
+            texts[key(f"result.{name}")] = _text(", ".join(map(str, value)) if isinstance(value, list) else value)
+            continue
         single, series = _number(value), _series(value)
         if single is not None:
             numbers.append((key(name), single, 0))

@@ -197,7 +197,7 @@ def bounded(call: Callable[[], T], seconds: float) -> T:
 def _why(exc: BaseException) -> str:
     """The failure in a clause: the client's messages run to a page of retry and pool details."""
     text = " ".join(str(exc).split())
-    for marker, said in (("Connection refused", "connection refused"), ("Read timed out", "the server did not answer"),
+    for marker, said in (("Connection refused", "connection refused"), ("Read timed out", "the server did not answer in time"),
                          ("Name or service not known", "unknown host name"),
                          ("Max retries exceeded", "the server could not be reached")):
         if marker in text:

@@ -16,6 +16,7 @@ Why it is built this way:
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -163,7 +164,7 @@ def export(root: Path, since: str | None, host: str | None, say: Callable[[str],
             done.already.append(rec.run_id)
             continue
         try:
-            bounded(lambda rec=rec: _send(where, rec, mlflowrun.run_folder(root, rec.run_id), replace=True),
+            bounded(functools.partial(_send, where, rec, mlflowrun.run_folder(root, rec.run_id), replace=True),
                     where.timeout_s * 3)
         except TrackingError as exc:
             raise TrackingError(f"run {rec.run_id} could not be sent to MLflow at {where.uri}: {exc}. "
@@ -197,7 +198,8 @@ def bounded(call: Callable[[], T], seconds: float) -> T:
 def _why(exc: BaseException) -> str:
     """The failure in a clause: the client's messages run to a page of retry and pool details."""
     text = " ".join(str(exc).split())
-    for marker, said in (("Connection refused", "connection refused"), ("Read timed out", "the server did not answer in time"),
+    for marker, said in (("Connection refused", "connection refused"),
+                         ("Read timed out", "the server did not answer in time"),
                          ("Name or service not known", "unknown host name"),
                          ("Max retries exceeded", "the server could not be reached")):
         if marker in text:

@@ -259,3 +259,16 @@ def test_without_the_extra_a_set_uri_gets_one_line_naming_it(tmp_path) -> None:
 def test_with_the_variable_unset_mlflow_is_never_imported(tmp_path) -> None:
     assert probe(tmp_path, "installed") == ["LOADED False"]
     assert len(history.for_project(tmp_path).query()) == 3
+
+
+def test_the_nightly_report_names_each_hosts_mlflow_run(tmp_path) -> None:
+    from draftops.nightly import report
+    from tests.test_nightly_report_text import build_night
+
+    night = build_night(tmp_path)
+    assert "MLflow" not in report.write(night)["markdown"].read_text()      # not logged: no line
+    url = "http://127.0.0.1:5000/#/experiments/1/runs/0123abcd"
+    night.hosts[0].logged = tracking.Logged("nightly-2026-12-01-box", "0123abcd", "1", url)
+    written = report.write(night)
+    assert f"- **MLflow**: {url}" in written["markdown"].read_text().splitlines()
+    assert f"<tr><th>MLflow</th><td>{url}</td></tr>" in written["html"].read_text()

@@ -35,6 +35,7 @@ def keep(root: Path, what: str, build: Callable[[str | None], RunRecord],
 
 
 if TYPE_CHECKING:                 # the model loads pydantic; the task modules import this one at listing time
+    from draftops.documents.capture_check import CaptureCheck
     from draftops.documents.drafter_report import DrafterReport
 
 
@@ -113,3 +114,23 @@ def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | N
     return RunRecord(run_id=run_id, kind="serve", host=host, git_rev=git_rev, engine=engine,
                      engine_version=engine_version, target=target, draft=draft, draft_digest=draft_digest,
                      settings={k: v for k, v in asked.items() if v is not None}, metrics=metrics, verdict=state)
+
+
+def capture_check_record(run_id: str, host: str, final: dict[str, Any], doc: CaptureCheck | None,
+                         given: dict[str, Any], *, git_rev: str | None) -> RunRecord:
+    """A capture-check run: the engine, the slots it matched and each slot's relative error (per
+    slot, in the dumps' order); the verdict is the check's status (MATCHED, PARTIAL, ...) or the
+    job state when there is no result."""
+    state = final.get("state")
+    metrics: dict[str, Any] = {"exit_code": final.get("exit_code"), "state": state}
+    if doc is not None:
+        metrics.update({"slots": len(doc.slots), "matched": sum(1 for s in doc.slots if s.matched),
+                        "relative_error": [finite(s.relative_error) for s in doc.slots],
+                        "slot_layer_ids": [s.vllm_id for s in doc.slots], "samples": doc.data.samples,
+                        "seconds": {k: finite(v) for k, v in doc.seconds.items()}})
+    return RunRecord(
+        run_id=run_id, kind="capture-check", host=host, time=final.get("ended") or final.get("started") or now_iso(),
+        git_rev=git_rev, engine=doc.engine.name if doc else None, engine_version=doc.engine.version if doc else None,
+        target=doc.target.path if doc else given.get("target"), draft=given.get("draft"),
+        settings={k: v for k, v in given.items() if v is not None}, metrics=metrics,
+        verdict=(doc.status if doc else "no-report") if state == "succeeded" else "failed")

@@ -272,3 +272,34 @@ def test_the_nightly_report_names_each_hosts_mlflow_run(tmp_path) -> None:
     written = report.write(night)
     assert f"- **MLflow**: {url}" in written["markdown"].read_text().splitlines()
     assert f"<tr><th>MLflow</th><td>{url}</td></tr>" in written["html"].read_text()
+
+
+def test_a_capture_check_is_a_history_row_and_so_an_mlflow_run(tmp_path) -> None:
+    """capture-check ran outside the history; now its row carries the engine, the matched slots and each
+    slot's relative error, which become the MLflow run's tags and per-slot metric."""
+    from draftops.documents import parse
+    from draftops.documents.capture_check import CaptureCheck
+
+    slots = [{"slot": i, "boundary": b, "relative_error": e, "matched": m, "vllm_id": v}
+             for i, (b, e, m, v) in enumerate([(3, 0.01, True, 2), (9, 0.4, False, None)])]
+    doc = parse(CaptureCheck, {"schema": CaptureCheck.SCHEMA, "status": "PARTIAL", "headline": "h", "lines": [],
+                               "engine": {"name": "vllm", "version": "0.32.0", "python": "/p"},
+                               "target": {"path": "/m/target", "num_hidden_layers": 4, "hidden_size": 8,
+                                          "config_sha256": "a", "weights_listing_sha256": "b"},
+                               "data": {"path": "/m/data", "samples": 3, "tokens": 30, "slots": 2},
+                               "match_rule": "r", "slots": slots, "seconds": {"engine_start": 61.5}},
+                "capture-check.json")
+    rec = records.capture_check_record("cc-1", "local", {"state": "succeeded", "exit_code": 0,
+                                                         "ended": "2026-12-06T05:00:00Z"},
+                                       doc, {"draft": "/m/draft", "samples": 3, "port": None}, git_rev=None)
+    history.for_project(tmp_path).record(rec)
+    assert history.for_project(tmp_path).get("cc-1").verdict == "PARTIAL"
+    run = mlflowrun.payload(rec)
+    assert run.tags["kind"] == "capture-check" and run.tags["engine_version"] == "0.32.0"
+    assert run.tags["result.slot_layer_ids"] == "2, None" and run.params == {"draft": "/m/draft", "samples": "3"}
+    metrics = {(k, step): v for k, v, step in run.metrics}
+    assert metrics[("relative_error", 1)] == 0.01 and metrics[("relative_error", 2)] == 0.4
+    assert metrics[("matched", 0)] == 1 and metrics[("seconds.engine_start", 0)] == 61.5
+    failed = records.capture_check_record("cc-2", "local", {"state": "failed", "exit_code": 3}, None,
+                                          {"target": "/m/t"}, git_rev=None)
+    assert failed.verdict == "failed" and mlflowrun.payload(failed).status == "FAILED"

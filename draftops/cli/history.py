@@ -3,6 +3,7 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
@@ -19,6 +20,7 @@ from remote.bench.digest import config_digest
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from draftops.documents.capture_check import CaptureCheck
     from draftops.documents.drafter_report import DrafterReport
 
 LOCAL_RUNS_HELP = {
@@ -135,6 +137,12 @@ def record_serve(host: Host, rec_args: dict[str, Any]) -> None:
         return records.serve_record(host=host.name, draft_digest=digest, git_rev=git_rev, **rec_args)
 
     records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
+
+
+def record_capture_check(done: ToolResult, given: dict[str, Any], doc: CaptureCheck | None, root: Path) -> None:
+    """Record a finished capture-check run (its result read by the task) in the local history."""
+    records.keep(root, f"run {done.run_id}", lambda rev: records.capture_check_record(
+        done.run_id, done.host, done.final, doc, given, git_rev=rev), warn)
 
 
 def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], report: DrafterReport | None) -> None:

@@ -39,6 +39,7 @@ class MlflowServer:
         self.store.mkdir(parents=True, exist_ok=True)
         mlflow = Path(sys.executable).parent / "mlflow"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"     # no job-runner process: the tests log runs only
         log = open(self.store / "server.log", "ab")      # noqa: SIM115 - the server's process keeps it
         self.proc = subprocess.Popen(
             [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{self.store / 'db.sqlite'}",

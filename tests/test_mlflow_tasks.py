@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from draftops.history import History
 from tests.conftest import REPO, copy_remote_package
 from tests.drafter_support import demo
 from tests.mlflow_server import MlflowServer
@@ -82,7 +83,10 @@ def test_the_doctors_report_links_its_mlflow_run_with_its_steps_nested(project, 
         assert f"MLflow: {server.uri}/#/experiments/{doctor.info.experiment_id}/runs/{doctor.info.run_id}" \
             in report.read_text()
         steps = [r for r in server.runs() if r.data.tags.get("mlflow.parentRunId") == doctor.info.run_id]
-        assert len(steps) >= 2 and {r.data.tags["kind"] for r in steps} == {"test-drafter"}
+        hist = History(project / "runs" / "history.sqlite")
+        made = {r.run_id for r in hist.query() if r.run_id in hist.get(report.parent.name).metrics["runs"]}
+        assert {r.info.run_name for r in steps} == made and len(made) >= 3           # check, fix, recheck
+        assert {r.data.tags["kind"] for r in steps} == {"test-drafter", "draft-config"}
         files = {f.path for f in server.client().list_artifacts(doctor.info.run_id)}
         assert {"doctor.json", "doctor.md", "doctor.html"} <= files
     finally:

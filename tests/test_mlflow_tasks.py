@@ -10,9 +10,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from draftops.history import History
 from tests.conftest import REPO, copy_remote_package
@@ -73,21 +75,40 @@ def test_the_main_job_logs_its_run_and_still_succeeds_with_the_server_stopped(pr
         server.kill()
 
 
-def test_the_doctors_report_links_its_mlflow_run_with_its_steps_nested(project, tmp_path) -> None:
-    server = MlflowServer(tmp_path / "store").start()
-    try:
-        done = invoke(project, server.uri, "doctor", "--draft", "demo", "--fix", "--no-bench")
-        assert done.returncode == 0, done.stdout + done.stderr
-        (report,) = (project / "runs").glob("*-doctor-*/doctor.md")
-        doctor = server.run_named(report.parent.name)
-        assert f"MLflow: {server.uri}/#/experiments/{doctor.info.experiment_id}/runs/{doctor.info.run_id}" \
-            in report.read_text()
-        steps = [r for r in server.runs() if r.data.tags.get("mlflow.parentRunId") == doctor.info.run_id]
-        hist = History(project / "runs" / "history.sqlite")
-        made = {r.run_id for r in hist.query() if r.run_id in hist.get(report.parent.name).metrics["runs"]}
-        assert {r.info.run_name for r in steps} == made and len(made) >= 3           # check, fix, recheck
-        assert {r.data.tags["kind"] for r in steps} == {"test-drafter", "draft-config"}
-        files = {f.path for f in server.client().list_artifacts(doctor.info.run_id)}
-        assert {"doctor.json", "doctor.md", "doctor.html"} <= files
-    finally:
-        server.kill()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    running = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield running
+    running.kill()
+
+
+def test_the_doctors_report_links_its_mlflow_run_with_its_steps_nested(project, server) -> None:
+    done = invoke(project, server.uri, "doctor", "--draft", "demo", "--fix", "--no-bench")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (report,) = (project / "runs").glob("*-doctor-*/doctor.md")
+    doctor = server.run_named(report.parent.name)
+    assert f"MLflow: {server.uri}/#/experiments/{doctor.info.experiment_id}/runs/{doctor.info.run_id}" \
+        in report.read_text()
+    steps = [r for r in server.runs() if r.data.tags.get("mlflow.parentRunId") == doctor.info.run_id]
+    hist = History(project / "runs" / "history.sqlite")
+    made = {r.run_id for r in hist.query() if r.run_id in hist.get(report.parent.name).metrics["runs"]}
+    assert {r.info.run_name for r in steps} == made and len(made) >= 3           # check, fix, recheck
+    assert {r.data.tags["kind"] for r in steps} == {"test-drafter", "draft-config"}
+    files = {f.path for f in server.client().list_artifacts(doctor.info.run_id)}
+    assert {"doctor.json", "doctor.md", "doctor.html"} <= files
+
+
+def test_the_nightly_report_links_each_hosts_mlflow_run(make_project, tmp_path, no_inventory_env, server) -> None:
+    root = make_project({"loc": {"transport": "local", "root": str(tmp_path / "locroot")}}, "loc")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    (root / "playbooks").mkdir()
+    (root / "playbooks" / "p.yaml").write_text(yaml.safe_dump({"hosts": ["loc"], "setup": "mlflow",
+                                                               "steps": [{"name": "sync", "task": "sync"}]}))
+    done = invoke(root, server.uri, "nightly", "--playbook", "playbooks/p.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (folder,) = (root / "runs").glob("nightly-*/")
+    night = server.run_named(f"{folder.name}-loc")
+    assert night.data.tags["kind"] == "nightly" and night.data.tags["verdict"] == "ok"
+    url = f"{server.uri}/#/experiments/{night.info.experiment_id}/runs/{night.info.run_id}"
+    assert f"- **MLflow**: {url}" in (folder / "report.md").read_text().splitlines()
+    assert {"report.md", "report.html"} <= {f.path for f in server.client().list_artifacts(night.info.run_id)}

@@ -213,9 +213,9 @@ def _client(where: Target) -> Any:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(where.timeout_s))))
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    logging.getLogger("mlflow").setLevel(logging.ERROR)
     from mlflow.tracking import MlflowClient
 
+    logging.getLogger("mlflow").setLevel(logging.ERROR)     # after the import, which sets its own level
     return MlflowClient(tracking_uri=where.uri)
 
 

@@ -303,3 +303,34 @@ def test_a_capture_check_is_a_history_row_and_so_an_mlflow_run(tmp_path) -> None
     failed = records.capture_check_record("cc-2", "local", {"state": "failed", "exit_code": 3}, None,
                                           {"target": "/m/t"}, git_rev=None)
     assert failed.verdict == "failed" and mlflowrun.payload(failed).status == "FAILED"
+
+
+def test_a_server_that_refuses_is_one_line_naming_its_answer(fresh, tmp_path, monkeypatch) -> None:
+    """A proxy in front of the server answering 403 (no token, wrong path): the run is recorded, its
+    line quotes the answer, and the process does not ask again."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refuse(BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"forbidden by the proxy")
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    refusing = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=refusing.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(tracking.ENV_URI, f"http://127.0.0.1:{refusing.server_address[1]}")
+        monkeypatch.setenv(tracking.ENV_TIMEOUT, "60")
+        said: list[str] = []
+        assert keep(tmp_path, drafter_record(), said) is None and keep(tmp_path, drafter_record("b"), said) is None
+        assert len(said) == 1 and "403" in said[0] and "forbidden by the proxy" in said[0], said
+        assert said[0].endswith("send it later with `invoke runs.export --since 2026-12-06T05:15:00Z`.")
+        assert {r.run_id for r in history.for_project(tmp_path).query()} == {RUN, "b"}
+    finally:
+        refusing.shutdown()

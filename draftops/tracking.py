@@ -21,7 +21,9 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ DEFAULT_EXPERIMENT = "draftops"
 DEFAULT_TIMEOUT_S = 10.0
 INSTALL = "pip install -e '.[mlflow]'"
 _PAGE = 1000
+_USERINFO = re.compile(r"//[^/\s@]+@")
 _MAX_PAGES = 100
 
 T = TypeVar("T")
@@ -85,6 +88,19 @@ def target() -> Target | None:
     return Target(uri, os.environ.get(ENV_EXPERIMENT, "").strip() or DEFAULT_EXPERIMENT, timeout)
 
 
+def shown(uri: str) -> str:
+    """``uri`` as printed and linked: without a user name or password it may carry (a report is sent on)."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.username is None and parts.password is None:
+            return uri
+        host = parts.hostname or ""
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "the tracking server in $" + ENV_URI
+
+
 def client_installed() -> bool:
     """Whether the MLflow client can be imported (found, not imported: that takes seconds)."""
     try:
@@ -116,8 +132,8 @@ def log(root: Path, rec: RunRecord, warn: Callable[[str], None]) -> Logged | Non
                        where.timeout_s)
     except TrackingError as exc:
         _process.down = str(exc)
-        warn(f"run {rec.run_id} was not logged to MLflow at {where.uri}: {exc}. It is in the local history; "
-             f"send it later with `{export_hint(rec)}`.")
+        warn(f"run {rec.run_id} was not logged to MLflow at {shown(where.uri)}: {exc}. It is in the local "
+             f"history; send it later with `{export_hint(rec)}`.")
         return None
 
 
@@ -167,7 +183,7 @@ def export(root: Path, since: str | None, host: str | None, say: Callable[[str],
             bounded(functools.partial(_send, where, rec, mlflowrun.run_folder(root, rec.run_id), replace=True),
                     where.timeout_s * 3)
         except TrackingError as exc:
-            raise TrackingError(f"run {rec.run_id} could not be sent to MLflow at {where.uri}: {exc}. "
+            raise TrackingError(f"run {rec.run_id} could not be sent to MLflow at {shown(where.uri)}: {exc}. "
                                 f"{len(done.sent)} run(s) were sent before it; run the same command again to "
                                 "send the rest (runs already there are skipped).") from None
         done.sent.append(rec.run_id)
@@ -197,7 +213,7 @@ def bounded(call: Callable[[], T], seconds: float) -> T:
 
 def _why(exc: BaseException) -> str:
     """The failure in a clause: the client's messages run to a page of retry and pool details."""
-    text = " ".join(str(exc).split())
+    text = _USERINFO.sub("//", " ".join(str(exc).split()))        # no password of the URI in a line
     for marker, said in (("Connection refused", "connection refused"),
                          ("Read timed out", "the server did not answer in time"),
                          ("Name or service not known", "unknown host name"),
@@ -295,7 +311,8 @@ def _send(where: Target, rec: RunRecord, folder: Path | None, *, replace: bool) 
 
 def _url(where: Target, experiment_id: str, mlflow_id: str) -> str:
     """The run's page in the MLflow UI (an http(s) server); otherwise the store and the run id."""
-    if where.uri.startswith(("http://", "https://")):
-        return f"{where.uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_id}"
-    return f"{where.uri} run {mlflow_id}"
+    uri = shown(where.uri)
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_id}"
+    return f"{uri} run {mlflow_id}"
 

@@ -334,3 +334,20 @@ def test_a_server_that_refuses_is_one_line_naming_its_answer(fresh, tmp_path, mo
         assert {r.run_id for r in history.for_project(tmp_path).query()} == {RUN, "b"}
     finally:
         refusing.shutdown()
+
+
+def test_a_password_in_the_uri_is_never_printed_or_linked(fresh, tmp_path, monkeypatch) -> None:
+    assert tracking.shown("https://me:s3cret@mlflow.example:8443/x") == "https://mlflow.example:8443/x"
+    assert tracking.shown("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))                 # bound, not listening: refused
+    port = closed.getsockname()[1]
+    monkeypatch.setenv(tracking.ENV_URI, f"http://me:s3cret@127.0.0.1:{port}")
+    monkeypatch.setenv(tracking.ENV_TIMEOUT, "60")
+    said: list[str] = []
+    try:
+        assert keep(tmp_path, drafter_record(), said) is None
+    finally:
+        closed.close()
+    assert len(said) == 1 and "s3cret" not in said[0], said
+    assert said[0].startswith(f"run {RUN} was not logged to MLflow at http://127.0.0.1:{port}: ")

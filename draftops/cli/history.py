@@ -167,6 +167,6 @@ def export(c: Context, since: str | None = None, host: str | None = None) -> Non
     done = tracking.export(root, history.parse_since(since) if since else None, host,
                            lambda line: console.print(escape(line), soft_wrap=True))
     where = tracking.target()
-    console.print(escape(f"{len(done.sent)} run(s) sent to MLflow at {where.uri if where else '?'} (experiment "
-                         f"{where.experiment if where else '?'}); {len(done.already)} already there, not sent again."),
-                  soft_wrap=True)
+    at = f"{tracking.shown(where.uri)} (experiment {where.experiment})" if where else "?"
+    console.print(escape(f"{len(done.sent)} run(s) sent to MLflow at {at}; {len(done.already)} already there, "
+                         "not sent again."), soft_wrap=True)

@@ -173,7 +173,12 @@ def export(root: Path, since: str | None, host: str | None, say: Callable[[str],
                             "and export again.")
     rows = history.for_project(root).query(since=since, host=host)
     rows.sort(key=lambda r: (bool(mlflowrun.children(r)), r.time, r.run_id))
-    there = bounded(lambda: _existing(where), where.timeout_s * 3)
+    try:
+        there = bounded(lambda: _existing(where), where.timeout_s * 3)
+    except TrackingError as exc:
+        raise TrackingError(f"the MLflow tracking server at {shown(where.uri)} ({ENV_URI}) did not list its runs: "
+                            f"{exc}. Start it, or point {ENV_URI} at one that runs, and export again; nothing "
+                            "was sent.") from None
     done = Exported([], [])
     for rec in rows:
         if there.get(rec.run_id) not in (None, "RUNNING"):

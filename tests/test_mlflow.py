@@ -351,3 +351,31 @@ def test_a_password_in_the_uri_is_never_printed_or_linked(fresh, tmp_path, monke
         closed.close()
     assert len(said) == 1 and "s3cret" not in said[0], said
     assert said[0].startswith(f"run {RUN} was not logged to MLflow at http://127.0.0.1:{port}: ")
+
+
+def test_export_without_a_server_is_one_paragraph_and_exit_1(tmp_path) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    history.for_project(root).record(drafter_record())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update({"PYTHONPATH": str(REPO), "COLUMNS": "300"})
+
+    def export(**more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "invoke", "runs.export"], cwd=root, env={**env, **more},
+                              capture_output=True, text=True, timeout=120)
+    unset = export()
+    assert unset.returncode == 1 and "MLFLOW_TRACKING_URI is not set" in unset.stderr, unset.stderr
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    try:
+        port = closed.getsockname()[1]
+        down = export(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}",
+                      DRAFTOPS_MLFLOW_TIMEOUT="60")
+    finally:
+        closed.close()
+    assert down.returncode == 1 and "Traceback" not in down.stderr, down.stdout + down.stderr
+    assert " ".join(down.stderr.split()) == (f"error: the MLflow tracking server at http://127.0.0.1:{port} "
+                                              "(MLFLOW_TRACKING_URI) did not list its runs: connection refused. Start "
+                                              "it, or point MLFLOW_TRACKING_URI at one that runs, and export again; "
+                                              "nothing was sent.")

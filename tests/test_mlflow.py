@@ -39,10 +39,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new process's view: nothing said yet, MLflow's client settings restored after the test."""
     monkeypatch.setattr(tracking, "_process", tracking._Process())
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT",
-                 "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", tracking.ENV_TIMEOUT, tracking.ENV_EXPERIMENT):
+    for name in (tracking.ENV_TIMEOUT, tracking.ENV_EXPERIMENT):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # what tracking._client would set by default, set here so that the test's end takes them away again
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "10"),
+                        ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")):
+        monkeypatch.setenv(name, value)
 
 
 def drafter_record(run_id: str = RUN, time: str = "2026-12-06T05:15:00Z") -> RunRecord:

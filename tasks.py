@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, capture, core, doctor, drafter, env, nightly, serve, sglang
+from draftops.cli import bench, capture, core, doctor, drafter, env, history, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -24,8 +24,12 @@ honest_option_help()
 atexit.register(gc.freeze)
 
 ns = Collection()
-for name in ("sync", "runs", "logs", "kill", "pull", "disconnect"):
+for name in ("sync", "logs", "kill", "pull", "disconnect"):
     ns.add_task(getattr(core, name))
+runs = Collection("runs")                       # `invoke runs` lists runs; `invoke runs.export` sends them to MLflow
+runs.add_task(core.runs, name="list", default=True)
+runs.add_task(history.export)
+ns.add_collection(runs)
 ns.add_task(drafter.test_drafter)
 ns.add_task(capture.capture_check)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))

@@ -25,7 +25,8 @@
     ├── ExtraMissing        the built-in `local` host needs the ML stack this install left out (the `local` extra)
     ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
     ├── DoctorError         `invoke doctor` cannot start or resume as asked (its state file, different arguments)
-    └── ScheduleError       the nightly crontab block cannot be read or written
+    ├── ScheduleError       the nightly crontab block cannot be read or written
+    └── TrackingError       the MLflow tracking server did not take a run (down, slow, refusing; `runs.export`)
 
 Messages. Each is one paragraph that names the file, field or host and the fix. A message about a
 host starts with ``Host 'NAME'`` (``host_prefix``), the way the agent client and the transports
@@ -218,3 +219,7 @@ class DoctorError(DraftopsError):
 
 class ScheduleError(DraftopsError):
     """The user's crontab could not be read or changed."""
+
+
+class TrackingError(DraftopsError):
+    """The MLflow tracking server did not take a run: down, slower than the bound, or refusing it."""

@@ -10,25 +10,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftops import history
+from draftops import history, tracking
 from draftops.errors import DraftopsError, HistoryError
 from draftops.history import RunRecord, now_iso
 from remote.bench.numbers import finite
 
 
-def keep(root: Path, what: str, build: Callable[[str | None], RunRecord], warn: Callable[[str], None]) -> None:
-    """Record one run (``build`` gets the project's git revision) in the project's local history.
+def keep(root: Path, what: str, build: Callable[[str | None], RunRecord],
+         warn: Callable[[str], None]) -> tracking.Logged | None:
+    """Record one run (``build`` gets the project's git revision) in the project's local history, and
+    log it to MLflow when ``MLFLOW_TRACKING_URI`` is set (``draftops.tracking``: bounded, never fails
+    the run); returns where it was logged, None when it was not.
 
     Recording never fails the task it follows: a record that cannot be built or written is one
     ``warn`` line naming ``what`` was not recorded and why; the run's own files stay in runs/<id>/."""
     try:
-        history.for_project(root).record(build(history.project_revision(root)))
+        rec = build(history.project_revision(root))
+        history.for_project(root).record(rec)
     except (DraftopsError, OSError) as exc:
         why = str(exc) if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
         warn(f"{what} was not recorded in the local history: {why}")
+        return None
+    return tracking.log(root, rec, warn)
 
 
 if TYPE_CHECKING:                 # the model loads pydantic; the task modules import this one at listing time
+    from draftops.documents.capture_check import CaptureCheck
     from draftops.documents.drafter_report import DrafterReport
 
 
@@ -107,3 +114,23 @@ def serve_record(run_id: str, host: str, *, engine: str, engine_version: str | N
     return RunRecord(run_id=run_id, kind="serve", host=host, git_rev=git_rev, engine=engine,
                      engine_version=engine_version, target=target, draft=draft, draft_digest=draft_digest,
                      settings={k: v for k, v in asked.items() if v is not None}, metrics=metrics, verdict=state)
+
+
+def capture_check_record(run_id: str, host: str, final: dict[str, Any], doc: CaptureCheck | None,
+                         given: dict[str, Any], *, git_rev: str | None) -> RunRecord:
+    """A capture-check run: the engine, the slots it matched and each slot's relative error (per
+    slot, in the dumps' order); the verdict is the check's status (MATCHED, PARTIAL, ...) or the
+    job state when there is no result."""
+    state = final.get("state")
+    metrics: dict[str, Any] = {"exit_code": final.get("exit_code"), "state": state}
+    if doc is not None:
+        metrics.update({"slots": len(doc.slots), "matched": sum(1 for s in doc.slots if s.matched),
+                        "relative_error": [finite(s.relative_error) for s in doc.slots],
+                        "slot_layer_ids": [s.vllm_id for s in doc.slots], "samples": doc.data.samples,
+                        "seconds": {k: finite(v) for k, v in doc.seconds.items()}})
+    return RunRecord(
+        run_id=run_id, kind="capture-check", host=host, time=final.get("ended") or final.get("started") or now_iso(),
+        git_rev=git_rev, engine=doc.engine.name if doc else None, engine_version=doc.engine.version if doc else None,
+        target=doc.target.path if doc else given.get("target"), draft=given.get("draft"),
+        settings={k: v for k, v in given.items() if v is not None}, metrics=metrics,
+        verdict=(doc.status if doc else "no-report") if state == "succeeded" else "failed")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from draftops.history import History
 from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
 from tests.test_drafter_task_ssh import invoke
@@ -50,6 +51,9 @@ def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it
     assert doc["draft"]["fix"]["vllm_ids"] == [0, 2, 4] and doc["engine"]["extra_args"][:2] == ["--dtype", "float32"]
     assert not list(run.rglob("*.safetensors"))      # the engine's files gone, the kept states left on the host
     assert doc["engine_states"]["samples"] == 6 and (run / "engine-states" / ".draftops-host-only").is_file()
+    (row,) = [r for r in History(project / "runs" / "history.sqlite").query(kind="capture-check")
+              if r.run_id == run.name]                # in the history (and so in MLflow when it is set)
+    assert row.verdict == doc["status"] and row.engine == "vllm" and row.metrics["samples"] == 6
 
     fixed = invoke(project, "draft-config", "--ckpt", "demo", "--from-report", run.name)
     assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]

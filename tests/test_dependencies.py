@@ -35,6 +35,7 @@ tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
 REPO = Path(__file__).resolve().parent.parent
 FIRST_PARTY = {"draftops", "remote", "tests"}
 ML_STACK = set(mlstack.ML_STACK)
+TRACKING = REPO / "draftops" / "tracking.py"     # the one module that imports mlflow (the `mlflow` extra)
 
 
 def norm(name: str) -> str:
@@ -109,7 +110,10 @@ def test_every_import_names_a_declared_distribution():
     remote = {norm(r.name) for r in requirements_file(REPO / "remote/requirements.txt")}
     tests = runtime | {norm(r.name) for f in ("requirements-test.txt", "requirements-parity.txt")
                        for r in requirements_file(REPO / f)}
-    assert undeclared(imported_modules(REPO / "draftops") | imported_modules(REPO / "tasks.py"), base) == {}
+    laptop = {name for path in (REPO / "draftops").rglob("*.py") if path != TRACKING for name in imported_modules(path)}
+    assert undeclared(laptop | imported_modules(REPO / "tasks.py"), base) == {}
+    # the one module that talks to MLflow: the base plus the `mlflow` extra
+    assert undeclared(imported_modules(TRACKING), base | {norm(r.name) for r in project_requirements("mlflow")}) == {}
     assert undeclared(imported_modules(REPO / "remote"), remote) == {}
     # the local package ships remote/: with the `local` extra, the built-in local host runs it here
     assert undeclared(imported_modules(REPO / "remote"), runtime) == {}
@@ -309,3 +313,18 @@ def test_the_check_would_catch_an_undeclared_package():
     assert "numpy" not in closure(without_numpy)
     assert "numpy" in undeclared({"numpy", "yaml", "torch"}, closure(without_numpy))
     assert undeclared({"yaml", "torch", "json"}, closure(without_numpy)) == {}
+
+
+def test_mlflow_is_the_extras_and_one_modules_and_imported_only_when_asked():
+    """The `mlflow` extra alone brings the client; only draftops/tracking.py imports it, inside
+    functions (a laptop without the extra loads every module: the probe above)."""
+    assert "mlflow-skinny" not in closure(project_requirements())
+    assert "mlflow-skinny" in {norm(r.name) for r in project_requirements("mlflow")}
+    importing = sorted(str(path.relative_to(REPO)) for path in [*(REPO / "draftops").rglob("*.py"), REPO / "tasks.py"]
+                       if "mlflow" in imported_modules(path))
+    assert importing == ["draftops/tracking.py"]
+    top = ast.parse(TRACKING.read_text())
+    assert not {alias.name.split(".")[0] for node in top.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names} & {"mlflow"}
+    assert all(node.module is None or not node.module.startswith("mlflow") for node in top.body
+               if isinstance(node, ast.ImportFrom))

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 # What only running a task needs: SSH (paramiko, fabric, cryptography), the inventory's schemas
 # (pydantic), output (rich), .gitignore matching (pathspec), and what the GPU side uses.
 HEAVY = ("paramiko", "fabric", "cryptography", "nacl", "bcrypt", "pydantic", "pydantic_core", "rich",
-         "pathspec", "torch", "numpy", "matplotlib", "safetensors", "draftops.inventory")
+         "pathspec", "torch", "numpy", "matplotlib", "safetensors", "draftops.inventory", "mlflow")
 
 
 def imported(*invoke_args: str) -> tuple[set[str], str]:
@@ -36,7 +36,7 @@ def heavy_among(names: set[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("args", [("--list",), ("--help", "sync"), ("--help", "test-drafter"),
-                                  ("--help", "serve.start")])
+                                  ("--help", "serve.start"), ("--help", "runs.export")])
 def test_listing_and_help_import_no_heavy_library(args):
     names, out = imported(*args)
     assert "draftops.cli.core" in names     # the task modules were loaded: the check is not vacuous

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
+from draftops.cli.history import record_capture_check
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, Number, task
 from draftops.console import LiveJob, console, escape
 from draftops.errors import ServeRefused
@@ -84,11 +85,13 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
                              "samples": samples, "port": port}
     done = run_tool(host_, "remote.capture", args, name="capture-check", task="capture-check", given=given,
                     env=dict(settings.env), view=StopOnInterrupt(console, project_root(c)))
+    doc = None
     if done.ok:
         from draftops.documents.capture_check import CaptureCheck
         doc = done.document(CaptureCheck)
         if doc is not None:
             show(doc, str(done.result_file), console)
+    record_capture_check(done, given, doc, host_.project_root)
     done.check()
 
 

@@ -3,12 +3,14 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
-from draftops import history, records
-from draftops.cli.common import project_root, warn
+from draftops import history, records, tracking
+from draftops.cli.common import friendly, project_root, warn
+from draftops.cli.options import task
 from draftops.console import console, err_console, escape, show_not_shown
 from draftops.errors import RemoteError
 from draftops.link.host import Host
@@ -18,6 +20,7 @@ from remote.bench.digest import config_digest
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from draftops.documents.capture_check import CaptureCheck
     from draftops.documents.drafter_report import DrafterReport
 
 LOCAL_RUNS_HELP = {
@@ -136,6 +139,12 @@ def record_serve(host: Host, rec_args: dict[str, Any]) -> None:
     records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
 
 
+def record_capture_check(done: ToolResult, given: dict[str, Any], doc: CaptureCheck | None, root: Path) -> None:
+    """Record a finished capture-check run (its result read by the task) in the local history."""
+    records.keep(root, f"run {done.run_id}", lambda rev: records.capture_check_record(
+        done.run_id, done.host, done.final, doc, given, git_rev=rev), warn)
+
+
 def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], report: DrafterReport | None) -> None:
     """Record a finished test-drafter run and its report (read by the task) in the local history."""
     def build(git_rev: str | None) -> history.RunRecord:
@@ -143,3 +152,21 @@ def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], repo
                                            config_digest=_host_config_digest(host, report))
 
     records.keep(host.project_root, f"run {done.run_id}", build, warn)
+
+
+@task(help={"since": "only runs since a date (2026-11-30), a time (2026-11-30T14:05) or an age (12h, 7d)",
+            "host": "only runs of this host (default: every host)"})
+@friendly
+def export(c: Context, since: str | None = None, host: str | None = None) -> None:
+    """Send the local run history to the MLflow tracking server in $MLFLOW_TRACKING_URI.
+
+    Experiment $MLFLOW_EXPERIMENT_NAME (default draftops), one MLflow run per history row, named by
+    its run id, with its files; idempotent: a run already there is not sent again. A doctor's and a
+    night's steps are nested under it."""
+    root = project_root(c)
+    done = tracking.export(root, history.parse_since(since) if since else None, host,
+                           lambda line: console.print(escape(line), soft_wrap=True))
+    where = tracking.target()
+    at = f"{tracking.shown(where.uri)} (experiment {where.experiment})" if where else "?"
+    console.print(escape(f"{len(done.sent)} run(s) sent to MLflow at {at}; {len(done.already)} already there, "
+                         "not sent again."), soft_wrap=True)

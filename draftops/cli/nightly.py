@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from invoke import Collection, Context
 from invoke.exceptions import Exit
 
-from draftops.cli.common import friendly, project_root
+from draftops import tracking
+from draftops.cli.common import friendly, project_root, warn
 from draftops.cli.options import task
 from draftops.console import console, safe
 from draftops.nightly.schedule import BUSY_EXIT
@@ -118,6 +119,8 @@ def finish(night: Night) -> None:
     console.print(report.counts_line(night))
     if written:
         console.print(f"report: {safe(str(written['markdown']))} and {safe(written['html'].name)}", soft_wrap=True)
+        for host in night.hosts:                  # the report beside each host's MLflow run of the night
+            tracking.attach(host.logged, written.values(), warn)
     if problem:
         raise Exit(f"error: {safe(str(problem))}", code=EXIT_FAILED)
     if night.stopped:

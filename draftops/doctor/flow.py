@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from draftops import records
+from draftops import records, tracking
 from draftops.doctor import plan, report, steps
 from draftops.doctor.state import State
 from draftops.errors import DoctorError, DraftopsError, ToolFailed
@@ -172,20 +172,22 @@ def _clean_up(ctx: steps.Ctx) -> None:
         state.save()
     except DoctorError as exc:
         ctx.warn(str(exc))
-    _record(ctx)
+    logged = _record(ctx)
     try:
-        paths = report.write(state, host.project_root / "runs")
+        paths = report.write(state, host.project_root / "runs", mlflow=logged.url if logged else None)
         ctx.say(f"report: {paths['markdown']} (and {paths['html'].name}, {paths['json'].name})")
+        tracking.attach(logged, [p for p in paths.values() if p.exists()], ctx.warn)
     except DoctorError as exc:
         ctx.warn(str(exc))
 
 
-def _record(ctx: steps.Ctx) -> None:
-    """The doctor itself is a row of the history: its status and every run it made."""
+def _record(ctx: steps.Ctx) -> tracking.Logged | None:
+    """The doctor itself is a row of the history: its status and every run it made (in MLflow, when
+    logged: its steps' runs nested under it)."""
     state = ctx.state
     rec = RunRecord(run_id=state.doctor_id, kind="doctor", host=state.host, draft=state.args.draft,
                     settings=state.args.to_dict(),
                     metrics={"runs": state.runs(), "stopped_at": state.stopped_at,
                              "steps": {s.name: s.state for s in state.steps}}, verdict=state.status)
-    records.keep(ctx.host.project_root, f"doctor {state.doctor_id}",
-                 lambda rev: dataclasses.replace(rec, git_rev=rev), ctx.warn)
+    return records.keep(ctx.host.project_root, f"doctor {state.doctor_id}",
+                        lambda rev: dataclasses.replace(rec, git_rev=rev), ctx.warn)

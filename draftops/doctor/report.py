@@ -45,8 +45,9 @@ class Story:
     """The report's sections as (heading, lines, tables), one model for both formats: a line is text;
     a table is (header, rows). Nothing in here is escaped: each writer escapes for its format."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, mlflow: str | None = None) -> None:
         self.state = state
+        self.mlflow = mlflow           # the doctor's MLflow run, when it was logged
         self.sections: list[tuple[str, list[str], list[tuple[list[str], list[list[str]]]]]] = []
         self._build()
 
@@ -64,6 +65,8 @@ class Story:
             head.append("not done: " + (", ".join([s.stopped_at, *left])) +
                         f"; `invoke doctor --resume {s.doctor_id}` continues from '{s.stopped_at}'")
         head.append("left running: " + (", ".join(s.left_running) if s.left_running else "nothing"))
+        if self.mlflow:
+            head.append(f"MLflow: {self.mlflow} (its steps' runs nested under it)")
         self.sections.append(("Summary", head + self._headline(), []))
         self._fed()
         self._findings()
@@ -238,13 +241,14 @@ def html_page(story: Story, chart: Path | None) -> str:
     return "".join(parts)
 
 
-def write(state: State, runs_dir: Path) -> dict[str, Path]:
+def write(state: State, runs_dir: Path, mlflow: str | None = None) -> dict[str, Path]:
     """doctor.png (when a bench ran), doctor.md and doctor.html in the doctor's folder; a DoctorError
-    (one paragraph naming the folder) when the disk refuses one of them."""
+    (one paragraph naming the folder) when the disk refuses one of them. ``mlflow``: the page of the
+    doctor's MLflow run, linked from the summary."""
     folder = runs_dir / state.doctor_id
     paths = {"markdown": folder / "doctor.md", "html": folder / "doctor.html", "json": folder / STATE_NAME,
              "chart": folder / CHART}
-    story = Story(state)
+    story = Story(state, mlflow)
     try:
         chart_path = None
         runs = story.chart_runs()

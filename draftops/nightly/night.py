@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from draftops import history
+from draftops import history, tracking
 from draftops.errors import HistoryError, PlaybookError
 from draftops.nightly import detect, results
 from draftops.nightly.playbook import Playbook
@@ -19,6 +19,7 @@ class HostNightReport:
     outcome: HostOutcome
     verdicts: list[detect.MetricVerdict]
     trend: list[history.RunRecord] = field(default_factory=list)    # this setup's nights, oldest first
+    logged: tracking.Logged | None = None                            # its MLflow run, when logged
 
     @property
     def regressed(self) -> bool:
@@ -116,14 +117,16 @@ def row_id(night: str, host: str) -> str:
 
 
 def record(hist: history.History, night: str, book: Playbook, path: Path, outcome: HostOutcome,
-           verdicts: list[detect.MetricVerdict], revision: str | None, stopped: str = "") -> None:
-    hist.insert(history.RunRecord(                # never replaces an earlier night's row
+           verdicts: list[detect.MetricVerdict], revision: str | None, stopped: str = "") -> history.RunRecord:
+    rec = history.RunRecord(
         run_id=row_id(night, outcome.host), kind=results.NIGHTLY_KIND, host=outcome.host, time=outcome.started
         or history.now_iso(), git_rev=revision, draft=outcome.facts.get("draft"),
         settings={"setup": book.setup, "playbook": str(path), "runs": outcome.run_ids,
                   "steps": {s.name: s.status for s in outcome.steps},
                   "findings": [f"{f.severity}:{f.code}" for f in outcome.findings]},
-        metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts, stopped)))
+        metrics=outcome.metrics, verdict=host_verdict(outcome, verdicts, stopped))
+    hist.insert(rec)                              # never replaces an earlier night's row
+    return rec
 
 
 def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, str], stop: Stop | None = None,
@@ -143,11 +146,12 @@ def run_night(book: Playbook, path: Path, project_root: Path, hosts: dict[str, s
     for outcome in outcomes:
         try:
             verdicts = judge_host(hist, book, outcome)
-            record(hist, night_id, book, path, outcome, verdicts, revision, night.stopped)
+            rec = record(hist, night_id, book, path, outcome, verdicts, revision, night.stopped)
+            logged = tracking.log(project_root, rec, say or night.notes.append)   # its steps' runs nest under it
             trend = results.baseline_nights(hist, outcome.host, book.setup, 60)
         except HistoryError as exc:          # the report is still written, saying why it is partial
             outcome.error = outcome.error or f"not recorded in the history: {exc}"
             night.notes.append(f"{outcome.host}: {exc}")
-            verdicts, trend = [], []
-        night.hosts.append(HostNightReport(outcome, verdicts, trend))
+            verdicts, trend, logged = [], [], None
+        night.hosts.append(HostNightReport(outcome, verdicts, trend, logged))
     return night

@@ -61,6 +61,9 @@ def header(night: Night) -> list[tuple[str, str]]:
     for key in ("gpu", "driver", "engine", "torch", "draft"):
         rows.append((key, "; ".join(sorted(facts.get(key, set()))) or "not reported by this night's steps"))
     rows.append(("accept lengths", ACCEPT_DEFINITIONS))
+    logged = [(h.outcome.host, h.logged.url) for h in night.hosts if h.logged]
+    if logged:          # each host's night is an MLflow run, its steps' runs nested under it
+        rows.append(("MLflow", "; ".join(url + (f" ({host})" if len(night.hosts) > 1 else "") for host, url in logged)))
     return rows
 
 

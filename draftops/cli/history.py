@@ -3,12 +3,14 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
 from draftops import history, records
 from draftops.cli.common import project_root, warn
+from draftops.cli.jsonout import answer
 from draftops.console import console, err_console, escape, show_not_shown
 from draftops.errors import RemoteError
 from draftops.link.host import Host
@@ -80,6 +82,8 @@ def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = N
     filters = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("host", host), ("draft", draft),
                                                   ("since", since)) if v)
     shown = found if last is None else found[:last]
+    answer({"history": str(root / "runs" / history.DB_NAME), "runs": [dataclasses.asdict(r) for r in shown],
+            "not_shown": len(found) - len(shown)})
     show_history(shown, f"local run history ({root / 'runs' / history.DB_NAME})", filters, console)
     show_not_shown(len(found), len(shown), err_console)
 

@@ -385,3 +385,29 @@ def show_skipped(notes: list[dict[str, str]], out: Console) -> None:
 def real_console(shown: Console) -> Console:
     """The rich Console behind ``shown`` (``--json`` points it at stderr for a task's run)."""
     return _real(shown)
+
+
+#: what a rich table with the default box spends around each column (a space either side and a rule)
+CELL_EXTRA = 3
+
+
+def fit_columns(width: int, natural: dict[str, int], priority: list[str], flexible: str = "",
+                flexible_min: int = 20) -> list[str]:
+    """The columns shown whole at ``width``: ``natural`` is each column's widest cell, ``priority``
+    the order they earn their place in (the first always does); ``flexible`` (folded, wrapped
+    inside its cell) takes what is left, at least ``flexible_min``. The names come back in
+    ``natural``'s order, so wider terminals show more columns in the same places. Never a column
+    cut to `k…`: one that does not fit whole is left out."""
+    used = 1 + (flexible_min + CELL_EXTRA if flexible else 0)
+    chosen = {priority[0]}
+    used += natural[priority[0]] + CELL_EXTRA
+    for name in priority[1:]:
+        if name != flexible and used + natural[name] + CELL_EXTRA <= width:
+            chosen.add(name)
+            used += natural[name] + CELL_EXTRA
+    return [name for name in natural if name in chosen or name == flexible]
+
+
+def table_width(widths: Iterable[int]) -> int:
+    """The width of a rich table (default box) whose columns are ``widths`` wide."""
+    return 1 + sum(w + CELL_EXTRA for w in widths)

@@ -76,7 +76,7 @@ def test_bench_compare_and_runs_json(compare_project):  # noqa: F811
     assert "findings" in done.stderr and "✗ run B (wired-wrong)" in done.stderr    # for a person
     listed = invoke(compare_project, "runs", "--local", "--json", "--last", "2")
     runs = document(listed)["result"]
-    assert [r["kind"] for r in runs["runs"]] == ["compare", "bench"] and runs["not_shown"] == 3     # td-1 and two benches
+    assert [r["kind"] for r in runs["runs"]] == ["compare", "bench"] and runs["not_shown"] == 3   # td-1, 2 benches
     assert runs["runs"][0]["run_id"] == doc["run_id"]
     assert "local run history" in listed.stderr
 

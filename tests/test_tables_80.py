@@ -71,7 +71,7 @@ def test_wider_terminals_show_more_columns():
         text = render(show_history, records(), "t", "", width=width)
         line = next(line for line in text.splitlines() if "┃" in line)
         return [c.strip() for c in line.strip("┃").split("┃")]
-    narrow, wide = header(80), header(240)
+    narrow, wide = header(80), header(320)
     assert set(narrow) < set(wide)
     assert wide == ["id", "kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"]
 

@@ -93,6 +93,7 @@ def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = N
 #: time, host, engine, draft, target as the width allows; a verdict without its column opens the headline)
 HISTORY_PRIORITY = ["id", "kind", "headline", "verdict", "time (UTC)", "host", "engine", "draft", "target"]
 HEADLINE_MIN = 20
+HEADLINE_WANTED = 64
 
 
 def history_cells(rec: history.RunRecord) -> dict[str, str]:
@@ -119,7 +120,10 @@ def show_history(found: list[history.RunRecord], title: str, filters: str, out: 
     if rows and table_width(needed) > out.width:
         _history_lines(rows, out)
     else:
-        shown = fit_columns(out.width, natural, HISTORY_PRIORITY, "headline", HEADLINE_MIN)
+        # the headline keeps up to HEADLINE_WANTED before a lesser column (time, host, ...) is added
+        room = out.width - table_width([natural["id"], natural["kind"]]) - 3
+        reserve = max(HEADLINE_MIN, min(natural["headline"], HEADLINE_WANTED, room))
+        shown = fit_columns(out.width, natural, HISTORY_PRIORITY, "headline", reserve)
         table = Table()
         for col in shown:
             table.add_column(col, no_wrap=col != "headline", overflow="fold" if col == "headline" else "ellipsis")

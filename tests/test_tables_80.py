@@ -117,3 +117,31 @@ def test_runs_local_piped_is_readable(tmp_path, make_project, no_inventory_env):
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines[1:]) <= 80 and len(lines) < 16 * 4 + 12, done.stdout
     assert all(rec.run_id in done.stdout for rec in records())
+
+
+def comparison():
+    from draftops.bench import compare as comparing
+    from draftops.bench.result import DraftInfo
+    from tests import bench_runs
+
+    draft = DraftInfo(path="/home/someone/.draftops/state/demo/draft", digest="sha256:bbbb000000000000",
+                      format="speculators", layer_ids=[0, 1, 3], layer_id_convention="vllm")
+    a = bench_runs.vllm_run("20261206-051549-bench-baseline-2112", tok_s=[90.0, 91.0, 89.0])
+    b = bench_runs.vllm_run("20261206-052549-bench-speculative-2113", tok_s=[60.0, 61.0, 59.0], accept=2.2,
+                            draft=draft)
+    return comparing.compare(a, b, {}, 0.1, {})
+
+
+@pytest.mark.parametrize("width", [80, 240])
+def test_bench_compare_never_cuts_a_run_id_or_a_path(width):
+    from draftops.bench import render as compare_render
+
+    cmp = comparison()
+    text = render(compare_render.show, cmp, width=width)
+    table = [line for line in text.splitlines() if line.startswith(("┃", "│"))]
+    assert table and not any("…" in line for line in table), text
+    assert max(len(line) for line in table) <= width
+    first = text.splitlines()[0]
+    assert cmp.a.run_id in first and cmp.b.run_id in first                  # whole, on the line above
+    run_row = [line for line in table if line.startswith("│ run ")]
+    assert (run_row and cmp.b.run_id in run_row[0]) if width == 240 else not run_row

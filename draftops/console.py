@@ -302,7 +302,7 @@ class LiveJob(JobView):
         if _real(self.out).is_terminal or (self.piped_at is not None and now - self.piped_at < PIPED_S):
             return
         text = clean(what).strip()
-        if text:
+        if any(ch.isalpha() for ch in text):       # a line of words, not a "{" a JSON dump starts with
             self.out.print(f"… {text[:160]}", markup=False, highlight=False, soft_wrap=True)
             self.piped_at = now
 

@@ -299,7 +299,7 @@ class LiveJob(JobView):
         nothing for the whole job (25 s of demo generation): there, the latest line at once and then
         every PIPED_S, one line each, the full log staying in its file."""
         now = time.monotonic()
-        if _real(self.out).is_terminal or (self.piped_at is not None and now - self.piped_at < PIPED_S):
+        if (self.piped_at is not None and now - self.piped_at < PIPED_S) or _real(self.out).is_terminal:
             return
         text = clean(what).strip()
         if any(ch.isalpha() for ch in text):       # a line of words, not a "{" a JSON dump starts with

@@ -28,6 +28,7 @@ if TYPE_CHECKING:   # rich is imported on first output: `invoke --list` never ne
 LogMode = Literal["print", "window", "hide", "steps"]
 WINDOW_LINES = 8            # log lines a "window" tail shows under the progress bar
 HEARTBEAT_S = 30.0          # "steps" off a terminal: a line this often while only chatter arrives
+PIPED_S = 5.0               # "window"/"hide" off a terminal: the latest progress or log line this often
 #: the lines an install job (`env.setup`, `env.setup --engine`) prints as its own steps, and pip's
 #: errors; everything else (pip's hundreds of Collecting/Downloading lines) is chatter
 INSTALL_STEPS = ("creating venv ", "installing ", "removing ", "no requirements to install", "env ready",
@@ -265,6 +266,7 @@ class LiveJob(JobView):
         self.window: deque[str] = deque(maxlen=1 if log == "steps" else WINDOW_LINES)
         self.bar: Any = None
         self.chatter, self.said = 0, time.monotonic()
+        self.piped_at: float | None = None      # when the last "…" line went to a pipe (None: none yet)
 
     def started(self, host: str, run_id: str) -> None:
         if self.announce:
@@ -286,8 +288,23 @@ class LiveJob(JobView):
             self.said = time.monotonic()
         elif self.mode == "window":
             self.window.append(line)
+            self._piped(line)
         elif self.mode == "steps":
             self._chatter(line)
+        else:
+            self._piped(line)
+
+    def _piped(self, what: str) -> None:
+        """Off a terminal the live window and bar draw nothing, so a pipe, a CI log or `| tee` saw
+        nothing for the whole job (25 s of demo generation): there, the latest line at once and then
+        every PIPED_S, one line each, the full log staying in its file."""
+        now = time.monotonic()
+        if (self.piped_at is not None and now - self.piped_at < PIPED_S) or _real(self.out).is_terminal:
+            return
+        text = clean(what).strip()
+        if any(ch.isalpha() for ch in text):       # a line of words, not a "{" a JSON dump starts with
+            self.out.print(f"… {text[:160]}", markup=False, highlight=False, soft_wrap=True)
+            self.piped_at = now
 
     def _chatter(self, line: str) -> None:
         """A line of pip's: the one passing line on a terminal, a count now and then elsewhere."""
@@ -307,6 +324,8 @@ class LiveJob(JobView):
         if self.bar is None:
             self.bar = self.progress.add_task(what, total=total or None)
         self.progress.update(self.bar, completed=done, total=total or None, description=what)
+        if self.mode != "print":
+            self._piped(f"{what}: {done:g}" + (f" of {total:g}" if total else ""))
 
     def detached(self, host: str, run_id: str) -> None:
         self.out.print(f"\n[yellow]detached[/]: {safe(self._detached_text(host, run_id))}")
@@ -361,3 +380,34 @@ def show_skipped(notes: list[dict[str, str]], out: Console) -> None:
         out.print(f"[yellow]not pulled[/] {safe(note.get('path'))}: {safe(note.get('reason'))}")
     if len(notes) > 20:
         out.print(f"[yellow]not pulled[/]: {len(notes) - 20} more entries")
+
+
+def real_console(shown: Console) -> Console:
+    """The rich Console behind ``shown`` (``--json`` points it at stderr for a task's run)."""
+    return _real(shown)
+
+
+#: what a rich table with the default box spends around each column (a space either side and a rule)
+CELL_EXTRA = 3
+
+
+def fit_columns(width: int, natural: dict[str, int], priority: list[str], flexible: str = "",
+                flexible_min: int = 20) -> list[str]:
+    """The columns shown whole at ``width``: ``natural`` is each column's widest cell, ``priority``
+    the order they earn their place in (the first always does); ``flexible`` (folded, wrapped
+    inside its cell) takes what is left, at least ``flexible_min``. The names come back in
+    ``natural``'s order, so wider terminals show more columns in the same places. Never a column
+    cut to `k…`: one that does not fit whole is left out."""
+    used = 1 + (flexible_min + CELL_EXTRA if flexible else 0)
+    chosen = {priority[0]}
+    used += natural[priority[0]] + CELL_EXTRA
+    for name in priority[1:]:
+        if name != flexible and used + natural[name] + CELL_EXTRA <= width:
+            chosen.add(name)
+            used += natural[name] + CELL_EXTRA
+    return [name for name in natural if name in chosen or name == flexible]
+
+
+def table_width(widths: Iterable[int]) -> int:
+    """The width of a rich table (default box) whose columns are ``widths`` wide."""
+    return 1 + sum(w + CELL_EXTRA for w in widths)

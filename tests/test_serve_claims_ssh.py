@@ -44,7 +44,7 @@ def test_a_claim_whose_serve_call_is_gone_is_stale_and_stop_all_cleans_it(projec
     port = registry(root)[where]["serve"]["default"]["port"]
     claim_left_by_a_dead_call(host_state(root, where), port)
     status = ok(invoke(root, "serve.status"))
-    row = next(line for line in status.splitlines() if f"│ {port} " in line)
+    row = next(line for line in status.splitlines() if f"│ {port} " in line or line.startswith(f"port {port} "))
     assert "stale claim" in row and "alive" not in row, status
     stopped = " ".join(ok(invoke(root, "serve.stop", "--all")).split())
     assert f"port {port}" in stopped and "skipped" not in stopped, stopped

@@ -146,7 +146,7 @@ def test_invoke_serve_demo_runs_a_real_vllm_server(project, where):
     assert 1 + accepted / drafts < 2.0, (accepted, drafts)
 
     status = ok(invoke(root, "serve.status"))
-    line = next(line for line in status.splitlines() if f"│ {port} " in line)
+    line = next(line for line in status.splitlines() if f"│ {port} " in line or line.startswith(f"port {port} "))
     assert "vllm" in line and "alive" in line and run_id[:12] in status
     assert "num_speculative_tokens=3" in status
 

@@ -57,7 +57,8 @@ def test_serve_demo_on_the_cluster_is_a_slurm_job_that_bench_reaches_and_serve_s
         assert registry["node"] == slurm.node                       # where bench and capture-check reach it
         assert json.loads(call(port, "/v1/models"))["data"]
         status = ok(invoke(root, "serve.status"))
-        assert "alive" in next(line for line in status.splitlines() if f"│ {port} " in line)
+        assert "alive" in next(line for line in status.splitlines()
+                               if f"│ {port} " in line or line.startswith(f"port {port} "))
 
         benched = ok(invoke(root, *BENCH, "--port", str(port)))
         folder = bench_folder(root, benched)                         # pulled home

@@ -25,12 +25,18 @@ def _run_ids(cmp: Comparison) -> str:
     return f"A {_safe(cmp.a.run_id)}  vs  B {_safe(cmp.b.run_id)}"
 
 
-def table(cmp: Comparison) -> Table:
+def table(cmp: Comparison, width: int | None = None) -> Table:
+    """The two runs side by side. At ``width`` too narrow for both run ids whole, the run row is left
+    out (the line above the table names them whole) and the values fold rather than end in `…`."""
     out = Table(title="bench compare", title_justify="left")
     out.add_column("")
-    out.add_column("A", justify="right")
-    out.add_column("B", justify="right")
+    out.add_column("A", justify="right", overflow="fold")
+    out.add_column("B", justify="right", overflow="fold")
+    label = max((len(str(row["metric"])) for row in cmp.rows), default=0)
+    ids_fit = width is None or 1 + 3 * 3 + label + len(cmp.a.run_id) + len(cmp.b.run_id) <= width
     for row in cmp.rows:
+        if row["metric"] == "run" and not ids_fit:
+            continue
         out.add_row(_safe(row["metric"]), _safe(row["a_text"]), _safe(row["b_text"]),
                     style="bold" if row["metric"].startswith(("output tok/s", "speedup", "accept length (")) else "")
     return out
@@ -92,7 +98,7 @@ def position_table(t: PositionTable) -> Table:
 
 def show(cmp: Comparison, console: Console) -> None:
     console.print(f"bench compare: {_run_ids(cmp)}", soft_wrap=True)   # never broken inside an id
-    console.print(table(cmp))
+    console.print(table(cmp, console.width))
     for t in cmp.positions:
         console.print(position_table(t))
     console.print(findings_panel(cmp))

@@ -20,6 +20,7 @@ from draftops.cli.common import (
     project_root,
     warn,
 )
+from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, task
 from draftops.console import console, escape
 from draftops.errors import BenchError
@@ -47,12 +48,14 @@ def run_folder(root: Path, ref: str) -> Path:
                      "engine and target)",
             "run_b": "run B: a bench run id or folder (default: the latest speculative run)",
             "host": "pick the default pair among this host's runs only",
-            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)"},
+            "tolerance": "how far measured may be from predicted accept length, as a fraction (default 0.10)",
+            "json": JSON_HELP},
       options={"tolerance": Number(float, 0, 1, inclusive=False,
                                    refusal="{flag} {value} must be a fraction between 0 and 1, e.g. 0.10.")})
+@json_output("bench.compare")
 @friendly
 def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host: str | None = None,
-            tolerance: float = TOLERANCE) -> None:
+            tolerance: float = TOLERANCE, json: bool = False) -> None:
     """Compare two bench runs (default: the latest baseline and the latest speculative run of the same
     host, engine and target) against test-drafter's predicted accept length; writes
     runs/<id>/compare.{md,json,png}."""
@@ -73,6 +76,7 @@ def compare(c: Context, run_a: str | None = None, run_b: str | None = None, host
     cmp = comparing.compare(runs[0], runs[1], predictions, tolerance, current)
     run_id = jobs.new_run_id("bench-compare")
     paths = outputs.write(cmp, root / "runs" / run_id)
+    answer(history.json_safe(cmp.to_dict()), run_id)
     render.show(cmp, console)
     console.print(f"[dim]written: {paths['markdown']}, {paths['json'].name}, {paths['chart'].name}[/]")
     records.keep(root, "this comparison", lambda rev: comparing.compare_record(cmp, run_id, git_rev=rev), warn)
@@ -88,16 +92,18 @@ _RUN_HELP = {
     "seed": "sampling seed of the client (default 0)",
     "chat_template": "send every prompt through the target's chat template (vLLM: the chat endpoint; SGLang: "
                      "--apply-chat-template), as a chat-trained draft is served", "host": HOST_HELP,
-    "max_pending": MAX_PENDING_HELP}
+    "max_pending": MAX_PENDING_HELP, "json": JSON_HELP}
 _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
 @task(default=True, help=_RUN_HELP, options={**dict.fromkeys(_NUMBERS, WHOLE), "max_pending": MAX_PENDING})
+@json_output("bench")
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
         repeats: int | None = None, port: int | None = None, seed: int | None = None,
-        chat_template: bool = False, host: str | None = None, max_pending: float | None = None) -> None:
+        chat_template: bool = False, host: str | None = None, max_pending: float | None = None,
+        json: bool = False) -> None:
     """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
     engine's own client on the host; everything lands in runs/<id>/ and the local history."""
     from draftops.bench import plan as planning
@@ -138,6 +144,7 @@ def _finish(host: Host, done: Finished) -> None:
     res, folder = done.result, done.folder
     records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
                  warn)
+    answer(res.model_dump(mode="json", by_alias=True), res.run_id)
     summary.show(res, console)
     console.print(f"[dim]result: {folder / bench_result.RESULT_NAME}[/]")
     if res.status != "succeeded":

@@ -1,10 +1,10 @@
 """`invoke capture-check`: the serving engine's own hidden states against the training dumps."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Callable
+from json import dumps as json_text
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +12,7 @@ from invoke import Context
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
 from draftops.cli.history import record_capture_check
+from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, Number, task
 from draftops.console import LiveJob, console, escape
 from draftops.errors import ServeRefused
@@ -58,12 +59,13 @@ def _paths(host: Host, data: str | None, draft: str | None, target: str | None,
             "target": "target model folder on the host (default: the profile's)",
             "samples": "dump samples to send (default 24)",
             "port": "port for the short-lived engine instance (default: a free one)", "host": HOST_HELP,
-            "max_pending": MAX_PENDING_HELP},
+            "max_pending": MAX_PENDING_HELP, "json": JSON_HELP},
       options={"samples": SAMPLES, "port": PORT, "max_pending": MAX_PENDING})
+@json_output("capture-check")
 @friendly
 def capture_check(c: Context, data: str | None = None, draft: str | None = None, profile: str | None = None,
                   target: str | None = None, samples: int = 24, port: int | None = None,
-                  host: str | None = None, max_pending: float | None = None) -> None:
+                  host: str | None = None, max_pending: float | None = None, json: bool = False) -> None:
     """Ask the serving engine which layer each dumped slot holds, and what it will feed the draft."""
     host_ = connect(c, host, max_pending=max_pending)
     ensure_code(host_)
@@ -75,7 +77,7 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
     args = ["check", "--out", jobs.RUN_DIR, "--engine", chosen.engine,
             "--python", host_path(host_, chosen.python) or chosen.python,
             "--target", target_, "--data", data_, "--samples", str(samples), "--tp", str(settings.tp or 1),
-            "--extra-args", json.dumps(list(settings.extra_args))]
+            "--extra-args", json_text(list(settings.extra_args))]
     if settings.context_length:
         args += ["--max-model-len", str(settings.context_length)]
     for flag, value in (("--draft", draft_), ("--port", port)):
@@ -85,6 +87,7 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
                              "samples": samples, "port": port}
     done = run_tool(host_, "remote.capture", args, name="capture-check", task="capture-check", given=given,
                     env=dict(settings.env), view=StopOnInterrupt(console, project_root(c)))
+    answer(done.data, done.run_id)
     doc = None
     if done.ok:
         from draftops.documents.capture_check import CaptureCheck

@@ -8,6 +8,7 @@ from invoke import Context
 from draftops import timing
 from draftops.cli.common import HOST_HELP, connect, friendly, live, project_root
 from draftops.cli.history import LOCAL_RUNS_HELP, show_local_runs
+from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import GRACE_S, Number, grace_option, task
 from draftops.console import (
     console,
@@ -54,11 +55,14 @@ def sync(c: Context, host: str | None = None, dry_run: bool = False, verbose: bo
 
 
 @task(help={"host": HOST_HELP, **LOCAL_RUNS_HELP,
-            "last": f"how many of the latest runs to show (default {jobs.RUNS_SHOWN})", "all": "every run"},
+            "last": f"how many of the latest runs to show (default {jobs.RUNS_SHOWN})", "all": "every run",
+            "json": JSON_HELP},
       options={"last": Number(int, 1, refusal="{flag} must be 1 or more, not {value}; --all shows every run.")})
+@json_output("runs")
 @friendly
 def runs(c: Context, host: str | None = None, local: bool = False, kind: str | None = None,
-         draft: str | None = None, since: str | None = None, last: int = jobs.RUNS_SHOWN, all: bool = False) -> None:
+         draft: str | None = None, since: str | None = None, last: int = jobs.RUNS_SHOWN, all: bool = False,
+         json: bool = False) -> None:
     """List the host's latest runs: what each was (task and arguments), its state, exit code and outcome;
     --local: the local history."""
     count = None if all else last
@@ -69,6 +73,7 @@ def runs(c: Context, host: str | None = None, local: bool = False, kind: str | N
         rows, total = jobs.list_runs(host), None
     else:
         rows, total = jobs.recent_runs(host, count)
+    answer({"host": host.name, "runs": rows, "not_shown": max(0, total - len(rows)) if total is not None else 0})
     show_runs(rows, host.name, console)
     show_not_shown(total, len(rows), err_console)
 

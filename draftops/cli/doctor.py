@@ -6,6 +6,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root
+from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, task
 from draftops.console import console, escape
 
@@ -22,15 +23,17 @@ _HELP = {
     "resume": "continue the latest doctor (or the doctor of this id) from its last finished step",
     "host": HOST_HELP,
     "max_pending": MAX_PENDING_HELP + " (each of the doctor's jobs; a --resume takes its own)",
+    "json": JSON_HELP,
 }
 
 
 @task(help=_HELP, optional=["resume"], options={"port": WHOLE, "max_pending": MAX_PENDING})
+@json_output("doctor")
 @friendly
 def doctor(c: Context, draft: str | None = None, data: str | None = None, profile: str | None = None,
            fix: bool = False, bench: bool = True, capture: bool = False, port: int | None = None,
            keep_serving: bool = False, fresh: bool = False, resume: str | None = None,
-           host: str | None = None, max_pending: float | None = None) -> None:
+           host: str | None = None, max_pending: float | None = None, json: bool = False) -> None:
     """Check a draft (test-drafter), show its findings and the one command that fixes them; with --fix,
     apply the fix, check again, and serve + bench the baseline, the draft as it was and the fixed draft,
     with the story in runs/<id>/doctor.{md,html,json}. Exit 0 healthy or fixed, 3 not, 1 a failed step."""
@@ -60,6 +63,7 @@ def doctor(c: Context, draft: str | None = None, data: str | None = None, profil
     console.print(f"[bold]doctor[/] {current.doctor_id} on {escape(host_.name)}: "
                   f"{escape(', '.join(s.name for s in current.steps))}")
     ended = flow.run(host_, current, lambda text: console.print(escape(text), soft_wrap=True))
+    answer(ended.to_dict(), ended.doctor_id)
     _show_end(ended)
     code = flow.exit_code(ended)
     if code:

@@ -9,6 +9,7 @@ from invoke.exceptions import Exit
 
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
+from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, NUMBER, WHOLE, task
 from draftops.console import console, escape
 from draftops.runs import jobs
@@ -40,9 +41,13 @@ if TYPE_CHECKING:
             "hosts": "with --gpus: spread over these hosts of hosts.yaml (comma-separated; the first one's address "
                      "holds the rendezvous and its run the report)",
             "port": "with --hosts or --nodes: the rendezvous port on the first node (default 29517, docs/drafter.md)",
-            "nodes": "with --gpus on a Slurm host: one job of this many nodes, srun starting the ranks on each"},
+            "nodes": "with --gpus on a Slurm host: one job of this many nodes, srun starting the ranks on each",
+            "json": JSON_HELP,
+            "strict": "exit 3 when the verdict is MISMATCH or a finding is ✗ (for scripts; without it a finished "
+                      "evaluation exits 0 whatever it found)"},
       options={"steps": WHOLE, "limit": WHOLE, "expected_acc": NUMBER, "expected_accept_length": NUMBER,
                "seed": WHOLE, "max_pending": MAX_PENDING, "gpus": WHOLE, "port": WHOLE, "nodes": WHOLE})
+@json_output("test-drafter")
 @friendly
 def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, verifier: str | None = None,
                  config: str | None = None, steps: int = 3, limit: int | None = None,
@@ -50,8 +55,11 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                  expected_from: str | None = None, full: bool = False, seed: int | None = None,
                  device: str = "auto", host: str | None = None, max_pending: float | None = None,
                  gpus: int | None = None, hosts: str | None = None, port: int | None = None,
-                 nodes: int | None = None) -> None:
-    """Check that the features the server will feed the draft are the ones it was trained on."""
+                 nodes: int | None = None, strict: bool = False, json: bool = False) -> None:
+    """Check that the features the server will feed the draft are the ones it was trained on.
+
+    Exit 0 when the evaluation finished, whatever its verdict (a MISMATCH is a result, shown with its
+    fix); 1 when it could not run. With --strict, 3 when the verdict is MISMATCH or a finding is ✗."""
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
     names = _spread_names(gpus, hosts, port, host, nodes)
@@ -100,11 +108,30 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     else:
         done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
                         task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
+    _finish(host, done, given, ckpt, strict)
+
+
+def _finish(host: Host, done: ToolResult, given: dict[str, Any], ckpt: str | None, strict: bool) -> None:
+    """Show the report, record the run, answer --json; exit 1 on a failed run, 3 with --strict on a finding."""
     report = read_report(host, done, given)
+    answer(done.data, done.run_id)
     if done.ok and report is not None:
         show_result(report, str(done.result_file), done.run_id, ckpt, console)
     record_test_drafter(host, done, given, report)
     done.check()
+    if strict and report is not None:
+        refuse_findings(report)
+
+
+EXIT_FINDINGS = 3      # as the doctor and the nightly exit when a finding says something is wrong
+
+
+def refuse_findings(report: DrafterReport) -> None:
+    """--strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)."""
+    bad = [f.id for f in report.findings if f.severity == "bad"]
+    if report.verdict.status == "MISMATCH" or bad:
+        what = ", ".join([*(["MISMATCH"] if report.verdict.status == "MISMATCH" else []), *bad])
+        raise Exit(f"test-drafter --strict: {what} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)
 
 
 def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: str | None,

@@ -3,6 +3,7 @@ each task's run (``record_test_drafter``). Recording never fails the task it fol
 that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,11 +11,13 @@ from invoke import Context
 
 from draftops import history, records, tracking
 from draftops.cli.common import friendly, project_root, warn
+from draftops.cli.jsonout import answer
 from draftops.cli.options import task
-from draftops.console import console, err_console, escape, show_not_shown
+from draftops.console import console, err_console, escape, fit_columns, show_not_shown, table_width
 from draftops.errors import RemoteError
 from draftops.link.host import Host
 from draftops.runs.tools import ToolResult
+from draftops.terminal import clean
 from remote.bench.digest import config_digest
 
 if TYPE_CHECKING:
@@ -83,26 +86,71 @@ def show_local_runs(c: Context, *, host: str | None = None, kind: str | None = N
     filters = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("host", host), ("draft", draft),
                                                   ("since", since)) if v)
     shown = found if last is None else found[:last]
+    answer({"history": str(root / "runs" / history.DB_NAME), "runs": [dataclasses.asdict(r) for r in shown],
+            "not_shown": len(found) - len(shown)})
     show_history(shown, f"local run history ({root / 'runs' / history.DB_NAME})", filters, console)
     show_not_shown(len(found), len(shown), err_console)
 
 
+#: which columns earn their place first when the terminal is narrow (id, kind, headline; then verdict,
+#: time, host, engine, draft, target as the width allows; a verdict without its column opens the headline)
+HISTORY_PRIORITY = ["id", "kind", "headline", "verdict", "time (UTC)", "host", "engine", "draft", "target"]
+HEADLINE_MIN = 20
+HEADLINE_WANTED = 64
+
+
+def history_cells(rec: history.RunRecord) -> dict[str, str]:
+    """One run's cells as plain text (not yet escaped), by column."""
+    engine = " ".join(p for p in (rec.engine, rec.engine_version) if p)
+    draft_text = _short(rec.draft) + (f" {rec.draft_digest[7:15]}" if rec.draft_digest else "")
+    return {"id": rec.run_id, "kind": rec.kind, "host": rec.host, "time (UTC)": clean(rec.time[:19].replace("T", " ")),
+            "engine": engine, "target": _short(rec.target), "draft": draft_text.strip(), "verdict": rec.verdict or "",
+            "headline": headline(rec)}
+
+
 def show_history(found: list[history.RunRecord], title: str, filters: str, out: Console) -> None:
-    """History records as a table (``filters``: what the query was limited to, for the title)."""
+    """History records as a table (``filters``: what the query was limited to, for the title). Only the
+    columns that fit whole are shown (id, kind, verdict and headline first, more on a wider terminal);
+    an id is never broken: where even those four do not fit, one run per line, its id first."""
     from rich.table import Table
 
-    table = Table(title=escape(title + (f": {filters}" if filters else "")), title_justify="left")
-    table.add_column("id", no_wrap=True, min_width=max([len(rec.run_id) for rec in found] + [2]))
-    for col in ("kind", "host", "time (UTC)", "engine", "target", "draft", "verdict", "headline"):
-        table.add_column(col, overflow="fold" if col == "headline" else "ellipsis")
-    for rec in found:
-        engine = " ".join(p for p in (rec.engine, rec.engine_version) if p)
-        draft_text = _short(rec.draft) + (f" {rec.draft_digest[7:15]}" if rec.draft_digest else "")
-        verdict = rec.verdict or ""
-        table.add_row(escape(rec.run_id), escape(rec.kind), escape(rec.host), rec.time[:19].replace("T", " "),
-                      escape(engine), escape(_short(rec.target)), escape(draft_text),
-                      f"[{VERDICT_STYLE.get(verdict, 'white')}]{escape(verdict)}[/]", escape(headline(rec)))
-    out.print(table)
+    out.print(escape(title + (f": {filters}" if filters else "")), soft_wrap=True)
+    rows = [history_cells(rec) for rec in found]
+    natural = {col: max([len(r[col]) for r in rows] + [len(col)]) for col in HISTORY_PRIORITY}
+    natural = {col: natural[col] for col in ("id", "kind", "host", "time (UTC)", "engine", "target", "draft",
+                                               "verdict", "headline")}
+    needed = [natural["id"], natural["kind"], HEADLINE_MIN]
+    if rows and table_width(needed) > out.width:
+        _history_lines(rows, out)
+    else:
+        # the headline keeps up to HEADLINE_WANTED before a lesser column (time, host, ...) is added
+        room = out.width - table_width([natural["id"], natural["kind"]]) - 3
+        reserve = max(HEADLINE_MIN, min(natural["headline"], HEADLINE_WANTED, room))
+        shown = fit_columns(out.width, natural, HISTORY_PRIORITY, "headline", reserve)
+        table = Table()
+        for col in shown:
+            table.add_column(col, no_wrap=col != "headline", overflow="fold" if col == "headline" else "ellipsis")
+        for row in rows:
+            if "verdict" not in shown and row["verdict"]:
+                row = {**row, "headline": f"{row['verdict']}: {row['headline']}"}
+            table.add_row(*(_cell(col, row[col]) for col in shown))
+        out.print(table)
+    _history_notes(found, filters, out)
+
+
+def _cell(col: str, text: str) -> str:
+    return f"[{VERDICT_STYLE.get(text, 'white')}]{escape(text)}[/]" if col == "verdict" else escape(text)
+
+
+def _history_lines(rows: list[dict[str, str]], out: Console) -> None:
+    """Too narrow for a table: each run's id on its own line, whole, then what it found, indented."""
+    for row in rows:
+        out.print(escape(row["id"]), soft_wrap=True)
+        out.print("  " + " ".join(_cell(col, row[col]) for col in ("kind", "verdict") if row[col]) +
+                  f"  {escape(row['headline'])}")
+
+
+def _history_notes(found: list[history.RunRecord], filters: str, out: Console) -> None:
     if any(rec.kind in ("test-drafter", "bench") for rec in found):
         out.print("[dim]accept: tokens per verify, the bonus token included (measured: 1 + accepted/drafts; "
                   "predicted: 1 + sum_k full_acc_k over the K TTT steps).[/]")

@@ -81,8 +81,8 @@ def _playbook_path(root: Path, playbook: str) -> Path:
 @friendly
 def run(c: Context, playbook: str = DEFAULT_PLAYBOOK, hosts: str | None = None) -> None:
     """Run a playbook on its hosts in parallel, compare with earlier nights, write the report.
-    Exit 1 when a step failed, 3 when a step's findings say something is wrong (a ✗ finding of
-    bench.compare), 2 when a metric regressed, 75 when another night of this project holds
+    Exit 1 when a step failed, 3 when a step's findings say something is wrong (test-drafter's MISMATCH,
+    a ✗ finding of any step), 2 when a metric regressed, 75 when another night of this project holds
     one of its hosts (nothing ran), 0 otherwise."""
     from draftops.errors import NightBusy
     from draftops.nightly import hostlock

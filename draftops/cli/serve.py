@@ -23,7 +23,7 @@ from draftops.cli.common import (
 )
 from draftops.cli.history import record_serve
 from draftops.cli.options import GRACE_S, MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, grace_option, task
-from draftops.console import console, escape, shown_state, state_text
+from draftops.console import console, escape, shown_state, state_text, table_width
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.link.host import Host
 from draftops.runs import tools
@@ -258,27 +258,46 @@ def status(c: Context, host: str | None = None) -> None:
     show_servers(lifecycle.servers(host), host.name, console)
 
 
+SERVER_COLUMNS = ("port", "engine", "state", "pid", "uptime", "target", "draft", "effective settings", "run")
+
+
 def show_servers(rows: list[lifecycle.Server], host: str, out: Console) -> None:
-    """The registry's servers as a table (or one line when there are none)."""
+    """The registry's servers as a table where every cell fits whole, else one block per server (its
+    run id whole on the first line, then target, draft and settings each on a line of its own), so
+    nothing is dropped off the edge of an 80-column terminal or a pipe; one line when there are none."""
     if not rows:
         out.print(f"no draftops servers on {escape(host)}")
         return
-    from rich.table import Table
-
-    table = Table(title=f"servers on {escape(host)}", title_justify="left")
-    for col in ("port", "engine", "state", "pid", "uptime"):
-        table.add_column(col, no_wrap=True)
-    for col in ("target", "draft", "effective settings"):
-        table.add_column(col, overflow="fold")
-    table.add_column("run", no_wrap=True, min_width=max([len(str(row.run_id)) for row in rows] + [3]))
-    for row in rows:
-        table.add_row(escape(str(row.port)), escape(str(row.engine)), state_text(row.shown_state),
-                      escape(str(row.pid or "—")), _uptime(row.uptime_s), escape(str(row.target)),
-                      escape(str(row.draft or "(baseline)")), escape(_settings(row)), escape(str(row.run_id)))
-    out.print(table)
+    cells = [_server_cells(row) for row in rows]
+    if table_width(max([len(c[col]) for c in cells] + [len(col)]) for col in SERVER_COLUMNS) <= out.width:
+        _server_table(rows, cells, host, out)
+    else:
+        out.print(f"servers on {escape(host)}")
+        for row, cell in zip(rows, cells, strict=True):
+            out.print(f"port {escape(cell['port'])}  {escape(cell['engine'])}  {state_text(row.shown_state)}  "
+                      f"pid {escape(cell['pid'])}  up {cell['uptime']}  run {escape(cell['run'])}", soft_wrap=True)
+            for col in ("target", "draft", "effective settings"):
+                out.print(f"  {col}: {escape(cell[col])}", soft_wrap=True)
     for row in rows:             # a Slurm server's end in words (TIMEOUT: its time limit), never "alive"
         if row.note:
             out.print(f"port {escape(str(row.port))}: {escape(row.note)}")
+
+
+def _server_cells(row: lifecycle.Server) -> dict[str, str]:
+    return {"port": str(row.port), "engine": str(row.engine), "state": str(row.shown_state),
+            "pid": str(row.pid or "—"), "uptime": _uptime(row.uptime_s), "target": str(row.target),
+            "draft": str(row.draft or "(baseline)"), "effective settings": _settings(row), "run": str(row.run_id)}
+
+
+def _server_table(rows: list[lifecycle.Server], cells: list[dict[str, str]], host: str, out: Console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"servers on {escape(host)}", title_justify="left")
+    for col in SERVER_COLUMNS:
+        table.add_column(col, no_wrap=True)
+    for row, cell in zip(rows, cells, strict=True):
+        table.add_row(*(state_text(row.shown_state) if col == "state" else escape(cell[col]) for col in SERVER_COLUMNS))
+    out.print(table)
 
 
 @task(help={"port": "the server's port (default: the only server)", "all": "stop every draftops server",

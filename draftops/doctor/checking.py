@@ -109,9 +109,18 @@ def check(ctx: Ctx, step: Step) -> None:
     step.outcome = drafter_outcome(report, done.run_id)
     flags = "" if ctx.demo else f" --ckpt {shlex.quote(ctx.args.draft)} --data {shlex.quote(str(ctx.args.data))}"
     step.commands = [host_cmd(ctx, f"test-drafter{flags}")]
-    ctx.progress(f"  {report.verdict.status}: predicted accept length {_fmt(report.predicted_accept_length, 'served')}"
-                 f" as configured, {_fmt(report.predicted_accept_length, 'best')} with the fix; "
-                 f"{len(report.findings)} finding(s)")
+    ctx.progress(f"  {report.verdict.status}: {accept_words(report)}; {len(report.findings)} finding(s)")
+
+
+def accept_words(report: DrafterReport) -> str:
+    """The predicted accept lengths in words, only those the report holds: a MATCH (or a recheck)
+    has no other layout to fix to, and "3.43 as configured, — with the fix" read as a broken line."""
+    served, best = (_fmt(report.predicted_accept_length, role) for role in ("served", "best"))
+    if served == "—" and best == "—":
+        return "no predicted accept length"
+    words = f"predicted accept length {served} as configured"
+    return words + (f", {best} with the fix" if best not in ("—", served) and report.verdict.status != "MATCH"
+                    else "")
 
 
 def _fmt(accept: Any, role: str) -> str:

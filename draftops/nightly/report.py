@@ -16,7 +16,7 @@ from draftops.errors import PlaybookError
 from draftops.nightly import detect
 from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.plots import draw_trends
-from draftops.nightly.runner import FAILED, INFRA, SKIPPED
+from draftops.nightly.runner import FAILED, INFRA, SKIPPED, end_words
 from draftops.terminal import clean
 from remote.fileio import atomic_write_text
 
@@ -107,6 +107,8 @@ def health(night: Night) -> list[str]:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) failed [{kind}]: {s.reason}")
             elif s.status == SKIPPED:
                 lines.append(f"  {o.host} / {s.name} ({s.task}) skipped: {s.reason}")
+            elif s.flagged:
+                lines.append(f"  {o.host} / {s.name} ({s.task}) {end_words(s)}")
             if s.queue is not None:        # a Slurm host: the wait in its queue, apart from the run
                 lines.append(f"  {o.host} / {s.name} ({s.task}): waited {s.queue.queued_s:.0f} s in Slurm's "
                              f"queue, ran {s.queue.ran_s:.0f} s ({s.queue.jobs} job{'s' if s.queue.jobs != 1 else ''})")
@@ -175,7 +177,7 @@ def html_page(night: Night, plots: dict[str, list[Path]]) -> str:
              f"<style>{_CSS}</style></head><body><h1>{e(title(night))}</h1><table id='header'>"]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in header(night)]
     parts += ["</table><h2>Health</h2><ul id='health'>"]
-    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ", ": STOPPED")
+    bad = ("failed [", "FAILURE", ": ERROR", ": REGRESSION", ": NOT HEALTHY", ": ✗ ", ", but ✗ ", ": STOPPED")
     parts += [f"<li class='{'failed' if any(b in ln for b in bad) else ''}'>{e(ln.strip())}</li>"
               for ln in health(night)]
     parts += [f"</ul><h2>Counts</h2><p id='counts'>{e(counts_line(night))}</p>"]

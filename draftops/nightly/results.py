@@ -23,13 +23,15 @@ if TYPE_CHECKING:
 
 NIGHTLY_KIND = "nightly"
 _ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
+_CAPTURE_JSON = re.compile(r"report: (\S*capture-check\.json)")
 COMPARE_SCHEMA = "draftops.bench-compare/1"
 MARK = {"bad": "✗", "warn": "!", "good": "✓", "info": "·"}       # as bench.compare shows them
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One conclusion a step of the night drew (bench.compare's findings), read from its output."""
+    """One conclusion a step of the night drew (test-drafter's, capture-check's, bench's or
+    bench.compare's findings), read from the file its run wrote."""
 
     run_id: str
     severity: str                  # bad | warn | good | info
@@ -102,14 +104,91 @@ def metrics_of(runs: Iterable[RunRecord], project_root: Path) -> dict[str, Any]:
     return {k: v for k, v in history.json_safe(out).items() if v is not None}
 
 
-def findings_of(runs: Iterable[RunRecord], project_root: Path) -> list[Finding]:
-    """The findings of the night's comparisons, read from the compare.json each one wrote (the history
-    row holds only the codes). A comparison whose file cannot be read is a ✗ finding itself: a night
-    whose conclusions are unknown is not healthy."""
+def findings_of(runs: Iterable[RunRecord], project_root: Path, step_log: str = "") -> list[Finding]:
+    """What the night's steps concluded, from the file each run wrote (the history row holds only
+    codes): test-drafter's report.json (its verdict and named causes), bench's bench-result.json (its
+    warnings), bench.compare's compare.json, and the capture-check(s) a step's log names
+    (``step_log``; capture-check records no history row). A run whose file cannot be read is a ✗
+    finding itself: a night whose conclusions are unknown is not healthy."""
     found: list[Finding] = []
     for run in runs:
+        folder = project_root / "runs" / run.run_id
         if run.kind == "compare":
-            found += _compare_findings(run, project_root / "runs" / run.run_id / "compare.json")
+            found += _compare_findings(run, folder / "compare.json")
+        elif run.kind == "test-drafter" and run.verdict != "failed":
+            found += _drafter_findings(run, folder / "report.json")
+        elif run.kind == "bench" and run.verdict != "failed":
+            found += _bench_findings(run, folder / "bench-result.json")
+    for path in capture_checks_in(step_log, project_root):
+        found += _capture_findings(path)
+    return found
+
+
+def _unreadable(run_id: str, what: str, path: Path, why: object, task: str) -> Finding:
+    return Finding(run_id, "bad", f"{what}-unreadable",
+                   f"the run {run_id} left no readable {path} ({why}), so its findings are unknown; "
+                   f"run `invoke {task}` again.")
+
+
+def _drafter_findings(run: RunRecord, path: Path) -> list[Finding]:
+    """test-drafter's verdict (MISMATCH is ✗: the server would feed the draft other features than it
+    was trained on) and its named causes, bad ones first, as its report orders them."""
+    from draftops.documents import load
+    from draftops.documents.drafter_report import DrafterReport
+    from draftops.errors import DocumentError
+
+    try:
+        report = load(DrafterReport, path)
+    except DocumentError as exc:
+        return [_unreadable(run.run_id, "report", path, exc, "test-drafter")]
+    verdict = report.verdict
+    found = []
+    if verdict.status == "MISMATCH":
+        found.append(Finding(run.run_id, "bad", "MISMATCH", verdict.message or verdict.diagnosis or
+                             "the draft is fed other hidden states than it was trained on"))
+    elif verdict.status not in (None, "MATCH"):
+        found.append(Finding(run.run_id, "warn", str(verdict.status), verdict.message or verdict.diagnosis))
+    found += [Finding(run.run_id, f.severity if f.severity in MARK else "warn", f.id, f.text)
+              for f in report.findings]
+    return found
+
+
+def _bench_findings(run: RunRecord, path: Path) -> list[Finding]:
+    """bench's warnings (a cross-check that disagrees, a repeat left out): each a ! finding."""
+    try:
+        doc = jsonread.loads(path.read_bytes())
+        warnings = doc.get("warnings", []) if isinstance(doc, dict) else None
+        if not isinstance(warnings, list):
+            raise ValueError("its `warnings` is not a list")
+    except (OSError, ValueError) as exc:
+        return [_unreadable(run.run_id, "bench-result", path, exc, "bench.collect " + run.run_id)]
+    return [Finding(run.run_id, "warn", "bench-warning", str(w)) for w in warnings]
+
+
+def capture_checks_in(log_text: str, project_root: Path) -> list[Path]:
+    """The capture-check.json files a step's log names (the task prints `report: <path>`)."""
+    paths = [Path(p) for p in _CAPTURE_JSON.findall(log_text)]
+    return [p if p.is_absolute() else project_root / p for p in dict.fromkeys(paths)]
+
+
+#: capture-check's status -> severity (FINAL_ONLY is SGLang's normal answer, not a fault)
+_CAPTURE_SEVERITY = {"MATCHED": "good", "FINAL_ONLY": "info", "PARTIAL": "warn", "NOT_THIS_TARGET": "bad"}
+
+
+def _capture_findings(path: Path) -> list[Finding]:
+    """capture-check's status (dumps not of this target are ✗) and its draft feed (MISMATCH is ✗)."""
+    from draftops.documents import load
+    from draftops.documents.capture_check import CaptureCheck
+    from draftops.errors import DocumentError
+
+    run_id = path.parent.name
+    try:
+        doc = load(CaptureCheck, path)
+    except DocumentError as exc:
+        return [_unreadable(run_id, "capture-check", path, exc, "capture-check")]
+    found = [Finding(run_id, _CAPTURE_SEVERITY.get(doc.status, "warn"), doc.status, doc.headline)]
+    if doc.draft is not None and doc.draft.status == "MISMATCH":
+        found.append(Finding(run_id, "bad", "draft-MISMATCH", doc.headline))
     return found
 
 

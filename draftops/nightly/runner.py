@@ -73,6 +73,12 @@ class StepResult:
     log: Path | None = None
     reason: str = ""               # why it failed or was skipped (one line)
     queue: queuetime.QueueTime | None = None   # on a Slurm host: its jobs' queue wait apart from run time
+    findings: list[results.Finding] = field(default_factory=list)   # what the step's runs concluded
+
+    @property
+    def flagged(self) -> bool:
+        """The step ran to its end, but what it found is wrong (a MISMATCH, a ✗ finding)."""
+        return any(f.bad for f in self.findings)
 
 
 @dataclass
@@ -107,6 +113,13 @@ def queue_words(step: StepResult) -> str:
     return f" (queued {step.queue.queued_s:.0f} s in Slurm, ran {step.queue.ran_s:.0f} s)"
 
 
+def end_words(result: StepResult) -> str:
+    """How a step ended, as its line and the health summary say it: a step that exited 0 but found
+    something wrong is not just "ok" (``ok, but ✗ MISMATCH, ids-wrong``)."""
+    bad = list(dict.fromkeys(f.code for f in result.findings if f.bad))
+    return result.status + (f", but ✗ {', '.join(bad)}" if bad else "")
+
+
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
@@ -134,6 +147,7 @@ class HostNight:
         outcome = HostOutcome(self.host, started=history.now_iso())
         done: dict[str, str] = {}
         env_json: Path | None = None
+        seen: set[str] = set()
         for index, step in enumerate(self.book.steps, start=1):
             reason = self._skip_reason(step, done)
             if reason:
@@ -142,9 +156,10 @@ class HostNight:
                 self._tell(step, f"skipped: {reason}")
                 continue
             result, text = self._step(index, step)
+            result.findings = self._step_findings(outcome, seen, text)
             outcome.steps.append(result)
             done[step.name] = result.status
-            self._tell(step, f"{result.status}" + (f" (exit {result.exit_code})" if result.status == FAILED else "")
+            self._tell(step, end_words(result) + (f" (exit {result.exit_code})" if result.status == FAILED else "")
                        + f" in {result.seconds:.1f} s" + queue_words(result)
                        + (f": {result.reason}" if result.reason else ""))
             env_json = results.env_json_in(text, self.project_root) or env_json
@@ -155,9 +170,20 @@ class HostNight:
             runs = []
         outcome.run_ids = [r.run_id for r in runs]
         outcome.metrics = results.metrics_of(runs, self.project_root)
-        outcome.findings = results.findings_of(runs, self.project_root)
+        outcome.findings = [f for s in outcome.steps for f in s.findings]
+        outcome.findings += results.findings_of([r for r in runs if r.run_id not in seen], self.project_root)
         outcome.facts = results.describe(runs, env_json)
         return outcome
+
+    def _step_findings(self, outcome: HostOutcome, seen: set[str], log_text: str) -> list[results.Finding]:
+        """The findings of the runs the step just recorded (those of the night not seen before) and of
+        the capture-checks its log names; ``seen`` grows by those runs."""
+        try:
+            new = results.night_runs(history.for_project(self.project_root), self.host, outcome.started, seen)
+        except HistoryError:                  # said once, when the night's runs are read at its end
+            new = []
+        seen.update(r.run_id for r in new)
+        return results.findings_of(new, self.project_root, log_text)
 
     def _skip_reason(self, step: Step, done: dict[str, str]) -> str:
         if step.cleanup:

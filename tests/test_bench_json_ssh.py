@@ -1,0 +1,30 @@
+"""`invoke bench --json` (issue 35, item 13) against a server `invoke serve` started with the SGLang test
+double (tests/doubles/sglang writes the real formats), on a local host: stdout is one document holding
+bench-result.json as written, the summary a person reads is on stderr."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_bench_run_ssh import prompts_file
+from tests.test_env_ssh import invoke
+from tests.test_serve_ssh import draft_config, ok, project, write_model  # noqa: F401
+
+pytestmark = pytest.mark.ssh
+
+
+def test_bench_json(project, tmp_path):  # noqa: F811
+    root = project("loc")
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    try:
+        done = invoke(root, "bench", "--prompts", "3", "--repeats", "2", "--output-len", "16",
+                      "--dataset", prompts_file(tmp_path), "--json")
+        doc = json.loads(done.stdout)
+        assert done.returncode == 0 and doc["exit_code"] == 0 and doc["task"] == "bench", done.stderr[-3000:]
+        written = json.loads((root / "runs" / doc["run_id"] / "bench-result.json").read_text())
+        assert doc["result"] == written and written["schema"] == "draftops.bench-result/1"
+        assert "output tok/s" in done.stderr
+    finally:
+        ok(invoke(root, "serve.stop", "--all"))

@@ -34,7 +34,7 @@ def capture(ctx: Ctx, step: Step) -> None:
         ensure_demo(host, ctx.tracker)
         data, target = f"{root}/data", f"{root}/{DEMO_TARGET}"
     else:
-        data, target = str(args.data), chosen.settings.target or ""
+        data, target = str(args.data), args.target or chosen.settings.target or ""
         if not target:
             raise ServeRefused(f"No target model for the capture check: serve profile {chosen.name!r} of host "
                                f"{host.name!r} has no `target:`; set it, or run the doctor with --no-capture.")
@@ -170,6 +170,8 @@ def fix(ctx: Ctx, step: Step) -> None:
     tool_args += ["--engine", engine] if engine == "vllm" else ["--sglang-status"]
     if ctx.demo:
         tool_args += ["--target", f"{demo_dir(host.state_dir)}/{DEMO_TARGET}"]
+    elif ctx.args.target:
+        tool_args += ["--target", ctx.args.target]
     done = run_tool(host, "remote.draft_config", tool_args, name="draft-config", view=ctx.tracker,
                     env={"DRAFTOPS_STATE_DIR": host.state_dir})
     ran(step, done.run_id)

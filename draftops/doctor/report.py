@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from draftops.doctor import plan
-from draftops.doctor.state import STATE_NAME, State
+from draftops.doctor.state import STATE_NAME, State, resume_command
 from draftops.errors import DoctorError
 from draftops.nightly.report import esc, md
 from remote.fileio import atomic_write_text
@@ -62,7 +62,7 @@ class Story:
             head.append(f"stopped at step '{s.stopped_at}': {s.why}")
             left = [x.name for x in s.steps if not x.finished and x.name != s.stopped_at]
             head.append("not done: " + (", ".join([s.stopped_at, *left])) +
-                        f"; `invoke doctor --resume {s.doctor_id}` continues from '{s.stopped_at}'")
+                        f"; `{resume_command(s.doctor_id, s.host)}` continues from '{s.stopped_at}'")
         head.append("left running: " + (", ".join(s.left_running) if s.left_running else "nothing"))
         self.sections.append(("Summary", head + self._headline(), []))
         self._fed()

@@ -159,6 +159,31 @@ def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):
                                                                            ).read_text()
 
 
+def test_a_fix_resumed_after_its_config_was_written_keeps_the_original_ids_and_backup(project):
+    done = invoke(project, *NO_BENCH)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = doctor_doc(project)
+    first = next(s for s in doc["steps"] if s["name"] == "fix")
+    assert first["outcome"]["changed"] and first["outcome"]["backup"]
+    # as a doctor stopped just after draft-config wrote the config, before the step was recorded done
+    for step in doc["steps"]:
+        if step["name"] == "fix":
+            step.update(state="stopped", earlier=step["runs"], runs=[], outcome={})
+        elif step["name"] == "recheck":
+            step.update(state="pending", runs=[], outcome={})
+    doc.update(status="stopped", stopped_at="fix", why="stopped by SIGTERM during this step", why_signal=15)
+    path = project / "runs" / doc["doctor_id"] / "doctor.json"
+    path.write_text(json.dumps(doc))
+    resumed = invoke(project, "doctor", "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    again = next(s for s in doctor_doc(project)["steps"] if s["name"] == "fix")["outcome"]
+    assert again["run_id"] != first["outcome"]["run_id"]                 # the fix ran again: nothing to change
+    assert again["old_ids"] == first["outcome"]["old_ids"] != again["written_ids"]
+    assert again["backup"] == first["outcome"]["backup"] and again["changed_by"] == first["outcome"]["run_id"]
+    page = (project / "runs" / doc["doctor_id"] / "doctor.md").read_text()
+    assert f"backup {first['outcome']['backup']}" in " ".join(page.split()).replace("\\", "")
+
+
 # --- the state file -------------------------------------------------------------------------------------
 
 def test_resume_refuses_other_arguments_and_other_hosts(tmp_path):

@@ -182,10 +182,31 @@ def fix(ctx: Ctx, step: Step) -> None:
     _record_plain(ctx, done.run_id, "draft-config", done.final, {"ckpt": ckpt, "from_report": check_run},
                   draft=ckpt, verdict="changed" if outcome.get("changed") else None)
     done.check()
+    if outcome and not outcome.get("changed"):      # a resumed fix: an earlier attempt may have written it
+        outcome.update(_earlier_change(ctx, step) or {})
     step.outcome = {**outcome, "run_id": done.run_id}
     step.commands.append(host_cmd(ctx, f"draft-config --ckpt {shlex.quote(ctx.args.draft)} --from-report {check_run}"))
     ctx.progress(f"  {clean(str(outcome.get('old_ids')))} → {clean(str(outcome.get('written_ids')))}; backup "
                  f"{clean(str(outcome.get('backup')))}")
+
+
+def _earlier_change(ctx: Ctx, step: Step) -> dict[str, Any] | None:
+    """What an earlier, interrupted attempt of the fix changed (its draft-config run's own result on the
+    host): a resumed fix finds the config already rewritten, and must still report the original ids
+    and the backup, not ``[0, 2, 4] → [0, 2, 4]; backup None``."""
+    from draftops.documents import parse
+    from draftops.documents.draft_config import DraftConfigResult
+    from draftops.errors import DraftopsError
+    from remote.jsonread import loads
+    for run_id in reversed(step.earlier):
+        where = f"{ctx.host.runs_dir}/{run_id}/draft_config.json"
+        try:
+            doc = parse(DraftConfigResult, loads(ctx.host.agent.read(where, cap=1 << 20).data), where)
+        except (DraftopsError, ValueError):
+            continue                # not a draft-config run, or it left no whole result
+        if doc.changed:
+            return {"old_ids": doc.old_ids, "backup": doc.backup, "changed": True, "changed_by": run_id}
+    return None
 
 
 def _record_plain(ctx: Ctx, run_id: str, kind: str, final: dict[str, Any], settings: dict[str, Any], *,

@@ -128,7 +128,9 @@ class Story:
             lines = [f"nothing applied: {out.get('reason')}"]
         elif out.get("run_id"):
             lines = [f"draft-config {out.get('run_id')}: {out.get('config')}: ids {_ids(out.get('old_ids'))} → "
-                     f"{_ids(out.get('written_ids'))}; backup {out.get('backup')}", *out.get("warnings", [])]
+                     f"{_ids(out.get('written_ids'))}; backup {out.get('backup')}"
+                     + (f" (written by the interrupted attempt's run {out['changed_by']})" if out.get("changed_by")
+                        else ""), *out.get("warnings", [])]
             again = self.out(plan.RECHECK)
             if again:
                 lines.append(f"checked again (test-drafter {again.get('run_id')}): {again.get('status')}, "

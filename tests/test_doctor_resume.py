@@ -22,7 +22,8 @@ from draftops.link.host import open_host
 from draftops.runs import jobs
 from tests.conftest import REPO, copy_remote_package
 
-FINDING = {"id": "layer-convention-shift", "severity": "bad", "text": "the config names layers one off what was dumped.",
+FINDING = {"id": "layer-convention-shift", "severity": "bad",
+           "text": "the config names layers one off what was dumped.",
            "fix": "invoke draft-config --ckpt DRAFT --from-report RUN"}
 
 

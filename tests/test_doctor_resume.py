@@ -159,6 +159,8 @@ def test_a_doctor_being_run_is_locked_against_a_second_resume(project):
         text = one_paragraph(invoke(project, "doctor", "--resume", made.doctor_id))
     assert "being run by another `invoke doctor`" in text and "Nothing was run" in text
     assert json.loads((made.folder / "doctor.json").read_text())["resumed"] == []     # untouched
+    text = one_paragraph(invoke(project, "doctor", "--resume", "20991231-000000-doctor-ffff"))
+    assert "there is no doctor 20991231-000000-doctor-ffff" in text
 
 
 def test_a_tampered_server_entry_never_stops_a_job_the_doctor_did_not_start(project):

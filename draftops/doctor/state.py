@@ -159,6 +159,9 @@ def held(folder: Path) -> Iterator[None]:
     path = folder / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except FileNotFoundError:
+        raise DoctorError(f"there is no doctor {folder.name} (no folder {folder}); `invoke doctor --resume` takes "
+                          "the id of a doctor run (runs/*-doctor-*), or start a new doctor without --resume.") from None
     except OSError as exc:
         raise DoctorError(f"cannot open the doctor's lock {path} ({exc.strerror or exc}); the folder must be "
                           "writable for a doctor to run in it.") from None

@@ -216,7 +216,8 @@ def _not_ours(ctx: Ctx, entry: dict[str, Any], server: lifecycle.Server | None) 
     role = entry.get("role")
     if not ctx.state.has(str(role)) or run_id not in ctx.state.step(str(role)).runs + ctx.state.step(str(role)).earlier:
         return f"is no run of this doctor's step {role!r}"
-    if server is not None and (server.port != port or server.entry.get("token") != entry.get("token")):
+    token = entry.get("token")          # a state written before tokens were kept has none: the job decides
+    if server is not None and (server.port != port or (token and server.entry.get("token") != token)):
         return f"is registered as the server on port {server.port} of another `invoke serve` call"
     row = jobs.status(host=ctx.host, run_id=run_id)
     name = str(row.get("name") or "")

@@ -159,6 +159,31 @@ def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):
                                                                            ).read_text()
 
 
+def test_a_fix_resumed_after_its_config_was_written_keeps_the_original_ids_and_backup(project):
+    done = invoke(project, *NO_BENCH)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = doctor_doc(project)
+    first = json.loads(json.dumps(next(s for s in doc["steps"] if s["name"] == "fix")))     # a copy
+    assert first["outcome"]["changed"] and first["outcome"]["backup"]
+    # as a doctor stopped just after draft-config wrote the config, before the step was recorded done
+    for step in doc["steps"]:
+        if step["name"] == "fix":
+            step.update(state="stopped", earlier=step["runs"], runs=[], outcome={})
+        elif step["name"] == "recheck":
+            step.update(state="pending", runs=[], outcome={})
+    doc.update(status="stopped", stopped_at="fix", why="stopped by SIGTERM during this step", why_signal=15)
+    path = project / "runs" / doc["doctor_id"] / "doctor.json"
+    path.write_text(json.dumps(doc))
+    resumed = invoke(project, "doctor", "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    again = next(s for s in doctor_doc(project)["steps"] if s["name"] == "fix")["outcome"]
+    assert again["run_id"] != first["outcome"]["run_id"]                 # the fix ran again: nothing to change
+    assert again["old_ids"] == first["outcome"]["old_ids"] != again["written_ids"]
+    assert again["backup"] == first["outcome"]["backup"] and again["changed_by"] == first["outcome"]["run_id"]
+    page = (project / "runs" / doc["doctor_id"] / "doctor.md").read_text()
+    assert f"backup {first['outcome']['backup']}" in " ".join(page.split()).replace("\\", "")
+
+
 # --- the state file -------------------------------------------------------------------------------------
 
 def test_resume_refuses_other_arguments_and_other_hosts(tmp_path):
@@ -166,16 +191,17 @@ def test_resume_refuses_other_arguments_and_other_hosts(tmp_path):
     made = state.new(runs, "local", plan.Args(draft="demo", fix=True, bench=False))
     assert (runs / made.doctor_id / "doctor.json").is_file()
     with pytest.raises(DoctorError) as refused:
-        state.resume(runs, None, "local", plan.Args(draft="demo", fix=False))
+        state.resume(state.find(runs, None), "local", {"fix": False})
     text = str(refused.value)
-    assert "invoke doctor --draft demo --fix --no-bench" in text and "fix True then, False now" in text
+    assert "invoke doctor --draft demo --fix --no-bench" in text and "--fix: True then, False now" in text
     assert "\n" not in text
     with pytest.raises(DoctorError, match="ran on host 'local', not 'box'"):
-        state.resume(runs, made.doctor_id, "box", None)
-    # how it ends and whether a baseline is reused may change on resume
-    again = state.resume(runs, made.doctor_id, "local", plan.Args(draft="demo", fix=True, bench=False,
-                                                                   keep_serving=True, fresh=True))
+        state.resume(state.find(runs, made.doctor_id), "box", {})
+    # the port, how it ends and whether a baseline is reused may change on resume
+    again = state.resume(made.folder, "local", {"draft": "demo", "fix": True, "bench": False, "keep_serving": True,
+                                                "fresh": True, "port": 8123})
     assert [s.name for s in again.steps] == ["check", "fix", "recheck"]
+    assert again.args.port == 8123 and again.args.keep_serving and again.args.fresh
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"schema": "other/1"}), "[" * 100_000, None])
@@ -187,10 +213,10 @@ def test_a_damaged_state_file_is_one_paragraph(tmp_path, content):
     else:
         (folder / "doctor.json").write_text(content)
     with pytest.raises(DoctorError) as refused:
-        state.resume(tmp_path / "runs", folder.name, "local", None)
+        state.resume(state.find(tmp_path / "runs", folder.name), "local", {})
     assert "doctor.json" in str(refused.value) and "without --resume" in str(refused.value)
     with pytest.raises(DoctorError, match="is not a run id"):
-        state.resume(tmp_path / "runs", "../../etc", "local", None)
+        state.find(tmp_path / "runs", "../../etc")
 
 
 def test_the_state_is_written_whole_or_kept(tmp_path):

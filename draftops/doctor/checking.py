@@ -34,7 +34,7 @@ def capture(ctx: Ctx, step: Step) -> None:
         ensure_demo(host, ctx.tracker)
         data, target = f"{root}/data", f"{root}/{DEMO_TARGET}"
     else:
-        data, target = str(args.data), chosen.settings.target or ""
+        data, target = str(args.data), args.target or chosen.settings.target or ""
         if not target:
             raise ServeRefused(f"No target model for the capture check: serve profile {chosen.name!r} of host "
                                f"{host.name!r} has no `target:`; set it, or run the doctor with --no-capture.")
@@ -179,6 +179,8 @@ def fix(ctx: Ctx, step: Step) -> None:
     tool_args += ["--engine", engine] if engine == "vllm" else ["--sglang-status"]
     if ctx.demo:
         tool_args += ["--target", f"{demo_dir(host.state_dir)}/{DEMO_TARGET}"]
+    elif ctx.args.target:
+        tool_args += ["--target", ctx.args.target]
     done = run_tool(host, "remote.draft_config", tool_args, name="draft-config", view=ctx.tracker,
                     env={"DRAFTOPS_STATE_DIR": host.state_dir})
     ran(step, done.run_id)
@@ -189,10 +191,31 @@ def fix(ctx: Ctx, step: Step) -> None:
     _record_plain(ctx, done.run_id, "draft-config", done.final, {"ckpt": ckpt, "from_report": check_run},
                   draft=ckpt, verdict="changed" if outcome.get("changed") else None)
     done.check()
+    if outcome and not outcome.get("changed"):      # a resumed fix: an earlier attempt may have written it
+        outcome.update(_earlier_change(ctx, step) or {})
     step.outcome = {**outcome, "run_id": done.run_id}
     step.commands.append(host_cmd(ctx, f"draft-config --ckpt {shlex.quote(ctx.args.draft)} --from-report {check_run}"))
     ctx.progress(f"  {clean(str(outcome.get('old_ids')))} → {clean(str(outcome.get('written_ids')))}; backup "
                  f"{clean(str(outcome.get('backup')))}")
+
+
+def _earlier_change(ctx: Ctx, step: Step) -> dict[str, Any] | None:
+    """What an earlier, interrupted attempt of the fix changed (its draft-config run's own result on the
+    host): a resumed fix finds the config already rewritten, and must still report the original ids
+    and the backup, not ``[0, 2, 4] → [0, 2, 4]; backup None``."""
+    from draftops.documents import parse
+    from draftops.documents.draft_config import DraftConfigResult
+    from draftops.errors import DraftopsError
+    from remote.jsonread import loads
+    for run_id in reversed(step.earlier):
+        where = f"{ctx.host.runs_dir}/{run_id}/draft_config.json"
+        try:
+            doc = parse(DraftConfigResult, loads(ctx.host.agent.read(where, cap=1 << 20).data), where)
+        except (DraftopsError, ValueError):
+            continue                # not a draft-config run, or it left no whole result
+        if doc.changed:
+            return {"old_ids": doc.old_ids, "backup": doc.backup, "changed": True, "changed_by": run_id}
+    return None
 
 
 def _record_plain(ctx: Ctx, run_id: str, kind: str, final: dict[str, Any], settings: dict[str, Any], *,

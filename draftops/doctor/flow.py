@@ -17,7 +17,7 @@ from typing import Any
 
 from draftops import records, tracking
 from draftops.doctor import plan, report, steps
-from draftops.doctor.state import State
+from draftops.doctor.state import State, resume_command
 from draftops.errors import DoctorError, DraftopsError, ToolFailed
 from draftops.history import RunRecord, now_iso
 from draftops.link.host import Host
@@ -124,7 +124,7 @@ def _failure_text(exc: DraftopsError | OSError, state: State) -> str:
     queued" would be untrue here: say what the doctor does instead, and how to try again."""
     if isinstance(exc, ToolFailed) and (note := exc.result.queued_note()) is not None:
         return (f"run {exc.result.run_id} did not start: {note}. The doctor cancels it as it ends; "
-                f"`invoke doctor --resume {state.doctor_id} --max-pending SECONDS` tries again with a longer "
+                f"`{resume_command(state.doctor_id, state.host)} --max-pending SECONDS` tries again with a longer "
                 "bound, once the queue has room.")
     return clean(str(exc)) if isinstance(exc, DraftopsError) else f"{type(exc).__name__}: {exc}"
 
@@ -161,13 +161,13 @@ def _clean_up(ctx: steps.Ctx) -> None:
         except DraftopsError as exc:
             ctx.warn(f"could not stop run {job}: {clean(str(exc))}")
     for entry in state.servers:
-        if entry.get("state") in ("stopped",):
+        if entry.get("state") in ("stopped", "not-ours"):
             continue
         keep = finished and state.args.keep_serving and entry is state.servers[-1]
         if not keep:
             steps.stop_server(ctx, entry)
     state.left_running = [f"{e['role']} server on port {e['port']} (run {e['run_id']})" for e in state.servers
-                          if e.get("state") not in ("stopped",)]
+                          if e.get("state") not in ("stopped", "not-ours")]
     try:
         state.save()
     except DoctorError as exc:

@@ -24,11 +24,12 @@ BASELINE_MAX_AGE_H = 24.0
 
 @dataclasses.dataclass(frozen=True)
 class Args:
-    """What the doctor was asked; a resumed doctor must be asked the same (``same_as``)."""
+    """What the doctor was asked; a resumed doctor is asked the same, but for ``FREE`` (state.resume)."""
 
     draft: str
     data: str | None = None
     profile: str | None = None
+    target: str | None = None
     fix: bool = False
     bench: bool = True
     capture: bool = False
@@ -36,27 +37,19 @@ class Args:
     keep_serving: bool = False
     fresh: bool = False
 
-    # what a resume may change: how the run ends and whether a baseline is reused
-    FREE = ("keep_serving", "fresh")
+    # what a resume may change: the servers' port (a port taken since), how the run ends and whether a
+    # baseline is reused; the rest decides which steps run and what they measure
+    FREE = ("port", "keep_serving", "fresh")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Args:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
-
-    def differences(self, other: Args) -> list[str]:
-        """The fields that differ from ``other``'s (those a resume may change left out)."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        return [k for k in mine if k not in self.FREE and mine[k] != theirs[k]]
 
     def flags(self) -> str:
         """The command line that asks for this doctor."""
         parts = [f"--draft {self.draft}"]
         parts += [f"--data {self.data}"] if self.data else []
         parts += [f"--profile {self.profile}"] if self.profile else []
+        parts += [f"--target {self.target}"] if self.target else []
         parts += ["--fix"] if self.fix else []
         parts += ["--no-bench"] if self.fix and not self.bench else []
         parts += ["--capture"] if self.capture else []

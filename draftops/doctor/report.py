@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from draftops.doctor import plan
-from draftops.doctor.state import STATE_NAME, State
+from draftops.doctor.state import STATE_NAME, State, resume_command
 from draftops.errors import DoctorError
 from draftops.nightly.report import esc, md
 from remote.fileio import atomic_write_text
@@ -63,7 +63,7 @@ class Story:
             head.append(f"stopped at step '{s.stopped_at}': {s.why}")
             left = [x.name for x in s.steps if not x.finished and x.name != s.stopped_at]
             head.append("not done: " + (", ".join([s.stopped_at, *left])) +
-                        f"; `invoke doctor --resume {s.doctor_id}` continues from '{s.stopped_at}'")
+                        f"; `{resume_command(s.doctor_id, s.host)}` continues from '{s.stopped_at}'")
         head.append("left running: " + (", ".join(s.left_running) if s.left_running else "nothing"))
         if self.mlflow:
             head.append(f"MLflow: {self.mlflow} (its steps' runs nested under it)")
@@ -131,7 +131,9 @@ class Story:
             lines = [f"nothing applied: {out.get('reason')}"]
         elif out.get("run_id"):
             lines = [f"draft-config {out.get('run_id')}: {out.get('config')}: ids {_ids(out.get('old_ids'))} → "
-                     f"{_ids(out.get('written_ids'))}; backup {out.get('backup')}", *out.get("warnings", [])]
+                     f"{_ids(out.get('written_ids'))}; backup {out.get('backup')}"
+                     + (f" (written by the interrupted attempt's run {out['changed_by']})" if out.get("changed_by")
+                        else ""), *out.get("warnings", [])]
             again = self.out(plan.RECHECK)
             if again:
                 lines.append(f"checked again (test-drafter {again.get('run_id')}): {again.get('status')}, "

@@ -54,10 +54,12 @@ def _serve_plan(ctx: Ctx, role: str) -> tuple[Any, profiles.Profile]:
     baseline = role == plan.BASELINE
     draft = None if baseline else (DEMO if ctx.demo else args.draft)
     # the doctor serves the draft as it is to measure it, MISMATCH or not (--force): the checks still run
+    # only the demo's baseline serves the demo's target; another draft is served with its own (--target,
+    # else the profile's), never the demo's (precheck.py refused a doctor with neither)
     request = Request(draft=draft, baseline=baseline, profile=args.profile, port=args.port, force=True,
-                      target=DEMO if baseline and ctx.demo else None)
+                      target=DEMO if baseline and ctx.demo else args.target)
     served = resolve(request, chosen, demo_dir(host.state_dir),
-                     demo_baseline=host.spec.transport == "local" and chosen.builtin)
+                     demo_baseline=ctx.demo and host.spec.transport == "local" and chosen.builtin)
     return served, chosen
 
 
@@ -124,7 +126,9 @@ def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.
     lifecycle.make_room(host, serve_plan)
     server = lifecycle.launch(host, serve_plan, dict(chosen.settings.env))
     ran(step, server.run_id)
-    entry = {"run_id": server.run_id, "port": server.port, "role": role, "state": "starting"}
+    # what the host records of it (the registry's token, the job's name), so only it is ever stopped
+    entry = {"run_id": server.run_id, "port": server.port, "role": role, "state": "starting",
+             "token": server.entry.get("token"), "job": f"serve-{serve_plan.engine.name}-{server.port}"}
     ctx.state.servers.append(entry)
     ctx.state.save()
     started = Started(server)
@@ -141,6 +145,7 @@ def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.
         except Exception:
             _record_serve(ctx, {**record, "effective": {}, "state": "failed", "ready_s": None})
             raise
+        entry["started"] = jobs.status(host, server.run_id).get("started")
         readback = lifecycle.read_back(host, serve_plan, server)
         ready_s = _now() - t0
         _record_serve(ctx, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
@@ -179,10 +184,18 @@ def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
 
 
 def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
-    """Stop a server this doctor started (by its run, on its port), however far it came."""
+    """Stop a server this doctor started (by its run, on its port), however far it came; one whose
+    host records do not match what the doctor recorded of it (a tampered state) is left alone, said."""
     host = ctx.host
     try:
         server = next((s for s in lifecycle.servers(host) if s.run_id == entry["run_id"]), None)
+        problem = _not_ours(ctx, entry, server)
+        if problem is not None:
+            ctx.warn(f"left alone: run {entry['run_id']} {problem}, so it is no server this doctor started "
+                     f"({ctx.state.folder / 'doctor.json'} says otherwise: it was edited).")
+            entry["state"] = "not-ours"
+            ctx.state.save()
+            return
         if server is not None:
             lifecycle.stop(host, server)
         else:                       # not (or no longer) registered: its run's process group, if any
@@ -193,6 +206,26 @@ def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
         return
     entry["state"] = "stopped"
     ctx.state.save()
+
+
+def _not_ours(ctx: Ctx, entry: dict[str, Any], server: lifecycle.Server | None) -> str | None:
+    """Why the run ``entry`` names is not the server this doctor started (None: it is). Held against
+    the doctor's own steps (a server's run is a run of its step), the host's registry (port and the
+    token only the starting call knew) and the host's job record (a serve job's name, its start)."""
+    run_id, port = str(entry["run_id"]), entry["port"]
+    role = entry.get("role")
+    if not ctx.state.has(str(role)) or run_id not in ctx.state.step(str(role)).runs + ctx.state.step(str(role)).earlier:
+        return f"is no run of this doctor's step {role!r}"
+    token = entry.get("token")          # a state written before tokens were kept has none: the job decides
+    if server is not None and (server.port != port or (token and server.entry.get("token") != token)):
+        return f"is registered as the server on port {server.port} of another `invoke serve` call"
+    row = jobs.status(host=ctx.host, run_id=run_id)
+    name = str(row.get("name") or "")
+    if name != (entry.get("job") or name) or not (name.startswith("serve-") and name.endswith(f"-{port}")):
+        return f"is a job {name!r} on host {ctx.host.name!r}, not a server on port {port}"
+    if entry.get("started") and row.get("started") != entry["started"]:
+        return f"started at {row.get('started')}, not at {entry['started']} as the doctor recorded"
+    return None
 
 
 def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, Any]) -> BenchResult:

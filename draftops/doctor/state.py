@@ -4,11 +4,16 @@ leaves the state of its last finished step, and ``--resume`` continues from ther
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from draftops.doctor import plan
+from draftops.doctor import plan, statefile
 from draftops.errors import DoctorError
 from draftops.history import json_safe, now_iso
 from draftops.runs import jobs
@@ -17,6 +22,7 @@ from remote.jsonread import loads
 
 SCHEMA = "draftops.doctor/1"
 STATE_NAME = "doctor.json"
+LOCK_NAME = ".doctor.lock"
 DONE_STATES = ("done", "skipped")      # a resumed doctor never redoes these
 MAX_STATE_BYTES = 4 << 20
 
@@ -81,7 +87,7 @@ class State:
             write_json(self.folder / STATE_NAME, self.to_dict())
         except OSError as exc:
             raise DoctorError(f"cannot write {self.folder / STATE_NAME}: {exc.strerror or exc}. Free disk space "
-                              f"there and run `invoke doctor --resume {self.doctor_id}`: it continues from the "
+                              f"there and run `{resume_command(self.doctor_id, self.host)}`: it continues from the "
                               "last step the file recorded.") from None
 
 
@@ -93,32 +99,34 @@ def new(runs_dir: Path, host: str, args: plan.Args) -> State:
 
 
 def load(folder: Path) -> State:
-    """A doctor's state, refused in one paragraph naming the file when it is not one."""
+    """A doctor's state, read through its one typed model (statefile.py); anything else is refused in
+    one paragraph naming the file (and the field)."""
     path = folder / STATE_NAME
     try:
         if path.is_symlink() or not path.is_file():
             raise DoctorError(f"{path} is not a doctor's state file (missing, or not a regular file); "
                               "`invoke doctor --resume` takes the id of a doctor run (runs/*-doctor-*), or start a new "
                               "doctor without --resume.")
-        if path.stat().st_size > MAX_STATE_BYTES:
-            raise DoctorError(f"{path} is {path.stat().st_size} bytes, far more than a doctor writes; it is "
+        with path.open("rb") as fh:          # bounded whatever the file grows to while it is read
+            raw = fh.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise DoctorError(f"{path} is over {MAX_STATE_BYTES} bytes, far more than a doctor writes; it is "
                               "not a doctor's state file. Start a new doctor without --resume.")
-        data = loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            said = data.get("schema") if isinstance(data, dict) else None
-            raise DoctorError(f"{path} is not a {SCHEMA} document (schema {said!r}); start a new doctor without "
-                              "--resume.")
-        known = {f.name for f in dataclasses.fields(Step)}
-        steps = [Step(**{k: v for k, v in s.items() if k in known}) for s in data["steps"]]
-        return State(doctor_id=str(data["doctor_id"]), host=str(data["host"]), args=plan.Args.from_dict(data["args"]),
-                     steps=steps, created=str(data.get("created")), status=str(data.get("status")),
-                     stopped_at=data.get("stopped_at"), why=data.get("why"), why_signal=data.get("why_signal"),
-                     servers=list(data.get("servers") or []),
-                     left_running=list(data.get("left_running") or []), resumed=list(data.get("resumed") or []),
-                     folder=folder)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        data = loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as exc:
         raise DoctorError(f"{path} cannot be read as a doctor's state ({type(exc).__name__}: {exc}); start a new "
                           "doctor without --resume.") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        said = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise DoctorError(f"{path} is not a {SCHEMA} document (schema {said!r}); start a new doctor without "
+                          "--resume.")
+    model = statefile.parse(data, path)
+    steps = [Step(**s.model_dump()) for s in model.steps]
+    return State(doctor_id=model.doctor_id, host=model.host, args=plan.Args(**model.args.model_dump()),
+                 steps=steps, created=model.created, status=model.status, stopped_at=model.stopped_at,
+                 why=model.why, why_signal=model.why_signal,
+                 servers=[s.model_dump(exclude_none=True) for s in model.servers],
+                 left_running=list(model.left_running), resumed=list(model.resumed), folder=folder)
 
 
 def latest(runs_dir: Path) -> Path:
@@ -130,24 +138,87 @@ def latest(runs_dir: Path) -> Path:
     return found[-1]
 
 
-def resume(runs_dir: Path, doctor_id: str | None, host: str, args: plan.Args | None) -> State:
-    """The doctor ``doctor_id`` (default: the latest), checked against what this call asks."""
+def resume_command(doctor_id: str, host: str) -> str:
+    """The command that resumes a doctor, with its host (pasted elsewhere it must not run on another)."""
+    return f"invoke doctor --resume {shlex.quote(doctor_id)} --host {shlex.quote(host)}"
+
+
+def find(runs_dir: Path, doctor_id: str | None) -> Path:
+    """The folder of the doctor ``doctor_id`` (default: the latest)."""
     if doctor_id is not None and not jobs.is_run_id(doctor_id):
         raise DoctorError(f"--resume {doctor_id!r} is not a run id; give the id of a doctor run (runs/*-doctor-*) "
                           "or --resume alone for the latest.")
-    folder = runs_dir / doctor_id if doctor_id else latest(runs_dir)
+    return runs_dir / doctor_id if doctor_id else latest(runs_dir)
+
+
+@contextmanager
+def held(folder: Path) -> Iterator[None]:
+    """Hold the doctor's lock (``<folder>/.doctor.lock``, flock) for the block: one process runs a doctor
+    at a time, so two ``--resume`` of one doctor never both run its steps. The lock file is the tool's
+    own, created once and never deleted (deleting a lock file races with its next holder)."""
+    path = folder / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except FileNotFoundError:
+        raise DoctorError(f"there is no doctor {folder.name} (no folder {folder}); `invoke doctor --resume` takes "
+                          "the id of a doctor run (runs/*-doctor-*), or start a new doctor without --resume.") from None
+    except OSError as exc:
+        raise DoctorError(f"cannot open the doctor's lock {path} ({exc.strerror or exc}); the folder must be "
+                          "writable for a doctor to run in it.") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DoctorError(f"doctor {folder.name} is being run by another `invoke doctor` ({_holder(fd)}; it "
+                              f"holds {path}); two at once would both run its steps. Nothing was run: wait for "
+                              f"that one to end, then `{resume_command(folder.name, _host_of(folder))}` if it "
+                              "did not finish.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "since": now_iso()}).encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as the holder wrote it (best effort, bounded)."""
+    try:
+        info = loads(os.pread(fd, 256, 0) or b"{}")
+        return f"pid {int(info['pid'])}, since {str(info['since'])[:19]}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not said who it is yet"
+
+
+def _host_of(folder: Path) -> str:
+    try:
+        return load(folder).host
+    except DoctorError:
+        return "HOST"
+
+
+#: the flags a resume may name, as the user types them
+FLAGS = {"draft": "--draft", "data": "--data", "profile": "--profile", "target": "--target", "fix": "--fix",
+         "bench": "--no-bench", "capture": "--capture", "port": "--port"}
+
+
+def resume(folder: Path, host: str, asked: dict[str, Any]) -> State:
+    """The doctor in ``folder``, checked against what this call asks: ``asked`` holds only the flags
+    the call named. Those a resume may change (``plan.Args.FREE``: the port, how it ends, whether a
+    baseline is reused) are taken; another that differs is refused, naming it."""
     state = load(folder)
     if state.host != host:
         raise DoctorError(f"doctor {state.doctor_id} ran on host {state.host!r}, not {host!r}; resume it with "
-                          f"--host {state.host}, or start a new doctor without --resume.")
-    if args is not None:
-        differs = args.differences(state.args)
-        if differs:
-            theirs, mine = state.args.to_dict(), args.to_dict()
-            said = "; ".join(f"{k} {theirs[k]!r} then, {mine[k]!r} now" for k in differs)
-            raise DoctorError(f"doctor {state.doctor_id} was asked `invoke doctor {state.args.flags()}`, and this call "
-                              f"differs ({said}). Resume it as it was asked (`invoke doctor --resume "
-                              f"{state.doctor_id}` alone takes its arguments), or start a new doctor without --resume.")
+                          f"`{resume_command(state.doctor_id, state.host)}`, or start a new doctor without --resume.")
+    theirs = state.args.to_dict()
+    differs = [k for k, v in asked.items() if k not in plan.Args.FREE and theirs.get(k) != v]
+    if differs:
+        said = "; ".join(f"{FLAGS.get(k, k)}: {theirs.get(k)!r} then, {asked[k]!r} now" for k in differs)
+        raise DoctorError(f"doctor {state.doctor_id} was asked `invoke doctor {state.args.flags()}`, and this call "
+                          f"differs ({said}). Resume it as it was asked (`{resume_command(state.doctor_id, host)}` "
+                          "alone takes its arguments; --port, --keep-serving and --fresh may change), or start a "
+                          "new doctor without --resume.")
+    free = {k: v for k, v in asked.items() if k in plan.Args.FREE}
+    state.args = dataclasses.replace(state.args, **free)
     return state
 
 

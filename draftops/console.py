@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from draftops import timing
+from draftops import cmdline, timing
 from draftops.runs.tools import JobView
 from draftops.terminal import clean, markup_safe
 
@@ -54,6 +54,10 @@ class _Deferred:
             from rich.console import Console
 
             self._console = Console(**self._options)
+            if not self._console.is_terminal:
+                # piped (a CI log, `| tee`): a line is never broken at 80 columns, so a printed
+                # command or run id stays whole on one line; tables keep their width
+                self._console.soft_wrap = True
             timing.took("rich import", time.monotonic() - started)
         return self._console
 
@@ -334,9 +338,11 @@ class LiveJob(JobView):
         return leave
 
     def _detached_text(self, host: str, run_id: str) -> str:
-        more = " " + self.on_detach.format(run_id=run_id, host=host) if self.on_detach else ""
-        return (f"job {run_id} keeps running on {host}. Re-attach with `invoke logs {run_id} --follow "
-                f"--host {host}`; stop it with `invoke kill {run_id} --host {host}`.{more}")
+        more = self.on_detach.format(run_id=run_id, host=host)
+        more = " " + cmdline.commands_in(more, host) if more else ""
+        return (f"job {run_id} keeps running on {host}. Re-attach with "
+                f"`{cmdline.command('logs', run_id, '--follow', host=host)}`; stop it with "
+                f"`{cmdline.command('kill', run_id, host=host)}`.{more}")
 
     @staticmethod
     def _exit() -> None:

@@ -78,7 +78,7 @@ def ensure_code(host: Host) -> None:
 
 def warn(text: str) -> None:
     """One yellow warning line; ``text`` may hold host text (cleaned and escaped here)."""
-    console.print(f"[yellow]warning: {escape(text)}[/]")
+    console.print(f"[yellow]warning: {escape(cmdline.commands_in(text))}[/]")
 
 
 def live(log: LogMode = "print", note: str = "", announce: bool = True, on_detach: str = "") -> LiveJob:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import cmdline
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, task
 from draftops.console import console, escape
@@ -78,4 +79,5 @@ def _show_end(ended: object) -> None:
     check = story.out("check")
     if not ended.args.fix and check.get("fixable"):
         console.print("fix it with:")
-        console.print(escape(f"  invoke doctor {ended.args.flags()} --fix"), soft_wrap=True)
+        console.print(escape("  " + cmdline.command("doctor", *ended.args.words(), "--fix", host=ended.host)),
+                      soft_wrap=True)

@@ -5,13 +5,13 @@ Invoke has no optional positional arguments.
 """
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import cmdline
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -216,4 +216,4 @@ def show_draft_flat(result: DraftFlatResult, out: Console) -> None:
               f"{safe(result.ids_from)})", soft_wrap=True)
     for warning in result.warnings:
         out.print(f"  [yellow]warning[/]: {safe(warning)}", soft_wrap=True)
-    out.print(f"  serve it with SGLang: invoke serve --draft {safe(shlex.quote(result.dest or ''))}", soft_wrap=True)
+    out.print(f"  serve it with SGLang: {safe(cmdline.command('serve', '--draft', result.dest or ''))}", soft_wrap=True)

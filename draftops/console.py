@@ -53,11 +53,7 @@ class _Deferred:
             started = time.monotonic()
             from rich.console import Console
 
-            self._console = Console(**self._options)
-            if not self._console.is_terminal:
-                # piped (a CI log, `| tee`): a line is never broken at 80 columns, so a printed
-                # command or run id stays whole on one line; tables keep their width
-                self._console.soft_wrap = True
+            self._console = _text_unwrapped_when_piped(Console)(**self._options)
             timing.took("rich import", time.monotonic() - started)
         return self._console
 
@@ -69,6 +65,20 @@ class _Deferred:
 
     def __exit__(self, *exc: Any) -> None:
         self.real().__exit__(*exc)
+
+
+def _text_unwrapped_when_piped(base: type[Console]) -> type[Console]:
+    """A Console whose text lines are never broken at its width when it is not a terminal (a CI log,
+    `| tee`, where rich assumes 80 columns): a printed command or run id stays whole on one line.
+    Tables and panels still fit the width (a panel's lines would be cut, not wrapped, otherwise)."""
+
+    class Piped(base):  # type: ignore[valid-type,misc]
+        def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+            if soft_wrap is None and not self.is_terminal and all(isinstance(o, str) for o in objects):
+                soft_wrap = True
+            super().print(*objects, soft_wrap=soft_wrap, **options)
+
+    return Piped
 
 
 def _real(shown: Console) -> Console:

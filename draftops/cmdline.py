@@ -160,6 +160,8 @@ def _rebuilt(match: re.Match[str], host: str | None) -> str:
         words = shlex.split(match.group(2))
     except ValueError:
         return match.group(0)
+    if not words or words[0].startswith("-"):      # core options first: built here already
+        return match.group(0)
     return f"`{command(*words, host=host)}`"
 
 

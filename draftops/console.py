@@ -135,8 +135,9 @@ def _file_name(rel: str) -> str:
 def escape(text: str) -> str:
     """Text ready for rich markup: terminal escapes and control characters removed (text shown is
     mostly from a host: a version, a path, a registry entry), then rich's brackets escaped. Importing
-    rich only when something is shown."""
-    return markup_safe(text)
+    rich only when something is shown. A `` `invoke …` `` in it (a hint written on the host, or in a
+    library message) is rebuilt to paste as printed (``cmdline.commands_in``)."""
+    return markup_safe(cmdline.commands_in(text))
 
 
 def safe(value: Any) -> str:

@@ -111,8 +111,9 @@ def _ids_from_report(c: Context, host: Host, run_id: str) -> tuple[list[str], Pa
         folder = project_root(c) / "runs" / run_id
         local = folder / CAPTURE_REPORT if (folder / CAPTURE_REPORT).is_file() else folder / "report.json"
         if not local.is_file():
-            raise Exit(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the id of a "
-                       "`invoke test-drafter` or `invoke capture-check` run (see `invoke runs`).", code=1) from None
+            raise Exit(cmdline.commands_in(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the "
+                                           "id of a `invoke test-drafter` or `invoke capture-check` run (see "
+                                           "`invoke runs`).", host.name), code=1) from None
         from remote.draft_config.errors import DraftConfigError
         from remote.draft_config.report import read_fix
         try:

@@ -190,3 +190,26 @@ def test_two_word_tasks_work_next_to_the_dotted_ones() -> None:
     assert done.returncode == 0 and "bench.compare [--options]" in done.stdout, done
     done = run([".venv/bin/invoke", "patch-sglang", "apply", "--help"], REPO)
     assert done.returncode == 0 and "patch-sglang.apply [--options]" in done.stdout, done
+
+
+def test_every_command_a_few_tasks_print_is_quoted_on_one_line_and_starts_with_a_runnable_program(
+        project: Path) -> None:
+    """The commands in the output of a few tasks for host `other` (errors made here and on the host,
+    the doctor's resume hints): each one line, quoted, this program first and `--host other` in it; those
+    without a placeholder run when pasted."""
+    said = ""
+    for args in (["logs", "not-a-run"], ["pull", "20260101-000000-x-abcd"], ["doctor", "--resume"],
+                 ["doctor", "--resume", "20260101-000000-doctor-abcd"]):
+        done = run([".venv/bin/invoke", *args, "--host", "other"], project)
+        assert done.returncode == 1, done
+        said += done.stdout + done.stderr
+    printed = commands(said)
+    assert len(printed) >= 4 and any(" doctor --resume " in c for c in printed), said
+    for command in printed:
+        assert_pasteable(command, project)
+        words = shlex.split(command)
+        assert words[0] == ".venv/bin/invoke" and words[words.index("--host") + 1] == "other", command
+    runnable = {c for c in printed if not re.search(r"\b[A-Z]{3,}\b", c) and " doctor " not in c}
+    assert runnable, printed
+    for command in runnable:
+        assert paste(command, project).returncode == 0, command

@@ -213,3 +213,62 @@ def test_every_command_a_few_tasks_print_is_quoted_on_one_line_and_starts_with_a
     assert runnable, printed
     for command in runnable:
         assert paste(command, project).returncode == 0, command
+
+
+@pytest.mark.parametrize(("argv", "path_has_it", "expected"), [
+    ([".venv/bin/invoke", "logs", "x"], False, (".venv/bin/invoke",)),                       # as typed
+    ([".venv/bin/invoke", "-r", "/p", "--collection=tasks", "logs"], False,
+     (".venv/bin/invoke", "-r", "/p", "--collection=tasks")),                                  # where tasks.py is
+    ([".venv/bin/invoke", "-e", "logs", "-r", "/p"], False, (".venv/bin/invoke",)),          # after the task: its own
+    ([str(INVOKE), "logs"], True, ("invoke",)),                                               # PATH finds this one
+    ([str(INVOKE), "logs"], False, (str(INVOKE),)),                                           # PATH finds none
+])
+def test_the_program_is_the_one_this_process_was_started_with(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                              path_has_it: bool, expected: tuple[str, ...]) -> None:
+    from draftops import cmdline
+
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setenv("PATH", str(INVOKE.parent) + ":/usr/bin:/bin" if path_has_it else "/usr/bin:/bin")
+    monkeypatch.chdir(REPO)
+    cmdline.start.cache_clear()
+    cmdline.program.cache_clear()
+    try:
+        assert cmdline.program() == expected
+        line = cmdline.command("logs", "a run", host="gpu")
+        assert shlex.split(line) == [*expected, "logs", "a run", "--host", "gpu"]
+        assert cmdline.commands_in(f"see `{line}`.") == f"see `{line}`."        # rebuilt once, never twice
+    finally:
+        cmdline.start.cache_clear()
+        cmdline.program.cache_clear()
+
+
+def test_python_dash_m_invoke_is_printed_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    import invoke
+
+    from draftops import cmdline
+
+    monkeypatch.setattr(sys, "argv", [str(Path(invoke.__file__).parent / "__main__.py"), "logs"])
+    cmdline.start.cache_clear()
+    cmdline.program.cache_clear()
+    try:
+        assert cmdline.program() == (sys.executable, "-m", "invoke")
+    finally:
+        cmdline.start.cache_clear()
+        cmdline.program.cache_clear()
+
+
+def test_the_default_host_is_the_users_not_the_one_adopted_call_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--host gpu` anywhere on the line becomes $DRAFTOPS_HOST for the call; a command printed for gpu
+    still names it, since the user's shell has no such variable."""
+    from draftops import cmdline
+    from draftops.cli.common import adopt_callwide_host
+
+    monkeypatch.delenv("DRAFTOPS_HOST", raising=False)
+    cmdline.start.cache_clear()
+    try:
+        adopt_callwide_host(["invoke", "sync", "test-drafter", "--host", "gpu"])
+        assert os.environ["DRAFTOPS_HOST"] == "gpu" and cmdline.default_host() != "gpu"
+        assert shlex.split(cmdline.command("kill", "r1"))[-2:] == ["--host", "gpu"]
+    finally:
+        monkeypatch.delenv("DRAFTOPS_HOST", raising=False)
+        cmdline.start.cache_clear()

@@ -34,8 +34,8 @@ BUILTIN_DEFAULT = "local"
 #: collection, which config file): kept in front of the task, as they were typed
 _KEPT_CORE = {"-r", "--search-root", "-c", "--collection", "-f", "--config"}
 #: Invoke's core options that take a value (their value is no task name)
-_VALUED_CORE = _KEPT_CORE | {"-D", "--list-depth", "-F", "--list-format", "--complete", "-H", "--hide",
-                             "--print-completion-script", "-t", "--command-timeout"}
+_VALUED_CORE = _KEPT_CORE | {"-D", "--list-depth", "-F", "--list-format", "--hide",
+                             "--print-completion-script", "-T", "--command-timeout"}
 _NAMES = ("invoke", "inv")
 _QUOTED = re.compile(r"`(invoke|inv) ([^`\n]+)`")
 

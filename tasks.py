@@ -15,9 +15,11 @@ from draftops.cli.common import (
     first_paragraph_as_summary,
     honest_option_help,
 )
+from draftops.cli.parsing import teach_parser
 
 adopt_callwide_host(sys.argv)
 honest_option_help()
+teach_parser()
 # At exit, the interpreter's last garbage collection walks every object of every imported library
 # (pydantic, paramiko, rich): ~0.1 s of each call. Frozen, they are skipped; connections are closed by
 # their own atexit hook and draftops leaves no file open for the collector to flush.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from draftops import timing
+from draftops import cmdline, timing
 from draftops.runs.tools import JobView
 from draftops.terminal import clean, markup_safe
 
@@ -54,7 +54,7 @@ class _Deferred:
             started = time.monotonic()
             from rich.console import Console
 
-            self._console = Console(**self._options)
+            self._console = _text_unwrapped_when_piped(Console)(**self._options)
             timing.took("rich import", time.monotonic() - started)
         return self._console
 
@@ -66,6 +66,20 @@ class _Deferred:
 
     def __exit__(self, *exc: Any) -> None:
         self.real().__exit__(*exc)
+
+
+def _text_unwrapped_when_piped(base: type[Console]) -> type[Console]:
+    """A Console whose text lines are never broken at its width when it is not a terminal (a CI log,
+    `| tee`, where rich assumes 80 columns): a printed command or run id stays whole on one line.
+    Tables and panels still fit the width (a panel's lines would be cut, not wrapped, otherwise)."""
+
+    class Piped(base):  # type: ignore[valid-type,misc]
+        def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+            if soft_wrap is None and not self.is_terminal and all(isinstance(o, str) for o in objects):
+                soft_wrap = True
+            super().print(*objects, soft_wrap=soft_wrap, **options)
+
+    return Piped
 
 
 def _real(shown: Console) -> Console:
@@ -122,8 +136,9 @@ def _file_name(rel: str) -> str:
 def escape(text: str) -> str:
     """Text ready for rich markup: terminal escapes and control characters removed (text shown is
     mostly from a host: a version, a path, a registry entry), then rich's brackets escaped. Importing
-    rich only when something is shown."""
-    return markup_safe(text)
+    rich only when something is shown. A `` `invoke …` `` in it (a hint written on the host, or in a
+    library message) is rebuilt to paste as printed (``cmdline.commands_in``)."""
+    return markup_safe(cmdline.commands_in(text))
 
 
 def safe(value: Any) -> str:
@@ -353,9 +368,11 @@ class LiveJob(JobView):
         return leave
 
     def _detached_text(self, host: str, run_id: str) -> str:
-        more = " " + self.on_detach.format(run_id=run_id, host=host) if self.on_detach else ""
-        return (f"job {run_id} keeps running on {host}. Re-attach with `invoke logs {run_id} --follow "
-                f"--host {host}`; stop it with `invoke kill {run_id} --host {host}`.{more}")
+        more = self.on_detach.format(run_id=run_id, host=host)
+        more = " " + cmdline.commands_in(more, host) if more else ""
+        return (f"job {run_id} keeps running on {host}. Re-attach with "
+                f"`{cmdline.command('logs', run_id, '--follow', host=host)}`; stop it with "
+                f"`{cmdline.command('kill', run_id, host=host)}`.{more}")
 
     @staticmethod
     def _exit() -> None:

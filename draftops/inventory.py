@@ -19,7 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from draftops import yamlfile
+from draftops import cmdline, yamlfile
+from draftops.cmdline import did_you_mean
 from draftops.errors import InventoryError
 from draftops.slurmspec import SlurmOptions, SlurmSettings
 
@@ -223,11 +224,13 @@ class Inventory(BaseModel):
 
     def get(self, name: str | None = None) -> HostSpec:
         """Resolve ``name``, else $DRAFTOPS_HOST, else the inventory default."""
+        cmdline.note_inventory_default(self.default)     # printed commands leave out --host for it
         chosen = name or os.environ.get(HOST_ENV_VAR) or self.default
         if chosen not in self.hosts:
             where = self.source or "the built-in inventory"
             raise InventoryError(
-                f"Unknown host {chosen!r}: {where} defines {', '.join(self.names())}. Pass one of "
+                f"Unknown host {chosen!r}{did_you_mean(chosen, self.names())}: {where} defines "
+                f"{', '.join(self.names())}. Pass one of "
                 f"those with --host (or ${HOST_ENV_VAR}), or add an entry for {chosen!r} under "
                 "`hosts:` in hosts.yaml.")
         return self.hosts[chosen]

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from draftops.cmdline import commands_in
 from draftops.documents.drafter_report import (
     Accept,
     Comparison,
@@ -255,7 +256,7 @@ def findings_panel(report: DrafterReport) -> Panel:
         head = f"[bold {'red' if f.severity == 'bad' else 'yellow'}]{escape(f.severity)}[/] {escape(f.id)}: "
         if told and f.id in LAYER_FINDINGS:
             return head + "the verdict above (evidence in report.json)"
-        return head + f"{escape(f.text)} fix: {escape(f.fix)}"
+        return head + f"{escape(commands_in(f.text))} fix: {escape(commands_in(f.fix))}"
 
     lines = [line(f) for f in ordered]
     colour = "red" if any(f.severity == "bad" for f in ordered) else "yellow"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from draftops import history, mlflowrun
+from draftops import cmdline, history, mlflowrun
 from draftops.errors import TrackingError
 from draftops.history import RunRecord
 
@@ -111,7 +111,7 @@ def client_installed() -> bool:
 
 def export_hint(rec: RunRecord) -> str:
     """The command that sends ``rec`` (and what followed it) later; pasteable as printed."""
-    return f"invoke runs.export --since {history.to_iso(history.parse_time(rec.time))[:19]}Z"
+    return cmdline.command("runs.export", "--since", f"{history.to_iso(history.parse_time(rec.time))[:19]}Z")
 
 
 def log(root: Path, rec: RunRecord, warn: Callable[[str], None]) -> Logged | None:

@@ -80,13 +80,14 @@ def test_a_server_dying_half_way_brings_home_what_was_written(project, tmp_path)
     assert "Scheduler hit an exception" in (folder / "server-log-rep2.txt").read_text()
     row = History(root / "runs" / "history.sqlite").get(folder.name)
     assert row is not None and row.verdict == "failed"
-    assert "start it again with `invoke serve`, then bench" in refused(invoke(root, "bench", "--prompts", "4"))
+    assert "invoke serve`, then bench" in refused(invoke(root, "bench", "--prompts", "4"))   # the program as started
     ok(invoke(root, "serve.stop", "--all"))
 
 
 def test_bench_refusals(project, tmp_path):  # noqa: F811
     root = project("loc")
-    assert "has no draftops servers; start one with `invoke serve`" in refused(invoke(root, "bench"))
+    said = refused(invoke(root, "bench"))
+    assert "has no draftops servers; start one with `" in said and " -m invoke serve`" in said
     ok(invoke(root, "serve", "--baseline"))
     text = refused(invoke(root, "bench", "--prompts", "0", "--repeats", "x"))
     assert "--repeats 'x' is not a whole number" in text
@@ -141,7 +142,7 @@ def test_an_interrupted_bench_is_finished_by_bench_collect(project, tmp_path):  
     finally:
         os.killpg(status["pgid"], signal.SIGCONT)
     assert bench.returncode == 130 and f"job {run_id} keeps running" in out, out
-    assert f"`invoke bench.collect {run_id} --host loc` builds its result" in out
+    assert f" -m invoke bench.collect {run_id}` builds its result" in out      # loc is the default host
     assert not (root / "runs" / run_id / "bench-result.json").exists()
     text = ok(invoke(root, "bench.collect", run_id))                # follows it to its end, then builds
     res = json.loads((root / "runs" / run_id / "bench-result.json").read_text())

@@ -236,9 +236,10 @@ def project(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Path:
 
 
 def _paste(stdout: str) -> list[str]:
-    """The command after "fix it with:", as a user pastes it (minus `invoke`)."""
+    """The command after "fix it with:", as a user pastes it (minus the program: `python -m invoke`)."""
     lines = stdout.splitlines()
-    return shlex.split(lines[lines.index("fix it with:") + 1])[1:]
+    words = shlex.split(lines[lines.index("fix it with:") + 1])
+    return words[words.index("invoke") + 1:]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from draftops import cmdline
 from draftops.cli.drafter import show_result
 from draftops.cli.serve import show_findings
 from draftops.documents import parse
@@ -103,7 +104,7 @@ def test_the_verdict_panel_and_the_fix_say_each_paragraph_once(case: str, tmp_pa
     assert "sign test" not in verdict["diagnosis"] and "Put " not in verdict["diagnosis"]
     if verdict["status"] == "MISMATCH":
         assert "fix:" in words
-        assert f"  invoke draft-config --ckpt demo --from-report {RUN_ID}" in text.splitlines()
+        assert "  " + cmdline.command("draft-config", "--ckpt", "demo", "--from-report", RUN_ID) in text.splitlines()
     else:
         assert "Nothing to fix" in words and "invoke draft-config" not in words
 
@@ -113,7 +114,7 @@ def test_the_fix_command_is_one_unbroken_line_at_80_columns(state: Path) -> None
     report = verdicts_report(state)
     ckpt = "/data/checkpoints/team drafts/eagle3-llama-3.1-8b-instruct-sharegpt-ultrachat-run-0042"
     lines = render(show_result, read(report), "/very/long/runs/" + RUN_ID + "/report.json", RUN_ID, ckpt).splitlines()
-    command = f"  invoke draft-config --ckpt '{ckpt}' --from-report {RUN_ID}"
+    command = "  " + cmdline.command("draft-config", "--ckpt", ckpt, "--from-report", RUN_ID)
     assert len(command) > 80 and command in lines
     assert f"report: /very/long/runs/{RUN_ID}/report.json" in lines
 
@@ -145,7 +146,7 @@ def test_serve_demo_warns_in_a_few_lines_with_the_run_and_the_command_whole(stat
     [warning] = [w for w in found.warnings if "MISMATCH" in w]
     text = render(show_findings, checks.Findings(warnings=[warning]))
     lines = text.splitlines()
-    command = f"  invoke draft-config --ckpt demo --from-report {RUN_ID}"
+    command = "  " + cmdline.command("draft-config", "--ckpt", "demo", "--from-report", RUN_ID)
     assert lines[-1] == command and len(lines) <= 4, text
     accept = report["predicted_accept_length"]
     assert RUN_ID in lines[0] + lines[1] and f"{accept['served']:.2f}" in text and f"{accept['best']:.2f}" in text

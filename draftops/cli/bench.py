@@ -124,7 +124,7 @@ def run(c: Context, name: str | None = None, prompts: int | None = None, concurr
     _finish(host, done)
 
 
-COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id} --host {host}` builds its result."
+COLLECT_HINT = "When it has ended, `invoke bench.collect {run_id}` builds its result."
 
 
 @task(help={"run_id": "the bench run (`invoke runs` lists them)", "host": HOST_HELP})

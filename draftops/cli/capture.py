@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
+from draftops import cmdline
 from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
 from draftops.cli.history import record_capture_check
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
@@ -109,7 +110,7 @@ class StopOnInterrupt(LiveJob):
 
     def _detached_text(self, host: str, run_id: str) -> str:
         return (f"stopping capture check {run_id} on {host}: its engine instance is stopped and its hidden-state "
-                f"files removed (`invoke runs --host {host}` shows it ended).")
+                f"files removed (`{cmdline.command('runs', host=host)}` shows it ended).")
 
     def leave_on_interrupt(self, host: str, run_id: str) -> Callable[[], None]:
         leave = super().leave_on_interrupt(host, run_id)

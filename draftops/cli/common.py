@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Context
 from invoke.exceptions import Exit
 
-from draftops import timing
+from draftops import cmdline, timing
 from draftops.console import LiveJob, LogMode, console, escape
 from draftops.errors import DraftopsError
 from draftops.link.host import Host, open_host
@@ -36,14 +36,19 @@ def project_root(c: Context) -> Path:
 
 
 def friendly(func: F) -> F:
-    """Turn draftops' errors into a one-paragraph message and exit code 1, without a traceback."""
+    """Turn draftops' errors into a one-paragraph message and exit code 1, without a traceback; the
+    commands printed while the task runs are for its host (``cmdline.for_host``), and those in an
+    error's text are rebuilt to paste as they are (``cmdline.commands_in``)."""
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         timing.at("task-start")      # with DRAFTOPS_TIMING=1: where start-up ends (benchmarks)
+        host = kwargs.get("host")
         try:
-            return func(*args, **kwargs)
+            with cmdline.for_host(host if isinstance(host, str) else None):
+                return func(*args, **kwargs)
         except DraftopsError as exc:
-            raise Exit(f"error: {clean(str(exc))}", code=1) from None
+            text = cmdline.commands_in(clean(str(exc)), host if isinstance(host, str) else None)
+            raise Exit(f"error: {text}", code=1) from None
         finally:
             timing.at("task-end")
     return wrapper  # type: ignore[return-value]
@@ -73,7 +78,7 @@ def ensure_code(host: Host) -> None:
 
 def warn(text: str) -> None:
     """One yellow warning line; ``text`` may hold host text (cleaned and escaped here)."""
-    console.print(f"[yellow]warning: {escape(text)}[/]")
+    console.print(f"[yellow]warning: {escape(cmdline.commands_in(text))}[/]")
 
 
 def live(log: LogMode = "print", note: str = "", announce: bool = True, on_detach: str = "") -> LiveJob:
@@ -89,7 +94,8 @@ def adopt_callwide_host(argv: list[str]) -> None:
     the call's default (an explicit $DRAFTOPS_HOST still wins for tasks that name none).
     """
     import os
-    named = {argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("--host", "-H")}
+    cmdline.start()      # the user's own $DRAFTOPS_HOST, before it is set here
+    named = {argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--host"}
     named |= {arg.split("=", 1)[1] for arg in argv if arg.startswith("--host=")}
     if len(named) == 1 and "DRAFTOPS_HOST" not in os.environ:
         os.environ["DRAFTOPS_HOST"] = named.pop()

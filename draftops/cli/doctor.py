@@ -7,6 +7,7 @@ from typing import Any
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import cmdline
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, project_root
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, task
@@ -125,7 +126,8 @@ def _show_end(ended: object) -> None:
             console.print(escape(line), soft_wrap=True)
     if not ended.args.fix and check.get("fixable"):
         console.print("fix it with:")
-        console.print(escape(f"  invoke doctor {ended.args.flags()} --fix"), soft_wrap=True)
+        console.print(escape("  " + cmdline.command("doctor", *ended.args.words(), "--fix", host=ended.host)),
+                      soft_wrap=True)
 
 
 def _findings(check: dict[str, Any]) -> list[str]:

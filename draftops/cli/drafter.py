@@ -1,12 +1,12 @@
 """`invoke test-drafter`: evaluate a draft on its hidden-state dumps on the host, outside any server."""
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import cmdline
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.history import record_test_drafter
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
@@ -221,7 +221,7 @@ def show_result(data: DrafterReport, result_file: str, run_id: str, ckpt: str | 
     out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
     if data.fixable:    # draft-config refuses a report without a fix
         out.print("fix it with:")
-        out.print(escape(f"  invoke {fix_task(data)} --ckpt {shlex.quote(ckpt or 'demo')} --from-report {run_id}"),
+        out.print(escape("  " + cmdline.command(fix_task(data), "--ckpt", ckpt or "demo", "--from-report", run_id)),
                   soft_wrap=True)
 
 

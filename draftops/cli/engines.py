@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from draftops import cmdline
 from draftops.cli.common import live
 from draftops.console import console, escape
 from draftops.env import engine_env
@@ -39,10 +40,9 @@ def add_engine_rows(engines: list[dict[str, Any]], table: Table) -> None:
     would go."""
     for row in engines:
         venv = escape(row["venv"])
+        setup = escape(cmdline.command("env.setup", "--engine", row["engine"]))
         if not row["version"]:
-            table.add_row(f"engine {row['engine']}", f"[dim]not installed[/] (would go to {venv}: "
-                                                     f"`invoke env.setup --engine {row['engine']}`)")
+            table.add_row(f"engine {row['engine']}", f"[dim]not installed[/] (would go to {venv}: `{setup}`)")
             continue
-        stale = "" if row["current"] else (" [yellow](incomplete or older install: run `invoke env.setup "
-                                           f"--engine {row['engine']}`)[/]")
+        stale = "" if row["current"] else f" [yellow](incomplete or older install: run `{setup}`)[/]"
         table.add_row(f"engine {row['engine']}", f"{row['version']} in {venv}{stale}")

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from invoke import Context
 
+from draftops import cmdline
 from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
 from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.cli.options import task
@@ -41,7 +42,8 @@ def setup(c: Context, host: str | None = None, engine: str | None = None, venv: 
     log = done.folder / "log" if done.folder else done.run_id
     console.print(f"[green]env[/] {host.name}: {escape(env_plan.venv)} ready (hash {env_plan.digest[:12]}); "
                   f"full log: {escape(str(log))}")
-    console.print(f"next: `invoke env.check --host {host.name}` shows what the ml-env holds")
+    console.print(f"next: `{escape(cmdline.command('env.check', host=host.name))}` shows what the ml-env holds",
+                  soft_wrap=True)
 
 
 @task(help={"host": HOST_HELP})

@@ -83,7 +83,8 @@ class _Cast:
 
 
 class Task(invoke.Task):
-    """An Invoke task whose declared options (``options={name: Number}``) are read by their own cast."""
+    """An Invoke task whose declared options (``options={name: Number}``) are read by their own cast,
+    and whose options never take `-h` (help, for every task)."""
 
     def __init__(self, body: Callable[..., Any], options: Mapping[str, Number] | None = None, **kwargs: Any):
         super().__init__(body, **kwargs)
@@ -93,7 +94,11 @@ class Task(invoke.Task):
             raise ValueError(f"task {self.name}: options {sorted(unknown)} are not parameters of it")
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
+        # `-h` is help, as users expect (`invoke doctor -h`), never an option's short flag; --host has
+        # none (it used to be -h), so one host flag reads the same in every task
+        opts: dict[str, Any] = super().arg_opts(name, default, taken_names | {"h"})
+        if name == "host":
+            opts["names"] = ["host"]
         spec = self.options.get(name)
         if spec is not None:
             opts["kind"] = _Cast("--" + name.replace("_", "-"), spec)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
+from draftops import cmdline
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -61,9 +62,9 @@ def _absolute(host: Host, path: str | None) -> str | None:
 def show_findings(found: checks.Findings, out: Console) -> None:
     """The checks' notes and warnings (refusals are raised, not shown)."""
     for note in found.notes:
-        out.print(f"[dim]· {escape(note)}[/]")
+        out.print(f"[dim]· {escape(cmdline.commands_in(note))}[/]")
     for warning in found.warnings:
-        first, *commands = warning.split("\n")
+        first, *commands = cmdline.commands_in(warning).split("\n")
         out.print(f"[yellow]warning[/]: {escape(first)}")
         for command in commands:    # a command on its own line, never wrapped: it pastes whole
             out.print(escape(command), soft_wrap=True)
@@ -201,8 +202,8 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     console.print(f"[dim]started run {server.run_id} (pid {server.pid}) on {host.name}; "
                   f"log: {host.runs_dir}/{server.run_id}/log[/]")
     update = _ProgressLine(plan.engine.label, f"{host.name}:{server.port}")
-    later = (f"Check it with `invoke serve.status --host {host.name}`; stop it with `invoke serve.stop --port "
-             f"{server.port} --host {host.name}`.")
+    later = (f"Check it with `{cmdline.command('serve.status', host=host.name)}`; stop it with "
+             f"`{cmdline.command('serve.stop', '--port', server.port, host=host.name)}`.")
     started = time.monotonic()
     record = {"run_id": server.run_id, "engine": plan.engine.name, "engine_version": facts.engine.version,
               "target": launch.target, "draft": launch.draft,
@@ -230,8 +231,9 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     console.print(f"[green]ready[/]: {plan.engine.label} on {host.name} 127.0.0.1:{server.port} "
                   f"(run {server.run_id}); accept length: {plan.engine.accept_length_source}")
     show_readback(readback, plan.engine.label, console, layers)
-    console.print(f"[dim]status: `invoke serve.status --host {host.name}`; stop: `invoke serve.stop --port "
-                  f"{server.port} --host {host.name}`[/]")
+    stop = cmdline.command("serve.stop", "--port", server.port, host=host.name)
+    console.print(f"[dim]status: `{escape(cmdline.command('serve.status', host=host.name))}`; stop: "
+                  f"`{escape(stop)}`[/]", soft_wrap=True)
 
 
 def _uptime(seconds: float | None) -> str:

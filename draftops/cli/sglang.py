@@ -5,13 +5,13 @@ Invoke has no optional positional arguments.
 """
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 from invoke.exceptions import Exit
 
+from draftops import cmdline
 from draftops.cli.common import (
     HOST_HELP,
     connect,
@@ -111,8 +111,9 @@ def _ids_from_report(c: Context, host: Host, run_id: str) -> tuple[list[str], Pa
         folder = project_root(c) / "runs" / run_id
         local = folder / CAPTURE_REPORT if (folder / CAPTURE_REPORT).is_file() else folder / "report.json"
         if not local.is_file():
-            raise Exit(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the id of a "
-                       "`invoke test-drafter` or `invoke capture-check` run (see `invoke runs`).", code=1) from None
+            raise Exit(cmdline.commands_in(f"error: no run {run_id!r} on host {host.name!r} and no {local}; pass the "
+                                           "id of a `invoke test-drafter` or `invoke capture-check` run (see "
+                                           "`invoke runs`).", host.name), code=1) from None
         from remote.draft_config.errors import DraftConfigError
         from remote.draft_config.report import read_fix
         try:
@@ -216,4 +217,4 @@ def show_draft_flat(result: DraftFlatResult, out: Console) -> None:
               f"{safe(result.ids_from)})", soft_wrap=True)
     for warning in result.warnings:
         out.print(f"  [yellow]warning[/]: {safe(warning)}", soft_wrap=True)
-    out.print(f"  serve it with SGLang: invoke serve --draft {safe(shlex.quote(result.dest or ''))}", soft_wrap=True)
+    out.print(f"  serve it with SGLang: {safe(cmdline.command('serve', '--draft', result.dest or ''))}", soft_wrap=True)

@@ -5,7 +5,7 @@ import dataclasses
 from functools import partial
 from typing import Any
 
-from draftops import history, records
+from draftops import cmdline, history, records
 from draftops.doctor import plan
 from draftops.doctor.context import TOLERANCE, Ctx, ran
 from draftops.doctor.state import Step
@@ -36,7 +36,8 @@ def compare(ctx: Ctx, step: Step) -> None:
         outputs.write(cmp, ctx.runs_dir / run_id)
         records.keep(ctx.host.project_root, "this comparison", partial(_compare_record, cmp, run_id), ctx.warn)
         ran(step, run_id)
-        step.commands.append(f"invoke bench.compare --run-a {a.run_id} --run-b {b.run_id}")
+        step.commands.append(cmdline.command("bench.compare", "--run-a", a.run_id, "--run-b", b.run_id,
+                                             host=ctx.host.name))
         pred = predictions.get(b.run_id)
         measured = b.accept_length.value if b.accept_length else None
         out[role] = {"run_id": run_id, "a": a.run_id, "b": b.run_id, "speedup": cmp.speedup, "noise": cmp.noise,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from draftops import cmdline
 from draftops.doctor import plan
 from draftops.doctor.state import State, Step
 from draftops.link.host import Host
@@ -98,8 +99,9 @@ def profile_of(ctx: Ctx) -> profiles.Profile:
 
 
 def host_cmd(ctx: Ctx, text: str) -> str:
-    """A reproducing command line, with the host when it is not the default."""
-    return f"invoke {text} --host {shlex.quote(ctx.host.name)}"
+    """A reproducing command line (``text``: the task and its options, quoted), with the host when it
+    is not the default (``cmdline.command``)."""
+    return cmdline.command(*shlex.split(text), host=ctx.host.name)
 
 
 def ensure_demo(host: Host, view: JobView) -> None:

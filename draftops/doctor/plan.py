@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from draftops import cmdline
+
 CAPTURE, CHECK, BASELINE, AS_SERVED, FIX, RECHECK, FIXED, COMPARE = (
     "capture", "check", "baseline", "as-served", "fix", "recheck", "fixed", "compare")
 SERVED_STEPS = (BASELINE, AS_SERVED, FIXED)     # each serves one server and benches it
@@ -44,18 +46,22 @@ class Args:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def flags(self) -> str:
-        """The command line that asks for this doctor."""
-        parts = [f"--draft {self.draft}"]
-        parts += [f"--data {self.data}"] if self.data else []
-        parts += [f"--profile {self.profile}"] if self.profile else []
-        parts += [f"--target {self.target}"] if self.target else []
+    def words(self) -> list[str]:
+        """The options that ask for this doctor, one word each (``cmdline.command`` quotes them)."""
+        parts = ["--draft", self.draft]
+        parts += ["--data", self.data] if self.data else []
+        parts += ["--profile", self.profile] if self.profile else []
+        parts += ["--target", self.target] if self.target else []
         parts += ["--fix"] if self.fix else []
         parts += ["--no-bench"] if self.fix and not self.bench else []
         parts += ["--capture"] if self.capture else []
-        parts += [f"--port {self.port}"] if self.port else []
+        parts += ["--port", str(self.port)] if self.port else []
         parts += ["--keep-serving"] if self.keep_serving else []
-        return " ".join(parts)
+        return parts
+
+    def flags(self) -> str:
+        """The options that ask for this doctor, each word shell-quoted (a folder `my draft;id`)."""
+        return cmdline.quote(self.words())
 
 
 def steps(args: Args) -> list[str]:

@@ -7,6 +7,7 @@ draft of another model. Here each is one paragraph before anything runs, naming 
 """
 from __future__ import annotations
 
+from draftops import cmdline
 from draftops.doctor import plan
 from draftops.doctor.context import host_path
 from draftops.errors import DoctorError
@@ -46,8 +47,8 @@ def engine(host: Host, args: plan.Args, left: list[str] | None = None) -> None:
     answer = ask_tool(host, "remote.serve", ["port", "1", "--host", "127.0.0.1"], python=python, timeout=60)
     if answer.exit_code != exitcodes.NO_PYTHON and "No such file" not in answer.stderr:
         return
-    install = (f"invoke env.setup --engine vllm --host {host.name}" if chosen.engine == "vllm"
-               else f"invoke env.setup --host {host.name}")
+    install = cmdline.command("env.setup", *(["--engine", "vllm"] if chosen.engine == "vllm" else []),
+                              host=host.name)
     raise DoctorError(f"the doctor's steps {', '.join(needed_by)} run {chosen.engine} with {python} (serve profile "
                       f"{chosen.name!r} of host {host.name!r}), which does not exist there: the engine is not "
                       f"installed. Install it first with `{install}`"

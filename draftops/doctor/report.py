@@ -13,6 +13,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
+from draftops import cmdline
 from draftops.doctor import plan
 from draftops.doctor.state import STATE_NAME, State, resume_command
 from draftops.errors import DoctorError
@@ -57,7 +58,7 @@ class Story:
     def _build(self) -> None:
         s = self.state
         head = [f"doctor {s.doctor_id} on host {s.host}: {status_text(s)}",
-                f"asked: invoke doctor {s.args.flags()}", f"started {s.created}"
+                f"asked: {cmdline.command('doctor', *s.args.words(), host=s.host)}", f"started {s.created}"
                 + (f"; resumed {', '.join(s.resumed)}" if s.resumed else "")]
         if s.stopped_at:
             head.append(f"stopped at step '{s.stopped_at}': {s.why}")
@@ -119,7 +120,8 @@ class Story:
         if not rows:
             lines.append("no findings")
         if not self.state.args.fix and check.get("fixable"):
-            lines.append(f"apply them with: invoke doctor {self.state.args.flags()} --fix")
+            lines.append("apply them with: " + cmdline.command("doctor", *self.state.args.words(), "--fix",
+                                                               host=self.state.host))
         self.sections.append(("Findings", lines, [(["severity", "finding", "what", "fix"], rows)] if rows else []))
 
     def _fix(self) -> None:

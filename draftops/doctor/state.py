@@ -7,12 +7,12 @@ import dataclasses
 import fcntl
 import json
 import os
-import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from draftops import cmdline
 from draftops.doctor import plan, statefile
 from draftops.errors import DoctorError
 from draftops.history import json_safe, now_iso
@@ -140,7 +140,7 @@ def latest(runs_dir: Path) -> Path:
 
 def resume_command(doctor_id: str, host: str) -> str:
     """The command that resumes a doctor, with its host (pasted elsewhere it must not run on another)."""
-    return f"invoke doctor --resume {shlex.quote(doctor_id)} --host {shlex.quote(host)}"
+    return cmdline.command("doctor", "--resume", doctor_id, host=host)
 
 
 def find(runs_dir: Path, doctor_id: str | None) -> Path:

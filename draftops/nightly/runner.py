@@ -10,7 +10,6 @@ exception in one host's run becomes that host's outcome, the others finish.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from draftops import history
+from draftops import cmdline, history
 from draftops.errors import HistoryError
 from draftops.nightly import queuetime, results
 from draftops.nightly.playbook import Playbook, Step
@@ -206,7 +205,7 @@ class HostNight:
         self._tell(step, "started")
         began, wall = time.monotonic(), time.time()
         with log.open("w", encoding="utf-8") as out:
-            out.write(f"$ invoke {shlex.join(words)}\n")
+            out.write(f"$ {cmdline.quote(argv)}\n")      # what ran, from the project folder
             out.flush()
             # its own session: the step's whole process tree can be ended, and a Ctrl-C on the
             # terminal reaches the night (which ends the step) rather than the step behind its back

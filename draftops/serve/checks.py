@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from draftops import cmdline
 from draftops.serve import launch_algorithm
 from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.launch_algorithm import ALGORITHM_ID
@@ -273,7 +274,7 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
             f"The verdict of test-drafter run {verdict.run_id} is MISMATCH"
             f"{': ' + _predicted(verdict) if _predicted(verdict) else ''}; the demo is served as configured to "
             "show it. Fix it with:\n"
-            f"  invoke {fix_task(plan, draft)} --ckpt demo --from-report {verdict.run_id}")
+            f"  {cmdline.command(fix_task(plan, draft), '--ckpt', 'demo', '--from-report', verdict.run_id)}")
         return
     # any other draft with this verdict is refused unless --force: the refusal is all the user sees
     found.refuse_unless(plan.request.force, "--force",
@@ -318,8 +319,8 @@ def _measured(plan: Plan, draft: DraftFacts, measured: Measured | None, found: F
     said = (f"The engine's own hidden states (capture-check run {measured.run_id}) show that {plan.engine.label} "
             f"will feed this draft the states after layers {measured.fed}, while training fed those after layers "
             f"{measured.trained}.")
-    fix = f"invoke {fix_task(plan, draft)} --ckpt {'demo' if plan.request.draft == DEMO else plan.launch.draft} " \
-          f"--from-report {measured.run_id}"
+    ckpt = "demo" if plan.request.draft == DEMO else plan.launch.draft
+    fix = cmdline.command(fix_task(plan, draft), "--ckpt", ckpt, "--from-report", measured.run_id)
     if plan.request.draft == DEMO:
         found.warnings.append(f"{said} The demo is served as configured to show it. Fix it with:\n  {fix}")
         return

@@ -14,7 +14,7 @@ from ..sglang_patch.targets import ARCHITECTURES, MODEL, RUNNER
 from .target import TargetInfo
 
 _READY = (shapes.NATIVE, shapes.PATCHED)
-FIX = "run `python -m remote.sglang_patch apply` (invoke patch-sglang apply) before serving"
+FIX = "run `python -m remote.sglang_patch apply` (`invoke patch-sglang.apply`) before serving"
 
 
 @dataclass

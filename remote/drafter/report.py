@@ -112,7 +112,7 @@ def _layers_from(opts: EvalOptions, ctx: EvalContext) -> str | None:
               "has no YAML parser): copy its aux_hidden_state_layer_ids into data_config.json" if yaml else "")
     return (f"unknown: {dumpformats.NAME[ctx.dumps.format]} dumps do not record their layers and no trainer "
             "config next to them names them; pass a data_config.json next to them (or one folder up) or run "
-            f"invoke capture-check{unread}")
+            f"`invoke capture-check`{unread}")
 
 
 def _tags(slots: tuple[int, ...], res: Results) -> list[str]:

@@ -142,7 +142,7 @@ class _Case:
             return (f"Serve SGLang a flat-format copy of {ckpt}: SGLang reads only `{field}`, so "
                     f"`invoke draft-flat --ckpt {ckpt} --layer-ids {ids}` writes one with [{ids.replace(',', ', ')}] "
                     f"there (SGLang ids) beside it, then serve that copy; or serve this {fmt} config with vLLM")
-        fix = f"invoke draft-config --ckpt {ckpt} --layer-ids {ids}"
+        fix = f"`invoke draft-config --ckpt {ckpt} --layer-ids {ids}`"   # in backticks: shown, it names the program
         sglang = self.engine == convention.SGLANG
         native = engine_rules.captures_embedding(self.engine, self.version, self.model_type)
         if sglang and ((0 in self.trained and not native) or self.rule == FIRST_IS_1):

@@ -22,6 +22,8 @@ import logging
 import math
 import os
 import re
+import shlex
+import sys
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -109,6 +111,12 @@ def client_installed() -> bool:
         return False
 
 
+def install_hint() -> str:
+    """The extra's install command for this very interpreter (pasted with the venv not activated, a bare
+    ``pip`` would install into another python)."""
+    return " ".join((shlex.quote(sys.executable), "-m", INSTALL))
+
+
 def export_hint(rec: RunRecord) -> str:
     """The command that sends ``rec`` (and what followed it) later; pasteable as printed."""
     return cmdline.command("runs.export", "--since", f"{history.to_iso(history.parse_time(rec.time))[:19]}Z")
@@ -124,7 +132,7 @@ def log(root: Path, rec: RunRecord, warn: Callable[[str], None]) -> Logged | Non
         if not _process.said_extra:
             _process.said_extra = True
             warn(f"{ENV_URI} is set, but this install has no MLflow client, so run {rec.run_id} is in the local "
-                 f"history only: install the extra (`{INSTALL}` in the project) and send it with "
+                 f"history only: install the extra (`{install_hint()}` in the project) and send it with "
                  f"`{export_hint(rec)}`.")
         return None
     try:
@@ -169,7 +177,7 @@ def export(root: Path, since: str | None, host: str | None, say: Callable[[str],
         raise TrackingError(f"{ENV_URI} is not set: say which tracking server to send the history to, e.g. "
                             f"`{ENV_URI}=http://127.0.0.1:5000 invoke runs.export`.")
     if not client_installed():
-        raise TrackingError(f"this install has no MLflow client: install the extra (`{INSTALL}` in the project) "
+        raise TrackingError(f"this install has no MLflow client: install the extra (`{install_hint()}` in the project) "
                             "and export again.")
     rows = history.for_project(root).query(since=since, host=host)
     rows.sort(key=lambda r: (bool(mlflowrun.children(r)), r.time, r.run_id))

@@ -189,6 +189,10 @@ def _fix_line(report: DrafterReport) -> str | None:
         return None
     speculators = verdict.serving_convention == "vllm" or report.checkpoint.format == "speculators"
     patch = _capture_note(verdict.advice_engine) if verdict.needs_capture_patch else ""
+    if speculators and verdict.advice_engine == "sglang":   # SGLang never reads a speculators config's ids
+        return (f"fix: a flat-format copy with {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
+                f"-1 = embedding: draft-flat); vLLM reads this config as it is, with {escape(str(vllm))} "
+                "(vLLM ids)" + patch)
     if speculators:
         return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
                 f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"

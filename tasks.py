@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, capture, core, doctor, drafter, env, nightly, serve, sglang
+from draftops.cli import bench, capture, collect, core, doctor, drafter, env, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -28,6 +28,7 @@ for name in ("sync", "runs", "logs", "kill", "pull", "disconnect"):
     ns.add_task(getattr(core, name))
 ns.add_task(drafter.test_drafter)
 ns.add_task(capture.capture_check)
+ns.add_task(collect.collect)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
 ns.add_task(sglang.draft_flat)

@@ -29,7 +29,7 @@ def _pct(x: float | None) -> str:
 
 def slot_table(report: DrafterReport) -> Table:
     table = Table(title="hidden-state slots (mean RMS per token)", title_justify="left")
-    for col in ("slot", "layer id", "role", "rms"):
+    for col in ("slot", "layer id (SGLang)", "role", "rms"):
         table.add_column(col, justify="right" if col in ("slot", "rms") else "left")
     for row in report.slot_norms:
         table.add_row(str(row.slot), str(row.layer_id), escape(row.role or ""),

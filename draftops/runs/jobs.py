@@ -27,6 +27,7 @@ from draftops import history
 from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.link.host import Host
 from draftops.onhost import wire
+from draftops.runs.mlstack import setup_advice
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
 
@@ -182,8 +183,8 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
     """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code
     (the job's cwd, ``<root>/code``)."""
     python = shell_path(host.spec.interpreter)
-    missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
-               "run `invoke env.setup` or fix `python:` in hosts.yaml")
+    missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}. "
+               + setup_advice(host) + " Or fix `python:` in hosts.yaml.")
     return (f"command -v {python} >/dev/null 2>&1 || "
             f"{{ echo {shlex.quote(missing)} >&2; exit {exitcodes.NO_PYTHON}; }}; "
             f'PYTHONPATH="$PWD" exec {python_m(host.spec.interpreter, module, args, in_job=True)}')

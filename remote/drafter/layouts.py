@@ -81,7 +81,10 @@ def slot_role(slot: int, slot_ids: Sequence[int] | None, final_slot: int | None)
 
 
 def describe(slots: Sequence[int], slot_ids: Sequence[int] | None, final_slot: int | None) -> str:
-    return "[" + ", ".join(slot_role(s, slot_ids, final_slot) for s in slots) + "]"
+    """The slots' roles, ``layer k`` being the output of layer k: SGLang's ids, named as such."""
+    roles = [slot_role(s, slot_ids, final_slot) for s in slots]
+    named = " (SGLang ids)" if any(r.startswith("layer ") for r in roles) else ""
+    return "[" + ", ".join(roles) + "]" + named
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,9 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
             f"Host {host.name!r}: the log stream of run {run_id} ended before the job did ({why}): the "
             "connection dropped or the host agent was stopped. The job itself keeps running on the host. "
             f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {start + seen['bytes']} "
-            "bytes of its log were shown), or check it with `invoke runs`.") from cause
+            "bytes of its log were shown), or check it with `invoke runs`; `invoke collect "
+            f"{run_id} --host {host.name}` finishes a test-drafter, capture-check or bench run as its task would "
+            "have.") from cause
     return splitter.end
 
 

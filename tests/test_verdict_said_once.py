@@ -75,14 +75,16 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 CASES = {"mismatch, a vLLM host, a training accuracy given": {"engine": "vllm", "expected_acc": 0.85},
          "mismatch, both engines": {"engine": None},
-         "match, an SGLang host": {"engine": "sglang", "fixed": True}}
+         # SGLang reads a flat config's ids only: the fixed draft it serves as trained is the flat copy
+         "match, an SGLang host": {"engine": "sglang", "fixed": "draft_flat"}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_verdict_panel_and_the_fix_say_each_paragraph_once(case: str, tmp_path: Path) -> None:
     kw = dict(CASES[case])
-    if kw.pop("fixed", False):
-        kw["ckpt"] = demo().draft_fixed
+    fixed = kw.pop("fixed", None)
+    if fixed:
+        kw["ckpt"] = demo().root / fixed
     report = run_eval(tmp_path / "out", limit=64, **kw)
     text = verdict_and_after(render(show_result, read(report), str(tmp_path / "out" / "report.json"), RUN_ID, "demo"))
     assert not repeats(text), (repeats(text), text)

@@ -105,5 +105,5 @@ def test_env_check_shows_the_vllm_a_serve_profile_runs_from_its_own_python(make_
     lines = done.stdout.splitlines()
     profile = " ".join(line for line in lines if "serve profile cpu" in line)
     assert "0.32.0" in profile and str(venv) in " ".join(done.stdout.split()), done.stdout
-    engine = " ".join(line for line in lines if "engine vllm" in line and "serve profile cpu" not in line)
+    engine = " ".join(line for line in lines if "engine vllm" in line and "(serve profile cpu)" not in line)
     assert "not installed" not in engine and "serve profile cpu runs it" in engine, done.stdout

@@ -188,16 +188,17 @@ def probe(host: Host) -> list[dict[str, Any]]:
     own package metadata as a quick tool of the synced code (remote.engine_probe; nothing is
     imported), and the agent reads the stored hash: no plain shell output is parsed."""
     base = _base_python(host.spec)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    venvs: dict[str, str] = {}
     for name, rec in ENGINES.items():
-        venv = engine_venv(host.spec, name)
+        venv = venvs[name] = engine_venv(host.spec, name)
         python = f"{venv}/bin/python"
         digest = stored_hash(host, python, f"{venv}/{HASH_FILE}")
         versions = _versions(host, python, rec) if digest or _runnable(host, python) else {}
         rows.append({"engine": name, "venv": venv, "version": versions.get(rec.dist),
                      "cli_version": versions.get(rec.alias_dist) if rec.alias_dist else None,
                      "current": digest == content_hash(rec, venv, base)})
-    return rows + _profile_rows(host, {row["engine"]: row["venv"] for row in rows})
+    return rows + _profile_rows(host, venvs)
 
 
 def _profile_rows(host: Host, venvs: dict[str, str]) -> list[dict[str, Any]]:

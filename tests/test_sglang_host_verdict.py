@@ -67,3 +67,13 @@ def test_a_bad_finding_under_a_match_replaces_nothing_to_fix(tmp_path: Path) -> 
     assert "config-key-ignored" in verdict.advice and verdict.message.endswith(verdict.advice)
     layouts.not_nothing_to_fix(verdict, [])
     assert verdict.status == "MATCH"
+
+
+def test_serve_reads_the_verdict_as_judged_for_the_hosts_engine(tmp_path: Path) -> None:
+    """serve's check of the latest verdict: judged for SGLang, it is not called 'judged as vLLM reads
+    the ids' on the SGLang host that judged it."""
+    from draftops.serve import verdicts
+    ckpt = demo().root / "draft_fixed"
+    run_eval(tmp_path / "runs" / RUN_ID, ckpt=ckpt, engine="sglang", engine_version="0.5.13")
+    verdict = verdicts.latest(tmp_path / "runs", str(ckpt))
+    assert verdict is not None and verdict.status == "MISMATCH" and verdict.serving_convention == "sglang"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, capture, core, doctor, drafter, env, history, nightly, serve, sglang
+from draftops.cli import bench, capture, collect, core, doctor, drafter, env, history, nightly, serve, sglang
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -34,6 +34,7 @@ runs.add_task(history.export)
 ns.add_collection(runs)
 ns.add_task(drafter.test_drafter)
 ns.add_task(capture.capture_check)
+ns.add_task(collect.collect)
 ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang.verify, sglang.revert))
 ns.add_task(sglang.draft_config)
 ns.add_task(sglang.draft_flat)

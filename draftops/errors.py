@@ -205,6 +205,11 @@ class ExtraMissing(DraftopsError):
     install (no ``local`` extra) has no torch here: said before the job starts, with the install line."""
 
 
+class MlEnvUnfit(DraftopsError):
+    """A host's ml-env python cannot run the evaluator (no torch or safetensors): env.check fails with
+    the paragraph that names the host, its python and `invoke env.setup`."""
+
+
 class PlaybookError(DraftopsError):
     """A playbook cannot be used as it is (the message names file, line and field)."""
 

@@ -30,7 +30,7 @@ def _pct(x: float | None) -> str:
 
 def slot_table(report: DrafterReport) -> Table:
     table = Table(title="hidden-state slots (mean RMS per token)", title_justify="left")
-    for col in ("slot", "layer id", "role", "rms"):
+    for col in ("slot", "layer id (SGLang)", "role", "rms"):
         table.add_column(col, justify="right" if col in ("slot", "rms") else "left")
     for row in report.slot_norms:
         table.add_row(str(row.slot), str(row.layer_id), escape(row.role or ""),
@@ -190,6 +190,10 @@ def _fix_line(report: DrafterReport) -> str | None:
         return None
     speculators = verdict.serving_convention == "vllm" or report.checkpoint.format == "speculators"
     patch = _capture_note(verdict.advice_engine) if verdict.needs_capture_patch else ""
+    if speculators and verdict.advice_engine == "sglang":   # SGLang never reads a speculators config's ids
+        return (f"fix: a flat-format copy with {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
+                f"-1 = embedding: draft-flat); vLLM reads this config as it is, with {escape(str(vllm))} "
+                "(vLLM ids)" + patch)
     if speculators:
         return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
                 f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"

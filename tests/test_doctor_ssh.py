@@ -102,6 +102,6 @@ def test_doctor_on_an_sglang_host_patches_the_capture_and_says_what_the_rewrite_
     config = json.loads((hostroot / "state" / "demo" / "draft" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == fix["outcome"]["written_ids"]
     recheck = next(s for s in doc["steps"] if s["name"] == "recheck")["outcome"]
-    assert recheck["status"] == "MATCH" and recheck["bad_findings"] == ["ids-missing-engine-default"], recheck
+    assert recheck["status"] == "MISMATCH" and recheck["bad_findings"] == ["ids-missing-engine-default"], recheck
     page = " ".join((project / "runs" / doc["doctor_id"] / "doctor.md").read_text().split())
     assert "still wrong after the fix, ids-missing-engine-default" in page and "flat-format copy" in page

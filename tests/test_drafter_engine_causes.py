@@ -127,7 +127,8 @@ def test_missing_ids_say_which_default_layers_and_what_they_score(tmp_path, heal
     assert ids(report) == ["ids-missing-engine-default"]
     f = report["findings"][0]
     assert f["severity"] == "bad" and f["evidence"]["fed_boundaries"] == [2, 2, 2]
-    assert "[2, 2, 2]" in f["text"] and "5-layer" in f["text"] and f"{f['evidence']['fed_step0_acc']:.3f}" in f["text"]
+    assert "[1, 1, 1] (SGLang ids: -1 = embedding)" in f["text"] and "5-layer" in f["text"]    # SGLang's own ids
+    assert f"{f['evidence']['fed_step0_acc']:.3f}" in f["text"]
     assert "--layer-ids -1,1,2" in f["fix"]
 
 

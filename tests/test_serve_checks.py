@@ -186,7 +186,7 @@ def test_layer_ids_outside_the_target_are_refused_in_the_serving_engines_convent
     found = refusals(plan_for("vllm", draft="/d"), answer)
     assert not found.refusals
     assert "flat config, written for SGLang, served by vLLM" in found.warnings[0]
-    assert "states after layers [2, 16, 32]" in found.warnings[0]
+    assert "mean layers [2, 16, 32] (vLLM ids: 0 = embedding)" in found.warnings[0]
     # -1 read by vLLM is out of range
     answer = facts(tmp_path, "vllm", flat_draft([-1, 1, 3]))
     assert "can only capture ids 0..32; [-1] is outside" in refusals(plan_for("vllm", draft="/d"),
@@ -206,7 +206,8 @@ def test_speculators_config_served_by_sglang_is_explained(tmp_path):
     assert not found.refusals
     warning = found.warnings[0]
     assert "speculators config, written for vLLM, served by SGLang" in warning
-    assert "silently falls back to its default" in warning and "[2, 16, 29]" in warning
+    assert "silently falls back to its default" in warning
+    assert "captures layers [1, 15, 28] (SGLang ids: -1 = embedding)" in warning    # SGLang's own ids, named
 
 
 def test_embedding_ids_need_the_capture_patch_on_sglang(tmp_path):

@@ -27,6 +27,7 @@ from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
 from remote.serve.configs import inspect
 from tests.drafter_support import demo, run_eval
+from tests.test_draft_flat import flat_copy
 
 RUN_ID = "20261201-093015-test-drafter-7f3a"
 RUN = 8  # words: a run of this many words said twice is a repeated paragraph, not a shared phrase
@@ -76,14 +77,17 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 CASES = {"mismatch, a vLLM host, a training accuracy given": {"engine": "vllm", "expected_acc": 0.85},
          "mismatch, both engines": {"engine": None},
-         "match, an SGLang host": {"engine": "sglang", "fixed": True}}
+         # SGLang reads a flat config's ids only: the fixed draft it serves as trained is its flat copy
+         "match, an SGLang host": {"engine": "sglang", "fixed": "flat"}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_verdict_panel_and_the_fix_say_each_paragraph_once(case: str, tmp_path: Path) -> None:
     kw = dict(CASES[case])
-    if kw.pop("fixed", False):
-        kw["ckpt"] = demo().draft_fixed
+    if kw.pop("fixed", None):
+        done = flat_copy(demo().root / "draft_fixed", tmp_path / "flat")        # invoke draft-flat's tool
+        assert done.returncode == 0, done.stdout + done.stderr
+        kw["ckpt"] = tmp_path / "flat"
     report = run_eval(tmp_path / "out", limit=64, **kw)
     text = verdict_and_after(render(show_result, read(report), str(tmp_path / "out" / "report.json"), RUN_ID, "demo"))
     assert not repeats(text), (repeats(text), text)

@@ -227,14 +227,9 @@ def current_config(history: History, result: BenchResult) -> tuple[str, str] | N
 
 
 def ids_text(ids: list[int] | None, convention: str | None) -> str:
-    """Layer ids with the engine convention they are written in: SGLang's and vLLM's differ by one."""
-    if ids is None:
-        return "—"
-    if convention == "vllm":
-        return f"{ids} (vLLM ids: 0 = embedding)"
-    if convention == "sglang":
-        return f"{ids} (SGLang ids: -1 = embedding)"
-    return f"{ids} (convention unknown)"
+    """Layer ids with the engine convention they are written in (``remote.eagle.convention.ids_text``)."""
+    from remote.eagle.convention import ids_text as named
+    return named(ids, convention)
 
 
 # --- findings ------------------------------------------------------------------------------------

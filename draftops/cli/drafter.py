@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from draftops.link.host import Host
 
 
+#: said when Ctrl-C leaves the job running: the command that shows its verdict and records it later
+COLLECT_HINT = "When it has ended, `invoke collect {run_id} --host {host}` shows its verdict and records it."
+
+
 @task(help={"ckpt": "draft checkpoint folder on the host (default: the generated demo)",
             "data": "hidden-state dump folder on the host (default: the demo's)",
             "verifier": "target model folder on the host: verifier-argmax targets, missing embed_tokens",
@@ -102,11 +106,11 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if gpus:
         from draftops.runs.spread import run_torchrun  # not at import: `invoke --list` loads no remote/ module
 
-        done = run_torchrun(spread, gpus, args, nodes=nodes, port=port, name="test-drafter", view=live("window"),
-                            task="test-drafter", given=given,
+        done = run_torchrun(spread, gpus, args, nodes=nodes, port=port, name="test-drafter",
+                            view=live("window", on_detach=COLLECT_HINT), task="test-drafter", given=given,
                             env=lambda h: {"DRAFTOPS_DEMO_DIR": demo_dir(h.state_dir)})
     else:
-        done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window"),
+        done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window", on_detach=COLLECT_HINT),
                         task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
     _finish(host, done, given, ckpt, strict)
 

@@ -38,11 +38,19 @@ def setup_engine(host: Host, engine: str, venv: str | None) -> None:
 def add_engine_rows(engines: list[dict[str, Any]], table: Table) -> None:
     """One row per engine draftops installs (``engine_env.probe``): its version and venv, or where it
     would go."""
+    served = {r["engine"]: r for r in engines if r.get("profile") and r["version"]}
     for row in engines:
         venv = escape(row["venv"])
         setup = escape(cmdline.command("env.setup", "--engine", row["engine"]))
+        if row.get("profile"):
+            found = f"{escape(row['version'])} in {venv}" if row["version"] else f"[red]not importable[/] from {venv}"
+            table.add_row(f"engine {row['engine']} (serve profile {escape(row['profile'])})", found)
+            continue
         if not row["version"]:
-            table.add_row(f"engine {row['engine']}", f"[dim]not installed[/] (would go to {venv}: `{setup}`)")
+            other = served.get(row["engine"])
+            table.add_row(f"engine {row['engine']}", (
+                f"[dim]not in {venv}[/] (serve profile {escape(other['profile'])} runs it from its own python, "
+                "below)") if other else f"[dim]not installed[/] (would go to {venv}: `{setup}`)")
             continue
         stale = "" if row["current"] else f" [yellow](incomplete or older install: run `{setup}`)[/]"
         table.add_row(f"engine {row['engine']}", f"{row['version']} in {venv}{stale}")

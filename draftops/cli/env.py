@@ -11,8 +11,8 @@ from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.cli.options import task
 from draftops.console import console, escape
 from draftops.env import engine_env, mlenv
-from draftops.errors import JobError
-from draftops.runs import jobs
+from draftops.errors import JobError, MlEnvUnfit
+from draftops.runs import jobs, mlstack
 from draftops.runs.tools import run_job, run_tool
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from draftops.documents.env_check import EnvCheck
+    from draftops.link.host import Host
 
 
 @task(help={"host": HOST_HELP,
@@ -63,6 +64,17 @@ def check(c: Context, host: str | None = None) -> None:
     add_engine_rows(engine_env.probe(host), table)
     console.print(table)
     console.print(f"[dim]JSON: {escape(str(done.result_file))}[/]")
+    unfit(host, report)
+
+
+def unfit(host: Host, report: EnvCheck) -> None:
+    """Fail (exit 1, one paragraph) when the ml-env cannot run the evaluator: what env.check is asked
+    before a test-drafter, so a table that says "not importable" must not exit 0."""
+    lacking = [] if report.torch.available else ["torch"]
+    lacking += [name for name in mlstack.EVALUATOR[1:] if report.packages.get(name) is None]
+    if lacking:
+        raise MlEnvUnfit(mlstack.stack_missing_paragraph(host, report.executable or host.spec.interpreter,
+                                                         " or ".join(lacking)))
 
 
 def env_table(report: EnvCheck, title: str) -> Table:

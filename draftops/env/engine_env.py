@@ -25,7 +25,7 @@ from draftops.errors import EngineError, HostFileError
 from draftops.link.host import Host
 from draftops.runs.jobs import shell_path
 from draftops.runs.tools import ask_tool
-from draftops.serve.profiles import VLLM_VENV
+from draftops.serve.profiles import VLLM_VENV, engine_of, python_of
 from remote import exitcodes
 
 if TYPE_CHECKING:
@@ -188,15 +188,33 @@ def probe(host: Host) -> list[dict[str, Any]]:
     own package metadata as a quick tool of the synced code (remote.engine_probe; nothing is
     imported), and the agent reads the stored hash: no plain shell output is parsed."""
     base = _base_python(host.spec)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    venvs: dict[str, str] = {}
     for name, rec in ENGINES.items():
-        venv = engine_venv(host.spec, name)
+        venv = venvs[name] = engine_venv(host.spec, name)
         python = f"{venv}/bin/python"
         digest = stored_hash(host, python, f"{venv}/{HASH_FILE}")
         versions = _versions(host, python, rec) if digest or _runnable(host, python) else {}
         rows.append({"engine": name, "venv": venv, "version": versions.get(rec.dist),
                      "cli_version": versions.get(rec.alias_dist) if rec.alias_dist else None,
                      "current": digest == content_hash(rec, venv, base)})
+    return rows + _profile_rows(host, venvs)
+
+
+def _profile_rows(host: Host, venvs: dict[str, str]) -> list[dict[str, Any]]:
+    """The engines a serve profile runs from a python of its own (``serve.NAME.python``), outside the
+    venv draftops installs: env.check shows what the profile serves with, not only the default venv."""
+    rows = []
+    for name, settings in sorted((host.spec.serve or {}).items()):
+        engine = engine_of(host.spec, settings)
+        if not settings.python or engine not in ENGINES:
+            continue
+        python = python_of(settings.python)
+        if python == f"{venvs.get(engine)}/bin/python":
+            continue
+        versions = _versions(host, python, ENGINES[engine]) if _runnable(host, python) else {}
+        rows.append({"engine": engine, "venv": python, "version": versions.get(ENGINES[engine].dist),
+                     "cli_version": None, "current": True, "profile": name})
     return rows
 
 

@@ -73,22 +73,25 @@ def night_folder(runs: Path, now: datetime | None = None, hosts: Iterable[str] =
 
 
 def pick_hosts(book: Playbook, only: str | None, source: str, inventory: list[str]) -> list[str]:
-    """The hosts to run: all of the playbook's, or the --hosts subset; each must be in hosts.yaml."""
-    missing = [h for h in book.hosts if h not in inventory]
-    if missing:
-        raise PlaybookError(f"{source}: `hosts:` names {', '.join(missing)}, not in the inventory (known hosts: "
-                            f"{', '.join(inventory)}); add them to hosts.yaml or change the playbook.")
+    """The hosts to run: all of the playbook's, or those --hosts names. Its steps are written for any
+    host (``{host}`` and ``{root}`` are filled per host), so --hosts may point it at hosts of hosts.yaml
+    outside its `hosts:` list (a smoke playbook on `gpu`) without a copy; each must be in hosts.yaml."""
     if only is None:
+        missing = [h for h in book.hosts if h not in inventory]
+        if missing:
+            raise PlaybookError(f"{source}: `hosts:` names {', '.join(missing)}, not in the inventory (known hosts: "
+                                f"{', '.join(inventory)}); add them to hosts.yaml, change the playbook, or run it "
+                                "on hosts of hosts.yaml with --hosts a,b.")
         return list(book.hosts)
     names = [h.strip() for h in only.split(",")]
     if not all(names):
         raise PlaybookError(f"--hosts {only!r} holds an empty host name (a comma too many, or nothing at all); "
                             f"write the names separated by single commas, e.g. --hosts {','.join(book.hosts)}.")
     wanted = list(dict.fromkeys(names))           # a name given twice is one host
-    unknown = [h for h in wanted if h not in book.hosts]
+    unknown = [h for h in wanted if h not in inventory]
     if unknown or not wanted:
-        raise PlaybookError(f"--hosts {only!r}: {', '.join(unknown) or 'no host'} not in the playbook {source} "
-                            f"(its hosts: {', '.join(book.hosts)}); name hosts from its `hosts:` list.")
+        raise PlaybookError(f"--hosts {only!r}: {', '.join(unknown) or 'no host'} not in the inventory (known hosts: "
+                            f"{', '.join(inventory)}); the playbook {source} runs on any host of hosts.yaml.")
     return wanted
 
 

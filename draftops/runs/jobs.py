@@ -27,6 +27,7 @@ from draftops import history
 from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.link.host import Host
 from draftops.onhost import wire
+from draftops.runs.mlstack import setup_advice
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
 
@@ -182,8 +183,8 @@ def python_module_command(host: Host, module: str, args: list[str]) -> str:
     """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code
     (the job's cwd, ``<root>/code``)."""
     python = shell_path(host.spec.interpreter)
-    missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}; "
-               "run `invoke env.setup` or fix `python:` in hosts.yaml")
+    missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}. "
+               + setup_advice(host) + " Or fix `python:` in hosts.yaml.")
     return (f"command -v {python} >/dev/null 2>&1 || "
             f"{{ echo {shlex.quote(missing)} >&2; exit {exitcodes.NO_PYTHON}; }}; "
             f'PYTHONPATH="$PWD" exec {python_m(host.spec.interpreter, module, args, in_job=True)}')
@@ -313,7 +314,9 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
             f"Host {host.name!r}: the log stream of run {run_id} ended before the job did ({why}): the "
             "connection dropped or the host agent was stopped. The job itself keeps running on the host. "
             f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {start + seen['bytes']} "
-            "bytes of its log were shown), or check it with `invoke runs`.") from cause
+            "bytes of its log were shown), or check it with `invoke runs`; `invoke collect "
+            f"{run_id} --host {host.name}` finishes a test-drafter, capture-check or bench run as its task would "
+            "have.") from cause
     return splitter.end
 
 

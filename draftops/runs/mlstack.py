@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shlex
 import sys
+from typing import Any
 
 from draftops.errors import ExtraMissing
 from draftops.link.host import Host
@@ -45,3 +46,40 @@ def require(host: Host, module: str, python: str | None = None) -> None:
             f"Host {host.name!r} runs `{module}` with this interpreter ({sys.executable}), which has no "
             f"{' and '.join(missing)}: install the `local` extra (`{install}` in the project, or scripts/setup.sh), "
             "or pass --host NAME for a host with its own ml-env.")
+
+
+#: the ``error`` event's kind of a tool that found no torch in the ml-env (remote/stackcheck.py)
+STACK_MISSING = "StackMissing"
+#: what the evaluator imports (remote/stackcheck.py's STACK): env.check fails without them
+EVALUATOR = ("torch", "safetensors")
+
+
+def setup_advice(host: Host) -> str:
+    """What makes ``host``'s ml-env able to run the evaluator: `invoke env.setup` where hosts.yaml gives
+    it an `env:` entry to build, else the entry to add first (env.setup refuses a host without one)."""
+    env = host.spec.env
+    setup = f"`invoke env.setup --host {shlex.quote(host.name)}`"
+    if env is None:
+        return (f"Host {host.name!r} has no `env:` entry in hosts.yaml, so there is no ml-env for env.setup to "
+                "build: add one (`env: {venv: ~/ml-env, requirements: remote/requirements.txt}`; "
+                "remote/requirements-cpu.txt on a host without a GPU), then run " + setup + ", or point its "
+                "`python:` at an interpreter that has torch and safetensors.")
+    return (f"Run {setup}: it installs {env.requirements or 'the requirements'} into {env.venv} "
+            f"(the python hosts.yaml gives host {host.name!r} is {host.spec.interpreter}).")
+
+
+def stack_missing_paragraph(host: Host, python: str, lacking: str) -> str:
+    """One paragraph for a host whose ml-env python cannot import the evaluator's stack."""
+    return (f"Host {host.name!r} runs its tools with {python}, which cannot import {lacking}, so it cannot run "
+            f"the evaluator. {setup_advice(host)}")
+
+
+def complete(host: Host, error: dict[str, Any] | None) -> None:
+    """Turn a tool's ``StackMissing`` error event (which knows the interpreter, not the host) into the
+    one paragraph that names the host, its python and the command that sets the ml-env up."""
+    if not error or error.get("kind") != STACK_MISSING:
+        return
+    missing = error.get("missing")
+    lacking = " or ".join(str(m) for m in missing) if isinstance(missing, list) and missing else "torch"
+    python = error.get("python") if isinstance(error.get("python"), str) else host.spec.interpreter
+    error["message"] = stack_missing_paragraph(host, str(python), lacking)

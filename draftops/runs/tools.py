@@ -197,6 +197,8 @@ class ToolResult:
             head += " (the tool refused its command line: a draftops bug, please report it)"
         reason = self.error_message
         text = f"{head}: {reason}" if reason else f"{head}."
+        if (self.error or {}).get("kind") == mlstack.STACK_MISSING:
+            return text                         # one paragraph: the log says it again, less well
         log = self.folder / "log" if self.folder else None
         if log is None or not log.is_file():
             return text
@@ -262,6 +264,7 @@ def finish_job(host: Host, run_id: str, *, view: JobView | None = None, pull: bo
 
     final = follow(host, run_id, view, tap=tap)
     result = ToolResult(host.name, run_id, final, error=seen.get("error"))
+    mlstack.complete(host, result.error)
     if pull:
         pulled = jobs.pull_run(host, run_id)
         view.skipped(pulled.skipped)

@@ -316,9 +316,10 @@ def _measured(plan: Plan, draft: DraftFacts, measured: Measured | None, found: F
     if measured.status != "MISMATCH":
         found.notes.append(head)
         return
+    engine = plan.engine.name
     said = (f"The engine's own hidden states (capture-check run {measured.run_id}) show that {plan.engine.label} "
-            f"will feed this draft the states after layers {measured.fed}, while training fed those after layers "
-            f"{measured.trained}.")
+            f"will feed this draft layers {convention.boundaries_text(measured.fed, engine)}, while training fed "
+            f"layers {convention.boundaries_text(measured.trained, engine)}.")
     ckpt = "demo" if plan.request.draft == DEMO else plan.launch.draft
     fix = cmdline.command(fix_task(plan, draft), "--ckpt", ckpt, "--from-report", measured.run_id)
     if plan.request.draft == DEMO:

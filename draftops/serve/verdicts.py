@@ -19,7 +19,7 @@ class Verdict:
     status: str
     message: str
     configured_ids: list[int] | None
-    serving_convention: str | None
+    serving_convention: str | None   # the engine whose reading was judged (the host's, else the format's)
     fix: list[int] | None
     diagnosis: str = ""  # what the engine feeds against what the draft was trained on (no figures)
     accept_served: float | None = None  # predicted accept length as configured
@@ -78,7 +78,8 @@ def latest(runs_dir: Path, draft: str) -> Verdict | None:
             continue
         accept = doc.predicted_accept_length
         return Verdict(run.name, verdict.status, verdict.message, doc.checkpoint.configured_layer_ids,
-                       verdict.serving_convention, verdict.fix_layer_ids, verdict.diagnosis,
+                       verdict.advice_engine or verdict.serving_convention,   # the engine it was judged for
+                       verdict.fix_layer_ids, verdict.diagnosis,
                        accept.served if accept else None, accept.best if accept else None,
                        tuple((f.id, f.severity, f.text, f.fix) for f in doc.findings),
                        doc.data.chat_format.chat_formatted if doc.data.chat_format else None)

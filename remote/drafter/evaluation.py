@@ -118,9 +118,7 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
     slot_ids = ctx.dumps.slots.layer_ids
     interps = layouts.interpret(ctx.info.configured_layer_ids, slot_ids, ctx.num_layers,
                                 read_by=ctx.info.ids_by_engine or None)
-    # The engine that reads this format decides what the server feeds: SGLang reads the flat format's
-    # eagle_config (output-of-layer ids); vLLM reads speculators' top-level field (after-k-layers ids).
-    served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
+    served = _served(interps, ctx, opts)
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     variant = _as_engine_runs(ctx, opts, roles)
     seq: dict[str, Any] | None = None
@@ -162,6 +160,16 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
     return doc
 
 
+def _served(interps: list[layouts.Interpretation], ctx: EvalContext, opts: EvalOptions) -> layouts.Interpretation:
+    """What the server feeds: the host's engine decides (``--engine``), reading the field it reads
+    (SGLang a speculators config's nested field only, so its default where that is empty); without
+    one, the engine whose convention the format is written in (SGLang for flat, vLLM for speculators).
+    One engine's terms for the verdict and the findings alike, never a MATCH for the engine the host
+    does not run above a finding for the one it does."""
+    engine = opts.engine or convention.serving_convention(ctx.info.format)
+    return next(i for i in interps if i.convention == engine)
+
+
 def _chat_format(ctx: EvalContext, opts: EvalOptions) -> dict[str, Any] | None:
     """``data.chat_format``: the verifier's chat template against the samples evaluated (None without
     a verifier, whose folder holds the tokenizer)."""
@@ -201,7 +209,7 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
     count = len(states.files) if opts.limit is None else min(opts.limit, len(states.files))
     interps = layouts.interpret(ctx.info.configured_layer_ids, ids, ectx.num_layers,
                                 read_by=ctx.info.ids_by_engine or None)
-    served = next(i for i in interps if i.convention == convention.serving_convention(ctx.info.format))
+    served = _served(interps, ctx, opts)
     aux = ctx.draft.arch.num_aux
     roles: dict[str, tuple[int, ...]] = {}
     if served.slots is not None and len(served.slots) == aux:

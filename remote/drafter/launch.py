@@ -19,10 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import exitcodes
-from .distributed import MARK, TIMEOUT_ENV
-from .errors import OptionError, RankError
-from .launch_line import COLLECTIVE_TIMEOUT_S, RDZV_TIMEOUT_S, torchrun_args
+from .. import exitcodes, stackcheck
+
+if __name__ == "__main__":
+    stackcheck.require("drafter.launch")    # before .distributed, which imports torch
+from .distributed import MARK, TIMEOUT_ENV  # noqa: E402
+from .errors import OptionError, RankError  # noqa: E402
+from .launch_line import COLLECTIVE_TIMEOUT_S, RDZV_TIMEOUT_S, torchrun_args  # noqa: E402
 
 
 def cpu_ranks_cap() -> int:

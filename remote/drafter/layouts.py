@@ -81,7 +81,10 @@ def slot_role(slot: int, slot_ids: Sequence[int] | None, final_slot: int | None)
 
 
 def describe(slots: Sequence[int], slot_ids: Sequence[int] | None, final_slot: int | None) -> str:
-    return "[" + ", ".join(slot_role(s, slot_ids, final_slot) for s in slots) + "]"
+    """The slots' roles, ``layer k`` being the output of layer k: SGLang's ids, named as such."""
+    roles = [slot_role(s, slot_ids, final_slot) for s in slots]
+    named = " (SGLang ids)" if any(r.startswith("layer ") for r in roles) else ""
+    return "[" + ", ".join(roles) + "]" + named
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,19 @@ def decide(ev: Evidence, served: Interpretation, slot_ids: Sequence[int] | None,
                    said.diagnosis, said.advice)
 
 
+def not_nothing_to_fix(verdict: Verdict, bad: list[str]) -> None:
+    """A MATCH is about the layout only: where a ``bad`` finding stands below it, its advice must not
+    say there is nothing to fix (the finding's own fix is the one to apply)."""
+    if verdict.status != STATUS_MATCH or not bad or not verdict.advice.startswith("Nothing to fix"):
+        return
+    many = len(bad) > 1
+    advice = (f"The layout is right, but {len(bad)} finding{'s' if many else ''} below ({', '.join(bad)}) "
+              f"{'are' if many else 'is'} not: apply {'their' if many else 'its'} fix.")
+    if verdict.message.endswith(verdict.advice):
+        verdict.message = verdict.message[:len(verdict.message) - len(verdict.advice)] + advice
+    verdict.advice = advice
+
+
 def _unusable(case: _Case, chance: dict[str, Any] | None) -> tuple[str, Said, str] | None:
     """UNKNOWN when the evidence cannot tell layouts apart: non-finite values, nothing scored, near chance."""
     ev = case.ev
@@ -312,9 +328,11 @@ def _fed(case: _Case) -> str:
     if served.captured_ids is None:
         return ("its config has no aux layer ids, so the engines capture their default (after layers "
                 "[2, n/2, n-3]) and the target's layer count n is unknown here")
+    ids = (f"its config ids {served.configured_ids} make {engine} capture" if served.configured_ids is not None
+           else f"its config has no ids where {engine} reads them, so {engine} captures its default,")
     if served.missing:
-        return (f"its config ids {served.configured_ids} make {engine} capture the outputs of layers "
-                f"{served.captured_ids}, which are not in this dump (missing {served.missing})")
+        return (f"{ids} the outputs of layers {served.captured_ids} (SGLang ids), which are not in this dump "
+                f"(missing {served.missing})")
     return (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
             f"{served.captured_ids}, while the draft's fc takes {len(case.ev.best.slots)}")
 
@@ -332,6 +350,9 @@ def _mismatch(case: _Case, fix: list[int]) -> Said:
                    f"{ev.best.accept_length:.2f} at K={ev.steps} {where}.")
     fix_vllm = convention.convert(fix, convention.SGLANG, convention.VLLM)
     vllm_file = convention.serving_convention(case.fmt) == convention.VLLM   # the file's own convention first
+    if vllm_file and case.advise_for == convention.SGLANG:
+        return Said(f"The draft was trained on {case.describe(ev.best.slots)}, but {_fed(case)}.", figures,
+                    _flat_advice(fix))
     advice = (f"Put \"{formats.ids_field(case.fmt)}\": {fix_vllm if vllm_file else fix} in the draft config.json"
               + (" (speculators' own convention, as vLLM reads it: 0 is the embedding)" if vllm_file else ""))
     advice += (embedding_advice(case.advise_for, True) if -1 in fix
@@ -339,6 +360,16 @@ def _mismatch(case: _Case, fix: list[int]) -> Said:
     advice += (f" In SGLang ids (a flat config's eagle_config) the fix is {fix}." if vllm_file
                else f" vLLM reads the same layout as {fix_vllm}.")
     return Said(f"The draft was trained on {case.describe(ev.best.slots)}, but {_fed(case)}.", figures, advice)
+
+
+def _flat_advice(fix: list[int]) -> str:
+    """The fix where SGLang serves a speculators draft: SGLang reads ids only from a flat config's
+    eagle_config, so writing them into this config.json (draft-config) changes nothing it reads."""
+    return (f"SGLang never reads this speculators config's ids: serve it a flat-format copy with {fix} (SGLang "
+            "ids) in its eagle_config (`invoke draft-flat`, the fix line below)"
+            + (embedding_advice(convention.SGLANG, True) if -1 in fix else "; no SGLang patch is needed.")
+            + f" vLLM reads this config as it is, with {convention.convert(fix, convention.SGLANG, convention.VLLM)} "
+            "(vLLM ids).")
 
 
 def _acc(m: Measured) -> str:

@@ -36,6 +36,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     expected = _expected(opts, res)
     note = _expected_note(expected) if expected and expected["flagged"] else ""
     findings = causes.collect(causes.Facts(opts, ctx, res, res.extra))
+    layouts.not_nothing_to_fix(res.verdict, [f["id"] for f in findings if f.get("severity") == "bad"])
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {

@@ -23,6 +23,7 @@ boundaries 0..n.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,6 +53,26 @@ def fix_task(engine: str | None, fmt: str | None) -> str:
     ``draft-config`` rewrites the config in place, but SGLang never reads a speculators config's field,
     so where SGLang serves one the fix is a flat-format copy (``draft-flat``)."""
     return "draft-flat" if engine == SGLANG and fmt == SPECULATORS else "draft-config"
+
+
+def ids_text(ids: Sequence[int | None] | None, engine: str | None) -> str:
+    """Layer ids with the engine convention they are written in, named beside them: the one way every
+    screen writes an id list (SGLang's and vLLM's ids of one layer differ by one)."""
+    if ids is None:
+        return "—"
+    ids = list(ids)
+    if engine == VLLM:
+        return f"{ids} (vLLM ids: 0 = embedding)"
+    if engine == SGLANG:
+        return f"{ids} (SGLang ids: -1 = embedding)"
+    return f"{ids} (convention unknown)"
+
+
+def boundaries_text(boundaries: Sequence[int | None] | None, engine: str) -> str:
+    """Boundaries (the states after k layers) written in ``engine``'s own ids, the convention named."""
+    if boundaries is None:
+        return ids_text(None, engine)
+    return ids_text([None if b is None else b - OFFSET[engine] for b in boundaries], engine)
 
 
 def convert(ids: list[int], source: str, dest: str) -> list[int]:
@@ -166,14 +187,15 @@ def explain(reading: Reading, num_layers: int | None) -> str:
     """One paragraph: the field the engine reads, the ids it finds there, and what it captures."""
     name = ENGINE_NAME[reading.engine]
     reads = " then ".join(f"`{f}`" for f in READS[reading.engine])
-    default = (f"{default_boundaries(num_layers)}" if num_layers else "[2, n//2, n-3]")
+    default = (boundaries_text(default_boundaries(num_layers), reading.engine) if num_layers
+               else "after layers [2, n//2, n-3]")
     if reading.fallback:
         text = (f"{name} reads {reads}; this draft config has no ids there, so {name} silently falls "
-                f"back to its default and captures the states after layers {default}.")
+                f"back to its default and captures layers {default}.")
     else:
         text = (f"{name} reads {reads} and finds {reading.ids} in `{reading.field}`, read as "
-                f"{CONVENTION_TEXT[reading.engine]}: it captures the states after layers "
-                f"{reading.boundaries}.")
+                f"{CONVENTION_TEXT[reading.engine]}: it captures layers "
+                f"{boundaries_text(reading.boundaries or [], reading.engine)}.")
     for field, ids in reading.ignored.items():
         text += f" The ids {ids} in `{field}` are not read by {name}."
     native = serving_convention(reading.format)
@@ -181,6 +203,6 @@ def explain(reading: Reading, num_layers: int | None) -> str:
         shifted = to_boundaries(native, reading.ids or [])
         if shifted != reading.boundaries:
             text += (f" A {reading.format} config stores ids in {ENGINE_NAME[native]}'s convention, where "
-                     f"the same numbers mean the states after layers {shifted}: check which layers the "
+                     f"the same numbers mean layers {boundaries_text(shifted, reading.engine)}: check which layers the "
                      "draft was trained on (`invoke test-drafter`).")
     return text

@@ -73,6 +73,10 @@ class _Case:
         version = f"{convention.ENGINE_NAME[self.engine]} {self.version}"
         return version + (" (assumed: the newest version read; pass --engine-version)" if self.assumed else "")
 
+    def said(self, bounds: list[int]) -> str:
+        """Boundaries in the serving engine's own ids, the convention named (one per screen)."""
+        return convention.boundaries_text(bounds, self.engine)
+
     @property
     def target(self) -> str:
         return f"a {self.model_type} target" if self.model_type else "this target"
@@ -165,15 +169,14 @@ class _Case:
         default = convention.default_boundaries(self.n)
         same = self.fed == self.trained
         text = (f"The draft config has no aux layer ids where {convention.ENGINE_NAME[self.engine]} reads them "
-                f"({self.field}), so {self.name} captures its default, the states after layers [2, n//2, n-3] = "
-                f"{default} of this {self.n}-layer target (SGLang ids "
-                f"{convention.default_ids(convention.SGLANG, self.n)}), while the draft was trained on those after "
-                f"layers {self.trained}. " + ("They happen to be the same, but only by default: write them down. "
+                f"({self.field}), so {self.name} captures its default (after layers 2, n//2 and n-3): layers "
+                f"{self.said(default)} of this {self.n}-layer target, while the draft was trained on layers "
+                f"{self.said(self.trained)}. " + ("They happen to be the same, but only by default: write them down. "
                                               if same else "") + self._scores())
         return self._finding("ids-missing-engine-default", "warn" if same else "bad", text)
 
     def uncapturable(self) -> dict[str, Any]:
-        text = (f"The draft was trained on the states after layers {self.trained}, which include the final "
+        text = (f"The draft was trained on layers {self.said(self.trained)}, which include the final "
                 f"layer's output (boundary {self.n} of {self.n}); {self.name} captures inside its decoder loop, "
                 f"up to boundary {self.last}, so it cannot feed it (SGLang #32334, vLLM #46788): the server "
                 f"crashes or captures fewer states than the draft's fc takes. " + self._scores())
@@ -192,14 +195,14 @@ class _Case:
     def shifted(self, why: str) -> dict[str, Any]:
         assert self.ids is not None
         reads = (f"{self.name} reads {self.ids} from {self.field} and, on {self.target}, "
-                 f"{RULE_TEXT[self.rule]}: it feeds the states after layers {self.fed}")
+                 f"{RULE_TEXT[self.rule]}: it feeds layers {self.said(self.fed)}")
         if why == SLOT_SHIFT:
             how = (f"the trainer's slot convention explains it: the draft was trained on the embedding and the "
-                   f"first {len(self.fed) - 1} of those layers, {self.trained} (a dump [embedding, "
-                   f"{', '.join(map(str, self.fed))}] of which training took all but the last slot, as "
+                   f"first {len(self.fed) - 1} of those layers, {self.said(self.trained)} (a dump of the embedding "
+                   f"then layers {self.said(self.fed)}, of which training took all but the last slot, as "
                    "speculators' hidden_states[:-1] does), so the list is shifted by one slot")
         else:
-            how = (f"the draft was trained on those after layers {self.trained}, which is what these ids mean "
+            how = (f"the draft was trained on layers {self.said(self.trained)}, which is what these ids mean "
                    f"for a reader that {RULE_TEXT[why]}: the ids were written in that convention")
         tail = (f" Boundary {max(self.fed)} is beyond the last one it captures ({self.last}): the server "
                 "crashes or captures fewer states (SGLang #32334)." if max(self.fed) > self.last else "")
@@ -209,7 +212,7 @@ class _Case:
     def wrong(self) -> dict[str, Any]:
         assert self.ids is not None
         text = (f"{self.name} reads {self.ids} from {self.field} and {RULE_TEXT[self.rule]}: it feeds the states "
-                f"after layers {self.fed}, but the draft was trained on those after layers {self.trained}, and no "
+                f"layers {self.said(self.fed)}, but the draft was trained on layers {self.said(self.trained)}, and no "
                 f"engine's, version's or trainer's convention turns these ids into them: the ids are simply "
                 f"wrong. {self._scores()}")
         return self._finding("layer-ids-wrong", "bad", text)

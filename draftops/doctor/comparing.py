@@ -41,6 +41,8 @@ def compare(ctx: Ctx, step: Step) -> None:
         measured = b.accept_length.value if b.accept_length else None
         out[role] = {"run_id": run_id, "a": a.run_id, "b": b.run_id, "speedup": cmp.speedup, "noise": cmp.noise,
                      "within_noise": cmp.within_noise, "speed_text": cmp.speed_text(),
+                     "throughput": cmp.speed.to_dict() if cmp.speed else None,
+                     "decision": cmp.speed.decision if cmp.speed else None,
                      "measured": measured, "predicted": pred.value if pred else None,
                      "predicted_role": pred.role if pred else None,
                      "within_tolerance": (measured is not None and pred is not None

@@ -171,8 +171,8 @@ def _floor(a: Blocks, b: Blocks, floor: float | None) -> tuple[float, str]:
     if within and a.within and b.within:
         rms = math.sqrt(sum(w * w for w in within) / len(within))
         return rms, f"floor: the per-request samples' within-repeat noise ({rms:.1%})"
-    return NO_SAMPLES_FLOOR, (f"no per-request samples: repeat-level blocks only, with an assumed {NO_SAMPLES_FLOOR:.0%} "
-                              "per-repeat floor")
+    return NO_SAMPLES_FLOOR, ("no per-request samples: repeat-level blocks only, with an assumed "
+                              f"{NO_SAMPLES_FLOOR:.0%} per-repeat floor")
 
 
 def _decide(lo: float, hi: float, margin: float, higher_is_better: bool) -> str:
@@ -220,6 +220,32 @@ def compare(metric: str, a: Blocks, b: Blocks, *, higher_is_better: bool = True,
     method = f"{METHOD}, df {max(df, 1)}; {how})"
     return Verdict(metric, math.exp(d), math.exp(lo), math.exp(hi), decision, margin, alpha, method,
                    higher_is_better, (len(la), len(lb)), out_a + out_b, more)
+
+
+#: where the tool runs the servers itself (the doctor), an undecided throughput comparison gets one
+#: more look after at most MAX_EXTRA more repeats of run B: two looks, each at ALPHA / LOOKS
+LOOKS = 2
+MAX_EXTRA = 8
+
+
+def look_alpha() -> float:
+    """The level of each of the doctor's looks (:func:`sequential_alpha` over :data:`LOOKS`)."""
+    return sequential_alpha(ALPHA, LOOKS)
+
+
+def extra_repeats(first: Verdict) -> int:
+    """How many more repeats of run B the first look asks for: none when it decided, else the repeats
+    that would likely decide (:attr:`Verdict.more_repeats`), at most :data:`MAX_EXTRA`."""
+    if first.decision != UNDECIDED:
+        return 0
+    wanted = first.more_repeats - first.repeats[1] if first.more_repeats else MAX_EXTRA
+    return max(1, min(wanted, MAX_EXTRA))
+
+
+def merged(b: Blocks, extra: Blocks) -> Blocks:
+    """Run B's repeats and the extra ones as one run (the within-repeat noise only when both have it)."""
+    within = list(b.within) + list(extra.within) if b.within is not None and extra.within is not None else None
+    return Blocks(list(b.values) + list(extra.values), within)
 
 
 def sequential_alpha(alpha: float, looks: int) -> float:

@@ -323,16 +323,17 @@ def _config_wrong(label: str, res: BenchResult, pred: Prediction, acc: float,
                    f"`invoke draft-config --ckpt {ckpt} --from-report {pred.run_id}`, serve again and bench.")
 
 
-def verdicts(a: BenchResult, b: BenchResult) -> dict[str, comparison.Verdict]:
+def verdicts(a: BenchResult, b: BenchResult, alpha: float = comparison.ALPHA) -> dict[str, comparison.Verdict]:
     """The comparison rule (draftops.comparison) on throughput, accept length (both speculative) and
     the median TTFT and TPOT (where both runs have them)."""
     out = {"throughput": comparison.compare("throughput", samples.blocks(a, "throughput"),
-                                            samples.blocks(b, "throughput"))}
+                                            samples.blocks(b, "throughput"), alpha=alpha)}
     if a.accept_length and b.accept_length:
         out["accept_length"] = comparison.compare("accept_length", samples.accept_blocks(a),
-                                                  samples.accept_blocks(b), floor=0.0)
+                                                  samples.accept_blocks(b), floor=0.0, alpha=alpha)
     for name in ("ttft", "tpot"):
-        got = comparison.compare(name, samples.blocks(a, name), samples.blocks(b, name), higher_is_better=False)
+        got = comparison.compare(name, samples.blocks(a, name), samples.blocks(b, name), higher_is_better=False,
+                                 alpha=alpha)
         if got.ratio is not None:
             out[name] = got
     return out
@@ -527,7 +528,8 @@ def _positions(label: str, res: BenchResult, pred: Prediction | None) -> Positio
 
 
 def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
-            tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None) -> Comparison:
+            tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None,
+            alpha: float = comparison.ALPHA) -> Comparison:
     """Hold two runs against each other (a baseline is put first) and derive the findings.
 
     ``current``: per run id, the draft's config digest now and the run that recorded it
@@ -542,7 +544,7 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
             findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance,
                                          now)
             findings += _chat_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
-    rule = verdicts(a, b)
+    rule = verdicts(a, b, alpha)
     through, speedup = _throughput_findings(a, b, findings, rule["throughput"])
     findings += through + _settings_findings(a, b)
     tables = [t for t in (_positions(label, res, predictions.get(res.run_id))

@@ -7,9 +7,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draftops.bench.result import BenchResult
+from draftops.bench.result import BenchResult, Metrics
+from draftops.bench.stats import summarize
 from draftops.comparison import Blocks
 
+KEYS = ("output_len", "ttft_ms", "latency_ms")
 MIN_REQUESTS = 4          # fewer requests in a repeat say nothing about its noise
 
 
@@ -17,7 +19,7 @@ def _samples(res: BenchResult) -> list[dict[str, list[float]] | None]:
     out: list[dict[str, list[float]] | None] = []
     for rep in res.repeats:
         got = (rep.record or {}).get("samples")
-        ok = isinstance(got, dict) and all(isinstance(got.get(k), list) for k in ("output_len", "ttft_ms", "latency_ms"))
+        ok = isinstance(got, dict) and all(isinstance(got.get(k), list) for k in KEYS)
         out.append(got if ok else None)
     return out
 
@@ -91,3 +93,28 @@ def has_samples(res: BenchResult) -> bool:
 def describe(res: BenchResult) -> dict[str, Any]:
     """How many requests the run's samples hold, per repeat (for compare.json)."""
     return {"per_request": has_samples(res), "requests": [len(s["output_len"]) if s else 0 for s in _samples(res)]}
+
+
+def merged(b: BenchResult, extra: BenchResult) -> BenchResult:
+    """Run B with the repeats of a second bench of the same server (the doctor's extra repeats) appended,
+    as one run: every per-repeat metric, the accept length's repeats and the per-request samples."""
+    fields = {name: summarize([*getattr(b.metrics, name).values, *getattr(extra.metrics, name).values])
+              for name in Metrics.model_fields if name not in ("completed", "failed")}
+    metrics = Metrics(**fields, completed=_add(b.metrics.completed, extra.metrics.completed),
+                      failed=_add(b.metrics.failed, extra.metrics.failed))
+    accept = b.accept_length
+    if accept is not None and extra.accept_length is not None:
+        both = {side: summarize([*(getattr(accept, side).values if getattr(accept, side) else []),
+                                 *(getattr(extra.accept_length, side).values
+                                   if getattr(extra.accept_length, side) else [])])
+                for side in ("client", "server")}
+        accept = accept.model_copy(update={side: stat if stat.n else None for side, stat in both.items()})
+    shift = max((r.index for r in b.repeats), default=0)
+    repeats = [*b.repeats, *(r.model_copy(update={"index": r.index + shift}) for r in extra.repeats)]
+    settings = b.settings.model_copy(update={"repeats": len(repeats)})
+    return b.model_copy(update={"metrics": metrics, "accept_length": accept, "repeats": repeats,
+                                "settings": settings})
+
+
+def _add(x: int | None, y: int | None) -> int | None:
+    return None if x is None and y is None else (x or 0) + (y or 0)

@@ -131,6 +131,13 @@ def _seconds(value: Any) -> float | None:
     return x if x is not None and x >= 0 else None
 
 
+def _from_gaps(ttft: float | None, gaps: Any) -> float | None:
+    """A request's end-to-end latency from its TTFT and inter-token gaps (SGLang writes no latencies)."""
+    if ttft is None or not isinstance(gaps, list):
+        return None
+    return ttft + sum(g for g in (_seconds(x) for x in gaps[:MAX_REQUESTS]) if g is not None)
+
+
 def request_samples(raw: dict[str, Any]) -> dict[str, list[float]] | None:
     """Per-request output tokens, TTFT and end-to-end latency (ms) of the requests that succeeded, from
     the client's detailed fields (vLLM: ``output_lens``, ``ttfts``, ``latencies`` or ``itls``, ``errors``;
@@ -144,9 +151,8 @@ def request_samples(raw: dict[str, Any]) -> dict[str, list[float]] | None:
         tokens, ttft = finite(n), _seconds(ttfts[i])
         error = errors[i] if isinstance(errors, list) and i < len(errors) else None
         latency = _seconds(lats[i]) if isinstance(lats, list) and i < len(lats) else None
-        if latency is None and isinstance(itls, list) and i < len(itls) and isinstance(itls[i], list) and ttft is not None:
-            gaps = [_seconds(g) for g in itls[i][:MAX_REQUESTS]]
-            latency = ttft + sum(g for g in gaps if g is not None)
+        if latency is None:
+            latency = _from_gaps(ttft, itls[i] if isinstance(itls, list) and i < len(itls) else None)
         if error or not tokens or tokens < 1 or ttft is None or latency is None or latency < ttft:
             continue
         out["output_len"].append(tokens)

@@ -8,8 +8,8 @@ with a t interval whose variance is pooled over both runs' repeats (few repeats 
 what gives the interval its degrees of freedom). Per-request samples set a floor under that variance
 (the within-repeat noise they show, so three repeats that happen to agree cannot make a falsely narrow
 interval); without them an assumed floor of :data:`NO_SAMPLES_FLOOR` per repeat stands in, stated in
-the method. A repeat far off its run's others (more than :data:`OUTLIER_SDS` robust SDs: a stall, a
-dropped link) is set aside and named. The decision's error rate: an identical pair is called faster
+the method. A repeat far off its run's others (more than :data:`OUTLIER_SDS` robust SDs, 10 with
+fewer than five repeats: a stall, a dropped link) is set aside and named. The decision's error rate: an identical pair is called faster
 or slower with probability at most ``alpha`` (two-sided interval); a pair whose interval lies inside
 ±margin is ``same``; anything else is ``undecided``, with the repeats per run that would likely
 decide. Pure standard library: the laptop side never imports numpy (tests/test_dependencies.py).
@@ -25,7 +25,8 @@ from typing import Any
 
 ALPHA = 0.05                 # two-sided: a 95% interval
 MARGIN = 0.05                # "same": the interval inside ×0.952–×1.05
-OUTLIER_SDS = 5.0            # a repeat this many robust SDs off its run's median is set aside
+OUTLIER_SDS = 5.0            # a repeat this many robust SDs off its run's median is set aside (5+ repeats)
+OUTLIER_SDS_FEW = 10.0       # ... with 3 or 4: their MAD is the smallest deviations, too often near zero
 NO_SAMPLES_FLOOR = 0.03      # assumed per-repeat noise (log scale) when no per-request samples exist
 MAX_MORE = 50                # beyond this many repeats per run "more repeats" is not a plan
 FASTER, SLOWER, SAME, UNDECIDED = "faster", "slower", "same", "undecided"
@@ -151,13 +152,14 @@ def _logs(values: Sequence[float | None]) -> list[float]:
 
 def _kept(logs: list[float], floor: float, label: str) -> tuple[list[float], list[str]]:
     """The repeats kept and the one set aside (at most one per run, and only from three or more): the
-    farthest from the run's median, when beyond OUTLIER_SDS robust SDs (1.4826 × MAD, never below the floor)."""
+    farthest from the run's median, when beyond OUTLIER_SDS robust SDs (1.4826 × MAD, never below the
+    floor; OUTLIER_SDS_FEW for 3 or 4 repeats, whose MAD is too often near zero: tests/test_comparison_rule.py)."""
     if len(logs) < 3:
         return logs, []
     mid = statistics.median(logs)
     scale = max(1.4826 * statistics.median(abs(x - mid) for x in logs), floor)
     worst = max(range(len(logs)), key=lambda i: abs(logs[i] - mid))
-    if abs(logs[worst] - mid) <= OUTLIER_SDS * scale:
+    if abs(logs[worst] - mid) <= (OUTLIER_SDS if len(logs) >= 5 else OUTLIER_SDS_FEW) * scale:
         return logs, []
     off = math.exp(logs[worst] - mid)
     return logs[:worst] + logs[worst + 1:], [f"{label} repeat {worst + 1} (×{off:.2f} of its run's median)"]

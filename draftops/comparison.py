@@ -9,10 +9,11 @@ what gives the interval its degrees of freedom). Per-request samples set a floor
 (the within-repeat noise they show, so three repeats that happen to agree cannot make a falsely narrow
 interval); without them an assumed floor of :data:`NO_SAMPLES_FLOOR` per repeat stands in, stated in
 the method. A repeat far off its run's others (more than :data:`OUTLIER_SDS` robust SDs, 10 with
-fewer than five repeats: a stall, a dropped link) is set aside and named. The decision's error rate: an identical pair is called faster
-or slower with probability at most ``alpha`` (two-sided interval); a pair whose interval lies inside
-±margin is ``same``; anything else is ``undecided``, with the repeats per run that would likely
-decide. Pure standard library: the laptop side never imports numpy (tests/test_dependencies.py).
+fewer than five repeats: a stall, a dropped link) is set aside and named. The decision's error rate:
+an identical pair is called faster or slower with probability at most ``alpha`` (two-sided interval);
+a pair whose interval lies inside ±margin is ``same``; anything else is ``undecided``, with the
+repeats per run that would likely decide. Pure standard library: the laptop side never imports
+numpy (tests/test_dependencies.py).
 """
 from __future__ import annotations
 

@@ -65,8 +65,7 @@ def test_a_true_slowdown_is_called_slower_and_identical_runs_almost_never_differ
 
 def test_without_samples_identical_runs_still_keep_the_error_rate():
     """An old result folder: repeat-level blocks only, 3 repeats (the old default), drift and heavy tails.
-    (With a slow repeat in one of two 3-repeat runs the rate measured here is about 8%: docs/bench.md says
-    so, and it is why the doctor's bench is 6 repeats and looks twice.)"""
+    (With a slow repeat in one of two 3-repeat runs it measured 4%, close to the bound: docs/bench.md.)"""
     wrong = 0
     for seed in range(SEEDS):
         rng = np.random.default_rng(20_000 + seed)

@@ -76,7 +76,7 @@ class Verdict:
         """``×0.75 (95% CI ×0.69–×0.81)``."""
         if self.ratio is None or self.lo is None or self.hi is None:
             return "no ratio"
-        return f"×{self.ratio:.2f} ({1 - self.alpha:.0%} CI ×{self.lo:.2f}–×{self.hi:.2f})"
+        return f"×{self.ratio:.2f} ({level(self.alpha)} CI ×{self.lo:.2f}–×{self.hi:.2f})"
 
     def sentence(self) -> str:
         """``×0.75 (95% CI ×0.69–×0.81): slower``, with what ``same`` and ``undecided`` mean."""
@@ -92,6 +92,11 @@ class Verdict:
         if self.set_aside:
             text += f"; set aside: {', '.join(self.set_aside)}"
         return text
+
+
+def level(alpha: float) -> str:
+    """The interval's confidence as people write it: ``95%``, ``97.5%``."""
+    return f"{round((1 - alpha) * 100, 2):g}%"
 
 
 def not_compared(metric: str, why: str, higher_is_better: bool = True) -> Verdict:

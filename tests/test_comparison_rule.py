@@ -155,6 +155,12 @@ def test_nothing_to_compare_is_said_not_guessed():
     assert got.decision == "not compared" and got.ratio is None and "no value" in got.sentence()
 
 
+def test_the_doctors_looks_say_their_own_level():
+    got = comparison.compare("m", Blocks([100.0, 101.0, 99.0]), Blocks([80.0, 81.0, 79.0]),
+                             alpha=comparison.look_alpha())
+    assert got.interval_text().startswith("×0.80 (97.5% CI ×0.") and comparison.level(0.05) == "95%"
+
+
 @pytest.mark.parametrize("df, q", [(1, 12.706), (4, 2.776), (10, 2.228), (30, 2.042), (1000, 1.962)])
 def test_t_quantile_matches_the_tables(df, q):
     assert comparison.t_quantile(0.975, df) == pytest.approx(q, abs=2e-3)

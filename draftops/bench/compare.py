@@ -344,7 +344,7 @@ def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[F
     ta, tb = a.metrics.output_throughput, b.metrics.output_throughput
     if ta.median is None or tb.median is None or ta.median <= 0 or speed.ratio is None:
         return [Finding("warn", "no-throughput", "One of the runs has no output throughput; nothing to compare.")], None
-    ratio = speed.ratio
+    ratio = tb.median / ta.median          # `speedup`, the ratio of medians as before; the interval is the rule's
     said = f"{ta.median:.1f} vs {tb.median:.1f} output tok/s (medians), {speed.sentence()}"
     if speed.decision in (comparison.UNDECIDED, comparison.SAME):
         what = ("No decision" if speed.decision == comparison.UNDECIDED

@@ -137,3 +137,12 @@ def test_zero_baseline_does_not_divide_by_zero():
     got = detect.judge("m", [{"m": 0.0}] * 5 + [{"m": 0.0}], threshold=5, lower_better=False, window=7,
                        min_nights=3)
     assert got.verdict == detect.UNCHANGED and got.change_pct == 0.0
+
+
+def test_the_report_table_shows_each_change_with_its_interval():
+    from draftops.nightly import report
+    nights = [{"x.tok_s": v} for v in (100.0, 101.0, 99.0, 100.5, 99.5)] + [{"x.tok_s": 80.0}]
+    got = detect.judge("x.tok_s", nights, threshold=5, lower_better=False, window=7, min_nights=3)
+    (row,) = report.table_rows([got])
+    assert report.COLUMNS[4] == "95% CI" and row[-1] == detect.REGRESSION
+    assert row[3].startswith("-20") and row[4].startswith("-2") and "…-1" in row[4], row

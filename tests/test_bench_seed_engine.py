@@ -94,14 +94,13 @@ def test_seed_story_measured_against_predicted(project, where):  # noqa: F811
     codes = [f["code"] for f in doc["findings"]]
     assert "config-changed" in codes and "draft-limit" in codes, codes
     # Throughput is a timing: on a quiet machine the fixed draft is about x2 (found as `change`), but
-    # beside the rest of the suite the repeats have spread by 45-54%, enough to hide it (seen in CI).
-    # What must hold either way is the rule: `change` exactly when the ratio leaves the repeats' spread,
-    # and then the fixed draft is the faster one (docs/bench.md; the figures: benchmarks/).
-    ta, tb = wrong["metrics"]["output_throughput"], fixed["metrics"]["output_throughput"]
-    ratio, noise = tb["median"] / ta["median"], max(ta.get("spread") or 0.0, tb.get("spread") or 0.0)
-    assert ("change" in codes) == (abs(ratio - 1) > noise), (codes, ratio, noise)
-    assert ("within-noise" in codes) == (abs(ratio - 1) <= noise), (codes, ratio, noise)
-    assert "change" not in codes or ratio > 1, (ratio, noise)
+    # beside the rest of the suite the repeats spread widely (seen in CI). What must hold either way is
+    # the rule (draftops.comparison): `change` exactly when it decided, and then the fixed draft is the
+    # faster one; its interval is in compare.json (docs/bench.md § Comparing two runs).
+    speed = doc["throughput"]
+    assert ("change" in codes) == (speed["decision"] in ("faster", "slower")), (codes, speed)
+    assert ("within-noise" in codes) == (speed["decision"] in ("undecided", "same")), (codes, speed)
+    assert speed["decision"] != "slower" and speed["ci"][0] <= speed["ratio"] <= speed["ci"][1], speed
     assert {p.name for p in folder.iterdir()} == {"compare.json", "compare.md", "compare.png"}
     # per position, from vLLM's own per-position counters: the wrong run parts from the trained layout
     # at step 0 (the input wiring), the fixed run agrees with its prediction step by step (issue 24)

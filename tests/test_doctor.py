@@ -247,14 +247,14 @@ def _fill(folder: Path) -> None:
 # --- baseline reuse ----------------------------------------------------------------------------------
 
 def _bench_row(hist: history.History, runs: Path, run_id: str, *, age_h: float, rev: str, mode: str = "baseline",
-               prompts: int = 48, verdict: str = "succeeded") -> None:
+               prompts: int = plan.BENCH["prompts"], verdict: str = "succeeded") -> None:
     (runs / run_id).mkdir(parents=True, exist_ok=True)
     (runs / run_id / "bench-result.json").write_text("{}")
     when = datetime.now(timezone.utc) - timedelta(hours=age_h)
     hist.record(history.RunRecord(run_id=run_id, kind="bench", host="local", time=history.to_iso(when), git_rev=rev,
                                   engine="vllm", target="/t", settings={
                                       "mode": mode, "dataset_kind": "text", "prompts": prompts, "concurrency": 4,
-                                      "output_len": 32, "repeats": 3, "seed": 0}, verdict=verdict))
+                                      "output_len": 32, "repeats": plan.BENCH["repeats"], "seed": 0}, verdict=verdict))
 
 
 def test_a_recent_baseline_of_the_same_code_and_settings_is_reused(tmp_path):
@@ -271,7 +271,7 @@ def test_a_recent_baseline_of_the_same_code_and_settings_is_reused(tmp_path):
     _bench_row(hist, runs, "old", age_h=30, rev="abc")                 # older than 24 h
     _bench_row(hist, runs, "other-code", age_h=1, rev="def")           # another code version
     _bench_row(hist, runs, "speculative", age_h=1, rev="abc", mode="speculative")
-    _bench_row(hist, runs, "fewer-prompts", age_h=1, rev="abc", prompts=20)
+    _bench_row(hist, runs, "fewer-prompts", age_h=1, rev="abc", prompts=plan.BENCH["prompts"] - 4)
     _bench_row(hist, runs, "failed", age_h=1, rev="abc", verdict="failed")
     assert found() is None
     _bench_row(hist, runs, "good", age_h=2, rev="abc")

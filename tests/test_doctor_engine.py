@@ -99,9 +99,16 @@ def test_doctor_fix_on_real_servers_survives_a_dying_server_and_reuses_its_basel
     assert fixed["within_tolerance"] and 3.0 <= fixed["measured"] < 4.0 and 3.0 <= fixed["predicted"] < 4.0
     assert f"fixed: measured {fixed['measured']:.2f} vs predicted {fixed['predicted']:.2f} (within 10%)" in text
     assert served["measured"] < 1.5 and fixed["measured"] > 2 * served["measured"]
+    for c in (served, fixed):      # the comparison rule's interval and decision, in the outcome and as said
+        speed = c["throughput"]
+        assert speed["ci"][0] <= speed["ratio"] <= speed["ci"][1] and speed["alpha"] == 0.025, speed
+        assert c["speed_text"].endswith(f": {speed['decision']}") or f": {speed['decision']} (" in c["speed_text"]
+        assert "(97.5% CI ×" in c["speed_text"] and c["speed_text"].split(";")[0] in text
+    extra = [c["extra_bench_run"] for c in (served, fixed) if c.get("extra_bench_run")]
     rows = history.History(project / "runs" / "history.sqlite").query()
     kinds = [r.kind for r in rows]
-    assert kinds.count("bench") == 3 and kinds.count("test-drafter") == 2 and kinds.count("draft-config") == 1
+    assert kinds.count("bench") == 3 + len(extra)
+    assert kinds.count("test-drafter") == 2 and kinds.count("draft-config") == 1
     assert kinds.count("serve") == 4 and kinds.count("compare") == 2          # the dead server's row too
     recorded = set(sum((s["runs"] + s["earlier"] for s in doc["steps"]), []))   # every step is a run in the history
     assert {r.run_id for r in rows if r.kind != "doctor"} == recorded and killed in recorded

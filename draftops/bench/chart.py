@@ -28,10 +28,11 @@ def _label(cmp: Comparison, which: str) -> str:
 
 
 def title(cmp: Comparison) -> str:
-    """The throughput panel's title: a ratio inside the repeats' spread is no speed-up."""
-    if cmp.speedup is None:
+    """The throughput panel's title: the ratio with its interval and decision (draftops.comparison)."""
+    speed = cmp.speed
+    if cmp.speedup is None or speed is None:
         return "output throughput"
-    return "no measurable difference" if cmp.within_noise else f"speedup ×{cmp.speedup:.2f}"
+    return f"{speed.interval_text()}: {speed.decision}"
 
 
 def draw(cmp: Comparison, path: Path) -> Path:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from draftops import comparison
+from draftops.bench import samples
 from draftops.bench.plan import chat_advice
 from draftops.bench.positions import PositionTable, compare_positions
 from draftops.bench.result import BenchResult, DraftInfo
@@ -73,21 +75,24 @@ class Comparison:
     rows: list[dict[str, Any]] = field(default_factory=list)
     speedup: float | None = None
     tolerance: float = TOLERANCE
-    noise: float | None = None        # the larger spread of the two runs' repeats (a fraction)
+    noise: float | None = None        # the larger spread of the two runs' repeats (a fraction), shown only
     positions: list[PositionTable] = field(default_factory=list)   # per position, predicted vs measured
+    verdicts: dict[str, comparison.Verdict] = field(default_factory=dict)   # the one rule, per metric
+
+    @property
+    def speed(self) -> comparison.Verdict | None:
+        return self.verdicts.get("throughput")
 
     @property
     def within_noise(self) -> bool:
-        """The throughput difference is inside the repeats' spread: no measurable difference."""
-        return self.speedup is not None and self.noise is not None and abs(self.speedup - 1) <= self.noise
+        """No decision on throughput: the interval holds both ×1 and a difference beyond the margin."""
+        return self.speed is not None and self.speed.decision == comparison.UNDECIDED
 
     def speed_text(self) -> str:
-        """The speed ratio as the table and the chart title say it: never "faster" inside the noise."""
-        if self.speedup is None:
+        """The speed ratio with its interval and decision, as the table and the chart title say it."""
+        if self.speed is None or self.speed.ratio is None:
             return "—"
-        if self.within_noise:
-            return f"no measurable difference (×{self.speedup:.2f}, within the repeats' {self.noise:.0%} spread)"
-        return f"×{self.speedup:.2f}"
+        return self.speed.sentence()
 
     @property
     def headline(self) -> Finding | None:
@@ -97,6 +102,8 @@ class Comparison:
         return {"schema": "draftops.bench-compare/1", "a": self.a.run_id, "b": self.b.run_id,
                 "modes": [self.a.mode, self.b.mode], "speedup": self.speedup, "tolerance": self.tolerance,
                 "noise": self.noise, "within_noise": self.within_noise,
+                **{name: v.to_dict() for name, v in self.verdicts.items()},
+                "samples": {"a": samples.describe(self.a), "b": samples.describe(self.b)},
                 "predictions": {k: asdict(v) if v else None for k, v in self.predictions.items()},
                 "rows": self.rows, "findings": [asdict(f) for f in self.findings],
                 "per_position": [t.to_dict() for t in self.positions], "definitions": definitions(self.a, self.b)}
@@ -311,38 +318,54 @@ def _config_wrong(label: str, res: BenchResult, pred: Prediction, acc: float,
                    f"`invoke draft-config --ckpt {ckpt} --from-report {pred.run_id}`, serve again and bench.")
 
 
-def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[Finding]) -> tuple[list[Finding],
-                                                                                                 float | None]:
+def verdicts(a: BenchResult, b: BenchResult, alpha: float = comparison.ALPHA) -> dict[str, comparison.Verdict]:
+    """The comparison rule (draftops.comparison) on throughput, accept length (both speculative) and
+    the median TTFT and TPOT (where both runs have them)."""
+    out = {"throughput": comparison.compare("throughput", samples.blocks(a, "throughput"),
+                                            samples.blocks(b, "throughput"), alpha=alpha)}
+    if a.accept_length and b.accept_length:
+        out["accept_length"] = comparison.compare("accept_length", samples.accept_blocks(a),
+                                                  samples.accept_blocks(b), floor=0.0, alpha=alpha)
+    for name in ("ttft", "tpot"):
+        got = comparison.compare(name, samples.blocks(a, name), samples.blocks(b, name), higher_is_better=False,
+                                 alpha=alpha)
+        if got.ratio is not None:
+            out[name] = got
+    return out
+
+
+def _throughput_findings(a: BenchResult, b: BenchResult, findings_so_far: list[Finding],
+                         speed: comparison.Verdict) -> tuple[list[Finding], float | None]:
     ta, tb = a.metrics.output_throughput, b.metrics.output_throughput
-    if ta.median is None or tb.median is None or ta.median <= 0:
+    if ta.median is None or tb.median is None or ta.median <= 0 or speed.ratio is None:
         return [Finding("warn", "no-throughput", "One of the runs has no output throughput; nothing to compare.")], None
-    ratio = tb.median / ta.median
-    noise = max(ta.spread or 0.0, tb.spread or 0.0)
-    if abs(ratio - 1) <= noise:
-        return [Finding("warn", "within-noise",
-                        f"No measurable difference in throughput between {a.run_id} ({a.mode}) and {b.run_id} "
-                        f"({b.mode}): {ta.median:.1f} vs {tb.median:.1f} output tok/s (×{ratio:.2f}) is within "
-                        f"the spread of the repeats ({noise:.0%}); more repeats or more prompts would tell them "
-                        "apart.")], ratio
+    ratio = tb.median / ta.median          # `speedup`, the ratio of medians as before; the interval is the rule's
+    said = f"{ta.median:.1f} vs {tb.median:.1f} output tok/s (medians), {speed.sentence()}"
+    if speed.decision in (comparison.UNDECIDED, comparison.SAME):
+        what = ("No decision" if speed.decision == comparison.UNDECIDED
+                else f"The same speed within ±{speed.margin:.0%}")
+        more = (" More repeats (`invoke bench --repeats N`) or more prompts would tell them apart."
+                if speed.decision == comparison.UNDECIDED else "")
+        return [Finding("warn" if speed.decision == comparison.UNDECIDED else "info", "within-noise",
+                        f"{what} on throughput between {a.run_id} ({a.mode}) and {b.run_id} ({b.mode}): "
+                        f"{said}.{more}")], ratio
     out: list[Finding] = []
     if a.mode == "baseline" and b.mode == "speculative":
         acc = _accept(b)
-        if ratio < 1:
+        if speed.decision == comparison.SLOWER:
             wiring = any(f.code in ("wiring-suspect", "config-wrong") for f in findings_so_far)
             why = (" The accept length is lower than it should be (see that finding): fix it first." if wiring else
                    f" At accept length {_fmt(acc)} each verify step yields too few tokens to pay for drafting "
                    f"{b.steps} token(s); try fewer steps, or a better draft.")
-            out.append(Finding("bad", "spec-slower",
-                               f"Speculative decoding is slower than the baseline: {tb.median:.1f} vs "
-                               f"{ta.median:.1f} output tok/s (×{ratio:.2f}).{why}"))
+            out.append(Finding("bad", "spec-slower", f"Speculative decoding is slower than the baseline: {said}.{why}"))
         else:
             out.append(Finding("good", "spec-faster",
-                               f"Speculative decoding is ×{ratio:.2f} the baseline's speed ({tb.median:.1f} vs "
-                               f"{ta.median:.1f} output tok/s) at accept length {_fmt(acc)}."))
+                               f"Speculative decoding is faster than the baseline: {said}, at accept length "
+                               f"{_fmt(acc)}."))
     else:
-        change = f"{ta.median:.1f} → {tb.median:.1f} output tok/s (×{ratio:.2f})"
+        change = f"{ta.median:.1f} → {tb.median:.1f} output tok/s (medians), {speed.sentence()}"
         if a.mode == b.mode == "speculative":
-            change += f", accept length {_fmt(_accept(a))} → {_fmt(_accept(b))}"
+            change += f"; accept length {_fmt(_accept(a))} → {_fmt(_accept(b))}"
         out.append(Finding("info", "change", f"From {a.run_id} to {b.run_id}: {change}."))
     return out, ratio
 
@@ -500,7 +523,8 @@ def _positions(label: str, res: BenchResult, pred: Prediction | None) -> Positio
 
 
 def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
-            tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None) -> Comparison:
+            tolerance: float = TOLERANCE, current: dict[str, tuple[str, str] | None] | None = None,
+            alpha: float = comparison.ALPHA) -> Comparison:
     """Hold two runs against each other (a baseline is put first) and derive the findings.
 
     ``current``: per run id, the draft's config digest now and the run that recorded it
@@ -515,7 +539,8 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
             findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance,
                                          now)
             findings += _chat_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
-    through, speedup = _throughput_findings(a, b, findings)
+    rule = verdicts(a, b, alpha)
+    through, speedup = _throughput_findings(a, b, findings, rule["throughput"])
     findings += through + _settings_findings(a, b)
     tables = [t for t in (_positions(label, res, predictions.get(res.run_id))
                           for label, res in (("run A", a), ("run B", b))) if t is not None]
@@ -523,7 +548,7 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     noise = max(a.metrics.output_throughput.spread or 0.0, b.metrics.output_throughput.spread or 0.0)
     cmp = Comparison(a=a, b=b, predictions=predictions, findings=findings, speedup=speedup, tolerance=tolerance,
-                     noise=noise, positions=tables)
+                     noise=noise, positions=tables, verdicts=rule)
     cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
     return cmp
 
@@ -538,6 +563,8 @@ def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunReco
         draft_digest=b.draft.digest if b.draft else None,
         settings={"a": cmp.a.run_id, "b": b.run_id, "tolerance": cmp.tolerance},
         metrics={"speedup": cmp.speedup,
+                 "speedup_ci": [cmp.speed.lo, cmp.speed.hi] if cmp.speed else None,
+                 "speed_decision": cmp.speed.decision if cmp.speed else None,
                  "accept_length_a": cmp.a.accept_length.value if cmp.a.accept_length else None,
                  "accept_length_b": b.accept_length.value if b.accept_length else None,
                  "findings": [f.code for f in cmp.findings]},

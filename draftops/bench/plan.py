@@ -231,6 +231,8 @@ def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompt
         argv += ["--temperature", "0"]
     argv += ["--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
              "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
+    if client.has("--save-detailed"):           # per-request samples for the comparison rule (draftops.comparison)
+        argv += ["--save-detailed"]
     return argv
 
 
@@ -255,6 +257,8 @@ def sglang_argv(client: Client, server: Server, settings: BenchSettings, *, prom
         argv += ["--apply-chat-template"]
     if client.has("--warmup-requests"):
         argv += ["--warmup-requests", "1"]
+    if client.has("--output-details"):          # per-request samples for the comparison rule (draftops.comparison)
+        argv += ["--output-details"]
     argv += ["--output-file", output_file]
     return argv
 

@@ -132,7 +132,8 @@ def finish(night: Night) -> None:
         raise Exit("nightly: every step ran, but a step's findings say something is wrong (✗, see the health "
                    "summary above)", code=EXIT_FINDINGS)
     if night.regressed:
-        raise Exit("nightly: a metric regressed on two nights in a row (see the report)", code=EXIT_REGRESSION)
+        raise Exit("nightly: a metric regressed (its interval lies beyond the threshold; see the report)",
+                   code=EXIT_REGRESSION)
 
 
 @task(help={"at": "time of day, HH:MM (24 h, the machine's local time)",

@@ -15,8 +15,9 @@ from draftops.runs import jobs
 
 def compare(ctx: Ctx, step: Step) -> None:
     """`invoke bench.compare` of the baseline with the draft as served and with the fixed draft."""
+    from draftops import comparison
     from draftops.bench import compare as comparing
-    from draftops.bench import outputs, result
+    from draftops.bench import outputs, result, samples
     hist = history.for_project(ctx.host.project_root)
     runs = {role: ctx.state.step(role).outcome.get("bench_run") for role in plan.SERVED_STEPS if ctx.state.has(role)}
     base = runs.get(plan.BASELINE)
@@ -29,9 +30,12 @@ def compare(ctx: Ctx, step: Step) -> None:
         if role not in loaded:
             continue
         a, b = loaded[plan.BASELINE], loaded[role]
+        extra = ctx.state.step(role).outcome.get("extra_bench_run")
+        if extra:                    # the serve step's extra repeats (serving._decide_more): one run B
+            b = samples.merged(b, result.load(ctx.runs_dir / str(extra)))
         predictions = {r.run_id: comparing.find_prediction(hist, r) for r in (a, b)}
         current = {r.run_id: comparing.current_config(hist, r) for r in (a, b)}
-        cmp = comparing.compare(a, b, predictions, TOLERANCE, current)
+        cmp = comparing.compare(a, b, predictions, TOLERANCE, current, alpha=comparison.look_alpha())
         run_id = jobs.new_run_id("bench-compare")
         outputs.write(cmp, ctx.runs_dir / run_id)
         records.keep(ctx.host.project_root, "this comparison", partial(_compare_record, cmp, run_id), ctx.warn)
@@ -42,6 +46,8 @@ def compare(ctx: Ctx, step: Step) -> None:
         measured = b.accept_length.value if b.accept_length else None
         out[role] = {"run_id": run_id, "a": a.run_id, "b": b.run_id, "speedup": cmp.speedup, "noise": cmp.noise,
                      "within_noise": cmp.within_noise, "speed_text": cmp.speed_text(),
+                     "throughput": cmp.speed.to_dict() if cmp.speed else None,
+                     "decision": cmp.speed.decision if cmp.speed else None, "extra_bench_run": extra,
                      "measured": measured, "predicted": pred.value if pred else None,
                      "predicted_role": pred.role if pred else None,
                      "within_tolerance": (measured is not None and pred is not None

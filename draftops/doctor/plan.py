@@ -19,8 +19,9 @@ TITLES = {CAPTURE: "capture-check: the engine's own states", CHECK: "test-drafte
           BASELINE: "serve + bench: the target alone (baseline)", AS_SERVED: "serve + bench: the draft as it is",
           FIX: "apply the fix", RECHECK: "test-drafter: the fixed draft",
           FIXED: "serve + bench: the fixed draft", COMPARE: "bench.compare: as served and fixed vs baseline"}
-# the bench every served step runs: the seed engine test's (48 demo prompts a repeat, 3 repeats)
-BENCH = {"dataset": "demo", "prompts": 48, "concurrency": 4, "output_len": 32, "repeats": 3}
+# the bench every served step runs: 144 demo prompts as 6 repeats of 24 (the seed engine test's traffic, 3 × 48,
+# in more blocks: the comparison rule's interval rests on the repeats, docs/bench.md § Comparing two runs)
+BENCH = {"dataset": "demo", "prompts": 24, "concurrency": 4, "output_len": 32, "repeats": 6}
 BASELINE_MAX_AGE_H = 24.0
 
 

@@ -83,8 +83,10 @@ class Story:
             if not c:
                 continue
             within = "within" if c.get("within_tolerance") else "NOT within"
+            extra = f" (with the extra repeats of bench {c.get('extra_bench_run')})" if c.get("extra_bench_run") else ""
             lines.append(f"{label}: measured {_f(c.get('measured'))} vs predicted {_f(c.get('predicted'))} "
-                         f"({within} {cmp.get('tolerance', 0.1):.0%}); throughput vs baseline {c.get('speed_text')}")
+                         f"({within} {cmp.get('tolerance', 0.1):.0%}); throughput vs baseline {c.get('speed_text')}"
+                         + extra)
         return lines
 
     def _fed(self) -> None:

@@ -90,10 +90,12 @@ def served(ctx: Ctx, step: Step, role: str, is_last: bool) -> None:
             return
     with _serving(ctx, step, role, serve_plan, chosen) as server:
         result = _bench(ctx, step, role, server, bench)
+        step.outcome.update(_bench_outcome(result))
+        if role != plan.BASELINE:
+            _decide_more(ctx, step, role, server, bench, result)
         keep = is_last and ctx.args.keep_serving
         if keep:
             server.keep = True
-    step.outcome.update(_bench_outcome(result))
 
 
 @dataclasses.dataclass
@@ -249,6 +251,35 @@ def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, A
     ctx.progress(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
                  + (f", accept length {acc:.2f}" if acc is not None else ""))
     return res
+
+
+def _decide_more(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, Any],
+                 res: BenchResult) -> None:
+    """Decide, don't guess: while this server is still up, hold its bench against the baseline's by the
+    comparison rule (the first of comparison.LOOKS looks); when that is undecided, bench this server
+    again for the extra repeats the rule asks for (at most comparison.MAX_EXTRA), which the compare step
+    adds to this run's repeats for its second look. Each look is at ALPHA / LOOKS, so the decision's
+    error rate holds however the looks turn out."""
+    from draftops import comparison
+    from draftops.bench import result as bench_result
+    from draftops.bench import samples
+    base_run = ctx.state.step(plan.BASELINE).outcome.get("bench_run") if ctx.state.has(plan.BASELINE) else None
+    if not base_run:
+        return
+    try:
+        base = bench_result.load(ctx.runs_dir / str(base_run))
+    except BenchError as exc:
+        ctx.warn(f"no extra repeats: the baseline's bench result cannot be read ({clean(str(exc))})")
+        return
+    first = comparison.compare("throughput", samples.blocks(base, "throughput"), samples.blocks(res, "throughput"),
+                               alpha=comparison.look_alpha())
+    more = comparison.extra_repeats(first)
+    step.outcome["first_look"] = first.to_dict()
+    if not more:
+        return
+    ctx.progress(f"  throughput vs baseline {first.sentence()}: {more} more repeats of this server to decide")
+    extra = _bench(ctx, step, role, started, {**bench, "repeats": more})
+    step.outcome["extra_bench_run"] = extra.run_id
 
 
 def _bench_outcome(res: BenchResult) -> dict[str, Any]:

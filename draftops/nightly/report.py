@@ -121,12 +121,17 @@ def findings_lines(h: HostNightReport) -> list[str]:
     return [f"{f.mark} {f.code} ({f.run_id}): {f.text}" for f in h.outcome.findings]
 
 
-COLUMNS = ("metric", "baseline (median)", "current", "change", "noise", "limit", "verdict")
+COLUMNS = ("metric", "baseline (geo. mean)", "current", "change", "95% CI", "limit", "verdict")
+
+
+def _ci(v: detect.MetricVerdict) -> str:
+    """The change's interval (draftops.comparison's rule against the baseline nights)."""
+    return "—" if v.ci_pct is None else f"{_fmt(v.ci_pct[0], True)}…{_fmt(v.ci_pct[1], True)}"
 
 
 def table_rows(verdicts: list[detect.MetricVerdict]) -> list[list[str]]:
     return [[v.metric + (" ↓" if v.lower_is_better else " ↑"), _fmt(v.baseline), _fmt(v.current),
-             _fmt(v.change_pct, True), _fmt(v.noise_pct, True).lstrip("+"), _fmt(v.limit_pct, True).lstrip("+"),
+             _fmt(v.change_pct, True), _ci(v), _fmt(v.limit_pct, True).lstrip("+"),
              v.verdict] for v in verdicts]
 
 

@@ -70,6 +70,7 @@ class ClientRecord:
     per_position_acceptance: list[float] | None = None
     server_settings: dict[str, Any] = field(default_factory=dict)   # SGLang: effective speculative_* etc.
     label: str | None = None
+    samples: dict[str, list[float]] | None = None   # per request (vLLM --save-detailed, SGLang --output-details)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,10 +122,50 @@ def iter_json_objects(text: str) -> Iterator[tuple[int, dict[str, Any] | None, s
         pos = end
 
 
+#: per-request fields kept, at most this many requests per record (the comparison needs hundreds, not millions)
+MAX_REQUESTS = 20_000
+
+
+def _seconds(value: Any) -> float | None:
+    x = finite(value)
+    return x if x is not None and x >= 0 else None
+
+
+def _from_gaps(ttft: float | None, gaps: Any) -> float | None:
+    """A request's end-to-end latency from its TTFT and inter-token gaps (SGLang writes no latencies)."""
+    if ttft is None or not isinstance(gaps, list):
+        return None
+    return ttft + sum(g for g in (_seconds(x) for x in gaps[:MAX_REQUESTS]) if g is not None)
+
+
+def request_samples(raw: dict[str, Any]) -> dict[str, list[float]] | None:
+    """Per-request output tokens, TTFT and end-to-end latency (ms) of the requests that succeeded, from
+    the client's detailed fields (vLLM: ``output_lens``, ``ttfts``, ``latencies`` or ``itls``, ``errors``;
+    SGLang: the same names without ``latencies``); None when the record has none. A request with an
+    error, no output or a value that is not a finite non-negative number is left out."""
+    lens, ttfts, lats, itls, errors = (raw.get(k) for k in ("output_lens", "ttfts", "latencies", "itls", "errors"))
+    if not isinstance(lens, list) or not isinstance(ttfts, list) or len(ttfts) != len(lens):
+        return None
+    out: dict[str, list[float]] = {"output_len": [], "ttft_ms": [], "latency_ms": []}
+    for i, n in enumerate(lens[:MAX_REQUESTS]):
+        tokens, ttft = finite(n), _seconds(ttfts[i])
+        error = errors[i] if isinstance(errors, list) and i < len(errors) else None
+        latency = _seconds(lats[i]) if isinstance(lats, list) and i < len(lats) else None
+        if latency is None:
+            latency = _from_gaps(ttft, itls[i] if isinstance(itls, list) and i < len(itls) else None)
+        if error or not tokens or tokens < 1 or ttft is None or latency is None or latency < ttft:
+            continue
+        out["output_len"].append(tokens)
+        out["ttft_ms"].append(round(ttft * 1000, 3))
+        out["latency_ms"].append(round(latency * 1000, 3))
+    return out if out["output_len"] else None
+
+
 def _common(engine: str, index: int, lineno: int, raw: dict[str, Any]) -> ClientRecord:
     rec = ClientRecord(engine=engine, index=index, lineno=lineno)
     for name, key in _COMMON.items():
         setattr(rec, name, finite(raw.get(key)))
+    rec.samples = request_samples(raw)
     return rec
 
 

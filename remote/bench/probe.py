@@ -22,7 +22,7 @@ from .. import distinfo, exitcodes
 
 FLAGS = ("--temperature", "--flush-cache", "--warmup-requests", "--num-warmups", "--seed",
          "--ignore-eos", "--disable-ignore-eos", "--save-result", "--output-file", "--apply-chat-template",
-         "--endpoint")
+         "--endpoint", "--save-detailed", "--output-details")
 CLIENTS = {"sglang": (("sglang.benchmark.serving", "benchmark/serving.py"),
                       ("sglang.bench_serving", "bench_serving.py")),
            "vllm": (("vllm bench serve", "benchmarks/serve.py"),)}

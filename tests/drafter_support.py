@@ -57,3 +57,13 @@ def load_speculators() -> tuple[Any, Any]:
     classes = speculators_peer.import_eagle3()
     assert importlib.metadata.version("speculators") == "0.9.0"
     return classes
+
+
+def local_demo_project(root: Path) -> Path:
+    """``root`` (a made project) as a user's checkout on the `local` host: this repository's tasks.py,
+    the remote package, and this session's demo as generated in the host root's state."""
+    from tests.conftest import REPO, copy_remote_package
+    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    copy_remote_package(root)
+    shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
+    return root

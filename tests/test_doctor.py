@@ -22,8 +22,8 @@ import pytest
 from draftops import history
 from draftops.doctor import plan, report, state, steps
 from draftops.errors import DoctorError
-from tests.conftest import REPO, copy_remote_package, small_tmpfs
-from tests.drafter_support import demo
+from tests.conftest import REPO, small_tmpfs
+from tests.drafter_support import local_demo_project
 from tests.test_serve_ssh import processes_of_runs_under
 
 pytestmark = [pytest.mark.slow]
@@ -34,10 +34,7 @@ NO_BENCH = ("doctor", "--draft", "demo", "--fix", "--no-bench")
 @pytest.fixture
 def project(make_project, no_inventory_env) -> Path:
     """A project on the `local` host whose host root holds this session's demo (as generated)."""
-    root = make_project()
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    copy_remote_package(root)
-    shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
+    root = local_demo_project(make_project())
     return root
 
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 
 from draftops.cli.jsonout import SCHEMA, finite
-from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
+from tests.drafter_support import local_demo_project
 from tests.test_env_ssh import invoke
 from tests.test_nightly_findings import project as compare_project  # noqa: F401  (a fixture)
 
@@ -28,10 +26,7 @@ def document(done) -> dict:
 
 @pytest.fixture
 def demo_project(make_project, no_inventory_env) -> Path:
-    root = make_project()
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    copy_remote_package(root)
-    shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
+    root = local_demo_project(make_project())
     return root
 
 

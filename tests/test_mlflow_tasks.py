@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +16,8 @@ import pytest
 import yaml
 
 from draftops.history import History
-from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
+from tests.conftest import REPO
+from tests.drafter_support import local_demo_project
 from tests.mlflow_server import MlflowServer
 
 pytestmark = [pytest.mark.slow]
@@ -28,10 +27,7 @@ RUN_ID = re.compile(r"\d{8}-\d{6}-test-drafter-[0-9a-f]+")
 @pytest.fixture
 def project(make_project, no_inventory_env) -> Path:
     """A project on the `local` host whose host root holds this session's demo (as generated)."""
-    root = make_project()
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    copy_remote_package(root)
-    shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
+    root = local_demo_project(make_project())
     return root
 
 

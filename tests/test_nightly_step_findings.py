@@ -5,7 +5,6 @@ it; the readers of bench's and capture-check's files are fed the files those tas
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,14 @@ import yaml
 from draftops import history
 from draftops.history import RunRecord
 from draftops.nightly import results
-from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
+from tests.drafter_support import local_demo_project
 from tests.test_env_ssh import invoke
 
 
 @pytest.fixture
 def project(make_project, no_inventory_env) -> Path:
     """A project on the `local` host whose host root holds this session's demo (as generated)."""
-    root = make_project()
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    copy_remote_package(root)
-    shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
+    root = local_demo_project(make_project())
     (root / "playbooks").mkdir()
     return root
 

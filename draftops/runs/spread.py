@@ -14,14 +14,17 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from draftops import cmdline
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
-from draftops.runs import jobs, mlstack
+from draftops.runs import jobs, mlstack, nodewatch
 from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job, run_tool
 from draftops.terminal import clean
 from remote.drafter import launch_line
 
 LAUNCHER = launch_line.MODULE
+#: log lines quoted for a node that failed without an error of its own
+LOG_LINES = 3
 
 
 def run_torchrun(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, nodes: int | None, port: int | None,
@@ -65,21 +68,50 @@ def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: 
         for host, job in started:      # a node that cannot start: the others would wait for it in vain
             jobs.kill(host, job.id)
         raise
-    first = finish_job(hosts[0], started[0][1].id, view=view)
-    failed = []
+    first, fallen = _follow_node_0(hosts[0], started, view)
+    failed = [] if fallen is None else [_fell(fallen, len(hosts))]
     for rank, (host, job) in enumerate(started[1:], 1):
+        if fallen is not None and fallen.node.rank == rank:
+            continue
         if not first.ok and _stop_node(host, job.id):  # the others would wait for node 0 until their timeout
-            failed.append(f"node {rank} (host {host.name}, run {job.id}) stopped, as node 0 failed")
+            cause = "node 0 failed" if fallen is None else f"node {fallen.node.rank} failed"
+            failed.append(f"node {rank} (host {host.name}, run {job.id}) stopped, as {cause}")
             continue
         final = follow(host, job.id, JobView())     # bounded: the rendezvous and collective timeouts
         if final.get("state") != "succeeded":
             failed.append(f"node {rank} (host {host.name}, run {job.id}) {clean(str(final.get('state')))} "
-                          f"(exit {final.get('exit_code')}): {_reason(final)}")
+                          f"(exit {final.get('exit_code')}): {_reason(host, job.id, final)}")
     if failed:
-        said = first.error_message or ""
-        message = " ".join([said, "Other nodes:", "; ".join(failed) + "."]).strip()
-        first.error = {**(first.error or {}), "message": message}
+        said = "" if fallen is not None else first.error_message or ""
+        parts = [said, "Other nodes:" if fallen is None else "", "; ".join(failed) + "."]
+        first.error = {**(first.error or {}), "message": " ".join(part for part in parts if part)}
     return first
+
+
+def _follow_node_0(host: Host, started: Sequence[tuple[Host, jobs.Job]],
+                   view: JobView) -> tuple[ToolResult, nodewatch.Fallen | None]:
+    """Follow node 0 to its end while the later nodes are watched: the first of them that fails stops
+    node 0 at once (its follow then ends), rather than leaving it to its rendezvous timeout."""
+    node_0 = started[0][1].id
+
+    def stop_node_0(fallen: nodewatch.Fallen) -> None:
+        try:
+            _stop_node(host, node_0)
+        except (DraftopsError, OSError):
+            pass                    # node 0 then ends by its own timeouts, as before the watch
+
+    later = [nodewatch.Node(rank, h, job.id) for rank, (h, job) in enumerate(started[1:], 1)]
+    with nodewatch.NodeWatch(later, stop_node_0) as watch:
+        first = finish_job(host, node_0, view=view)
+    return first, watch.fallen
+
+
+def _fell(fallen: nodewatch.Fallen, nodes: int) -> str:
+    """The paragraph's head when a later node failed first: which node, its host and its error."""
+    node, final = fallen.node, fallen.final
+    return (f"node {node.rank} of {nodes} (host {node.host.name}, run {node.run_id}) failed first "
+            f"({clean(str(final.get('state')))}, exit {final.get('exit_code')}): "
+            f"{_reason(node.host, node.run_id, final).rstrip('.')}; so the run was ended: node 0 stopped")
 
 
 def slurm_command(host: Host, gpus: int, eval_args: list[str], port: int) -> str:
@@ -116,6 +148,16 @@ def _stop_node(host: Host, run_id: str) -> bool:
     return True
 
 
-def _reason(final: Mapping[str, Any]) -> str:
+def _reason(host: Host, run_id: str, final: Mapping[str, Any]) -> str:
+    """The node's own error, else the last lines of its log (a python that never ran the launcher
+    writes no error event), else where to read that log."""
     outcome = final.get("outcome") or {}
-    return clean(str(outcome.get("error") or "see its log (`invoke logs ID --host HOST`)"))
+    if outcome.get("error"):
+        return clean(str(outcome["error"]))
+    lines: list[str] = []
+    try:
+        jobs.read_log(host, run_id, lines.append, lines=LOG_LINES)
+    except (DraftopsError, OSError):
+        pass
+    said = " ".join(line.strip()[:300] for line in lines if line.strip())
+    return said or f"see its log (`{cmdline.command('logs', run_id, host=host.name)}`)"

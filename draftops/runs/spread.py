@@ -6,7 +6,10 @@ with one rank per GPU.  Several hosts: one ordinary job per host (each survives 
 listed by `invoke runs`), each launching its ranks as node ``i`` of ``len(hosts)`` with the
 rendezvous on the first host's address as the others reach it (hosts.yaml's ``address``; 127.0.0.1
 for ``local``) and ``port``.  Rank 0 runs on the first host, so the report is that job's, pulled and
-read as any test-drafter run's; a node that failed is named in the failure of the whole.
+read as any test-drafter run's; a node that failed is named in the failure of the whole. Any node that
+fails ends the run: node 0 failing stops the others, and a later node failing first (seen by
+:mod:`draftops.runs.nodewatch` while node 0 is followed) stops node 0 and the rest, rather than leaving
+them to their 300 s rendezvous timeout.
 """
 from __future__ import annotations
 

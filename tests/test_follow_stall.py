@@ -45,7 +45,7 @@ def stalling(host, stall_s: float, cuts: int = 1):
 
 
 def test_a_follow_outlives_a_stall_longer_than_the_link_bound_and_reaches_the_jobs_end(host, monkeypatch):
-    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.1)
+    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.1, raising=False)
     job = jobs.start(host, "stall", f"echo one; sleep 1; echo two; sleep {LINK_S + 4:g}; echo three; exit 3")
     calls = stalling(host, LINK_S + 1)
     lines: list[str] = []
@@ -58,7 +58,7 @@ def test_a_follow_outlives_a_stall_longer_than_the_link_bound_and_reaches_the_jo
 
 
 def test_a_follow_with_lines_re_attaches_after_the_shown_tail(host, monkeypatch):
-    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.1)
+    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.1, raising=False)
     job = jobs.start(host, "tail", "echo a; echo b; sleep 2; echo c")
     time.sleep(0.5)
     stalling(host, 0.1)
@@ -69,8 +69,8 @@ def test_a_follow_with_lines_re_attaches_after_the_shown_tail(host, monkeypatch)
 
 
 def test_the_retrying_is_bounded_and_then_says_how_to_re_attach(host, monkeypatch):
-    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.05)
-    monkeypatch.setattr(jobs, "REATTACH_S", 0.5)
+    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.05, raising=False)
+    monkeypatch.setattr(jobs, "REATTACH_S", 0.5, raising=False)
     job = jobs.start(host, "gone", "echo x; sleep 30")
     stalling(host, 0.0, cuts=1000)
     lines: list[str] = []

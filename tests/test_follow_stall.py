@@ -4,6 +4,7 @@ link. A real job on the local host and the real agent stream; the stall is held 
 consumer, then the stream is cut as the keeper cuts a silent link."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from draftops.errors import FailedCommand, JobError, RemoteError
 from draftops.link.host import open_host
 from draftops.link.keeper import LINK_S
 from draftops.runs import jobs
+from tests.conftest import ssh_entry
 
 
 @pytest.fixture
@@ -79,3 +81,24 @@ def test_the_retrying_is_bounded_and_then_says_how_to_re_attach(host, monkeypatc
     assert f"logs {job.id} --follow" in str(err.value)
     assert sum(x.startswith("[draftops]") for x in lines) == 1
     jobs.kill(host, job.id)
+
+
+@pytest.mark.ssh
+def test_a_follow_over_ssh_re_attaches_after_the_link_drops_and_reaches_the_jobs_end(make_project, sshd, tmp_path,
+                                                                                   no_inventory_env, monkeypatch):
+    """Over a real sshd: the connection is closed under a running follow (as the keeper closes a silent
+    link); the follow reconnects, re-attaches at the byte it stopped at and sees the job end."""
+    monkeypatch.setattr(jobs, "REATTACH_PAUSE_S", 0.2, raising=False)
+    host = open_host(None, make_project({"box": ssh_entry(sshd, tmp_path)}, default="box"))
+    job = jobs.start(host, "drop", "echo one; sleep 2; echo two; sleep 1; echo three; exit 5")
+    lines: list[str] = []
+
+    def on_text(line: str) -> None:
+        lines.append(line)
+        if line == "one":
+            threading.Timer(0.3, host.transport.close).start()
+
+    final = jobs.follow(host, job.id, on_text)
+    assert final["state"] == "failed" and final["exit_code"] == 5
+    assert [x for x in lines if not x.startswith("[draftops]")] == ["one", "two", "three"]
+    assert sum(x.startswith("[draftops]") and "re-attaching at byte 4" in x for x in lines) == 1

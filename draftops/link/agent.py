@@ -300,8 +300,10 @@ class AgentClient:
 
     # ------------------------------------------------------------------ calling
     def command_line(self, args: tuple[str, ...], nonce: str) -> str:
-        """The shell command for one call: the installed agent, or the inline boot before the first."""
-        env = _env_prefix(nonce)
+        """The shell command for one call: the installed agent, or the inline boot before the first.
+        ``exec``: the shell becomes the agent, so a killed agent leaves no shell to write "Killed" into
+        its stream (a follow counts that stream's bytes as log bytes to re-attach where it stopped)."""
+        env = _env_prefix(nonce) + " exec"
         if self.info is None and self.warm is not None:   # checked on the host before it runs (WARM_STUB)
             quoted = " ".join(shlex.quote(a) for a in (self.warm, self.spec.root, AGENT_NAME, *args))
             return (f"{env} {shlex.quote(self.python)} -S -c {shlex.quote(wire.WARM_STUB)} "

@@ -345,7 +345,7 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
             raise
         except (RemoteError, ConnectError) as exc:
             cause = exc if isinstance(exc, RemoteError) else cause
-        if splitter.end is not None or not seen["known"] or not silence.retry(seen["start"] + seen["bytes"]):
+        if splitter.end is not None or not silence.retry(seen["start"] + seen["bytes"]):  # no start yet: --lines again
             break
     splitter.close()
     if splitter.end is None:

@@ -299,7 +299,8 @@ class BootRefused(NoStandbys):
 
     def run(self, command: str, *, input: bytes | None = None, timeout: float | None = None,
             check: bool = True) -> CommandResult:
-        self.pythons.append(command.split(f" DRAFTOPS_PROTOCOL={hostagent.PROTOCOL_VERSION} ", 1)[1].split(" ", 1)[0])
+        after = command.split(f" DRAFTOPS_PROTOCOL={hostagent.PROTOCOL_VERSION} ", 1)[1]
+        self.pythons.append(after.removeprefix("exec ").split(" ", 1)[0])       # the shell execs the agent
         return CommandResult(command, self.code, b"", _framed(hostagent.ERROR_PREFIX, _nonce(command), "no way"))
 
 

@@ -28,7 +28,7 @@ def memory_of(project) -> os.PathLike:
 
 
 def python_in(command: str) -> str:
-    return command.split(f" DRAFTOPS_PROTOCOL={PROTOCOL_VERSION} ", 1)[1].split(" ", 1)[0]
+    return command.split(f" DRAFTOPS_PROTOCOL={PROTOCOL_VERSION} ", 1)[1].removeprefix("exec ").split(" ", 1)[0]
 
 
 def test_the_reported_interpreter_is_used_for_the_session_and_remembered(project):

@@ -278,13 +278,20 @@ class AgentClient:
         return self._typed("tail", lambda: TailHeader(int(header["offset"]), int(header["size"])))
 
     def follow(self, run_id: str, on_output: Callable[[bytes], object], *, offset: int = 0,
-               lines: int | None = None, bounded: bool = True) -> int:
+               lines: int | None = None, bounded: bool = True,
+               on_start: Callable[[int], object] | None = None) -> int:
         """The log as it grows, from byte ``offset`` (or its last ``lines`` lines), ending with a job-end
         event line; returns the byte offset the stream starts at. ``bounded``: stop at a Slurm job's
-        pending bound (``max_pending``); else wait while it is queued."""
+        pending bound (``max_pending``); else wait while it is queued. ``on_start`` gets that offset as
+        soon as the header arrives, so a stream cut later can be re-attached where it stopped."""
         start = f"-{lines}" if lines is not None else str(offset)
         wait = "bounded" if bounded else "unbounded"
-        header = self._stream(("follow", _run_dir(run_id), start, wait), on_output, run_id)
+
+        def started(header: dict[str, Any]) -> None:
+            if on_start is not None and isinstance(header.get("offset"), int):
+                on_start(header["offset"])
+
+        header = self._stream(("follow", _run_dir(run_id), start, wait), on_output, run_id, on_header=started)
         return self._typed("follow", lambda: int(header["offset"]))
 
     def pack(self, run_id: str, on_output: Callable[[bytes], object]) -> None:
@@ -293,8 +300,10 @@ class AgentClient:
 
     # ------------------------------------------------------------------ calling
     def command_line(self, args: tuple[str, ...], nonce: str) -> str:
-        """The shell command for one call: the installed agent, or the inline boot before the first."""
-        env = _env_prefix(nonce)
+        """The shell command for one call: the installed agent, or the inline boot before the first.
+        ``exec``: the shell becomes the agent, so a killed agent leaves no shell to write "Killed" into
+        its stream (a follow counts that stream's bytes as log bytes to re-attach where it stopped)."""
+        env = _env_prefix(nonce) + " exec"
         if self.info is None and self.warm is not None:   # checked on the host before it runs (WARM_STUB)
             quoted = " ".join(shlex.quote(a) for a in (self.warm, self.spec.root, AGENT_NAME, *args))
             return (f"{env} {shlex.quote(self.python)} -S -c {shlex.quote(wire.WARM_STUB)} "
@@ -385,11 +394,12 @@ class AgentClient:
         return replies[-1]
 
     def _stream(self, args: tuple[str, ...], on_output: Callable[[bytes], object], run_id: str | None,
-                retried: bool = False) -> dict[str, Any]:
+                retried: bool = False,
+                on_header: Callable[[dict[str, Any]], None] = lambda header: None) -> dict[str, Any]:
         """Run a streaming command; returns its header once the stream has ended with exit 0."""
         self.prepare()                               # a stream has one marker: never through the boot
         nonce = secrets.token_hex(8)
-        unframer = Unframer(nonce, on_output, lambda header: None)
+        unframer = Unframer(nonce, on_output, on_header)
         what = " ".join(args)
         command = self.command_line(args, nonce)
         try:
@@ -402,7 +412,7 @@ class AgentClient:
         if not unframer.framed:
             if code == Exit.PROTOCOL_MISMATCH and not retried:
                 self._reinstall()
-                return self._stream(args, on_output, run_id, retried=True)
+                return self._stream(args, on_output, run_id, retried=True, on_header=on_header)
             if code != 0:
                 raise self._error(what, code, b"", unframer.noise, nonce, run_id, False)
             raise self._unframed(what, code, unframer.noise)

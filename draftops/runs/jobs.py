@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftops import history
-from draftops.errors import DraftopsError, JobError, RemoteError, UnknownRun
+from draftops.errors import ConnectError, DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.link.host import Host
 from draftops.onhost import wire
 from draftops.runs.mlstack import setup_advice
@@ -283,6 +283,35 @@ def read_log(host: Host, run_id: str, on_text: Callable[[str], None],
     return {"offset": header.offset, "size": header.size}
 
 
+#: how long a follow keeps re-attaching to a job whose log stream dropped or went silent (the keeper
+#: closes a link that answers no keepalive for 10 s): the job lives on, so a stall must not end the follow
+REATTACH_S = 120.0
+REATTACH_PAUSE_S = 2.0
+
+
+@dataclass
+class _Silence:
+    """A follow's re-attaching: one line when the stream is lost, and the bound on trying without progress."""
+
+    host: str
+    run_id: str
+    on_text: Callable[[str], None]
+    since: float | None = None
+    at: int = -1
+
+    def retry(self, at: int) -> bool:
+        """Whether to re-attach at byte ``at`` (after a pause); progress since the last loss restarts the bound."""
+        now = time.monotonic()
+        if self.since is None or at > self.at:
+            self.since, self.at = now, at
+            self.on_text(f"[draftops] the link to host {self.host!r} went silent or dropped while run "
+                         f"{self.run_id} runs on; re-attaching at byte {at} (for up to {REATTACH_S:g} s)")
+        elif now - self.since >= REATTACH_S:
+            return False
+        time.sleep(REATTACH_PAUSE_S)
+        return True
+
+
 def follow(host: Host, run_id: str, on_text: Callable[[str], None],
            on_event: Callable[[dict[str, Any]], None] = lambda e: None, offset: int = 0,
            lines: int | None = None, bounded: bool = True) -> dict[str, Any]:
@@ -290,33 +319,45 @@ def follow(host: Host, run_id: str, on_text: Callable[[str], None],
     returns its final status. Ctrl-C only stops the tail. ``bounded``: a Slurm job still queued past
     its ``max_pending`` ends the follow (its row says so); False waits while it is queued.
 
-    A stream that ends before the job's end event (a dropped link, a killed agent) is an error that
-    says how to re-attach: the job itself does not depend on the link."""
+    A stream that ends before the job's end event (a silent or dropped link, a killed agent) is
+    re-attached where it stopped, with one line saying so, for up to ``REATTACH_S`` seconds without
+    progress: the job does not depend on the link. Past that bound it is an error that says how to
+    re-attach by hand."""
     splitter = LineSplitter(on_text, on_event)
-    seen = {"bytes": 0}
+    seen = {"start": offset, "bytes": 0, "known": lines is None}
 
     def feed(chunk: bytes) -> None:
         seen["bytes"] += len(chunk)
         splitter.feed(chunk)
 
-    start = offset
+    def started(at: int) -> None:
+        if not seen["known"]:            # the first stream's start; a re-attach continues from bytes seen
+            seen.update(start=at, known=True)
+
     cause: RemoteError | None = None
-    try:
-        start = host.agent.follow(_check_id(run_id), feed, offset=offset, lines=lines, bounded=bounded)
-    except UnknownRun:
-        raise
-    except RemoteError as exc:
-        cause = exc
+    silence = _Silence(host.name, run_id, on_text)
+    while True:
+        try:
+            host.agent.follow(_check_id(run_id), feed, offset=seen["start"] + seen["bytes"],
+                              lines=None if seen["known"] else lines, bounded=bounded, on_start=started)
+            break
+        except UnknownRun:
+            raise
+        except (RemoteError, ConnectError) as exc:
+            cause = exc if isinstance(exc, RemoteError) else cause
+        if splitter.end is not None or not silence.retry(seen["start"] + seen["bytes"]):  # no start yet: --lines again
+            break
     splitter.close()
     if splitter.end is None:
         why = f"exit {cause.exit_code}" if cause else "no job-end event"
         raise JobError(
             f"Host {host.name!r}: the log stream of run {run_id} ended before the job did ({why}): the "
-            "connection dropped or the host agent was stopped. The job itself keeps running on the host. "
-            f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about {start + seen['bytes']} "
-            "bytes of its log were shown), or check it with `invoke runs`; `invoke collect "
-            f"{run_id} --host {host.name}` finishes a test-drafter, capture-check or bench run as its task would "
-            "have.") from cause
+            "connection dropped or the host agent was stopped, and re-attaching did not work for "
+            f"{REATTACH_S:g} s. The job itself keeps running on the host. "
+            f"Re-attach with `invoke logs {run_id} --follow --host {host.name}` (about "
+            f"{seen['start'] + seen['bytes']} bytes of its log were shown), or check it with `invoke runs`; `invoke "
+            f"collect {run_id} --host {host.name}` finishes a test-drafter, capture-check or bench run as its task "
+            "would have.") from cause
     return splitter.end
 
 

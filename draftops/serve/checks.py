@@ -255,15 +255,22 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
         found.notes.append("no local `invoke test-drafter` report for this draft (runs/*/report.json)")
         return
     current = draft.ids_by_engine.get(convention.VLLM)
-    _bad_findings(plan, verdict, found, stale=verdict.stale(current))
+    judged = verdict.serving_convention
+    crossed = judged is not None and judged != plan.engine.name
+    _bad_findings(plan, verdict, found, stale=verdict.stale(current) or crossed)
     head = f"latest test-drafter verdict (run {verdict.run_id}): {verdict.status}"
     if verdict.stale(current):
         found.notes.append(f"{head}, for ids {verdict.configured_ids}; the config now holds {current}, "
                            "so it no longer applies: re-run `invoke test-drafter` to check the new ids")
         return
-    if verdict.serving_convention and verdict.serving_convention != plan.engine.name:
-        head += (f" (judged as {convention.ENGINE_NAME.get(verdict.serving_convention, '?')} reads the ids; "
-                 f"you serve with {plan.engine.label})")
+    if crossed:
+        # the verdict and its layer findings judge the ids as the other engine reads them (SGLang:
+        # flat-config field, +1 rule, capture patch): their warning and fix do not apply to this engine
+        found.notes.append(
+            f"{head}, judged as {convention.ENGINE_NAME.get(judged or '', '?')} reads the ids; you serve with "
+            f"{plan.engine.label}, which reads them as above, so that verdict and its layer-id fix do not "
+            f"apply here (a test-drafter run on a host that serves with {plan.engine.label} judges them)")
+        return
     if verdict.status != "MISMATCH":
         found.notes.append(head)
         return
@@ -288,8 +295,9 @@ def _verdict(plan: Plan, draft: DraftFacts, verdict: Verdict | None, found: Find
 
 def _bad_findings(plan: Plan, verdict: Verdict, found: Findings, stale: bool = False) -> None:
     """A `bad` finding of the latest report (e.g. vocab-map-identity) is refused unless --force (the demo:
-    shown). One about the weights stays after the config's ids change; one about the ids does not, and
-    while the verdict is MISMATCH the verdict's own refusal says it."""
+    shown). One about the weights stays after the config's ids change or when the report judged another
+    engine's reading (``stale``); one about the ids does not, and while the verdict is MISMATCH the
+    verdict's own refusal says it."""
     for fid, _, text, fix in verdict.bad:
         if fid in LAYER_FINDINGS and (stale or verdict.status == "MISMATCH"):
             continue

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +68,22 @@ def test_the_diagnosis_names_the_layers_in_the_served_engines_ids(screen: tuple[
     diagnosis = report["verdict"]["diagnosis"]
     assert convention.NAMED[engine] in diagnosis and OTHER[engine] not in diagnosis, diagnosis
     assert "[embedding," not in diagnosis, diagnosis
+
+
+def test_the_doctors_report_writes_its_layers_in_the_host_engines_ids(tmp_path: Path) -> None:
+    """The doctor's "what training fed" section: the dumped slots (stored as SGLang ids) in the host
+    engine's ids, the convention named once; the fix's written ids named beside them."""
+    from draftops.doctor import report
+    from tests.test_doctor import synthetic
+    made = synthetic(tmp_path)
+    made.step("check").outcome["advice_engine"] = "vllm"
+    made.step("check").outcome["trained_slots"] = [{"slot": 0, "layer_id": -1, "role": "embedding"},
+                                                   {"slot": 1, "layer_id": 1, "role": "layer 1"}]
+    made.step("check").outcome["format"] = "speculators"
+    text = report.markdown(report.Story(made), None).replace("\\[", "[").replace("\\]", "]")
+    fed = text[text.index("## What training fed"):text.index("## Findings")]
+    assert "layer ids in this section: vLLM ids: 0 = embedding (the host engine's convention)" in fed, fed
+    assert "slot 0 = 0 (embedding), slot 1 = 2 (layer output)" in fed and "SGLang" not in fed, fed
+    assert "which vLLM reads as dumped slots" in fed
+    fix = text[text.index("## The fix"):text.index("## Predicted")]
+    assert "→ [0, 2, 4] (vLLM ids: 0 = embedding)" in fix, fix

@@ -2,6 +2,9 @@
 
 Pure presentation: it reads the report the remote evaluator wrote, as its model
 (``draftops.documents.drafter_report``, read once where it entered), and never recomputes a metric.
+The report stores layer ids in SGLang's convention; a screen writes every id list in one convention,
+the host engine's own (``screen_engine``), named once above the tables and in each id column's
+header.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from draftops.documents.drafter_report import (
     SequentialPart,
 )
 from draftops.terminal import markup_safe as escape
-from remote.eagle import acceptlength
+from remote.eagle import acceptlength, convention
 from remote.eagle.engine_rules import LAYER_FINDINGS
 from remote.eagle.formats import IDS_KEY, NESTED_FIELD
 
@@ -28,12 +31,42 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
+def screen_engine(report: DrafterReport) -> str:
+    """The one convention this screen writes layer ids in: the host engine's (the one the verdict
+    advises for), else the one the draft's config stores its ids in."""
+    verdict = report.verdict
+    engine = verdict.advice_engine or verdict.serving_convention
+    return engine if engine in convention.ENGINES else convention.SGLANG
+
+
+def convention_line(report: DrafterReport) -> str:
+    """The screen's heading: the one convention its id lists are written in, named once."""
+    engine = screen_engine(report)
+    whose = "the host engine's" if report.verdict.advice_engine else "the draft config's"
+    return f"layer ids below: {convention.NAMED[engine]} ({whose} convention)"
+
+
+def _ids(ids: list[int] | None, engine: str) -> str:
+    """SGLang-convention ids as stored in the report, written in ``engine``'s convention."""
+    return "—" if ids is None else str(convention.convert(ids, convention.SGLANG, engine))
+
+
+def _role(role: str | None) -> str:
+    """A slot's role without the evaluator's SGLang layer number ("layer 3"): the id column holds
+    the id, in this screen's convention."""
+    text = role or ""
+    return "layer output" if text.startswith("layer ") else text
+
+
 def slot_table(report: DrafterReport) -> Table:
+    engine = screen_engine(report)
+    name = convention.ENGINE_NAME[engine]
     table = Table(title="hidden-state slots (mean RMS per token)", title_justify="left")
-    for col in ("slot", "layer id (SGLang)", "role", "rms"):
+    for col in ("slot", f"{name} id", "role", "rms"):
         table.add_column(col, justify="right" if col in ("slot", "rms") else "left")
     for row in report.slot_norms:
-        table.add_row(str(row.slot), str(row.layer_id), escape(row.role or ""),
+        layer = "—" if row.layer_id is None else _ids([row.layer_id], engine)[1:-1]
+        table.add_row(str(row.slot), layer, escape(_role(row.role)),
                       "n/a" if row.rms is None else f"{row.rms:.3f}")
     return table
 
@@ -44,14 +77,15 @@ def layout_table(report: DrafterReport) -> Table:
     table = Table(title=f"aux layouts tried on the dumps' states (step-0 accuracy on the first {scanned} samples, "
                         f"{basis} targets; "
                         "this scan only picks the best layout)", title_justify="left")
-    for col in ("layer ids (SGLang)", "slots", "step-0 acc", ""):
+    engine = screen_engine(report)
+    for col in (f"{convention.ENGINE_NAME[engine]} ids", "slots", "step-0 acc", ""):
         table.add_column(col)
     served = report.verdict.served_slots
     rows = sorted(report.layouts, key=lambda r: -(r.acc or 0.0))
     for row in rows:
         tags = ", ".join(row.tags)
         style = "bold green" if "best" in tags else ("bold red" if row.slots == served else "")
-        table.add_row(str(row.layer_ids), str(row.slots), _pct(row.acc), escape(tags), style=style)
+        table.add_row(_ids(row.layer_ids, engine), str(row.slots), _pct(row.acc), escape(tags), style=style)
     return table
 
 
@@ -61,7 +95,8 @@ def metrics_table(report: DrafterReport) -> Table:
     samples = report.data.samples
     table = Table(title=f"per-step accuracy on the dumps' states, all {samples} samples, full / cond (full: steps "
                         "0..k all right; cond: step k given the earlier ones)", title_justify="left")
-    table.add_column("layout (SGLang ids)")
+    engine = screen_engine(report)
+    table.add_column(f"layout ({convention.ENGINE_NAME[engine]} ids)")
     table.add_column("targets")
     for k in range(steps):
         table.add_column(f"k={k}", justify="right")
@@ -75,22 +110,24 @@ def metrics_table(report: DrafterReport) -> Table:
             full = _per_step(counts.full_acc, steps)
             cond = _per_step(counts.cond_acc, steps)
             cells = [f"{_pct(full[k])} / {_pct(cond[k])}" for k in range(steps)]
-            table.add_row(f"{role} {evaluation.layer_ids}", basis, *cells, _pct(counts.top5_acc_0))
+            table.add_row(f"{role} {_ids(evaluation.layer_ids, engine)}", basis, *cells, _pct(counts.top5_acc_0))
     return table
 
 
-def engine_states_table(es: EngineStatesPart, dumps_accept: dict[str, float | None]) -> Table:
+def engine_states_table(es: EngineStatesPart, dumps_accept: dict[str, float | None],
+                        engine: str = convention.SGLANG) -> Table:
     """The draft on the engine's own states (a capture check kept them), next to the dumps' figure for
-    the same role: trainer dumps holding only training's slots have no served figure of their own."""
+    the same role: trainer dumps holding only training's slots have no served figure of their own.
+    Ids in ``engine``'s convention, the screen's one."""
     table = Table(title=f"on the engine's own states ({es.samples} samples a capture check sent, {es.basis} "
                         f"targets, K={es.steps}; {escape(es.path)})"
                         + (f"; {len(es.skipped)} not scored (NaN/inf), e.g. {escape(es.skipped[0].path)}: "
                            f"{escape(es.skipped[0].reason)}" if es.skipped else ""), title_justify="left")
-    for col in ("layout", "layer ids (SGLang)", "vLLM ids", "step-0 acc (engine)", "accept length (engine)",
-                "accept length (dumps)"):
+    for col in ("layout", f"{convention.ENGINE_NAME[engine]} ids", "step-0 acc (engine)",
+                "accept length (engine)", "accept length (dumps)"):
         table.add_column(col, justify="left" if col.startswith("layout") or "ids" in col else "right")
     for row in es.layouts:
-        table.add_row(escape(row.role), str(row.layer_ids), str(row.layer_ids_vllm), _pct(row.step0_acc),
+        table.add_row(escape(row.role), _ids(row.layer_ids, engine), _pct(row.step0_acc),
                       _fmt(row.accept_length), _fmt(dumps_accept.get(row.role)))
     return table
 
@@ -191,13 +228,18 @@ def _fix_line(report: DrafterReport) -> str | None:
     speculators = verdict.serving_convention == "vllm" or report.checkpoint.format == "speculators"
     patch = _capture_note(verdict.advice_engine) if verdict.needs_capture_patch else ""
     if speculators and verdict.advice_engine == "sglang":   # SGLang never reads a speculators config's ids
-        return (f"fix: a flat-format copy with {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
-                f"-1 = embedding: draft-flat); vLLM reads this config as it is, with {escape(str(vllm))} "
-                "(vLLM ids)" + patch)
+        return (f"fix: a flat-format copy with {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] "
+                f"({convention.NAMED['sglang']}; draft-flat)" + patch)
+    if speculators and verdict.advice_engine == "vllm":     # the host's convention is the file's: one list
+        return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] ({convention.NAMED['vllm']}, as this "
+                "speculators-format config stores them)" + patch)
     if speculators:
         return (f"fix: {IDS_KEY} = [bold]{escape(str(vllm))}[/] (vLLM convention, as this "
                 f"speculators-format config stores them: 0 = embedding); in SGLang ids {escape(str(sglang))}"
                 + patch)
+    if verdict.advice_engine == "sglang":
+        return (f"fix: {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] ({convention.NAMED['sglang']}, "
+                "as this flat config stores them)" + patch)
     return (f"fix: {NESTED_FIELD} = [bold]{escape(str(sglang))}[/] (SGLang ids, "
             f"as this flat config stores them: -1 = embedding); vLLM reads the same layout as "
             f"{escape(str(vllm))}" + patch)
@@ -239,13 +281,14 @@ def _fmt(x: float | None) -> str:
 
 def show(report: DrafterReport, console: Console) -> None:
     """Print every table of the report, the verdict then its findings last (what the user acts on)."""
+    console.print(convention_line(report))
     console.print(slot_table(report))
     console.print(layout_table(report))
     console.print(metrics_table(report))
     if report.engine_states is not None:
         accept = report.predicted_accept_length
         dumps = {"served": accept.served, "best": accept.best} if accept else {}
-        console.print(engine_states_table(report.engine_states, dumps))
+        console.print(engine_states_table(report.engine_states, dumps, screen_engine(report)))
     console.print(verdict_panel(report))
     if report.findings:
         console.print(findings_panel(report))

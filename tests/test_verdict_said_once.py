@@ -99,9 +99,13 @@ def test_the_verdict_panel_and_the_fix_say_each_paragraph_once(case: str, tmp_pa
     if verdict["comparison"]:
         c = verdict["comparison"]
         figures += [f"{c['gain']:+.3f}", f"{c['gain_ci'][0]:+.3f}", f"{c['sign_test_p']:.2g}"]
-    if verdict["fix_layer_ids"]:
-        figures += [str(verdict["fix_layer_ids_vllm"]), str(verdict["fix_layer_ids"])]
     assert {f: words.count(f) for f in figures} == {f: 1 for f in figures}, text
+    if verdict["fix_layer_ids"]:    # the ids to write once in the fix line (the diagnosis names the trained
+        # layout, the same list), in the host engine's convention only where the host is known
+        said = words[words.index("fix:"):]
+        keys = {"vllm": ["fix_layer_ids_vllm"], "sglang": ["fix_layer_ids"]}.get(
+            kw.get("engine") or "", ["fix_layer_ids_vllm", "fix_layer_ids"])
+        assert {str(verdict[k]): said.count(str(verdict[k])) for k in keys} == {str(verdict[k]): 1 for k in keys}
     # the diagnosis once, and it holds no figure or advice of its own
     assert verdict["diagnosis"] and verdict["message"].startswith(verdict["diagnosis"].split(" Training")[0])
     assert " ".join(verdict["diagnosis"].split()) in words

@@ -143,6 +143,7 @@ def drafter_outcome(report: DrafterReport, run_id: str) -> dict[str, Any]:
         "run_id": run_id, "status": verdict.status, "message": verdict.message, "fixable": report.fixable,
         "fix_layer_ids": verdict.fix_layer_ids, "fix_layer_ids_vllm": verdict.fix_layer_ids_vllm,
         "needs_capture_patch": verdict.needs_capture_patch, "serving_convention": verdict.serving_convention,
+        "advice_engine": verdict.advice_engine,
         "served_slots": verdict.served_slots,
         "configured_layer_ids": report.checkpoint.configured_layer_ids, "format": report.checkpoint.format,
         "checkpoint": report.checkpoint.path, "data": report.data.path, "samples": report.data.samples,

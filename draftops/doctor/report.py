@@ -18,6 +18,7 @@ from draftops.doctor import plan
 from draftops.doctor.state import STATE_NAME, State, resume_command
 from draftops.errors import DoctorError
 from draftops.nightly.report import esc, md
+from remote.eagle import convention
 from remote.fileio import atomic_write_text
 
 CHART = "doctor.png"
@@ -40,6 +41,19 @@ def _f(value: Any, digits: int = 2) -> str:
 def _ids(value: Any) -> str:
     return "—" if value is None else "[" + ", ".join(str(v) for v in value) + "]" if isinstance(value, list) \
         else str(value)
+
+
+def _layer(sglang_id: Any, engine: str) -> str:
+    """A dumped slot's layer (the report stores SGLang ids) in ``engine``'s convention."""
+    if not isinstance(sglang_id, int) or isinstance(sglang_id, bool):
+        return "—"
+    return str(convention.convert([sglang_id], convention.SGLANG, engine)[0])
+
+
+def _role(role: Any) -> str:
+    """A slot's role without the evaluator's SGLang layer number ("layer 3"): the id stands before it."""
+    text = str(role or "")
+    return "layer output" if text.startswith("layer ") else text
 
 
 class Story:
@@ -93,15 +107,17 @@ class Story:
         check = self.out(plan.CHECK)
         if not check:
             return
+        served = self.out(plan.AS_SERVED)
+        engine = self.engine()
         lines = [f"draft {check.get('checkpoint')} ({check.get('format')}), dumps {check.get('data')} "
                  f"({_samples(check)})",
+                 f"layer ids in this section: {convention.NAMED[engine]} (the "
+                 f"{'host engine' if check.get('advice_engine') or served.get('engine') else 'config'}'s convention)",
                  "the dumps hold these target layers, slot by slot: "
-                 + ", ".join(f"slot {t.get('slot')} = layer {t.get('layer_id')} ({t.get('role')})"
+                 + ", ".join(f"slot {t.get('slot')} = {_layer(t.get('layer_id'), engine)} ({_role(t.get('role'))})"
                              for t in check.get("trained_slots") or []),
-                 f"the draft's config names layer ids {_ids(check.get('configured_layer_ids'))}, which the "
-                 f"{check.get('serving_convention') or 'engine'} convention reads as dumped slots "
-                 f"{_ids(check.get('served_slots'))}"]
-        served = self.out(plan.AS_SERVED)
+                 f"the draft's config names layer ids {_ids(check.get('configured_layer_ids'))}, which "
+                 f"{convention.ENGINE_NAME[engine]} reads as dumped slots {_ids(check.get('served_slots'))}"]
         if served.get("serve_run"):
             lines.append(f"the server as it was ({served.get('engine')} {served.get('engine_version') or ''}, run "
                          f"{served.get('serve_run')}) read ids {_ids(served.get('configured_ids'))} from the config; "
@@ -111,6 +127,15 @@ class Story:
             lines.append(f"the engine's own states (capture-check {cap.get('run_id')}): {cap.get('status')}: "
                          f"{cap.get('message')}")
         self.sections.append(("What training fed, what the engine fed", lines, []))
+
+    def engine(self) -> str:
+        """The one convention the report writes layer ids in: the host engine's (test-drafter's or the
+        server's), else the one the draft's config is written in."""
+        check, served = self.out(plan.CHECK), self.out(plan.AS_SERVED)
+        for engine in (check.get("advice_engine"), served.get("engine"), check.get("serving_convention")):
+            if engine in convention.ENGINES:
+                return str(engine)
+        return convention.SGLANG
 
     def _findings(self) -> None:
         check = self.out(plan.CHECK)
@@ -134,8 +159,9 @@ class Story:
         if step.state == "skipped":
             lines = [f"nothing applied: {out.get('reason')}"]
         elif out.get("run_id"):
+            written = convention.ids_text(out.get("written_ids"), self._file_convention())
             lines = [f"draft-config {out.get('run_id')}: {out.get('config')}: ids {_ids(out.get('old_ids'))} → "
-                     f"{_ids(out.get('written_ids'))}; backup {out.get('backup')}"
+                     f"{written}; backup {out.get('backup')}"
                      + (f" (written by the interrupted attempt's run {out['changed_by']})" if out.get("changed_by")
                         else ""), *out.get("warnings", [])]
             again = self.out(plan.RECHECK)
@@ -148,6 +174,10 @@ class Story:
         else:
             lines = [f"not applied ({step.state})"]
         self.sections.append(("The fix", lines, []))
+
+    def _file_convention(self) -> str:
+        """The convention the fixed config stores its ids in (a speculators config: vLLM's)."""
+        return convention.serving_convention(str(self.out(plan.CHECK).get("format")))
 
     def _measured(self) -> None:
         runs = {r: self.out(r) for r in plan.SERVED_STEPS if self.out(r).get("bench_run")}

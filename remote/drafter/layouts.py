@@ -207,7 +207,15 @@ class _Case:
         return convention.ENGINE_NAME[self.served.convention]
 
     def describe(self, slots: Sequence[int]) -> str:
-        return describe(slots, self.slot_ids, self.final_slot)
+        """The slots' layers in the served engine's ids, named (one convention per verdict)."""
+        if self.slot_ids is None:
+            return describe(slots, self.slot_ids, self.final_slot)
+        return self.ids([self.slot_ids[s] for s in slots])
+
+    def ids(self, sglang_ids: list[int]) -> str:
+        """SGLang-convention ids written in the served engine's convention, named."""
+        engine = self.served.convention
+        return convention.ids_text(convention.convert(sglang_ids, convention.SGLANG, engine), engine)
 
     def nothing_to_fix(self) -> str:
         patch = -1 in (self.served.captured_ids or [])
@@ -324,15 +332,18 @@ def _fed(case: _Case) -> str:
     """What the configured ids make the engine feed (the second half of a MISMATCH diagnosis)."""
     served, engine = case.served, case.engine
     if case.ev.served is not None:
-        return f"its config ids {served.configured_ids} make {engine} feed {case.describe(case.ev.served.slots)}"
+        fed = case.describe(case.ev.served.slots)
+        if fed.startswith(f"{served.configured_ids} "):      # the same numbers: name them once
+            return f"its config ids {fed} make {engine} feed exactly those layers"
+        return f"its config ids {served.configured_ids} make {engine} feed {fed}"
     if served.captured_ids is None:
         return ("its config has no aux layer ids, so the engines capture their default (after layers "
                 "[2, n/2, n-3]) and the target's layer count n is unknown here")
     ids = (f"its config ids {served.configured_ids} make {engine} capture" if served.configured_ids is not None
            else f"its config has no ids where {engine} reads them, so {engine} captures its default,")
     if served.missing:
-        return (f"{ids} the outputs of layers {served.captured_ids} (SGLang ids), which are not in this dump "
-                f"(missing {served.missing})")
+        return (f"{ids} layers {case.ids(served.captured_ids)}, which are not all in this dump "
+                f"(missing {convention.convert(sorted(set(served.missing)), convention.SGLANG, served.convention)})")
     return (f"the engine default makes {engine} capture {len(served.captured_ids)} layers "
             f"{served.captured_ids}, while the draft's fc takes {len(case.ev.best.slots)}")
 

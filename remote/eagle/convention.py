@@ -55,17 +55,16 @@ def fix_task(engine: str | None, fmt: str | None) -> str:
     return "draft-flat" if engine == SGLANG and fmt == SPECULATORS else "draft-config"
 
 
+#: the name of each convention, as a screen writes it beside (or above) its id lists
+NAMED = {SGLANG: "SGLang ids: -1 = embedding", VLLM: "vLLM ids: 0 = embedding"}
+
+
 def ids_text(ids: Sequence[int | None] | None, engine: str | None) -> str:
     """Layer ids with the engine convention they are written in, named beside them: the one way every
     screen writes an id list (SGLang's and vLLM's ids of one layer differ by one)."""
     if ids is None:
         return "—"
-    ids = list(ids)
-    if engine == VLLM:
-        return f"{ids} (vLLM ids: 0 = embedding)"
-    if engine == SGLANG:
-        return f"{ids} (SGLang ids: -1 = embedding)"
-    return f"{ids} (convention unknown)"
+    return f"{list(ids)} ({NAMED.get(engine or '', 'convention unknown')})"
 
 
 def boundaries_text(boundaries: Sequence[int | None] | None, engine: str) -> str:

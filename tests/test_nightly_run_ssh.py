@@ -52,7 +52,10 @@ def test_two_hosts_at_once_one_unreachable(make_project, sshd, tmp_path, no_inve
                       {"name": "drafter", "task": "test-drafter", "args": {"steps": 3, "limit": 16},
                        "needs": ["sync"]},
                       {"name": "stop", "task": "serve.stop", "args": {"all": True}, "cleanup": True}]}
-    root = project_with(make_project, {"box": ssh_entry(sshd, tmp_path), "down": down}, book)
+    # box serves with vLLM, which reads the demo's speculators ids: its served layout is in the dumps and scored
+    # (under SGLang's default ids it is not, and the night would have no step-0 accuracy to record)
+    box = ssh_entry(sshd, tmp_path, serve={"default": {"engine": "vllm"}})
+    root = project_with(make_project, {"box": box, "down": down}, book)
     shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")   # the host's demo, ready
 
     done = nightly(root)

@@ -131,7 +131,9 @@ def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "capture-check", "--draft", "demo"], cwd=other,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # Ctrl-C as from a terminal, also when the suite runs with SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     run_id, deadline = None, time.monotonic() + 120
     while run_id is None and time.monotonic() < deadline:

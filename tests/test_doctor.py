@@ -49,7 +49,14 @@ def invoke(root: Path, *args: str, timeout: float = 300) -> subprocess.Completed
                           text=True, timeout=timeout)
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """A suite run as a background job of a script ignores SIGINT, and its children inherit that (then
+    Python installs no KeyboardInterrupt handler and a Ctrl-C sent to the doctor does nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(root: Path, *args: str, **kw: Any) -> subprocess.Popen:
+    kw.setdefault("preexec_fn", _sigint_as_from_a_terminal)    # Ctrl-C as from a terminal
     return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=root, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 

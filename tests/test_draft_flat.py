@@ -258,7 +258,10 @@ def test_on_an_sglang_host_test_drafter_names_draft_flat_whose_copy_then_checks_
     out = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"draft-flat {dest}:" in out and "ids [-1, 1, 3] in eagle_config" in out and "from the report" in out
-    assert f"serve it with SGLang: invoke serve --draft {shlex.quote(str(dest))}" in out, out   # a line to paste
+    # a line to paste: the program as this process was started (cmdline.command), then the task, the path quoted
+    (serve_line,) = [line for line in done.stdout.splitlines() if "serve it with SGLang:" in line]
+    serve_words = shlex.split(serve_line.split("serve it with SGLang:", 1)[1])
+    assert serve_words[serve_words.index("invoke") + 1:] == ["serve", "--draft", str(dest)], serve_line
     config = json.loads((dest / "config.json").read_text())
     assert config[formats.EAGLE_CONFIG][formats.IDS_KEY] == FIX_IDS
     data = tmp_path / "hostroot" / "state" / "demo" / "data"

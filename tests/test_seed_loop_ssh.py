@@ -34,7 +34,12 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
     assert verdict["needs_capture_patch"] is True
     layouts = {tuple(r["layer_ids"]): r["acc"] for r in report["layouts"]}
     trained = layouts[tuple(verdict["fix_layer_ids"])]
-    configured = next(r["acc"] for r in report["layouts"] if r["slots"] == verdict["served_slots"])
+    # The verdict is the host engine's (SGLang here): SGLang reads no ids from a speculators config and
+    # captures its own default, which this dump lacks, so no scanned layout is "served". The config's ids
+    # as the file's engine reads them are the row tagged configured-<serving convention>.
+    assert verdict["advice_engine"] == "sglang" and verdict["served_slots"] is None
+    configured = next(r["acc"] for r in report["layouts"]
+                      if f"configured-{verdict['serving_convention']}" in r["tags"])
     assert trained >= 0.8 and configured <= trained / 2
 
     host_demo = tmp_path / "hostroot" / "state" / "demo"
@@ -51,6 +56,10 @@ def test_demo_mismatch_then_fix_then_match(make_project, sshd, tmp_path, no_inve
         again = invoke(project, "test-drafter", "--ckpt", str(fixed), "--data", str(host_demo / "data"),
                        "--verifier", str(host_demo / "target"))
         assert again.returncode == 0, again.stdout + again.stderr
+        if fmt == "speculators":    # SGLang (this host's engine) never reads a speculators config's ids:
+            # the rewrite is right for vLLM, but here it stays a MISMATCH whose fix is the flat copy
+            assert "MISMATCH" in again.stdout and "draft-flat" in again.stdout, (fmt, again.stdout)
+            continue
         assert "MATCH" in again.stdout and "MISMATCH" not in again.stdout, (fmt, again.stdout)
         # draft-config refuses a MATCH report (nothing to rewrite): the fix hint is not shown for one
         assert "fix it with" not in again.stdout and "--from-report" not in again.stdout, again.stdout

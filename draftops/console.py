@@ -306,8 +306,7 @@ class LiveJob(JobView):
             self._piped(line)
         elif self.mode == "steps":
             self._chatter(line)
-        else:
-            self._piped(line)
+        # "hide": no log line is shown, not even piped; its progress events still are (:meth:`event`)
 
     def _piped(self, what: str) -> None:
         """Off a terminal the live window and bar draw nothing, so a pipe, a CI log or `| tee` saw

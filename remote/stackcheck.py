@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import events, exitcodes
+from . import exitcodes
 
 #: what every ML tool imports at its start
 STACK = ("torch", "safetensors")
@@ -33,6 +33,20 @@ def missing(names: tuple[str, ...] = STACK) -> list[str]:
     return out
 
 
+class StackMissing(exitcodes.ToolError):
+    """This interpreter lacks the ML stack: its ``error`` event names the python and what it lacks."""
+
+    kind = KIND
+
+    def __init__(self, message: str, *, python: str, lacking: list[str]) -> None:
+        super().__init__(message)
+        self.python = python
+        self.lacking = lacking
+
+    def event_fields(self) -> dict[str, object]:
+        return {**super().event_fields(), "python": self.python, "missing": self.lacking}
+
+
 def require(tool: str, names: tuple[str, ...] = STACK) -> None:
     """Exit REFUSED with one paragraph when this interpreter lacks any of ``names``."""
     lacking = missing(names)
@@ -40,6 +54,6 @@ def require(tool: str, names: tuple[str, ...] = STACK) -> None:
         return
     message = (f"The python running {tool} ({sys.executable}, Python {sys.version.split()[0]}) cannot import "
                f"{' or '.join(lacking)}: this interpreter is not an ml-env that can run the evaluator.")
-    print(f"{tool} refused: {message}", file=sys.stderr)
-    events.error(message, kind=KIND, exit_code=exitcodes.REFUSED, python=sys.executable, missing=lacking)
-    sys.exit(exitcodes.REFUSED)
+    # the one envelope: the paragraph on stderr and the ``error`` event, written by exitcodes
+    ending = exitcodes.refused(StackMissing(message, python=sys.executable, lacking=lacking), f"{tool} refused")
+    sys.exit(ending.code)

@@ -43,7 +43,7 @@ def test_test_drafter_names_the_host_its_python_and_the_setup(bare_project, tmp_
     assert done.returncode == 1, said
     assert "Traceback" not in said and "No module named" not in said, said
     assert f"Host 'box' runs its tools with {BARE}, which cannot import torch or safetensors" in said, said
-    assert "invoke env.setup --host box" in said
+    assert " -m invoke env.setup`" in said           # box is the default host: no --host (issue 35, item 16)
     if kind == "no-env-entry":
         assert "has no `env:` entry in hosts.yaml" in said and "remote/requirements-cpu.txt" in said
     else:
@@ -57,4 +57,4 @@ def test_env_check_fails_when_the_ml_env_cannot_run_the_evaluator(bare_project):
     assert done.returncode == 1, said
     assert "not importable" in said                       # the table is still shown, then the verdict on it
     assert f"Host 'box' runs its tools with {BARE}, which cannot import torch" in said
-    assert "invoke env.setup --host box" in said
+    assert " -m invoke env.setup`" in said           # box is the default host: no --host (issue 35, item 16)

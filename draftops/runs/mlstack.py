@@ -14,6 +14,7 @@ import shlex
 import sys
 from typing import Any
 
+from draftops import cmdline
 from draftops.errors import ExtraMissing
 from draftops.link.host import Host
 
@@ -58,7 +59,7 @@ def setup_advice(host: Host) -> str:
     """What makes ``host``'s ml-env able to run the evaluator: `invoke env.setup` where hosts.yaml gives
     it an `env:` entry to build, else the entry to add first (env.setup refuses a host without one)."""
     env = host.spec.env
-    setup = f"`invoke env.setup --host {shlex.quote(host.name)}`"
+    setup = f"`{cmdline.command('env.setup', host=host.name)}`"      # --host unless it is the default
     if env is None:
         return (f"Host {host.name!r} has no `env:` entry in hosts.yaml, so there is no ml-env for env.setup to "
                 "build: add one (`env: {venv: ~/ml-env, requirements: remote/requirements.txt}`; "

@@ -170,7 +170,9 @@ def test_the_local_view_shows_the_engine_figures_next_to_the_dumps_labelled(spec
     rich_report.show(read, Console(file=out, width=300, color_system=None))
     text = out.getvalue()
     assert "on the dumps' states" in text and "on the engine's own states (8 samples" in text
-    line = next(x for x in text.splitlines() if x.strip("│ ").startswith("served") and str(SERVED) in x)
+    shown = [i + 1 for i in SERVED]     # the screen names vLLM ids (its host engine), SERVED is in SGLang ids
+    assert "vLLM ids" in text
+    line = next(x for x in text.splitlines() if x.strip("│ ").startswith("served") and str(shown) in x)
     served = _rows(report)["served"]
     assert f"{100 * served['step0_acc']:.1f}%" in line and f"{served['accept_length']:.2f}" in line
 

@@ -28,6 +28,7 @@ from draftops.documents import Document, parse
 from draftops.documents.bench_run import HostDoc, RunnerDoc
 from draftops.errors import BenchError, DocumentError
 from draftops.history import now_iso
+from remote import jsonread
 from remote.bench import client_output, decode_log, server_metrics
 from remote.bench.errors import BenchParseError
 from remote.bench.runner import CLIENT_PATH_VAR, HOST_FILE, RUN_DIR_TOKEN, RUNNER_FILE
@@ -114,7 +115,7 @@ def plan_json(bench: planning.BenchPlan, served: ServedBy) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return jsonread.load(path)
     except (OSError, ValueError):
         return None
 
@@ -137,9 +138,12 @@ def _run_file(model: type[D], path: Path, problems: list[str], given: Any = None
 
 
 def _text(path: Path) -> str | None:
+    """A pulled text file (server metrics, a log slice, the client's output), bounded: a regular file
+    of at most ``jsonread.MAX_JSON`` bytes; None when it is missing, odd or larger (a file of its kind
+    never is: the parsers then report it as absent)."""
     try:
-        return path.read_text(errors="replace")
-    except OSError:
+        return jsonread.read_bounded(path).decode(errors="replace")
+    except (OSError, ValueError):
         return None
 
 

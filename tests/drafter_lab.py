@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import EvalOptions, evaluate, train
-from remote.drafter.demo import save_draft, write_dumps
-from remote.drafter.layers import Weights, rms_norm
-from remote.drafter.model import DraftArch
-from remote.drafter.rope import RopeSpec
+from remote.drafter import EvalOptions, evaluate
+from remote.drafter.demo import train
+from remote.drafter.demo.build import save_draft, write_dumps
+from remote.drafter.model.draft import DraftArch
+from remote.drafter.model.layers import Weights, rms_norm
+from remote.drafter.model.rope import RopeSpec
 from tests.cache_dir import cache_root
 
 SLOT_IDS = [-1, 1, 2, 3, 4]  # SGLang ids of the dumped slots; 4 = n-1 is the final layer

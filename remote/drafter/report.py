@@ -15,15 +15,17 @@ import torch
 
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
-from . import causes, dumpformats, layouts, trainerconfig
+from . import causes
 from .causes.states import CAPTURE
 from .context import EvalContext
+from .data import dumpformats, trainerconfig
+from .data.trainermap import TRAINER_MAP
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
-from .results import Results
-from .scoring import LayoutScore
-from .slotstats import STATS
-from .trainermap import TRAINER_MAP
+from .scoring.score import LayoutScore
+from .scoring.slotstats import STATS
+from .verdict import layouts
+from .verdict.results import Results
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"

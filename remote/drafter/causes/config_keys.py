@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from ...eagle import convention, engine_rules
-from ..model import Eagle3Draft
+from ..model.draft import Eagle3Draft
 from .facts import Facts
 
 ID = "config-key-ignored"

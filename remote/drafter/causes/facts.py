@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only types: the checks must not import the evaluator (it imports them)
     from ..context import EvalContext
     from ..options import EvalOptions
-    from ..results import Results
+    from ..verdict.results import Results
 
 
 @dataclass

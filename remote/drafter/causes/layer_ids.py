@@ -18,7 +18,7 @@ from typing import Any
 
 from ...eagle import convention, engine_rules
 from ...eagle.engine_rules import FIRST_IS_1, KEEP_IF_FINAL, PLUS1, RULE_TEXT, THROUGH
-from ..layouts import STATUS_MATCH, STATUS_MISMATCH
+from ..verdict.layouts import STATUS_MATCH, STATUS_MISMATCH
 from .facts import Facts
 
 SLOT_SHIFT = "slot-shift"

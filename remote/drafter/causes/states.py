@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..slotstats import STATS
+from ..scoring.slotstats import STATS
 from .facts import Facts
 
 CAPTURE = "capture_check"  # Results.extra key: measured.py's summary of an unusable capture-check report

@@ -1,10 +1,10 @@
 """How the draft's data was formatted against how its target is used (failure-modes.md #8): the
-``chat-template`` finding, judged by remote/drafter/chattemplate.py on what the metrics pass loaded."""
+``chat-template`` finding, judged by remote/drafter/data/chattemplate.py on what the metrics pass loaded."""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import chattemplate
+from ..data import chattemplate
 from .facts import Facts
 
 

@@ -1,10 +1,11 @@
-"""Vocabulary-map causes (failure-modes.md #6), judged by remote/drafter/vocabmap.py and, against the
+"""Vocabulary-map causes (failure-modes.md #6), judged by remote/drafter/load/vocabmap.py and, against the
 map SpecForge built the dumps with, trainermap.py."""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import trainermap, vocabmap
+from ..data import trainermap
+from ..load import vocabmap
 from .facts import Facts
 
 

@@ -187,7 +187,7 @@ def cache_key(*args: Any) -> str:
     for function in (target_weights, target_forward, lab, draft_vocab, draft_arch, trained_weights):
         digest.update(inspect.getsource(function).encode())
     drafter = Path(__file__).resolve().parent.parent / "remote" / "drafter"
-    for module in ("train", "model", "layers", "rope", "batching"):
+    for module in ("demo/train", "model/draft", "model/layers", "model/rope", "data/batching"):
         digest.update((drafter / f"{module}.py").read_bytes())
     return digest.hexdigest()[:20]
 

@@ -38,7 +38,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     expected = _expected(opts, res)
     note = _expected_note(expected) if expected and expected["flagged"] else ""
     findings = causes.collect(causes.Facts(opts, ctx, res, res.extra))
-    layouts.not_nothing_to_fix(res.verdict, [f["id"] for f in findings if f.get("severity") == "bad"])
+    layouts.not_nothing_to_fix(res.verdict, [f.id for f in findings if f.severity == "bad"])
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
@@ -47,9 +47,9 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "diagnosis": res.verdict.diagnosis + note,
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
-                    "expected_acc": expected, "findings": [f["id"] for f in findings],
+                    "expected_acc": expected, "findings": [f.id for f in findings],
                     "expected_accept": _expected_accept(opts, served_acc if served_acc is not None else best_acc)},
-        "findings": findings,
+        "findings": [f.to_dict() for f in findings],   # the records' report.json form, unchanged
         "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}

@@ -13,6 +13,7 @@ from typing import Any
 from ...eagle import convention, engine_rules
 from ..model.draft import Eagle3Draft
 from .facts import Facts
+from .finding import Finding
 
 ID = "config-key-ignored"
 #: a step-0 drop at least this large makes the finding ``bad``; below it, ``warn``
@@ -39,7 +40,7 @@ def as_engine_runs(draft: Eagle3Draft, keys: list[engine_rules.KeyRead]) -> Eagl
     return variant
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
+def check(facts: Facts) -> list[Finding]:
     measured = facts.extra.get(ID)
     if not measured:
         return []
@@ -69,8 +70,8 @@ def check(facts: Facts) -> list[dict[str, Any]]:
                 "step0_acc_as_trained": trained["step0_acc"], "step0_acc_as_engine_runs": served["step0_acc"],
                 "step0_change": -drop, "accept_length_as_trained": trained["accept_length"],
                 "accept_length_as_engine_runs": served["accept_length"], "basis": measured["basis"]}
-    return [{"id": ID, "severity": "bad" if drop >= BAD_DROP else "warn", "text": text, "evidence": evidence,
-             "fix": fix}]
+    return [Finding(id=ID, severity="bad" if drop >= BAD_DROP else "warn", text=text, evidence=evidence,
+                    fix=fix)]
 
 
 def describe(keys: list[engine_rules.KeyRead], engine: str) -> list[dict[str, Any]]:

@@ -2,11 +2,10 @@
 ``chat-template`` finding, judged by remote/drafter/data/chattemplate.py on what the metrics pass loaded."""
 from __future__ import annotations
 
-from typing import Any
-
 from ..data import chattemplate
 from .facts import Facts
+from .finding import Finding
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
-    return chattemplate.finding(facts.extra.get("chat-template"))
+def check(facts: Facts) -> list[Finding]:
+    return [Finding.of(f) for f in chattemplate.finding(facts.extra.get("chat-template"))]

@@ -49,6 +49,7 @@ from .launch import distributed
 from .load import config, vocabmap
 from .load.checkpoint import CheckpointInfo, load_checkpoint
 from .load.verifier import Verifier
+from .measures import CHAT_TEMPLATE, CONFIG_KEY_IGNORED
 from .model.draft import Eagle3Draft
 from .options import EvalOptions
 from .scoring import reduce, sequential, stats
@@ -143,7 +144,7 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
         samples=scored, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
-        extra={**extra, "chat-template": _chat_format(ctx, opts),
+        extra={**extra, CHAT_TEMPLATE.key: _chat_format(ctx, opts),
                **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored)},
         total=count, sequential=seq, read=dict(ctx.read)))
     path = report.write(doc, Path(opts.out))
@@ -482,7 +483,7 @@ def _variant_extra(variant: _Variant | None, score: LayoutScore | None, full: di
 
     version, assumed = engine_rules.effective(variant.engine, opts.engine_version)
     slot_ids = ctx.dumps.slots.layer_ids
-    return {config_keys.ID: {
+    return {CONFIG_KEY_IGNORED.key: {
         "engine": variant.engine, "engine_version": version, "version_assumed": assumed, "keys": variant.keys,
         "layer_ids": [slot_ids[s] for s in variant.slots] if slot_ids else list(variant.slots),
         "samples": count, "basis": basis, "as_trained": run(trained), "as_engine_runs": run(score)}}

@@ -15,15 +15,13 @@ import torch
 
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
-from . import causes
+from . import causes, measures
 from .causes.states import CAPTURE
 from .context import EvalContext
 from .data import dumpformats, trainerconfig
-from .data.trainermap import TRAINER_MAP
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
 from .scoring.score import LayoutScore
-from .scoring.slotstats import STATS
 from .verdict import layouts
 from .verdict.results import Results
 
@@ -83,9 +81,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
-            "slot_statistics": res.extra.get(STATS),
-            "vocab_mapping": res.extra.get(TRAINER_MAP),
-            "chat_format": res.extra.get("chat-template"),
+            **measures.in_report(res.extra),   # slot_statistics, vocab_mapping, chat_format (measures.py)
             "samples_total": res.total if res.total is not None else res.samples,
             "read": res.read,
         },

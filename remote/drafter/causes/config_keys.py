@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from ...eagle import convention, engine_rules
+from ..measures import CONFIG_KEY_IGNORED
 from ..model.draft import Eagle3Draft
 from .facts import Facts
 from .finding import Finding
@@ -41,7 +42,7 @@ def as_engine_runs(draft: Eagle3Draft, keys: list[engine_rules.KeyRead]) -> Eagl
 
 
 def check(facts: Facts) -> list[Finding]:
-    measured = facts.extra.get(ID)
+    measured = facts.measured(CONFIG_KEY_IGNORED)
     if not measured:
         return []
     trained, served = measured["as_trained"], measured["as_engine_runs"]

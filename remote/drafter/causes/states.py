@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..measures import CAPTURE_CHECK
 from ..scoring.slotstats import STATS
 from .facts import Facts
 from .finding import Finding
 
-CAPTURE = "capture_check"  # Results.extra key: measured.py's summary of an unusable capture-check report
+CAPTURE = CAPTURE_CHECK.key  # Results.extra key: measured.py's summary of an unusable capture-check report
 #: a fit of ``dump = c * target`` that leaves less than this is a scale, not another computation
 SCALE_FIT = 0.05
 REGENERATE = ("regenerate the dumps with the target model as it is served (the same weights, dtype and "

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..data import chattemplate
+from ..measures import CHAT_TEMPLATE
 from .facts import Facts
 from .finding import Finding
 
 
 def check(facts: Facts) -> list[Finding]:
-    return [Finding.of(f) for f in chattemplate.finding(facts.extra.get("chat-template"))]
+    return [Finding.of(f) for f in chattemplate.finding(facts.measured(CHAT_TEMPLATE))]

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from ..errors import CorruptFileError, ShapeMismatchError
+from ..measures import VOCAB_MAPPING
 from ..store import torchfile
 
-TRAINER_MAP = "vocab_mapping"  # Results.extra key and the report's data.vocab_mapping
+TRAINER_MAP = VOCAB_MAPPING.key  # Results.extra key and the report's data.vocab_mapping (measures.py)
 REGENERATE = ("point SpecForge's vocab mapping at this draft's training data again (its vocab_mapping step "
               "writes vocab_mapping/*.pt), or remove the stale file from next to the dumps")
 SHOWN = 5

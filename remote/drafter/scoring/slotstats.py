@@ -22,6 +22,7 @@ import torch
 from ..data.batching import Batch
 from ..errors import DrafterError
 from ..load.verifier import Verifier
+from ..measures import SLOT_STATISTICS
 from ..model import tinyllama
 
 #: beyond these the difference is no dtype's rounding. An embedding is a table lookup: only the
@@ -34,8 +35,8 @@ RECOMPUTE_BYTES = 64 << 20
 #: rows compared per evaluation: enough to tell a scale or another target from the noise, few enough
 #: that the comparison (a tiny target's forward included) costs a few percent of the evaluation
 MAX_ROWS = 1024
-#: the key of these measurements in Results.extra and the report's data section
-STATS = "slot_statistics"
+#: the key of these measurements in Results.extra and the report's data section (declared in measures.py)
+STATS = SLOT_STATISTICS.key
 
 
 @dataclass

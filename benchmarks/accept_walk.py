@@ -3,7 +3,7 @@
     python benchmarks/accept_walk.py [--demo DIR] [--new-tokens 32] [--measured RUN_DIR ...]
 
 test-drafter reports two figures per layout: ``1 + sum_k full_acc_k`` (the average over every
-position, speculators' figure) and the decoding walk (``remote.drafter.metrics.walk``: the rounds a
+position, speculators' figure) and the decoding walk (``remote.drafter.scoring.metrics.walk``: the rounds a
 greedy server would make over the same text). This script scores the demo draft, with the ids it
 was trained on and with the ids its config names, on two texts:
 
@@ -33,7 +33,8 @@ def greedy_dumps(demo: Path, out: Path, new_tokens: int) -> tuple[int, int]:
     """Write one legacy .pt dump per bench prompt: prompt + greedy continuation; returns (files, tokens)."""
     import torch
 
-    from remote.drafter import tinyllama, wordtokenizer
+    from remote.drafter.demo import wordtokenizer
+    from remote.drafter.model import tinyllama
 
     cfg, weights = tinyllama.load(demo / "target")
     data_config = json.loads((demo / "data" / "data_config.json").read_text())

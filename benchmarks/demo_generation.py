@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = """
 import contextlib, io, sys, time
 t0 = time.perf_counter()
-from remote.drafter.demo import ensure_demo
+from remote.drafter.demo.build import ensure_demo
 t_import = time.perf_counter() - t0
 with contextlib.redirect_stdout(io.StringIO()):
     ensure_demo(sys.argv[1])

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from draftops.serve.request import demo_dir  # noqa: E402
-from remote.drafter.demo import ensure_demo  # noqa: E402
+from remote.drafter.demo.build import ensure_demo  # noqa: E402
 
 
 def make_project(where: Path) -> Path:

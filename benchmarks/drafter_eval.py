@@ -38,13 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import speculators_peer  # noqa: E402
-from remote.drafter.batching import Batch, background, collate, iter_batches, to_device  # noqa: E402
-from remote.drafter.checkpoint import expected_shapes  # noqa: E402
-from remote.drafter.data import Sample  # noqa: E402
-from remote.drafter.metrics import StepCounts  # noqa: E402
-from remote.drafter.model import DraftArch, Eagle3Draft  # noqa: E402
-from remote.drafter.rope import RopeSpec  # noqa: E402
-from remote.drafter.scoring import VerifierHead, new_score, score_batch  # noqa: E402
+from remote.drafter.data.batching import Batch, background, collate, iter_batches, to_device  # noqa: E402
+from remote.drafter.data.dumps import Sample  # noqa: E402
+from remote.drafter.load.checkpoint import expected_shapes  # noqa: E402
+from remote.drafter.model.draft import DraftArch, Eagle3Draft  # noqa: E402
+from remote.drafter.model.rope import RopeSpec  # noqa: E402
+from remote.drafter.scoring.metrics import StepCounts  # noqa: E402
+from remote.drafter.scoring.score import VerifierHead, new_score, score_batch  # noqa: E402
 
 PEAK_TFLOPS = {  # dense bf16 tensor-core peaks (no sparsity)
     "H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from remote.drafter.demo import ensure_demo  # noqa: E402
+from remote.drafter.demo.build import ensure_demo  # noqa: E402
 from remote.drafter.demo_spec import MARKER, DemoPaths  # noqa: E402
 
 BASE = "5b04e3f"

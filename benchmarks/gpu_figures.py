@@ -55,11 +55,12 @@ sys.path.insert(0, str(REPO))
 from safetensors.torch import save_file  # noqa: E402
 
 from benchmarks import drafter_eval as de  # noqa: E402
-from remote.drafter import EvalOptions, evaluate, layers  # noqa: E402
-from remote.drafter.batching import collate  # noqa: E402
-from remote.drafter.data import Sample  # noqa: E402
-from remote.drafter.model import DraftArch, Eagle3Draft  # noqa: E402
-from remote.drafter.scoring import VerifierHead  # noqa: E402
+from remote.drafter import EvalOptions, evaluate  # noqa: E402
+from remote.drafter.data.batching import collate  # noqa: E402
+from remote.drafter.data.dumps import Sample  # noqa: E402
+from remote.drafter.model import layers  # noqa: E402
+from remote.drafter.model.draft import DraftArch, Eagle3Draft  # noqa: E402
+from remote.drafter.scoring.score import VerifierHead  # noqa: E402
 from remote.fileio import atomic_write_text  # noqa: E402
 
 evaluate_module: Any = importlib.import_module("remote.drafter.evaluation")
@@ -360,7 +361,7 @@ def section_overlap(fig: Figures, device: torch.device, draft: Eagle3Draft, head
 
 def _sync_batches(samples: list[Sample], budget: int, device: torch.device) -> Any:
     """Batches collated on the fly and copied synchronously (no pinning, no side stream)."""
-    from remote.drafter.batching import iter_batches
+    from remote.drafter.data.batching import iter_batches
 
     for b in iter_batches(samples.__getitem__, range(len(samples)), budget):
         yield b.to(device)
@@ -437,7 +438,7 @@ def section_correct(fig: Figures, device: torch.device, demo_dir: Path | None, s
     fig.data["correct"] = res
     if demo_dir is not None:
         from remote.drafter import load_checkpoint
-        from remote.drafter.data import DumpSet
+        from remote.drafter.data.dumps import DumpSet
 
         expected = json.loads((demo_dir / "DEMO.json").read_text()).get("val_full_acc_0")
         kw = {"ckpt": demo_dir / "draft", "data": demo_dir / "data", "verifier": demo_dir / "target",

@@ -34,9 +34,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from remote.drafter import tinyllama  # noqa: E402
-from remote.drafter.demo import ensure_demo, write_dumps  # noqa: E402
+from remote.drafter.demo.build import ensure_demo, write_dumps  # noqa: E402
 from remote.drafter.demo_spec import MARKER, DemoPaths, DemoSpec  # noqa: E402
+from remote.drafter.model import tinyllama  # noqa: E402
 
 GOAL = 1.3
 

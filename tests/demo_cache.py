@@ -33,11 +33,11 @@ from dataclasses import asdict
 from importlib.metadata import version
 from pathlib import Path
 
-from remote.drafter.demo import DemoSpec, build_demo
+from remote.drafter.demo.build import DemoSpec, build_demo
 from tests.cache_dir import cache_root
 from tests.import_graph import REPO, import_closure
 
-GENERATOR = "remote.drafter.demo"
+GENERATOR = "remote.drafter.demo.build"
 MANIFEST = "MANIFEST.json"
 KEEP_UNUSED_DAYS = 14  # entries of other source versions unused this long are removed
 DEFAULT = DemoSpec()

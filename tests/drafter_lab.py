@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import EvalOptions, evaluate, train
-from remote.drafter.demo import save_draft, write_dumps
-from remote.drafter.layers import Weights, rms_norm
-from remote.drafter.model import DraftArch
-from remote.drafter.rope import RopeSpec
+from remote.drafter import EvalOptions, evaluate
+from remote.drafter.demo import train
+from remote.drafter.demo.build import save_draft, write_dumps
+from remote.drafter.model.draft import DraftArch
+from remote.drafter.model.layers import Weights, rms_norm
+from remote.drafter.model.rope import RopeSpec
 from tests.cache_dir import cache_root
 
 SLOT_IDS = [-1, 1, 2, 3, 4]  # SGLang ids of the dumped slots; 4 = n-1 is the final layer
@@ -186,7 +187,7 @@ def cache_key(*args: Any) -> str:
     for function in (target_weights, target_forward, lab, draft_vocab, draft_arch, trained_weights):
         digest.update(inspect.getsource(function).encode())
     drafter = Path(__file__).resolve().parent.parent / "remote" / "drafter"
-    for module in ("train", "model", "layers", "rope", "batching"):
+    for module in ("demo/train", "model/draft", "model/layers", "model/rope", "data/batching"):
         digest.update((drafter / f"{module}.py").read_bytes())
     return digest.hexdigest()[:20]
 

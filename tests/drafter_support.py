@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import speculators_peer
 from remote.drafter import EvalOptions, evaluate
-from remote.drafter.demo import DemoPaths, DemoSpec
+from remote.drafter.demo.build import DemoPaths, DemoSpec
 from tests.demo_cache import cached_demo
 
 SPEC = DemoSpec()

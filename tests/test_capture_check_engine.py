@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.drafter.demo import DemoSpec
+from remote.drafter.demo.build import DemoSpec
 from tests.conftest import REPO, copy_remote_package
 from tests.demo_cache import cached_demo
 from tests.drafter_support import demo

@@ -60,8 +60,8 @@ def test_every_config_reader_names_the_file(tmp_path: Path) -> None:
 
 
 def test_the_evaluator_refuses_a_deep_draft_config_with_its_clear_error(tmp_path: Path) -> None:
-    from remote.drafter.config import json_object
     from remote.drafter.errors import ConfigError
+    from remote.drafter.load.config import json_object
     path = _folder(tmp_path, "ckpt", DEEP) / "config.json"
     try:
         json_object(path, "The draft config", "repair it")

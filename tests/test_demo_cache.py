@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from remote.bench import demo_prompts
-from remote.drafter.demo import MARKER, DemoSpec, is_complete
+from remote.drafter.demo.build import MARKER, DemoSpec, is_complete
 from tests.demo_cache import MANIFEST, _prune, cache_key, cached_demo, demo_cache_dir, source_files, verify
 from tests.import_graph import REPO
 
@@ -41,7 +41,7 @@ def build_fingerprint(demo: Path) -> str:
 def session(dest: Path, cache_env: Path) -> subprocess.Popen:
     """Another test session: a fresh python asking the cache for the tiny demo."""
     code = ("import sys; from dataclasses import replace; from pathlib import Path; "
-            "from remote.drafter.demo import DemoSpec; from tests.demo_cache import cached_demo; "
+            "from remote.drafter.demo_spec import DemoSpec; from tests.demo_cache import cached_demo; "
             f"cached_demo(Path(sys.argv[1]), replace(DemoSpec(), **{asdict(TINY)!r}))")
     env = {**os.environ, "DRAFTOPS_TEST_CACHE": str(cache_env), "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-c", code, str(dest)], cwd=REPO, env=env,
@@ -136,8 +136,8 @@ def test_entries_unused_for_two_weeks_are_pruned_unless_in_use(cache: Path) -> N
 def test_the_key_follows_the_generators_source_and_knobs(tmp_path: Path) -> None:
     names = {p.relative_to(REPO).as_posix() for p in source_files()}
     # what the generator runs, found from its imports; not the evaluator it never calls
-    assert {"remote/drafter/demo.py", "remote/drafter/tinyllama.py", "remote/drafter/train.py",
-            "remote/drafter/wordtokenizer.py", "remote/events.py"} <= names
+    assert {"remote/drafter/demo/build.py", "remote/drafter/model/tinyllama.py", "remote/drafter/demo/train.py",
+            "remote/drafter/demo/wordtokenizer.py", "remote/events.py"} <= names
     assert "remote/drafter/evaluation.py" not in names
     root = tmp_path / "repo"
     shutil.copytree(REPO / "remote", root / "remote", ignore=shutil.ignore_patterns("__pycache__"))
@@ -146,6 +146,6 @@ def test_the_key_follows_the_generators_source_and_knobs(tmp_path: Path) -> None
     assert cache_key(replace(TINY, seed=1), root) != base
     (root / "remote" / "drafter" / "evaluation.py").write_text("# not run by the generator\n")
     assert cache_key(TINY, root) == base
-    with (root / "remote" / "drafter" / "tinyllama.py").open("a") as fh:
+    with (root / "remote" / "drafter" / "model" / "tinyllama.py").open("a") as fh:
         fh.write("\n# a change the demo's bytes may depend on\n")
     assert cache_key(TINY, root) != base

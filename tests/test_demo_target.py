@@ -13,9 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import greedy, tinyllama, wordtokenizer
-from remote.drafter.demo import SERVE_SCHEMA, read_serve_info
+from remote.drafter import greedy
+from remote.drafter.demo import wordtokenizer
+from remote.drafter.demo.build import SERVE_SCHEMA, read_serve_info
 from remote.drafter.errors import ConfigError, MissingTensorError, NonFiniteError
+from remote.drafter.model import tinyllama
 from tests.drafter_support import SPEC, demo
 
 REPO = Path(__file__).resolve().parent.parent

@@ -189,7 +189,7 @@ def test_a_legacy_dump_whose_ids_are_not_a_tensor_is_a_clear_error(ckpt: Path, t
 
 
 def test_a_dump_link_to_nothing_is_named_not_skipped(tmp_path: Path) -> None:
-    from remote.drafter.data import DumpSet
+    from remote.drafter.data.dumps import DumpSet
     from remote.drafter.errors import CorruptFileError
     data = tmp_path / "data"
     data.mkdir()
@@ -211,7 +211,7 @@ def test_a_dump_that_is_a_fifo_or_a_device_is_named_not_silently_left_out(tmp_pa
     with --full: the verdict then covered fewer samples than the folder named. It is an error naming it."""
     import os
 
-    from remote.drafter.data import DumpSet
+    from remote.drafter.data.dumps import DumpSet
     from remote.drafter.errors import CorruptFileError
     data = tmp_path / "data"
     data.mkdir()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from remote.drafter.layers import Weights
+from remote.drafter.model.layers import Weights
 from remote.eagle import engine_rules
 from tests import drafter_lab as L
 from tests.cause_cases.engine import save_residual_normed

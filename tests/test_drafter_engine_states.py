@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, DataError, ShapeMismatchError
 from tests.conftest import REPO
 from tests.drafter_support import SPEC, demo, run_eval

@@ -22,7 +22,7 @@ from remote.drafter import (
     ShapeMismatchError,
     load_checkpoint,
 )
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from tests.drafter_support import demo, run_eval
 
 REPO = Path(__file__).resolve().parent.parent

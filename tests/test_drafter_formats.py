@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import Verifier, load_checkpoint, tinyllama
-from remote.drafter.batching import collate
-from remote.drafter.data import DumpSet
+from remote.drafter import Verifier, load_checkpoint
+from remote.drafter.data.batching import collate
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.evaluation import _verifier_head
-from remote.drafter.tensorstore import TensorStore
+from remote.drafter.model import tinyllama
+from remote.drafter.store.tensorstore import TensorStore
 from tests.drafter_support import SPEC, demo, run_eval
 
 FAST = {"limit": 96, "layout_samples": 48, "full": True}  # every sample: the counts are checked exactly

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from remote.drafter import chattemplate
+from remote.drafter.data import chattemplate
 from remote.drafter.errors import ConfigError
 
 TEMPLATE = "<|im_start|>{{ m }}<|im_end|>"
@@ -95,7 +95,7 @@ def vocab_map(root: Path, d2t: torch.Tensor, vocab: int = 64) -> Path:
 @pytest.mark.parametrize("offset", [-100, 1000, 2**62])
 def test_a_data_map_onto_ids_outside_the_target_vocab_is_refused_not_scored(tmp_path, offset):
     """It made a vocab-map-differs finding whose examples mapped draft ids to target id -100 or 2**62."""
-    from remote.drafter import trainermap
+    from remote.drafter.data import trainermap
     from remote.drafter.errors import CorruptFileError
 
     file = vocab_map(tmp_path, torch.full((48,), offset, dtype=torch.long))
@@ -105,7 +105,7 @@ def test_a_data_map_onto_ids_outside_the_target_vocab_is_refused_not_scored(tmp_
 
 
 def test_a_data_map_of_float_offsets_says_so(tmp_path):
-    from remote.drafter import trainermap
+    from remote.drafter.data import trainermap
     from remote.drafter.errors import CorruptFileError
 
     vocab_map(tmp_path, torch.full((48,), float("nan")))
@@ -115,7 +115,7 @@ def test_a_data_map_of_float_offsets_says_so(tmp_path):
 
 
 def test_a_data_map_within_the_vocab_is_still_compared(tmp_path):
-    from remote.drafter import trainermap
+    from remote.drafter.data import trainermap
 
     d2t = torch.zeros(48, dtype=torch.long)
     d2t[3] = 10
@@ -152,7 +152,7 @@ def test_a_bin_draft_that_is_no_regular_file_is_refused_without_opening_it(tmp_p
     path = tmp_path / "pytorch_model.bin"
     {"fifo": lambda: os.mkfifo(path), "device": lambda: path.symlink_to("/dev/zero"),
      "folder": path.mkdir}[kind]()
-    code = ("import sys; from pathlib import Path; from remote.drafter.tensorstore import TensorStore\n"
+    code = ("import sys; from pathlib import Path; from remote.drafter.store.tensorstore import TensorStore\n"
             "from remote.drafter.errors import CorruptFileError\n"
             "try: TensorStore.open(Path(sys.argv[1]))\n"
             "except CorruptFileError as e: print(e)\n")
@@ -187,7 +187,7 @@ def test_a_json_next_to_the_dumps_that_is_no_regular_file_is_passed_over(tmp_pat
 @pytest.mark.parametrize("ids", [[1, 3, 40], [2**70, 3, 4]])
 def test_trainer_config_ids_past_the_targets_layers_are_refused(tmp_path, ids):
     """A run config naming layer 40 (or 2**70) of the demo's 6-layer target became the report's slot layers."""
-    from remote.drafter import trainerconfig
+    from remote.drafter.data import trainerconfig
     from tests.drafter_support import demo
 
     config = tmp_path / "train.json"
@@ -199,7 +199,7 @@ def test_trainer_config_ids_past_the_targets_layers_are_refused(tmp_path, ids):
 
 
 def test_huge_ids_are_refused_without_a_target_layer_count(tmp_path):
-    from remote.drafter import trainerconfig
+    from remote.drafter.data import trainerconfig
 
     (tmp_path / "eagle.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 2, 2**70]}))
     with pytest.raises(ConfigError) as err:

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from remote.drafter import load_checkpoint
-from remote.drafter.batching import collate
-from remote.drafter.data import DumpSet
+from remote.drafter.data.batching import collate
+from remote.drafter.data.dumps import DumpSet
 from tests.drafter_support import PAD_BOUND, demo, load_speculators
 
 # Same bound as padded vs unpadded batches (docs/drafter.md): the reference runs each sample alone,

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from remote.drafter import torchfile
 from remote.drafter.errors import CorruptFileError
+from remote.drafter.store import torchfile
 
 FIX = "remake it"
 
@@ -46,8 +46,8 @@ def test_an_engine_state_final_slot_past_its_slots_is_refused_naming_the_file(tm
     INTERNAL traceback deep in the scan; 5 of 5 slots indexed past the states."""
     from safetensors.torch import save_file
 
-    from remote.drafter import engine_states
-    from remote.drafter.data import DumpSet
+    from remote.drafter.data import engine_states
+    from remote.drafter.data.dumps import DumpSet
     from remote.drafter.errors import ConfigError
 
     dumps, states = tmp_path / "dumps", tmp_path / "engine-states"
@@ -66,7 +66,7 @@ def test_an_engine_state_final_slot_past_its_slots_is_refused_naming_the_file(tm
 def test_a_target_layer_count_past_any_target_is_refused_naming_the_target_config(tmp_path, layers):
     """SpecForge's default ids [1, n//2-1, n-4] of such a count became slot layer ids of 20 to 309
     digits in the report, and its final slot n-1 the verdict's layer."""
-    from remote.drafter import trainerconfig
+    from remote.drafter.data import trainerconfig
     from remote.drafter.errors import ConfigError
 
     (tmp_path / "tgt").mkdir()
@@ -126,8 +126,8 @@ def test_a_target_whose_layer_weight_is_nan_says_its_layers_were_not_compared(tm
 
     from safetensors.torch import load_file, save_file
 
-    from remote.drafter.slotstats import SlotStats
-    from remote.drafter.verifier import Verifier
+    from remote.drafter.load.verifier import Verifier
+    from remote.drafter.scoring.slotstats import SlotStats
     from tests.drafter_support import demo
 
     target = tmp_path / "target"

@@ -1,4 +1,4 @@
-"""The sequential verdict (remote/drafter/sequential.py, issue 27): its error rate under optional stopping
+"""The sequential verdict (remote/drafter/scoring/sequential.py, issue 27): its error rate under optional stopping
 over 200 seeds on a real close case, the same verdict as the full pass on the demo and the cause cases,
 bad input, and the metrics pass reading only the slots its layouts use."""
 from __future__ import annotations
@@ -19,17 +19,10 @@ from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from remote.drafter import DataError, EvalOptions, evaluate
 from remote.drafter import evaluation as ev
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ShapeMismatchError
-from remote.drafter.sequential import (
-    BLOCK,
-    DECIDED,
-    ConfidenceSequence,
-    SequentialTest,
-    order,
-    values,
-)
-from remote.drafter.stats import BETTER, SAME
+from remote.drafter.scoring.sequential import BLOCK, DECIDED, ConfidenceSequence, SequentialTest, order, values
+from remote.drafter.scoring.stats import BETTER, SAME
 from tests.cause_cases import CASES, healthy
 from tests.cause_cases.healthy import FAST
 from tests.drafter_lab import NEIGHBOUR, SLOT_IDS, TRAINED, WELL_TRAINED, lab, save, trained_weights
@@ -226,7 +219,7 @@ def test_only_the_slots_asked_for_are_read_and_they_equal_the_whole_read(fmt: st
     elif fmt == "modelopt":
         write_modelopt(folder, ids, states, [0, 1, 2, 3], 4)
     else:
-        from remote.drafter.demo import write_dumps
+        from remote.drafter.demo.build import write_dumps
         with contextlib.redirect_stdout(io.StringIO()):
             write_dumps(folder, ids, states, None, {"layer_ids": [-1, 1, 2, 3, 4]}, fmt)
     dumps = DumpSet.open(folder)

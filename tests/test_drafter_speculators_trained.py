@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter.layers import Weights
+from remote.drafter.model.layers import Weights
 from tests.drafter_lab import (
     CACHE,
     TRAINED,

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from remote.drafter import Verifier, load_checkpoint
-from remote.drafter.batching import collate, iter_batches
-from remote.drafter.checkpoint import expected_shapes
-from remote.drafter.data import DumpSet, Sample
+from remote.drafter.data.batching import collate, iter_batches
+from remote.drafter.data.dumps import DumpSet, Sample
 from remote.drafter.errors import CorruptFileError
-from remote.drafter.model import DraftArch, Eagle3Draft, Unroll
-from remote.drafter.rope import RopeSpec
-from remote.drafter.scoring import VerifierHead, new_score, score_batch
+from remote.drafter.load.checkpoint import expected_shapes
+from remote.drafter.model.draft import DraftArch, Eagle3Draft, Unroll
+from remote.drafter.model.rope import RopeSpec
+from remote.drafter.scoring.score import VerifierHead, new_score, score_batch
 from tests.drafter_support import demo
 
 REPO = Path(__file__).resolve().parent.parent

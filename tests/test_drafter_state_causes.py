@@ -23,9 +23,10 @@ from remote.capture import cli as capture_cli
 from remote.capture import matching
 from remote.capture.dumps import Picked
 from remote.capture.target import Target
-from remote.drafter import slotstats, tinyllama
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, ShapeMismatchError
+from remote.drafter.model import tinyllama
+from remote.drafter.scoring import slotstats
 from tests.drafter_support import SPEC, demo, run_eval
 from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
 

@@ -7,15 +7,8 @@ import math
 import pytest
 import torch
 
-from remote.drafter.chance import ChanceLevel
-from remote.drafter.stats import (
-    BETTER,
-    INCONCLUSIVE,
-    SAME,
-    PerSample,
-    compare,
-    sign_test,
-)
+from remote.drafter.scoring.chance import ChanceLevel
+from remote.drafter.scoring.stats import BETTER, INCONCLUSIVE, SAME, PerSample, compare, sign_test
 
 
 def _exact_sign_p(wins: int, losses: int) -> float:

@@ -1,4 +1,4 @@
-"""The evaluator under torchrun (remote/drafter/launch.py): 2 gloo ranks on the demo give one process's
+"""The evaluator under torchrun (remote/drafter/launch/launcher.py): 2 gloo ranks on the demo give one process's
 report, a rank killed mid-run is named with its signal and leaves no report, and the bad inputs of a
 torchrun (dumps that differ across ranks, a rank without its files, more ranks than the host runs)
 are one paragraph each.  Real torchrun, real processes; every wait bounded."""
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from remote import events
-from remote.drafter.batching import iter_batches, plan
-from remote.drafter.distributed import World
-from remote.drafter.metrics import StepCounts
-from remote.drafter.reduce import counts
+from remote.drafter.data.batching import iter_batches, plan
+from remote.drafter.launch.distributed import World
+from remote.drafter.scoring.metrics import StepCounts
+from remote.drafter.scoring.reduce import counts
 from tests.conftest import REPO
 from tests.drafter_support import demo
 

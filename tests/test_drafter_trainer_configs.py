@@ -1,5 +1,5 @@
 """The layers of SpecForge and ModelOpt dumps from the trainer's own config files next to them
-(remote/drafter/trainerconfig.py), when no data_config.json says: SpecForge 0.2.0's run config (its
+(remote/drafter/data/trainerconfig.py), when no data_config.json says: SpecForge 0.2.0's run config (its
 ids, its draft config's eagle_config, or its default from the target's layer count) and ModelOpt's
 eagle config, with the report saying where the ids came from."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError
 from tests.drafter_support import SPEC, demo, run_eval
 from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from remote.drafter import DataError
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, CorruptFileError, MissingTensorError, ShapeMismatchError
 from tests.drafter_support import SPEC, demo, run_eval
 from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge, write_speculators

@@ -1,4 +1,4 @@
-"""The trainers' layouts told apart from config + weight names (remote/drafter/draftformat.py), the
+"""The trainers' layouts told apart from config + weight names (remote/drafter/load/draftformat.py), the
 original EAGLE repository's ``pytorch_model.bin`` checkpoints, folders with two readings, and bad
 exports: each refusal one paragraph naming the file. No trainer package needed (the parity with
 the trainers' own code is tests/test_drafter_trainer_parity.py)."""
@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from remote.drafter import load_checkpoint
 from remote.drafter.errors import ConfigError, CorruptFileError, DrafterError, MissingTensorError
-from remote.drafter.verifier import Verifier
+from remote.drafter.load.verifier import Verifier
 from tests.drafter_lab import TRAINED, lab, save, trained_weights
 
 MODELOPT_EAGLE_CONFIG = {"eagle_aux_hidden_state_layer_ids": TRAINED, "use_aux_hidden_state": True,

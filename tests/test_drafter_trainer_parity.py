@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from remote.drafter import load_checkpoint
-from remote.drafter.verifier import Verifier
+from remote.drafter.load.verifier import Verifier
 from tests.trainer_peers import eager, load_modelopt, load_specforge, random_like
 
 BOUND = 1e-5   # |ours - theirs| / (1 + max |theirs|), fp32, every step

@@ -13,15 +13,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from remote.drafter import load_checkpoint
-from remote.drafter.batching import background, collate
-from remote.drafter.checkpoint import canonical_name
-from remote.drafter.data import Sample, SlotInfo
-from remote.drafter.layouts import Evidence, Measured, decide, interpret
-from remote.drafter.metrics import StepCounts, walk
-from remote.drafter.model import Eagle3Draft
-from remote.drafter.rope import RopeSpec, inv_freq
-from remote.drafter.stats import PerSample, compare
-from remote.drafter.train import init_draft
+from remote.drafter.data.batching import background, collate
+from remote.drafter.data.dumps import Sample, SlotInfo
+from remote.drafter.demo.train import init_draft
+from remote.drafter.load.checkpoint import canonical_name
+from remote.drafter.model.draft import Eagle3Draft
+from remote.drafter.model.rope import RopeSpec, inv_freq
+from remote.drafter.scoring.metrics import StepCounts, walk
+from remote.drafter.scoring.stats import PerSample, compare
+from remote.drafter.verdict.layouts import Evidence, Measured, decide, interpret
 from tests.drafter_support import PAD_BOUND, SPEC, demo
 
 

@@ -15,8 +15,8 @@ from rich.console import Console
 from draftops.documents import load
 from draftops.documents.drafter_report import DrafterReport
 from draftops.report import show
-from remote.drafter import chattemplate
 from remote.drafter.causes import training
+from remote.drafter.data import chattemplate
 from remote.drafter.errors import ConfigError, OptionError
 from remote.eagle import acceptlength
 from tests import usage_causes

@@ -21,8 +21,8 @@ from draftops.inventory import HostSpec, ServeProfile
 from draftops.report import show
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
-from remote.drafter import vocabmap
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
+from remote.drafter.load import vocabmap
 from remote.serve.configs import inspect
 from tests.cause_cases.healthy import rewrite_draft
 from tests.cause_cases.vocab import arange_d2t, rare_map, zeros_d2t

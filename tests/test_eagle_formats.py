@@ -16,10 +16,10 @@ import pytest
 
 from remote.draft_config import config_file
 from remote.draft_config.errors import ConfigFormatError
-from remote.drafter import config as drafter_config
-from remote.drafter.checkpoint import load_checkpoint
 from remote.drafter.errors import ConfigError
-from remote.drafter.verifier import Verifier
+from remote.drafter.load import config as drafter_config
+from remote.drafter.load.checkpoint import load_checkpoint
+from remote.drafter.load.verifier import Verifier
 from remote.eagle import formats
 from remote.serve.configs import draft_facts, inspect
 from tests.drafter_lab import TRAINED, lab, save, trained_weights

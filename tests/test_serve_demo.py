@@ -17,7 +17,7 @@ from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
 from remote.draft_config.__main__ import main as draft_config_main
-from remote.drafter.demo import read_serve_info
+from remote.drafter.demo.build import read_serve_info
 from remote.serve.configs import inspect
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo, run_eval

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from remote.drafter import greedy
-from remote.drafter.demo import read_serve_info
+from remote.drafter.demo.build import read_serve_info
 from tests.conftest import REPO, copy_remote_package, ssh_entry
 from tests.drafter_support import demo
 from tests.sshd import free_port

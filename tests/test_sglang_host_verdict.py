@@ -16,7 +16,7 @@ from rich.console import Console
 from draftops.cli.drafter import show_result
 from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
-from remote.drafter import layouts
+from remote.drafter.verdict import layouts
 from tests.drafter_support import demo, run_eval
 
 RUN_ID = "20261206-051500-test-drafter-5a1b"

@@ -11,8 +11,9 @@ import io
 
 import pytest
 
-from remote.drafter import greedy, wordtokenizer
-from remote.drafter.demo import read_serve_info
+from remote.drafter import greedy
+from remote.drafter.demo import wordtokenizer
+from remote.drafter.demo.build import read_serve_info
 from tests.drafter_support import demo
 from tests.vllm_server import VllmServer, engine_venv, spec_totals
 

@@ -1,5 +1,5 @@
 """Writers of SpecForge's and ModelOpt's hidden-state dump formats, for tests (the layouts in
-remote/drafter/dumpformats.py): the demo's states, or any [N, T, S, H] slots, written out as each
+remote/drafter/data/dumpformats.py): the demo's states, or any [N, T, S, H] slots, written out as each
 trainer writes them, holding only the slots training used (aux slots, then the final one)."""
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from remote.drafter.demo import write_dumps
+from remote.drafter.demo.build import write_dumps
 from tests import drafter_lab
 
 EOS = "<|im_end|>"

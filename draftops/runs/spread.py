@@ -1,7 +1,7 @@
 """`invoke test-drafter --gpus N [--hosts a,b]`: the evaluator under torchrun, on one host or spread
 over several.
 
-One host: one job running the launcher (``python -m remote.drafter.launch``, remote/drafter/launch.py)
+One host: one job running the launcher (``python -m remote.drafter.launch``, remote/drafter/launch/launcher.py)
 with one rank per GPU.  Several hosts: one ordinary job per host (each survives a dropped link and is
 listed by `invoke runs`), each launching its ranks as node ``i`` of ``len(hosts)`` with the
 rendezvous on the first host's address as the others reach it (hosts.yaml's ``address``; 127.0.0.1
@@ -23,7 +23,7 @@ from draftops.link.host import Host
 from draftops.runs import jobs, mlstack, nodewatch
 from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job, run_tool
 from draftops.terminal import clean
-from remote.drafter import launch_line
+from remote.drafter.launch import launch_line
 
 LAUNCHER = launch_line.MODULE
 #: log lines quoted for a node that failed without an error of its own

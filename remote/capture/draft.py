@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonread
-from ..drafter.checkpoint import canonical_name
-from ..drafter.tensorstore import TensorStore
+from ..drafter.load.checkpoint import canonical_name
+from ..drafter.store.tensorstore import TensorStore
 from ..eagle import convention, formats
 from .errors import CaptureError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafter.data import DumpSet, Sample, SlotInfo
+from ..drafter.data.dumps import DumpSet, Sample, SlotInfo
 from .errors import CaptureError, DumpMismatchError
 
 DEFAULT_SAMPLES = 24

@@ -16,7 +16,7 @@ from .config_file import DraftConfig
 from .errors import InvalidLayerIds
 from .target import TargetInfo
 
-#: no target has this many layers (remote/drafter/trainerconfig.py holds the same bound): without
+#: no target has this many layers (remote/drafter/data/trainerconfig.py holds the same bound): without
 #: --target an id at or past it is refused, not written
 MAX_LAYERS = 1 << 16
 

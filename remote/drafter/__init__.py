@@ -17,8 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .checkpoint import CheckpointInfo, load_checkpoint
-    from .data import DumpSet, Sample, SlotInfo
+    from .data.dumps import DumpSet, Sample, SlotInfo
     from .errors import (
         ConfigError,
         CorruptFileError,
@@ -33,19 +32,20 @@ if TYPE_CHECKING:
         UnsupportedError,
     )
     from .evaluation import evaluate
-    from .model import DraftArch, Eagle3Draft
+    from .load.checkpoint import CheckpointInfo, load_checkpoint
+    from .load.verifier import Verifier
+    from .model.draft import DraftArch, Eagle3Draft
     from .options import EvalOptions
     from .report import SCHEMA
-    from .verifier import Verifier
 
 _WHERE = {
-    "CheckpointInfo": "checkpoint", "load_checkpoint": "checkpoint",
-    "DumpSet": "data", "Sample": "data", "SlotInfo": "data",
+    "CheckpointInfo": "load.checkpoint", "load_checkpoint": "load.checkpoint",
+    "DumpSet": "data.dumps", "Sample": "data.dumps", "SlotInfo": "data.dumps",
     **dict.fromkeys(("ConfigError", "CorruptFileError", "DataError", "DrafterError", "EmptyDataError",
                      "MissingTensorError", "NonFiniteError", "OptionError", "ResourceError",
                      "ShapeMismatchError", "UnsupportedError"), "errors"),
-    "evaluate": "evaluation", "DraftArch": "model", "Eagle3Draft": "model", "EvalOptions": "options",
-    "SCHEMA": "report", "Verifier": "verifier",
+    "evaluate": "evaluation", "DraftArch": "model.draft", "Eagle3Draft": "model.draft", "EvalOptions": "options",
+    "SCHEMA": "report", "Verifier": "load.verifier",
 }
 
 __all__ = [

@@ -18,11 +18,11 @@ from typing import Any
 
 from .. import exitcodes, fileio, jsonread
 from ..eagle import acceptlength
-from . import distributed
-from .demo import MARKER, ensure_demo
+from .demo.build import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
 from .evaluation import evaluate
+from .launch import distributed
 from .options import EvalOptions
 
 DEMO_ENV = "DRAFTOPS_DEMO_DIR"

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from .chattemplate import Scan
-from .checkpoint import CheckpointInfo
-from .data import DumpSet, Sample, check_sample
-from .distributed import SINGLE, World
-from .model import Eagle3Draft
-from .scoring import VerifierHead
-from .verifier import Verifier
+from .data.chattemplate import Scan
+from .data.dumps import DumpSet, Sample, check_sample
+from .launch.distributed import SINGLE, World
+from .load.checkpoint import CheckpointInfo
+from .load.verifier import Verifier
+from .model.draft import Eagle3Draft
+from .scoring.score import VerifierHead
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The local side asks "is the demo there?" before every `--draft demo` / `--ckpt demo` / `--dataset demo`
 task; answering it must not cost a torch import on the host (seconds on a CPU box), so this module is
 stdlib only, and ``python -m remote.drafter.demo_spec DIR`` prints ``{"complete": true|false, ...}``.
-The builder is ``remote.drafter.demo``.
+The builder is ``remote.drafter.demo.build``.
 """
 from __future__ import annotations
 

@@ -142,6 +142,6 @@ class UnsupportedError(DrafterError):
 
 class RankError(DrafterError):
     """A torchrun of the evaluator that cannot go on: a rank died or failed, or the ranks disagree
-    about their dumps (remote/drafter/distributed.py, launch.py)."""
+    about their dumps (remote/drafter/launch/distributed.py, launch.py)."""
 
     kind = "rank"

@@ -28,27 +28,15 @@ import torch
 
 from .. import events
 from ..eagle import convention, engine_rules
-from . import (
-    chattemplate,
-    config,
-    distributed,
-    dumpformats,
-    engine_states,
-    layouts,
-    reduce,
-    report,
-    sequential,
-    stats,
-    trainermap,
-    vocabmap,
-)
-from .batching import Batch, background, iter_batches, iter_planned, plan, to_device
+from . import report
 from .causes import config_keys
 from .causes.states import CAPTURE
-from .chance import ChanceLevel
-from .checkpoint import CheckpointInfo, load_checkpoint
 from .context import EvalContext
-from .data import DumpSet, SlotInfo
+from .data import chattemplate, dumpformats, engine_states, trainermap
+from .data.batching import Batch, background, iter_batches, iter_planned, plan, to_device
+from .data.dumps import DumpSet, SlotInfo
+from .data.measured import read_capture_check
+from .data.trainermap import TRAINER_MAP
 from .errors import (
     ConfigError,
     DataError,
@@ -57,15 +45,20 @@ from .errors import (
     ShapeMismatchError,
     UnsupportedError,
 )
-from .layouts import Evidence, Interpretation, Measured
-from .measured import read_capture_check
-from .model import Eagle3Draft
+from .launch import distributed
+from .load import config, vocabmap
+from .load.checkpoint import CheckpointInfo, load_checkpoint
+from .load.verifier import Verifier
+from .measures import CHAT_TEMPLATE, CONFIG_KEY_IGNORED
+from .model.draft import Eagle3Draft
 from .options import EvalOptions
-from .results import Results
-from .scoring import LayoutScore, VerifierHead, new_score, score_batch
-from .slotstats import STATS, SlotStats
-from .trainermap import TRAINER_MAP
-from .verifier import Verifier
+from .scoring import reduce, sequential, stats
+from .scoring.chance import ChanceLevel
+from .scoring.score import LayoutScore, VerifierHead, new_score, score_batch
+from .scoring.slotstats import STATS, SlotStats
+from .verdict import layouts
+from .verdict.layouts import Evidence, Interpretation, Measured
+from .verdict.results import Results
 
 
 def resolve_device(name: str) -> tuple[torch.device, torch.dtype]:
@@ -151,7 +144,7 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
         samples=scored, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
-        extra={**extra, "chat-template": _chat_format(ctx, opts),
+        extra={**extra, CHAT_TEMPLATE.key: _chat_format(ctx, opts),
                **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored)},
         total=count, sequential=seq, read=dict(ctx.read)))
     path = report.write(doc, Path(opts.out))
@@ -490,7 +483,7 @@ def _variant_extra(variant: _Variant | None, score: LayoutScore | None, full: di
 
     version, assumed = engine_rules.effective(variant.engine, opts.engine_version)
     slot_ids = ctx.dumps.slots.layer_ids
-    return {config_keys.ID: {
+    return {CONFIG_KEY_IGNORED.key: {
         "engine": variant.engine, "engine_version": version, "version_assumed": assumed, "keys": variant.keys,
         "layer_ids": [slot_ids[s] for s in variant.slots] if slot_ids else list(variant.slots),
         "samples": count, "basis": basis, "as_trained": run(trained), "as_engine_runs": run(score)}}

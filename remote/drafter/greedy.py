@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import exitcodes
-from . import tinyllama, wordtokenizer
+from .demo import wordtokenizer
+from .model import tinyllama
 
 
 def greedy_decode(target: str | Path, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:

@@ -15,15 +15,15 @@ import torch
 
 from ..eagle import acceptlength, convention
 from ..fileio import atomic_write_bytes
-from . import causes, dumpformats, layouts, trainerconfig
+from . import causes, measures
 from .causes.states import CAPTURE
 from .context import EvalContext
+from .data import dumpformats, trainerconfig
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
-from .results import Results
-from .scoring import LayoutScore
-from .slotstats import STATS
-from .trainermap import TRAINER_MAP
+from .scoring.score import LayoutScore
+from .verdict import layouts
+from .verdict.results import Results
 
 SCHEMA = "draftops.drafter-report/1"
 REPORT_NAME = "report.json"
@@ -36,7 +36,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
     expected = _expected(opts, res)
     note = _expected_note(expected) if expected and expected["flagged"] else ""
     findings = causes.collect(causes.Facts(opts, ctx, res, res.extra))
-    layouts.not_nothing_to_fix(res.verdict, [f["id"] for f in findings if f.get("severity") == "bad"])
+    layouts.not_nothing_to_fix(res.verdict, [f.id for f in findings if f.severity == "bad"])
     served_acc = _accept(res.full.get("served"), res.basis, opts.steps)
     best_acc = _accept(res.full.get("best"), res.basis, opts.steps)
     return {
@@ -45,9 +45,9 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                     "diagnosis": res.verdict.diagnosis + note,
                     "serving_convention": convention.serving_convention(ctx.info.format),
                     "advice_engine": opts.engine,
-                    "expected_acc": expected, "findings": [f["id"] for f in findings],
+                    "expected_acc": expected, "findings": [f.id for f in findings],
                     "expected_accept": _expected_accept(opts, served_acc if served_acc is not None else best_acc)},
-        "findings": findings,
+        "findings": [f.to_dict() for f in findings],   # the records' report.json form, unchanged
         "slot_layers_from": _layers_from(opts, ctx),
         "slot_norms": [{"slot": i, "layer_id": slot_ids[i] if slot_ids else None,
                         "role": layouts.slot_role(i, slot_ids, ctx.final_slot), "rms": rms}
@@ -81,9 +81,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
             "final_slot_source": ctx.final_source,
             "skipped": [{"path": path, "reason": why} for path, why in res.skipped.items()],
             "vocab_coverage": res.coverage,
-            "slot_statistics": res.extra.get(STATS),
-            "vocab_mapping": res.extra.get(TRAINER_MAP),
-            "chat_format": res.extra.get("chat-template"),
+            **measures.in_report(res.extra),   # slot_statistics, vocab_mapping, chat_format (measures.py)
             "samples_total": res.total if res.total is not None else res.samples,
             "read": res.read,
         },

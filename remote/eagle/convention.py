@@ -17,7 +17,7 @@ boundaries 0..n.
   Absent: the same default [2, n//2, n-3].
 * A config's format says which convention its ids were written in: a flat
   (``LlamaForCausalLMEagle3``) config is SGLang's, a speculators config is vLLM's. So are the
-  drafter's trainer layouts (``remote/drafter/draftformat.py``): SpecForge's exports (flat),
+  drafter's trainer layouts (``remote/drafter/load/draftformat.py``): SpecForge's exports (flat),
   ModelOpt's HF export (``modelopt``: it captures the output of layer id, SGLang's reading) and the
   EAGLE repository's checkpoints (``eagle``: no ids, the engines' default) are SGLang's.
 """

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.drafter import train
-from remote.drafter.demo import save_draft
-from remote.drafter.layers import Weights
+from remote.drafter.demo import train
+from remote.drafter.demo.build import save_draft
+from remote.drafter.model.layers import Weights
 from remote.eagle.formats import IDS_KEY
 
 from .healthy import Healthy, Variant

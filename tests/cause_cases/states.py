@@ -13,7 +13,7 @@ from remote.capture import cli as capture_cli
 from remote.capture import matching
 from remote.capture.dumps import Picked
 from remote.capture.target import Target
-from remote.drafter.data import DumpSet
+from remote.drafter.data.dumps import DumpSet
 
 from .healthy import Healthy, Variant
 

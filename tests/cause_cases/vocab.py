@@ -1,4 +1,4 @@
-"""Vocabulary-map causes (failure-modes.md #6; remote/drafter/vocabmap.py): broken d2t/t2d maps.
+"""Vocabulary-map causes (failure-modes.md #6; remote/drafter/load/vocabmap.py): broken d2t/t2d maps.
 The map builders are shared with tests/test_drafter_vocabmap.py (which breaks the demo draft)."""
 from __future__ import annotations
 

@@ -7,16 +7,16 @@ accept length exactly 1.0 (SGLang #21272)."""
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from .facts import Facts
+from .finding import Finding
 
 ID = "algorithm-eagle-not-eagle3"
 #: what the serve side passes as --serve-algorithm when a profile sets one that is not EAGLE-3
 EAGLE_NAMES = ("eagle", "nextn")
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
+def check(facts: Facts) -> list[Finding]:
     info, opts, res = facts.ctx.info, facts.opts, facts.res
     declared = info.algorithm
     launched = (opts.serve_algorithm or "").lower() or None
@@ -48,5 +48,5 @@ def check(facts: Facts) -> list[dict[str, Any]]:
     evidence = {"declared_algorithm": declared, "launch_algorithm": opts.serve_algorithm,
                 "accept_length_as_eagle": 1.0, "accept_length_as_eagle3": as_eagle3, "steps": opts.steps,
                 "num_aux": info.arch.num_aux}
-    return [{"id": ID, "severity": "bad", "text": text, "evidence": evidence,
-             "fix": "; ".join(fixes)[0].upper() + "; ".join(fixes)[1:] + f" (draft {ckpt})."}]
+    return [Finding(id=ID, severity="bad", text=text, evidence=evidence,
+                    fix="; ".join(fixes)[0].upper() + "; ".join(fixes)[1:] + f" (draft {ckpt}).")]

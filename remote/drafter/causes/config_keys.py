@@ -11,8 +11,10 @@ import shlex
 from typing import Any
 
 from ...eagle import convention, engine_rules
-from ..model import Eagle3Draft
+from ..measures import CONFIG_KEY_IGNORED
+from ..model.draft import Eagle3Draft
 from .facts import Facts
+from .finding import Finding
 
 ID = "config-key-ignored"
 #: a step-0 drop at least this large makes the finding ``bad``; below it, ``warn``
@@ -39,8 +41,8 @@ def as_engine_runs(draft: Eagle3Draft, keys: list[engine_rules.KeyRead]) -> Eagl
     return variant
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
-    measured = facts.extra.get(ID)
+def check(facts: Facts) -> list[Finding]:
+    measured = facts.measured(CONFIG_KEY_IGNORED)
     if not measured:
         return []
     trained, served = measured["as_trained"], measured["as_engine_runs"]
@@ -69,8 +71,8 @@ def check(facts: Facts) -> list[dict[str, Any]]:
                 "step0_acc_as_trained": trained["step0_acc"], "step0_acc_as_engine_runs": served["step0_acc"],
                 "step0_change": -drop, "accept_length_as_trained": trained["accept_length"],
                 "accept_length_as_engine_runs": served["accept_length"], "basis": measured["basis"]}
-    return [{"id": ID, "severity": "bad" if drop >= BAD_DROP else "warn", "text": text, "evidence": evidence,
-             "fix": fix}]
+    return [Finding(id=ID, severity="bad" if drop >= BAD_DROP else "warn", text=text, evidence=evidence,
+                    fix=fix)]
 
 
 def describe(keys: list[engine_rules.KeyRead], engine: str) -> list[dict[str, Any]]:

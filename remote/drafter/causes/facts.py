@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..measures import Measure
+
 if TYPE_CHECKING:  # only types: the checks must not import the evaluator (it imports them)
     from ..context import EvalContext
     from ..options import EvalOptions
-    from ..results import Results
+    from ..verdict.results import Results
 
 
 @dataclass
@@ -18,4 +20,8 @@ class Facts:
     opts: EvalOptions
     ctx: EvalContext
     res: Results
-    extra: dict[str, Any]  # measurements a check asked the passes to make (keyed by the check's id)
+    extra: dict[str, Any]  # measurements a check asked the passes to make, keyed by measures.py's keys
+
+    def measured(self, measure: Measure) -> Any:
+        """One measurement (declared in measures.py), or None when the passes did not make it."""
+        return self.extra.get(measure.key)

@@ -18,13 +18,14 @@ from typing import Any
 
 from ...eagle import convention, engine_rules
 from ...eagle.engine_rules import FIRST_IS_1, KEEP_IF_FINAL, PLUS1, RULE_TEXT, THROUGH
-from ..layouts import STATUS_MATCH, STATUS_MISMATCH
+from ..verdict.layouts import STATUS_MATCH, STATUS_MISMATCH
 from .facts import Facts
+from .finding import Finding
 
 SLOT_SHIFT = "slot-shift"
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
+def check(facts: Facts) -> list[Finding]:
     case = _Case.of(facts)
     if case is None:
         return []
@@ -161,11 +162,10 @@ class _Case:
                 f"-1..{self.last - 1})")
 
     # -- findings -------------------------------------------------------------------------------
-    def _finding(self, fid: str, severity: str, text: str, fix: str | None = None) -> dict[str, Any]:
-        return {"id": fid, "severity": severity, "text": text, "evidence": self.evidence(),
-                "fix": fix or self._fix()}
+    def _finding(self, fid: str, severity: str, text: str, fix: str | None = None) -> Finding:
+        return Finding(id=fid, severity=severity, text=text, evidence=self.evidence(), fix=fix or self._fix())
 
-    def missing(self) -> dict[str, Any]:
+    def missing(self) -> Finding:
         default = convention.default_boundaries(self.n)
         same = self.fed == self.trained
         text = (f"The draft config has no aux layer ids where {convention.ENGINE_NAME[self.engine]} reads them "
@@ -175,7 +175,7 @@ class _Case:
                                               if same else "") + self._scores())
         return self._finding("ids-missing-engine-default", "warn" if same else "bad", text)
 
-    def uncapturable(self) -> dict[str, Any]:
+    def uncapturable(self) -> Finding:
         text = (f"The draft was trained on layers {self.said(self.trained)}, which include the final "
                 f"layer's output (boundary {self.n} of {self.n}); {self.name} captures inside its decoder loop, "
                 f"up to boundary {self.last}, so it cannot feed it (SGLang #32334, vLLM #46788): the server "
@@ -192,7 +192,7 @@ class _Case:
             return SLOT_SHIFT
         return None
 
-    def shifted(self, why: str) -> dict[str, Any]:
+    def shifted(self, why: str) -> Finding:
         assert self.ids is not None
         reads = (f"{self.name} reads {self.ids} from {self.field} and, on {self.target}, "
                  f"{RULE_TEXT[self.rule]}: it feeds layers {self.said(self.fed)}")
@@ -209,7 +209,7 @@ class _Case:
         text = f"{reads}, but {how}.{tail} {self._scores()}"
         return self._finding("layer-convention-shift", "bad", text)
 
-    def wrong(self) -> dict[str, Any]:
+    def wrong(self) -> Finding:
         assert self.ids is not None
         text = (f"{self.name} reads {self.ids} from {self.field} and {RULE_TEXT[self.rule]}: it feeds the states "
                 f"layers {self.said(self.fed)}, but the draft was trained on layers {self.said(self.trained)}, and no "

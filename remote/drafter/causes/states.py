@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..slotstats import STATS
+from ..measures import CAPTURE_CHECK
+from ..scoring.slotstats import STATS
 from .facts import Facts
+from .finding import Finding
 
-CAPTURE = "capture_check"  # Results.extra key: measured.py's summary of an unusable capture-check report
+CAPTURE = CAPTURE_CHECK.key  # Results.extra key: measured.py's summary of an unusable capture-check report
 #: a fit of ``dump = c * target`` that leaves less than this is a scale, not another computation
 SCALE_FIT = 0.05
 REGENERATE = ("regenerate the dumps with the target model as it is served (the same weights, dtype and "
               "quantization as the engine's; `invoke capture-check` compares them) and retrain the draft on them")
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
+def check(facts: Facts) -> list[Finding]:
     stats = facts.extra.get(STATS)
     out = []
     if stats is not None:
@@ -31,7 +33,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _embedding(stats: dict[str, Any]) -> list[dict[str, Any]]:
+def _embedding(stats: dict[str, Any]) -> list[Finding]:
     """Dump slots holding the embedding, and the draft's own embedding, at another scale than the target's."""
     scaled = [s for s in stats["slots"] if s["reference"] == "embedding" and s["differs"]
               and s["scale_residual"] < SCALE_FIT]
@@ -61,11 +63,11 @@ def _embedding(stats: dict[str, Any]) -> list[dict[str, Any]]:
     if mine_off:
         fix.append("ship the target's embed_tokens in the draft (or drop it from the checkpoint so the engine "
                    "shares the target's) and retrain with the embedding the target computes")
-    return [{"id": "embedding-scale", "severity": "bad",
-             "text": ("The embedding the draft sees is at another scale than the target's: " + "; ".join(parts)
-                      + ". A cosine cannot show this; served, the draft gets inputs of another size than it "
-                        "was trained on."),
-             "evidence": evidence, "fix": "; ".join(fix).capitalize() + "."}]
+    return [Finding(id="embedding-scale", severity="bad",
+                    text=("The embedding the draft sees is at another scale than the target's: " + "; ".join(parts)
+                          + ". A cosine cannot show this; served, the draft gets inputs of another size than it "
+                            "was trained on."),
+                    evidence=evidence, fix="; ".join(fix).capitalize() + ".")]
 
 
 def _numbers(s: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def _numbers(s: dict[str, Any]) -> dict[str, Any]:
     return {k: float(f"{s[k]:.6g}") if isinstance(s[k], float) else s[k] for k in keys}
 
 
-def _target(stats: dict[str, Any] | None, capture: dict[str, Any] | None) -> dict[str, Any] | None:
+def _target(stats: dict[str, Any] | None, capture: dict[str, Any] | None) -> Finding | None:
     """Layer slots unlike the target recomputed here (beyond the noise), or a capture check's differences."""
     unlike = [] if stats is None else [s for s in stats["slots"] if s["differs"] and not (
         s["reference"] == "embedding" and s["scale_residual"] < SCALE_FIT)]
@@ -100,6 +102,6 @@ def _target(stats: dict[str, Any] | None, capture: dict[str, Any] | None) -> dic
                                      "kinds": kinds, "differences": [
                                          {k: d.get(k) for k in ("slot", "kind", "boundary", "relative_error",
                                                                 "norm_ratio", "cosine")} for d in diffs]}
-    return {"id": "target-differs", "severity": "bad",
-            "text": "The dumps' states are not the served target's: " + "; ".join(parts) + ".",
-            "evidence": evidence, "fix": REGENERATE[0].upper() + REGENERATE[1:] + "."}
+    return Finding(id="target-differs", severity="bad",
+                   text="The dumps' states are not the served target's: " + "; ".join(parts) + ".",
+                   evidence=evidence, fix=REGENERATE[0].upper() + REGENERATE[1:] + ".")

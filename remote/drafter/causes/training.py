@@ -18,6 +18,7 @@ from typing import Any
 
 from ... import jsonread
 from .facts import Facts
+from .finding import Finding
 
 FLOORS = (0.4, 0.1, 0.01)   # speculators nightly: per-position floors of full_acc_k, k = 0, 1, 2
 SIZE_KEYS = ("num_train_samples", "train_samples", "num_training_samples", "train_dataset_size",
@@ -67,7 +68,7 @@ def training_size(config_path: str, ckpt: str) -> dict[str, Any]:
     return out
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
+def check(facts: Facts) -> list[Finding]:
     res = facts.res
     near_chance = res.verdict.status == "UNKNOWN" and res.verdict.reason == "near_chance"
     if res.verdict.status != "MATCH" and not near_chance:
@@ -94,11 +95,11 @@ def check(facts: Facts) -> list[dict[str, Any]]:
             f"{res.samples} evaluated samples is [{shown}] against the floors [{floors}] (position"
             f"{'s' if len(below) > 1 else ''} {', '.join(str(k) for k in below)} below), for a predicted accept length "
             f"of {accept:.2f} at {steps} steps; {data}.")
-    return [{"id": "undertrained", "severity": "warn", "text": text,
-             "evidence": {"full_acc": acc, "floors": list(FLOORS[: len(acc)]), "below": below,
-                          "predicted_accept_length": accept, "verdict": res.verdict.status, "steps": steps,
-                          "basis": res.basis,
-                          "samples_evaluated": res.samples, "training_samples": size["samples"],
-                          "training_epochs": size["epochs"], "training_size_source": size["source"]},
-             "fix": (f"Train on more data or for more epochs ({FIELD}); check the accuracies on held-out dumps "
-                     "again with `invoke test-drafter` before serving.")}]
+    return [Finding(id="undertrained", severity="warn", text=text,
+                    evidence={"full_acc": acc, "floors": list(FLOORS[: len(acc)]), "below": below,
+                              "predicted_accept_length": accept, "verdict": res.verdict.status, "steps": steps,
+                              "basis": res.basis,
+                              "samples_evaluated": res.samples, "training_samples": size["samples"],
+                              "training_epochs": size["epochs"], "training_size_source": size["source"]},
+                    fix=(f"Train on more data or for more epochs ({FIELD}); check the accuracies on held-out dumps "
+                         "again with `invoke test-drafter` before serving."))]

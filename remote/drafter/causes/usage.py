@@ -1,12 +1,12 @@
 """How the draft's data was formatted against how its target is used (failure-modes.md #8): the
-``chat-template`` finding, judged by remote/drafter/chattemplate.py on what the metrics pass loaded."""
+``chat-template`` finding, judged by remote/drafter/data/chattemplate.py on what the metrics pass loaded."""
 from __future__ import annotations
 
-from typing import Any
-
-from .. import chattemplate
+from ..data import chattemplate
+from ..measures import CHAT_TEMPLATE
 from .facts import Facts
+from .finding import Finding
 
 
-def check(facts: Facts) -> list[dict[str, Any]]:
-    return chattemplate.finding(facts.extra.get("chat-template"))
+def check(facts: Facts) -> list[Finding]:
+    return [Finding.of(f) for f in chattemplate.finding(facts.measured(CHAT_TEMPLATE))]

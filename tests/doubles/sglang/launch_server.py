@@ -347,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         import torch
 
-        from remote.drafter import layers, tinyllama
+        from remote.drafter.model import layers, tinyllama
         cfg, weights = tinyllama.load(self.args.model_path)
         ids = torch.tensor(body["input_ids"], dtype=torch.long)
         states, logits = tinyllama.forward(cfg, weights, ids[None])

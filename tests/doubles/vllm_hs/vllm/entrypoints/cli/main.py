@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from remote.drafter import tinyllama
+from remote.drafter.model import tinyllama
 
 FAULT = os.environ.get("FAKE_VLLM_FAULT", "")
 STATE: dict[str, Any] = {"held": []}

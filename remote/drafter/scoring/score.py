@@ -1,0 +1,112 @@
+"""Score a draft on batches for one choice of aux slots, against data and verifier targets.
+
+Data targets: the next token in the dump (target vocab); the draft's argmax is mapped through d2t,
+so a token outside the draft vocab is always a miss (as when serving).  Verifier targets:
+speculators' ``argmax(verifier_lm_head[t2d](verifier_norm(h_last)))`` over the draft vocab, where
+h_last is the dump's final-layer slot (pre-norm).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..data.batching import Batch
+from ..model.draft import Eagle3Draft, Unroll
+from ..model.layers import rms_norm
+from .metrics import StepCounts
+
+
+@dataclass
+class VerifierHead:
+    """verifier_norm and the lm_head rows of the draft vocab, on the draft's device."""
+
+    norm: torch.Tensor  # [H]
+    rows: torch.Tensor  # [Vd, H], row d = verifier lm_head[d + d2t[d]]
+    eps: float
+
+    def targets(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """[B, N] draft-vocab argmax of the verifier at each position."""
+        x = rms_norm(last_hidden.to(self.rows.dtype), self.norm, self.eps)
+        return (x @ self.rows.T).argmax(-1)
+
+
+@dataclass
+class LayoutScore:
+    """Counts for one layout; ``verifier`` is None without a verifier.  ``nonfinite``: valid rows
+    whose logits held NaN/inf at some step they were computed (their argmax means nothing)."""
+
+    slots: tuple[int, ...]
+    data: StepCounts
+    verifier: StepCounts | None
+    nonfinite: int = 0
+
+    def counts(self, basis: str) -> StepCounts | None:
+        return self.verifier if basis == "verifier" else self.data
+
+    def step0(self, basis: str) -> float | None:
+        counts = self.counts(basis)
+        return counts.full_acc()[0] if counts is not None else None
+
+
+def new_score(slots: Sequence[int], steps: int, with_verifier: bool) -> LayoutScore:
+    return LayoutScore(tuple(slots), StepCounts(steps), StepCounts(steps) if with_verifier else None)
+
+
+def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int,
+                verifier_targets: torch.Tensor | None, prune: bool = True) -> list[int]:
+    """Run the TTT forward on ``batch`` with ``score.slots`` and add its counts to ``score``.
+
+    Only what the counts can use is computed: step k runs the rows whose steps 0..k-1 were all
+    right against at least one kind of target (a row that already failed both can add nothing to
+    ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
+    at every step (same counts; for timing the worst case, a draft that is always right).
+    Returns the number of rows computed at each step.  Rows whose logits hold NaN/inf at any
+    computed step are counted in ``score.nonfinite`` (valid positions only, each row once)."""
+    bsz, n = batch.input_ids.shape
+    valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
+    bad = torch.zeros(bsz * n, dtype=torch.bool, device=batch.input_ids.device)
+    has_next = batch.scored & (batch.next_ids >= 0)
+    chains = {"data": (batch.next_ids, has_next.clone())}
+    if score.verifier is not None and verifier_targets is not None:
+        chains["verifier"] = (verifier_targets, batch.scored.clone())
+    preds: dict[str, list[torch.Tensor]] = {kind: [] for kind in chains}
+    hits: dict[str, torch.Tensor] = {}
+    computed: list[int] = []
+    unroll = Unroll(draft, batch.aux(score.slots), batch.input_ids)
+    for k in range(min(steps, n)):
+        need = torch.zeros(bsz, n, dtype=torch.bool, device=has_next.device)
+        for _, alive in chains.values():
+            need[:, : n - k] |= alive[:, : n - k]
+        rows = need.view(-1).nonzero().squeeze(1)
+        if prune and rows.numel() == 0:
+            break
+        logits = unroll.step(rows if prune else None)
+        keep = slice(None) if prune else rows  # every row was run: keep the ones counted
+        draft_ids = logits.argmax(-1)[keep]
+        bad[rows] |= ~torch.isfinite(logits.sum(-1))[keep]  # NaN or inf anywhere in the row
+        computed.append(int(logits.shape[0]))
+        in_target = draft.draft_to_target(draft_ids)
+        top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
+        for kind, (target, alive) in chains.items():
+            pred = torch.full((bsz * n,), -2, dtype=torch.long, device=rows.device)  # -2 matches no target
+            pred[rows] = in_target if kind == "data" else draft_ids
+            pred = pred.view(bsz, n)
+            preds[kind].append(pred)
+            alive[:, : n - k] &= pred[:, : n - k] == target[:, k:]
+            if k == 0:
+                best = draft.draft_to_target(top5) if kind == "data" else top5
+                hit = torch.zeros(bsz * n, dtype=torch.bool, device=rows.device)
+                hit[rows] = (best == target.reshape(-1)[rows, None]).any(-1)
+                hits[kind] = hit.view(bsz, n)
+    score.nonfinite += int((bad.view(bsz, n) & valid.to(bad.device)).sum())
+    filler = torch.full((bsz, n), -2, dtype=torch.long, device=has_next.device)
+    for per_step in preds.values():  # steps no row reached: nothing to count
+        per_step += [filler] * (steps - len(per_step))
+    score.data.update(preds["data"], batch.next_ids, has_next, batch.positions)
+    score.data.update_top5(hits.get("data", torch.zeros_like(has_next)), has_next)
+    if "verifier" in chains and score.verifier is not None:
+        score.verifier.update(preds["verifier"], chains["verifier"][0], batch.scored, batch.positions)
+        score.verifier.update_top5(hits.get("verifier", torch.zeros_like(has_next)), batch.scored)
+    return computed

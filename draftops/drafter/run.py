@@ -1,6 +1,5 @@
-"""Run the evaluator on the host: one process (``python -m remote.drafter eval``), or with ``gpus`` its
-torchrun launcher (remote/drafter/launch.py, one rank per GPU); a torchrun over several hosts or one
-Slurm job of several nodes is runs/spread.py's."""
+"""Run the evaluator on the host: one process (``python -m remote.drafter eval``), or with ``gpus`` a
+torchrun (runs/spread.py: its launcher on one host, on several hosts, or one Slurm job of several nodes)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,11 +8,9 @@ from typing import Any
 from draftops.link.host import Host
 from draftops.runs.tools import JobView, ToolResult, run_tool
 from draftops.serve.request import demo_dir
-from remote.drafter import launch_line
 from remote.drafter.options import EvalOptions
 
 NAME = TASK = "test-drafter"
-EVALUATOR = "remote.drafter"
 
 
 def evaluate(hosts: Sequence[Host], options: EvalOptions, given: dict[str, Any], view: JobView, *,
@@ -21,12 +18,11 @@ def evaluate(hosts: Sequence[Host], options: EvalOptions, given: dict[str, Any],
     """The evaluator's job (its run folder pulled, its result read once), on the first of ``hosts`` or
     under torchrun across them; the demo's cache is each host's own."""
     argv = ["eval", *options.to_argv()]
-    if gpus and (len(hosts) > 1 or hosts[0].spec.scheduler == "slurm"):
+    if gpus:
         from draftops.runs.spread import run_torchrun  # not at import: `invoke --list` loads no remote/ module
 
         return run_torchrun(hosts, gpus, argv, nodes=nodes, port=port, name=NAME, view=view, task=TASK,
                             given=given, env=lambda h: {"DRAFTOPS_DEMO_DIR": demo_dir(h.state_dir)})
-    module, args = (launch_line.MODULE, launch_line.launcher_args(gpus, argv)) if gpus else (EVALUATOR, argv)
     host = hosts[0]
-    return run_tool(host, module, args, name=NAME, view=view, task=TASK, given=given,
+    return run_tool(host, "remote.drafter", argv, name=NAME, view=view, task=TASK, given=given,
                     env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})

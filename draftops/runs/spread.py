@@ -21,7 +21,7 @@ from draftops import cmdline
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
 from draftops.runs import jobs, mlstack, nodewatch
-from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job, run_tool
+from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job
 from draftops.terminal import clean
 from remote.drafter import launch_line
 
@@ -33,13 +33,23 @@ LOG_LINES = 3
 def run_torchrun(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, nodes: int | None, port: int | None,
                  name: str, view: JobView, env: Callable[[Host], Mapping[str, str]], task: str | None = None,
                  given: Mapping[str, Any] | None = None) -> ToolResult:
-    """The torchrun ``invoke test-drafter --gpus`` asks for: one Slurm job of ``nodes`` nodes on a Slurm
-    host (:func:`run_slurm`), else one job per host (:func:`run_spread`)."""
+    """The torchrun ``invoke test-drafter --gpus`` asks for: one job of the launcher on one host, one
+    Slurm job of ``nodes`` nodes on a Slurm host (:func:`slurm_command`), else one job per host
+    (:func:`run_spread`)."""
     port = port or launch_line.DEFAULT_PORT
-    if hosts[0].spec.scheduler == "slurm":
-        return run_slurm(hosts[0], gpus, nodes or 1, eval_args, name=name, view=view, env=env(hosts[0]), task=task,
-                         given=given, port=port)
-    return run_spread(hosts, gpus, eval_args, name=name, view=view, env=env, task=task, given=given, port=port)
+    first = hosts[0]
+    slurm = None
+    if first.spec.scheduler == "slurm":
+        from draftops.slurmspec import SlurmOptions
+
+        command = slurm_command(first, gpus, eval_args, port)
+        slurm = SlurmOptions(nodes=nodes or 1, extra_args=["--ntasks-per-node=1"])
+    elif len(hosts) == 1:
+        command = jobs.python_module_command(first, LAUNCHER, launch_line.launcher_args(gpus, eval_args))
+    else:
+        return run_spread(hosts, gpus, eval_args, name=name, view=view, env=env, task=task, given=given, port=port)
+    mlstack.require(first, LAUNCHER)
+    return run_job(first, name, command, view=view, env=env(first), task=task, given=given, slurm=slurm)
 
 
 def endpoint(host: Host, port: int) -> str:
@@ -51,12 +61,9 @@ def endpoint(host: Host, port: int) -> str:
 def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: str, view: JobView,
                env: Callable[[Host], Mapping[str, str]] | None = None, task: str | None = None,
                given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
-    """Run ``python -m remote.drafter eval_args`` as ``gpus`` ranks on each of ``hosts`` and return the
-    first host's :class:`ToolResult` (rank 0's report), its failure naming every node that failed.
-    ``env(host)``: the environment of that host's job."""
-    if len(hosts) == 1:
-        return run_tool(hosts[0], LAUNCHER, launch_line.launcher_args(gpus, eval_args), name=name, view=view,
-                        env=env(hosts[0]) if env else None, task=task, given=given)
+    """Run ``python -m remote.drafter eval_args`` as ``gpus`` ranks on each of several ``hosts`` and
+    return the first host's :class:`ToolResult` (rank 0's report), its failure naming every node that
+    failed. ``env(host)``: the environment of that host's job."""
     where = endpoint(hosts[0], port)
     started: list[tuple[Host, jobs.Job]] = []
     try:
@@ -128,18 +135,6 @@ def slurm_command(host: Host, gpus: int, eval_args: list[str], port: int) -> str
             f'[ -n "$first" ] && export DRAFTOPS_RDZV="$first:{int(port)}" && '
             'exec srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
             f"sh -c {shlex.quote(per_node)}")
-
-
-def run_slurm(host: Host, gpus: int, nodes: int, eval_args: list[str], *, name: str, view: JobView,
-              env: Mapping[str, str] | None = None, task: str | None = None,
-              given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
-    """A torchrun on a Slurm host: ONE job of ``nodes`` nodes, one task each (the host's slurm settings
-    give the GPUs per node), whose ``srun`` runs the launcher on every node; rank 0's report as usual."""
-    from draftops.slurmspec import SlurmOptions
-
-    mlstack.require(host, LAUNCHER)
-    return run_job(host, name, slurm_command(host, gpus, eval_args, port), view=view, env=env, task=task,
-                   given=given, slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
 
 
 def _stop_node(host: Host, run_id: str) -> bool:

@@ -53,8 +53,7 @@ def _test_drafter(host: Host, run_id: str, given: dict[str, Any]) -> None:
     from draftops.drafter import record
 
     done = finish_job(host, run_id, view=live("window"))
-    report = record.read_report(host, done, given, warn)
-    record.record(host, done, given, report, warn)
+    report = record.keep(host, done, given, warn)
     ckpt = given.get("ckpt")
     finish(done, report, ckpt if isinstance(ckpt, str) else None)
 

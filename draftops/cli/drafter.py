@@ -89,23 +89,22 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
 def finish(done: ToolResult, report: DrafterReport | None, ckpt: str | None, strict: bool = False) -> None:
     """Answer --json, show the report (recorded by the flow); exit 1 on a failed run, 3 with --strict on
     a finding."""
+    found = wrong(report) if strict and report is not None else []
     answer(done.data, done.run_id)
     if done.ok and report is not None:
         show_result(report, str(done.result_file), done.run_id, ckpt, console)
     done.check()
-    if strict and report is not None:
-        refuse_findings(report)
+    if found:       # --strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)
+        raise Exit(f"test-drafter --strict: {', '.join(found)} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)
 
 
 EXIT_FINDINGS = 3      # as the doctor and the nightly exit when a finding says something is wrong
 
 
-def refuse_findings(report: DrafterReport) -> None:
-    """--strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)."""
+def wrong(report: DrafterReport) -> list[str]:
+    """What --strict refuses: a MISMATCH verdict and the ✗ findings, by name."""
     bad = [f.id for f in report.findings if f.severity == "bad"]
-    if report.verdict.status == "MISMATCH" or bad:
-        what = ", ".join([*(["MISMATCH"] if report.verdict.status == "MISMATCH" else []), *bad])
-        raise Exit(f"test-drafter --strict: {what} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)
+    return [*(["MISMATCH"] if report.verdict.status == "MISMATCH" else []), *bad]
 
 
 def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: str | None,
@@ -147,12 +146,14 @@ def show_result(data: DrafterReport, result_file: str, run_id: str, ckpt: str | 
     on its own line, never wrapped, so it can be pasted whole at any terminal width."""
     from draftops import report  # rich panels: imported when there is a report to show
 
+    # draft-config refuses a report without a fix
+    task_ = fix_task(data) if data.fixable else None
+    fix = cmdline.command(task_, "--ckpt", ckpt or "demo", "--from-report", run_id) if task_ else None
     report.show(data, out)
     out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
-    if data.fixable:    # draft-config refuses a report without a fix
+    if fix:
         out.print("fix it with:")
-        out.print(escape("  " + cmdline.command(fix_task(data), "--ckpt", ckpt or "demo", "--from-report", run_id)),
-                  soft_wrap=True)
+        out.print(escape("  " + fix), soft_wrap=True)
 
 
 def fix_task(data: DrafterReport) -> str:

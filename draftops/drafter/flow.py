@@ -36,12 +36,11 @@ def test_drafter(hosts: Sequence[Host], asked: Asked, view: JobView, warn: Calla
     host = hosts[0]
     asked = asked.on_host(host)
     served = host_engine(host)     # the engine, its installed version, a launch algorithm the profile sets
-    if find_capture and len(hosts) == 1:
-        asked = dataclasses.replace(asked, measured=measured.newest(host, asked.data, asked.verifier, served.engine))
-    capture = measured.of_run(host, asked.measured)
+    capture = measured.capture(host, asked.data, asked.verifier, served.engine, run_id=asked.measured,
+                               find=find_capture and len(hosts) == 1)
+    asked = dataclasses.replace(asked, measured=capture.run_id if capture else None)
     options = asked.options(served, host.runs_dir, kept_states=bool(capture and capture.kept_states))
     given = asked.given()
     done = run.evaluate(hosts, options, given, view, gpus=asked.gpus, nodes=asked.nodes, port=asked.port)
-    report = record.read_report(host, done, given, warn)
-    record.record(host, done, given, report, warn)
+    report = record.keep(host, done, given, warn)
     return Evaluated(done, report, given)

@@ -88,3 +88,15 @@ def test_the_task_builds_its_argument_list_through_the_options():
     assert (opts.engine, opts.engine_version, opts.steps, opts.out) == ("vllm", "0.32.0", 4, Path("$DRAFTOPS_RUN_DIR"))
     demo = Asked(gpus=2).options(HostEngine(None, None, None), "/root/runs", kept_states=False)
     assert demo.demo and demo.full and "--ckpt" not in demo.to_argv() and "--engine" not in demo.to_argv()
+
+
+def test_the_laptop_writes_no_evaluator_flag_by_hand():
+    """The laptop side spells none of the evaluator's flags itself: its argument lists come from
+    EvalOptions (a flag renamed in FLAGS cannot leave a stale copy behind)."""
+    repo = Path(__file__).resolve().parent.parent
+    spelled = {f'"{flag.name}"' for flag in FLAGS} - {'"--out"', '"--ckpt"', '"--data"', '"--config"', '"--steps"',
+                                                       '"--port"', '"--engine"', '"--seed"', '"--limit"',
+                                                       '"--device"', '"--full"', '"--verifier"'}
+    found = [(str(path.relative_to(repo)), word) for path in sorted((repo / "draftops").rglob("*.py"))
+             for word in spelled if word in path.read_text()]
+    assert found == []

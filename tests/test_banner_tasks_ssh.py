@@ -69,7 +69,7 @@ def test_the_banner_is_real(project):
 
 
 def test_the_history_digest_of_a_host_config_is_the_hosts_own(project, tmp_path):
-    from draftops.cli.history import host_config_digest
+    from draftops.runs.hostfiles import config_digest_of as host_config_digest
     draft = write_model(tmp_path / "draft", draft_config([2, 8]))
     assert host_config_digest(open_host(None, project), f"{draft}/config.json") == file_digest(draft)
 

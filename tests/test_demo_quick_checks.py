@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from draftops.cli.common import ensure_demo
+from draftops.drafter.demo import ensure_demo
 from draftops.link.host import open_host
 from draftops.runs.sync import sync
 from draftops.serve.request import demo_dir

@@ -15,7 +15,6 @@ from draftops.cli.common import (
     connect,
     ensure_code,
     friendly,
-    host_path,
     live,
     project_root,
     warn,
@@ -26,6 +25,7 @@ from draftops.console import console, escape
 from draftops.errors import BenchError
 from draftops.link.host import Host
 from draftops.runs import jobs
+from draftops.runs.hostfiles import host_path
 
 if TYPE_CHECKING:   # the bench modules load pydantic: only when a bench task runs
     from draftops.bench.session import Finished

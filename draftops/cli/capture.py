@@ -4,54 +4,28 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
-from json import dumps as json_text
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
 from draftops import cmdline
-from draftops.cli.common import HOST_HELP, connect, ensure_code, ensure_demo, friendly, host_path, project_root
+from draftops.capture import flow
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, project_root
 from draftops.cli.history import record_capture_check
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, Number, task
 from draftops.console import LiveJob, console, escape
-from draftops.errors import ServeRefused
-from draftops.runs import jobs
-from draftops.runs.tools import run_tool
+from draftops.drafter.demo import ensure_demo
 from draftops.serve import profiles
-from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from draftops.documents.capture_check import CaptureCheck
-    from draftops.link.host import Host
 
-DEMO_DATA = "data"
 SAMPLES = Number(int, 1, 4096, refusal="{flag} must be {low} to {high}, not {value}.")
 PORT = Number(int, 1, 65535, refusal="{flag} must be a TCP port ({low}-{high}), not {value}.")
-
-
-def _paths(host: Host, data: str | None, draft: str | None, target: str | None,
-           chosen: profiles.Profile) -> tuple[str, str | None, str, bool]:
-    """(data, draft, target, demo) on the host: `--draft demo` (or nothing at all) is the generated demo."""
-    if draft == DEMO or (draft is None and data is None and target is None):
-        if target not in (None, DEMO):
-            raise ServeRefused(f"The demo's dumps belong to the demo target only; drop --target {target}.")
-        root = demo_dir(host.state_dir)
-        given = host_path(host, data)
-        return given or f"{root}/{DEMO_DATA}", f"{root}/{DEMO_DRAFT}", f"{root}/{DEMO_TARGET}", True
-    if data is None:
-        raise ServeRefused("Say which dumps to check: --data DUMPS (the hidden-state folder on the host), or "
-                           "--draft demo for the generated demo.")
-    chosen_target = target or chosen.settings.target
-    if not chosen_target:
-        raise ServeRefused(f"No target model: serve profile {chosen.name!r} of host {chosen.host!r} has no "
-                           "`target:`; pass --target PATH (the model the dumps were made with).")
-    found = host_path(host, data)
-    assert found is not None
-    return found, host_path(host, draft), str(host_path(host, chosen_target)), False
 
 
 @task(help={"data": "hidden-state dump folder on the host (default: the demo's)",
@@ -71,31 +45,16 @@ def capture_check(c: Context, data: str | None = None, draft: str | None = None,
     host_ = connect(c, host, max_pending=max_pending)
     ensure_code(host_)
     chosen = profiles.resolve(host_.spec, profile)
-    data_, draft_, target_, demo = _paths(host_, data, draft, target, chosen)
+    data_, draft_, target_, demo = flow.task_paths(host_, data, draft, target, chosen)
     if demo:
-        ensure_demo(host_)
-    settings = chosen.settings
-    args = ["check", "--out", jobs.RUN_DIR, "--engine", chosen.engine,
-            "--python", host_path(host_, chosen.python) or chosen.python,
-            "--target", target_, "--data", data_, "--samples", str(samples), "--tp", str(settings.tp or 1),
-            "--extra-args", json_text(list(settings.extra_args))]
-    if settings.context_length:
-        args += ["--max-model-len", str(settings.context_length)]
-    for flag, value in (("--draft", draft_), ("--port", port)):
-        if value is not None:
-            args += [flag, str(value)]
-    given: dict[str, Any] = {"data": data_, "draft": draft_, "target": target_, "profile": chosen.name,
-                             "samples": samples, "port": port}
-    done = run_tool(host_, "remote.capture", args, name="capture-check", task="capture-check", given=given,
-                    env=dict(settings.env), view=StopOnInterrupt(console, project_root(c)))
+        ensure_demo(host_, live("hide"))
+    check = flow.Check(flow.on_host(host_, chosen), data_, target_, draft_, samples, port)
+    done = flow.run(host_, check, StopOnInterrupt(console, project_root(c)))
     answer(done.data, done.run_id)
-    doc = None
-    if done.ok:
-        from draftops.documents.capture_check import CaptureCheck
-        doc = done.document(CaptureCheck)
-        if doc is not None:
-            show(doc, str(done.result_file), console)
-    record_capture_check(done, given, doc, host_.project_root)
+    doc = flow.read(done) if done.ok else None
+    if doc is not None:
+        show(doc, str(done.result_file), console)
+    record_capture_check(done, check.given(), doc, host_.project_root)
     done.check()
 
 

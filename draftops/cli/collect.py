@@ -12,7 +12,7 @@ from typing import Any
 
 from invoke import Context
 
-from draftops.cli.common import HOST_HELP, connect, friendly, live
+from draftops.cli.common import HOST_HELP, connect, friendly, live, warn
 from draftops.cli.options import task
 from draftops.console import console
 from draftops.errors import JobError
@@ -49,16 +49,13 @@ def collect(c: Context, run_id: str, host: str | None = None) -> None:
 
 
 def _test_drafter(host: Host, run_id: str, given: dict[str, Any]) -> None:
-    from draftops.cli.drafter import read_report, show_result
-    from draftops.cli.history import record_test_drafter
+    from draftops.cli.drafter import finish
+    from draftops.drafter import record
 
     done = finish_job(host, run_id, view=live("window"))
-    report = read_report(host, done, given)
-    if done.ok and report is not None:
-        ckpt = given.get("ckpt")
-        show_result(report, str(done.result_file), done.run_id, ckpt if isinstance(ckpt, str) else None, console)
-    record_test_drafter(host, done, given, report)
-    done.check()
+    report = record.keep(host, done, given, warn)
+    ckpt = given.get("ckpt")
+    finish(done, report, ckpt if isinstance(ckpt, str) else None)
 
 
 def _capture_check(host: Host, run_id: str) -> None:

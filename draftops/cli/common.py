@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import posixpath
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -133,34 +132,3 @@ def first_paragraph_as_summary(tasks: Iterable[Any]) -> None:
         doc = inspect.cleandoc(task_.__doc__ or "")
         first, _, rest = doc.partition("\n\n")
         task_.__doc__ = " ".join(first.split()) + (f"\n\n{rest}" if rest else "")
-
-
-def host_path(host: Host, path: str | None) -> str | None:
-    """A path the user typed for the host, made absolute by the one rule of every task: relative to
-    where a login shell starts there, as `ssh`/`scp host:path` read it (the home folder over SSH,
-    the project folder on `local`), `~` being the host's home. Jobs run in <root>/code, a folder
-    draftops owns and replaces on sync, so a path left relative would silently point there."""
-    if path is None:
-        return None
-    if host.spec.transport == "local":
-        given = Path(path).expanduser()
-        return str(given if given.is_absolute() else (host.project_root / given).resolve())
-    if not host.info:
-        host.prepare()
-    home = str(host.info["home"]).rstrip("/") or "/"
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else posixpath.join(home, path)
-
-
-def ensure_demo(host: Host) -> None:
-    """Generate the demo on the host once (the cache `invoke test-drafter` uses too), so tasks given
-    `--ckpt demo` / `--draft demo` work as a first command."""
-    from draftops.runs.tools import ask_tool, run_tool
-    from draftops.serve.request import demo_dir
-    folder = demo_dir(host.state_dir)
-    # one quick stdlib-only look first: the builder's job imports torch (seconds) even to find it done
-    known = ask_tool(host, "remote.drafter.demo_spec", [folder], timeout=60).data
-    if isinstance(known, dict) and known.get("complete") is True:
-        return
-    run_tool(host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=live("hide")).check()

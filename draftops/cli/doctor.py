@@ -8,11 +8,12 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import cmdline
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, project_root
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, task
 from draftops.console import console, escape
 from draftops.link.host import Host
+from draftops.runs.hostfiles import host_path
 
 _HELP = {
     "draft": "draft checkpoint folder on the host, or `demo` (the generated demo's draft)",
@@ -68,7 +69,7 @@ def doctor(c: Context, draft: str | None = None, data: str | None = None, profil
 
 
 def _typed(host: Host, given: dict[str, Any]) -> dict[str, Any]:
-    """The paths as the host reads them (absolute by cli/common.host_path's rule), so a relative
+    """The paths as the host reads them (absolute by runs/hostfiles.host_path's rule), so a relative
     --draft names the same folder on a resume as on the first call."""
     out = dict(given)
     for key in ("draft", "data", "target"):

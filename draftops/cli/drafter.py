@@ -1,21 +1,19 @@
 """`invoke test-drafter`: evaluate a draft on its hidden-state dumps on the host, outside any server."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import cmdline
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
-from draftops.cli.history import record_test_drafter
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, warn
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, NUMBER, WHOLE, task
 from draftops.console import console, escape
-from draftops.runs import jobs
-from draftops.runs.tools import ToolResult, run_tool
-from draftops.serve.host_engine import host_engine
-from draftops.serve.request import demo_dir
+from draftops.drafter import flow
+from draftops.drafter.asked import Asked
+from draftops.runs.tools import ToolResult
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -71,71 +69,42 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
                    f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)
-    host = connect(c, names[0] if names else host, max_pending=max_pending)
-    ensure_code(host)
-    _slurm_or_hosts(host, names, nodes)
-    spread = [host, *(connect(c, name) for name in names[1:])]
+    first = connect(c, names[0] if names else host, max_pending=max_pending)
+    ensure_code(first)
+    _slurm_or_hosts(first, names, nodes)
+    spread = [first, *(connect(c, name) for name in names[1:])]
     for other in spread[1:]:
         ensure_code(other)
-    args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(steps), "--device", device]
-    served = host_engine(host)    # the engine, its installed version, a launch algorithm the profile sets
-    engine = served.engine
-    args += served.eval_args()
-    ckpt, data, verifier, config = (host_path(host, p) for p in (ckpt, data, verifier, config))
-    for flag, value in (("--ckpt", ckpt), ("--data", data), ("--verifier", verifier), ("--config", config),
-                        ("--limit", limit), ("--expected-acc", expected_acc),
-                        ("--expected-accept-length", expected_accept_length), ("--expected-from", expected_from),
-                        ("--seed", seed)):
-        if value is not None:
-            args += [flag, str(value)]
-    args += ["--full"] if full or gpus else []     # a torchrun scores every sample
-    measured = _capture_check(c, host, data, verifier, engine) if len(spread) == 1 else None
-    if measured:
-        args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
-        if _kept_states(c, measured):
-            args += ["--engine-states", f"{host.runs_dir}/{measured}/engine-states"]
-    given = {"ckpt": ckpt, "data": data, "verifier": verifier, "config": config, "steps": steps,
-             "limit": limit, "expected_acc": expected_acc, "expected_accept_length": expected_accept_length,
-             "expected_from": expected_from, "device": device, "measured_by": measured,
-             **({"full": True} if full or gpus else {}), **({"seed": seed} if seed is not None else {}),
-             **({"gpus": gpus} if gpus else {}), **({"hosts": ",".join(names)} if len(names) > 1 else {}),
-             **({"nodes": nodes} if nodes else {})}
+    asked = Asked(ckpt=ckpt, data=data, verifier=verifier, config=config, steps=steps, limit=limit,
+                  expected_acc=expected_acc, expected_accept_length=expected_accept_length,
+                  expected_from=expected_from, full=full, seed=seed, device=device, gpus=gpus, hosts=tuple(names),
+                  nodes=nodes, port=port)
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
-    if gpus:
-        from draftops.runs.spread import run_torchrun  # not at import: `invoke --list` loads no remote/ module
-
-        done = run_torchrun(spread, gpus, args, nodes=nodes, port=port, name="test-drafter",
-                            view=live("window", on_detach=COLLECT_HINT), task="test-drafter", given=given,
-                            env=lambda h: {"DRAFTOPS_DEMO_DIR": demo_dir(h.state_dir)})
-    else:
-        done = run_tool(host, "remote.drafter", args, name="test-drafter", view=live("window", on_detach=COLLECT_HINT),
-                        task="test-drafter", given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
-    _finish(host, done, given, ckpt, strict)
+    found = flow.test_drafter(spread, asked, live("window", on_detach=COLLECT_HINT), warn)
+    finish(found.done, found.report, found.given.get("ckpt"), strict)
 
 
-def _finish(host: Host, done: ToolResult, given: dict[str, Any], ckpt: str | None, strict: bool) -> None:
-    """Show the report, record the run, answer --json; exit 1 on a failed run, 3 with --strict on a finding."""
-    report = read_report(host, done, given)
+def finish(done: ToolResult, report: DrafterReport | None, ckpt: str | None, strict: bool = False) -> None:
+    """Answer --json, show the report (recorded by the flow); exit 1 on a failed run, 3 with --strict on
+    a finding."""
+    found = wrong(report) if strict and report is not None else []
     answer(done.data, done.run_id)
     if done.ok and report is not None:
         show_result(report, str(done.result_file), done.run_id, ckpt, console)
-    record_test_drafter(host, done, given, report)
     done.check()
-    if strict and report is not None:
-        refuse_findings(report)
+    if found:       # --strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)
+        raise Exit(f"test-drafter --strict: {', '.join(found)} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)
 
 
 EXIT_FINDINGS = 3      # as the doctor and the nightly exit when a finding says something is wrong
 
 
-def refuse_findings(report: DrafterReport) -> None:
-    """--strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)."""
+def wrong(report: DrafterReport) -> list[str]:
+    """What --strict refuses: a MISMATCH verdict and the ✗ findings, by name."""
     bad = [f.id for f in report.findings if f.severity == "bad"]
-    if report.verdict.status == "MISMATCH" or bad:
-        what = ", ".join([*(["MISMATCH"] if report.verdict.status == "MISMATCH" else []), *bad])
-        raise Exit(f"test-drafter --strict: {what} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)
+    return [*(["MISMATCH"] if report.verdict.status == "MISMATCH" else []), *bad]
 
 
 def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: str | None,
@@ -172,61 +141,19 @@ def _slurm_or_hosts(host: Host, names: list[str], nodes: int | None) -> None:
                    "starting the ranks on each), not --hosts.", code=1)
 
 
-def _capture_check(c: Context, host: Host, data: str | None, verifier: str | None, engine: str | None) -> str | None:
-    """The newest capture-check of these dumps and target on the engine the host serves with, whose run
-    folder the host still holds; its measured slot layers replace data_config.json's claims, and the
-    engine states it kept (vLLM) score the draft on every boundary too."""
-    from draftops.cli.common import project_root
-    from draftops.errors import JobError
-    from draftops.serve.verdicts import capture_for_dumps
-
-    root = demo_dir(host.state_dir)
-    data, target = (data, verifier) if data else (f"{root}/data", verifier or f"{root}/target")
-    if engine is None or target is None:
-        return None
-    run = capture_for_dumps(project_root(c) / "runs", data, target, engine)
-    if run is None:
-        return None
-    try:
-        jobs.status(host, run)
-    except JobError:
-        return None
-    return run
-
-
-def _kept_states(c: Context, run: str) -> bool:
-    """Whether that capture-check kept the engine's states (its report names them)."""
-    from draftops.cli.common import project_root
-    from draftops.serve.verdicts import kept_engine_states
-
-    return kept_engine_states(project_root(c) / "runs", run)
-
-
-def read_report(host: Host, done: ToolResult, given: dict[str, Any]) -> DrafterReport | None:
-    """The run's report as its model, read once here (None when it left none). A report that fails
-    the model is recorded as a run without one, then refused in one paragraph naming the file (or,
-    when the run failed, by the run's own reason)."""
-    from draftops.documents import drafter_report  # pydantic: imported when a run has ended
-    from draftops.errors import DocumentError, ToolFailed
-
-    try:
-        return done.document(drafter_report.DrafterReport)
-    except (DocumentError, ToolFailed):
-        record_test_drafter(host, done, given, None)
-        raise
-
-
 def show_result(data: DrafterReport, result_file: str, run_id: str, ckpt: str | None, out: Console) -> None:
     """The report's tables and verdict, where the report is, and the one command that applies its fix:
     on its own line, never wrapped, so it can be pasted whole at any terminal width."""
     from draftops import report  # rich panels: imported when there is a report to show
 
+    # draft-config refuses a report without a fix
+    task_ = fix_task(data) if data.fixable else None
+    fix = cmdline.command(task_, "--ckpt", ckpt or "demo", "--from-report", run_id) if task_ else None
     report.show(data, out)
     out.print(f"[dim]report: {escape(result_file)}[/]", soft_wrap=True)
-    if data.fixable:    # draft-config refuses a report without a fix
+    if fix:
         out.print("fix it with:")
-        out.print(escape("  " + cmdline.command(fix_task(data), "--ckpt", ckpt or "demo", "--from-report", run_id)),
-                  soft_wrap=True)
+        out.print(escape("  " + fix), soft_wrap=True)
 
 
 def fix_task(data: DrafterReport) -> str:

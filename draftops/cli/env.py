@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING
 from invoke import Context
 
 from draftops import cmdline
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, live
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live
 from draftops.cli.engines import add_engine_rows, setup_engine
 from draftops.cli.options import task
 from draftops.console import console, escape
 from draftops.env import engine_env, mlenv
 from draftops.errors import JobError, MlEnvUnfit
 from draftops.runs import jobs, mlstack
+from draftops.runs.hostfiles import host_path
 from draftops.runs.tools import run_job, run_tool
 
 if TYPE_CHECKING:

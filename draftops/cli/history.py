@@ -1,6 +1,7 @@
 """The task side of the local run history: `invoke runs --local` and the one-call hooks that record
-each task's run (``record_test_drafter``). Recording never fails the task it follows: a history
-that cannot be written is a warning, and the run's own files stay in runs/<id>/."""
+a task's run (``record_serve``; a test-drafter's is recorded by its flow, draftops/drafter/record.py).
+Recording never fails the task it follows: a history that cannot be written is a warning, and the
+run's own files stay in runs/<id>/."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,17 +15,15 @@ from draftops.cli.common import friendly, project_root, warn
 from draftops.cli.jsonout import answer
 from draftops.cli.options import task
 from draftops.console import console, err_console, escape, fit_columns, show_not_shown, table_width
-from draftops.errors import RemoteError
 from draftops.link.host import Host
+from draftops.runs.hostfiles import config_digest_of
 from draftops.runs.tools import ToolResult
 from draftops.terminal import clean
-from remote.bench.digest import config_digest
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from draftops.documents.capture_check import CaptureCheck
-    from draftops.documents.drafter_report import DrafterReport
 
 LOCAL_RUNS_HELP = {
     "local": "list the local run history (runs/history.sqlite) instead of the host's run folders",
@@ -159,29 +158,11 @@ def _history_notes(found: list[history.RunRecord], filters: str, out: Console) -
                   "; test-drafter, serve and bench record theirs here.[/]")
 
 
-def _host_config_digest(host: Host, report: DrafterReport | None) -> str | None:
-    """The digest of the draft config the report evaluated (read on the host: it lives there)."""
-    checkpoint = report.checkpoint if report else None
-    if checkpoint and checkpoint.config_digest:
-        return checkpoint.config_digest
-    path = checkpoint.config_path if checkpoint else None
-    return host_config_digest(host, path) if path else None
-
-
-def host_config_digest(host: Host, path: str) -> str | None:
-    """The config digest (remote.bench.digest) of a config file on the host, None when unreadable. The
-    agent reads its bytes, nothing else: a shell's banner in them made a digest that matched none."""
-    try:
-        return config_digest(host.agent.read(path).data)
-    except RemoteError:
-        return None
-
-
 def record_serve(host: Host, rec_args: dict[str, Any]) -> None:
     """Record a serve run (ready or failed) in the local history; never fails the task."""
     def build(git_rev: str | None) -> history.RunRecord:
         draft = rec_args.get("draft")
-        digest = host_config_digest(host, f"{draft}/config.json") if draft else None
+        digest = config_digest_of(host, f"{draft}/config.json") if draft else None
         return records.serve_record(host=host.name, draft_digest=digest, git_rev=git_rev, **rec_args)
 
     records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, warn)
@@ -191,15 +172,6 @@ def record_capture_check(done: ToolResult, given: dict[str, Any], doc: CaptureCh
     """Record a finished capture-check run (its result read by the task) in the local history."""
     records.keep(root, f"run {done.run_id}", lambda rev: records.capture_check_record(
         done.run_id, done.host, done.final, doc, given, git_rev=rev), warn)
-
-
-def record_test_drafter(host: Host, done: ToolResult, args: dict[str, Any], report: DrafterReport | None) -> None:
-    """Record a finished test-drafter run and its report (read by the task) in the local history."""
-    def build(git_rev: str | None) -> history.RunRecord:
-        return records.test_drafter_record(done.run_id, done.host, done.final, report, args, git_rev=git_rev,
-                                           config_digest=_host_config_digest(host, report))
-
-    records.keep(host.project_root, f"run {done.run_id}", build, warn)
 
 
 @task(help={"since": "only runs since a date (2026-11-30), a time (2026-11-30T14:05) or an age (12h, 7d)",

@@ -16,18 +16,18 @@ from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
-    ensure_demo,
     friendly,
-    host_path,
     live,
     project_root,
 )
 from draftops.cli.history import record_serve
 from draftops.cli.options import GRACE_S, MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, grace_option, task
 from draftops.console import console, escape, shown_state, state_text, table_width
+from draftops.drafter.demo import ensure_demo
 from draftops.errors import ConnectError, DraftopsError, RemoteError, ServeError, ServeRefused
 from draftops.link.host import Host
 from draftops.runs import tools
+from draftops.runs.hostfiles import host_path
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
 from draftops.terminal import clean
@@ -180,7 +180,7 @@ def start(c: Context, draft: str | None = None, baseline: bool = False, profile:
     if found.refusals:
         raise ServeRefused(*found.refusals)
     if plan.demo:
-        ensure_demo(host)
+        ensure_demo(host, live("hide"))
     launch = plan.launch
     facts = hosttool.inspect(host, launch.python, chosen.settings.env, plan.engine.name, launch.target, launch.draft)
     runs = project_root(c) / "runs"

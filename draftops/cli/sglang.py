@@ -16,17 +16,17 @@ from draftops.cli.common import (
     HOST_HELP,
     connect,
     ensure_code,
-    ensure_demo,
     friendly,
-    host_path,
     live,
     project_root,
 )
 from draftops.cli.options import task
 from draftops.console import console, escape, safe
+from draftops.drafter.demo import ensure_demo
 from draftops.errors import JobError
 from draftops.link.host import Host
 from draftops.runs import jobs
+from draftops.runs.hostfiles import host_path
 from draftops.runs.tools import run_tool
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
 from draftops.serve.verdicts import serving_engine
@@ -137,7 +137,7 @@ def draft_config(c: Context, ckpt: str, layer_ids: str | None = None, from_repor
     host = connect(c, host)
     ensure_code(host)
     if ckpt == DEMO:    # the demo draft `invoke serve --draft demo` serves, checked against its target
-        ensure_demo(host)
+        ensure_demo(host, live("hide"))
         ckpt, target = f"{demo_dir(host.state_dir)}/{DEMO_DRAFT}", target or f"{demo_dir(host.state_dir)}/{DEMO_TARGET}"
     target = host_path(host, target)
     engine = serving_engine(host.spec)
@@ -192,7 +192,7 @@ def draft_flat(c: Context, ckpt: str, out: str | None = None, layer_ids: str | N
     host_ = connect(c, host)
     ensure_code(host_)
     if ckpt == DEMO:
-        ensure_demo(host_)
+        ensure_demo(host_, live("hide"))
         ckpt = f"{demo_dir(host_.state_dir)}/{DEMO_DRAFT}"
     source = str(host_path(host_, ckpt))
     dest = str(host_path(host_, out)) if out else source.rstrip("/") + "-flat"

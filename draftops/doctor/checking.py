@@ -8,18 +8,19 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from draftops import history, records
+from draftops.capture import flow as capture_flow
 from draftops.doctor import plan
-from draftops.doctor.context import STEPS_K, Ctx, Skip, ensure_demo, host_cmd, profile_of, ran
+from draftops.doctor.context import STEPS_K, Ctx, Skip, host_cmd, profile_of, ran
 from draftops.doctor.state import Step
-from draftops.errors import DoctorError, RemoteError, ServeRefused
-from draftops.link.host import Host
+from draftops.drafter import flow as drafter_flow
+from draftops.drafter.asked import Asked
+from draftops.drafter.demo import ensure_demo
+from draftops.errors import DoctorError, ServeRefused
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
 from draftops.serve import verdicts
-from draftops.serve.host_engine import host_engine
 from draftops.serve.request import DEMO_TARGET, demo_dir
 from draftops.terminal import clean
-from remote.bench.digest import config_digest
 
 if TYPE_CHECKING:
     from draftops.documents.drafter_report import DrafterReport
@@ -38,71 +39,25 @@ def capture(ctx: Ctx, step: Step) -> None:
         if not target:
             raise ServeRefused(f"No target model for the capture check: serve profile {chosen.name!r} of host "
                                f"{host.name!r} has no `target:`; set it, or run the doctor with --no-capture.")
-    settings = chosen.settings
-    import json
-    tool_args = ["check", "--out", jobs.RUN_DIR, "--engine", chosen.engine, "--python", chosen.python,
-                 "--target", target, "--data", data, "--samples", "24", "--tp", str(settings.tp or 1),
-                 "--extra-args", json.dumps(list(settings.extra_args)), "--draft", ctx.draft_path()]
-    if settings.context_length:
-        tool_args += ["--max-model-len", str(settings.context_length)]
-    done = run_tool(host, "remote.capture", tool_args, name="capture-check", task="capture-check",
-                    given={"data": data, "draft": ctx.draft_path(), "target": target, "profile": chosen.name,
-                           "samples": 24}, env=dict(settings.env), view=ctx.tracker)
+    done = capture_flow.run(host, capture_flow.Check(chosen, data, target, ctx.draft_path()), ctx.tracker)
     ran(step, done.run_id)
     done.check()
-    from draftops.documents.capture_check import CaptureCheck
-    doc = done.document(CaptureCheck)
+    doc = capture_flow.read(done)
     step.outcome = {"run_id": done.run_id, "status": doc.status if doc else None,
                     "message": doc.headline if doc else None}
     step.commands = [host_cmd(ctx, f"capture-check --draft {shlex.quote(args.draft)}"
                                + (f" --data {shlex.quote(args.data)}" if args.data else ""))]
 
 
-def _drafter_args(ctx: Ctx) -> tuple[list[str], dict[str, Any]]:
-    host, args = ctx.host, ctx.args
-    served = host_engine(host)
-    tool_args = ["eval", "--out", jobs.RUN_DIR, "--steps", str(STEPS_K), "--device", "auto", *served.eval_args()]
-    ckpt = None if ctx.demo else args.draft
-    data = None if ctx.demo else args.data
-    if ckpt:
-        tool_args += ["--ckpt", ckpt, "--data", str(data)]
-    measured = ctx.done_outcome(plan.CAPTURE).get("run_id")
-    if measured:
-        tool_args += ["--measured", f"{host.runs_dir}/{measured}/capture-check.json"]
-        if verdicts.kept_engine_states(ctx.runs_dir, measured):
-            tool_args += ["--engine-states", f"{host.runs_dir}/{measured}/engine-states"]
-    given = {"ckpt": ckpt, "data": data, "verifier": None, "config": None, "steps": STEPS_K, "limit": None,
-             "expected_acc": None, "expected_accept_length": None, "expected_from": None, "device": "auto",
-             "measured_by": measured}
-    return tool_args, given
-
-
-def _digest(host: Host, report: DrafterReport | None) -> str | None:
-    """The digest of the config the report evaluated (cli/history.py's rule: the report's, else read)."""
-    checkpoint = report.checkpoint if report else None
-    if checkpoint and checkpoint.config_digest:
-        return checkpoint.config_digest
-    if checkpoint and checkpoint.config_path:
-        try:
-            return config_digest(host.agent.read(checkpoint.config_path).data)
-        except RemoteError:
-            return None
-    return None
-
-
 def check(ctx: Ctx, step: Step) -> None:
-    """`invoke test-drafter`: the draft against its dumps, outside any server; its findings and fix."""
-    from draftops.documents.drafter_report import DrafterReport
-    host = ctx.host
-    tool_args, given = _drafter_args(ctx)
-    done = run_tool(host, "remote.drafter", tool_args, name="test-drafter", view=ctx.tracker, task="test-drafter",
-                    given=given, env={"DRAFTOPS_DEMO_DIR": demo_dir(host.state_dir)})
+    """`invoke test-drafter`: the draft against its dumps, outside any server; its findings and fix. The
+    task's own flow, given this doctor's capture-check run (if it ran one) instead of a look-up."""
+    args = ctx.args
+    asked = Asked(ckpt=None if ctx.demo else args.draft, data=None if ctx.demo else str(args.data), steps=STEPS_K,
+                  measured=ctx.done_outcome(plan.CAPTURE).get("run_id"))
+    found = drafter_flow.test_drafter([ctx.host], asked, ctx.tracker, ctx.warn, find_capture=False)
+    done, report = found.done, found.report
     ran(step, done.run_id)
-    report = done.document(DrafterReport) if done.ok else None
-    digest = _digest(host, report)
-    records.keep(host.project_root, f"run {done.run_id}",
-                 lambda rev: records.test_drafter_record(done.run_id, done.host, done.final, report, given,
-                                                         git_rev=rev, config_digest=digest), ctx.warn)
     done.check()
     if report is None:
         raise DoctorError(f"test-drafter run {done.run_id} left no report.json; see `invoke logs {done.run_id}`.")

@@ -3,17 +3,17 @@ tracks the job a step follows, and the small helpers the steps share."""
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from draftops import cmdline
+from draftops.capture import flow as capture_flow
 from draftops.doctor import plan
 from draftops.doctor.state import State, Step
 from draftops.link.host import Host
-from draftops.runs.tools import JobView, ask_tool, run_tool
+from draftops.runs.tools import JobView
 from draftops.serve import profiles
 from draftops.serve.request import DEMO, DEMO_DRAFT, demo_dir
 
@@ -78,36 +78,12 @@ def ran(step: Step, run_id: str) -> None:
         step.runs.append(run_id)
 
 
-def host_path(host: Host, path: str) -> str:
-    """A path typed for the host, absolute by cli/common.host_path's rule (``~`` the host's home,
-    relative to where a login shell starts there): a profile's ``python: ~/...`` is such a path."""
-    if host.spec.transport == "local":
-        given = Path(path).expanduser()
-        return str(given if given.is_absolute() else (host.project_root / given).resolve())
-    if not host.info:
-        host.prepare()
-    home = str(host.info["home"]).rstrip("/") or "/"
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else posixpath.join(home, path)
-
-
 def profile_of(ctx: Ctx) -> profiles.Profile:
     """The serve profile the doctor was asked for, its python as the host reads it."""
-    chosen = profiles.resolve(ctx.host.spec, ctx.args.profile)
-    return dataclasses.replace(chosen, python=host_path(ctx.host, chosen.python))
+    return capture_flow.on_host(ctx.host, profiles.resolve(ctx.host.spec, ctx.args.profile))
 
 
 def host_cmd(ctx: Ctx, text: str) -> str:
     """A reproducing command line (``text``: the task and its options, quoted), with the host when it
     is not the default (``cmdline.command``)."""
     return cmdline.command(*shlex.split(text), host=ctx.host.name)
-
-
-def ensure_demo(host: Host, view: JobView) -> None:
-    """Generate the demo on the host once, as `invoke serve --draft demo` does first."""
-    folder = demo_dir(host.state_dir)
-    known = ask_tool(host, "remote.drafter.demo_spec", [folder], timeout=60).data
-    if isinstance(known, dict) and known.get("complete") is True:
-        return
-    run_tool(host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False, view=view).check()

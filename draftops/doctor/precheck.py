@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from draftops import cmdline
 from draftops.doctor import plan
-from draftops.doctor.context import host_path
 from draftops.errors import DoctorError
 from draftops.link.host import Host
+from draftops.runs.hostfiles import host_path
 from draftops.runs.tools import ask_tool
 from draftops.serve import profiles
 from draftops.serve.request import DEMO

@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from draftops import history, records
 from draftops.doctor import plan
-from draftops.doctor.context import Ctx, ensure_demo, host_cmd, profile_of, ran
+from draftops.doctor.context import Ctx, host_cmd, profile_of, ran
 from draftops.doctor.state import Step
-from draftops.errors import BenchError, RemoteError, ServeRefused
+from draftops.drafter.demo import ensure_demo
+from draftops.errors import BenchError, ServeRefused
 from draftops.runs import jobs
+from draftops.runs.hostfiles import config_digest_of
 from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
 from draftops.terminal import clean
-from remote.bench.digest import config_digest
 
 if TYPE_CHECKING:
     from draftops.bench.result import BenchResult
@@ -174,12 +175,7 @@ def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
     draft = rec_args.get("draft")
 
     def build(rev: str | None) -> history.RunRecord:
-        digest = None
-        if draft:
-            try:
-                digest = config_digest(host.agent.read(f"{draft}/config.json").data)
-            except RemoteError:
-                digest = None
+        digest = config_digest_of(host, f"{draft}/config.json") if draft else None
         return records.serve_record(host=host.name, draft_digest=digest, git_rev=rev, **rec_args)
 
     records.keep(host.project_root, f"serve run {rec_args.get('run_id')}", build, ctx.warn)

@@ -1,45 +1,52 @@
 """`invoke test-drafter --gpus N [--hosts a,b]`: the evaluator under torchrun, on one host or spread
 over several.
 
-One host: one job running the launcher (``python -m remote.drafter.launch``, remote/drafter/launch/launcher.py)
-with one rank per GPU.  Several hosts: one ordinary job per host (each survives a dropped link and is
-listed by `invoke runs`), each launching its ranks as node ``i`` of ``len(hosts)`` with the
-rendezvous on the first host's address as the others reach it (hosts.yaml's ``address``; 127.0.0.1
-for ``local``) and ``port``.  Rank 0 runs on the first host, so the report is that job's, pulled and
-read as any test-drafter run's; a node that failed is named in the failure of the whole. Any node that
-fails ends the run: node 0 failing stops the others, and a later node failing first (seen by
-:mod:`draftops.runs.nodewatch` while node 0 is followed) stops node 0 and the rest, rather than leaving
-them to their 300 s rendezvous timeout.
+One host (or one Slurm job of several nodes): one job running the launcher (``python -m
+remote.drafter.launch``, remote/drafter/launch/launcher.py) with one rank per GPU (:func:`one_job`). Several
+hosts: one ordinary job per host (each survives a dropped link and is listed by `invoke runs`), each
+launching its ranks as node ``i`` of ``len(hosts)`` with the rendezvous on the first host's address
+as the others reach it (hosts.yaml's ``address``; 127.0.0.1 for ``local``) and ``port``.  Rank 0 runs
+on the first host, so the report is that job's, pulled and read as any test-drafter run's; a node that
+failed is named in the failure of the whole. Any node that fails ends the run: node 0 failing stops
+the others, and a later node failing first (seen by :mod:`draftops.runs.nodewatch` while node 0 is
+followed) stops node 0 and the rest, rather than leaving them to their 300 s rendezvous timeout.
 """
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftops import cmdline
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
 from draftops.runs import jobs, mlstack, nodewatch
-from draftops.runs.tools import JobView, ToolResult, finish_job, follow, run_job, run_tool
+from draftops.runs.tools import JobView, ToolResult, finish_job, follow
 from draftops.terminal import clean
 from remote.drafter.launch import launch_line
 
+if TYPE_CHECKING:
+    from draftops.slurmspec import SlurmOptions
+
 LAUNCHER = launch_line.MODULE
+DEFAULT_PORT = launch_line.DEFAULT_PORT
 #: log lines quoted for a node that failed without an error of its own
 LOG_LINES = 3
 
 
-def run_torchrun(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, nodes: int | None, port: int | None,
-                 name: str, view: JobView, env: Callable[[Host], Mapping[str, str]], task: str | None = None,
-                 given: Mapping[str, Any] | None = None) -> ToolResult:
-    """The torchrun ``invoke test-drafter --gpus`` asks for: one Slurm job of ``nodes`` nodes on a Slurm
-    host (:func:`run_slurm`), else one job per host (:func:`run_spread`)."""
-    port = port or launch_line.DEFAULT_PORT
-    if hosts[0].spec.scheduler == "slurm":
-        return run_slurm(hosts[0], gpus, nodes or 1, eval_args, name=name, view=view, env=env(hosts[0]), task=task,
-                         given=given, port=port)
-    return run_spread(hosts, gpus, eval_args, name=name, view=view, env=env, task=task, given=given, port=port)
+def one_job(host: Host, gpus: int, eval_args: list[str], *, nodes: int | None,
+            port: int | None) -> tuple[str, SlurmOptions | None]:
+    """The command (and Slurm settings) of a torchrun that is one job: the launcher with ``gpus`` ranks
+    on one host, or on a Slurm host one job of ``nodes`` nodes whose ``srun`` starts it on each
+    (:func:`slurm_command`). Several hosts are :func:`run_spread`'s, one job per host."""
+    slurm = host.spec.scheduler == "slurm"
+    argv = launch_line.launcher_args(gpus, eval_args, **(SLURM_NODE if slurm else {}))
+    command = jobs.python_module_command(host, LAUNCHER, argv)
+    if not slurm:
+        return command, None
+    from draftops.slurmspec import SlurmOptions  # pydantic: only for a Slurm host
+
+    return _srun(command, port or DEFAULT_PORT), SlurmOptions(nodes=nodes or 1, extra_args=["--ntasks-per-node=1"])
 
 
 def endpoint(host: Host, port: int) -> str:
@@ -51,12 +58,9 @@ def endpoint(host: Host, port: int) -> str:
 def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: str, view: JobView,
                env: Callable[[Host], Mapping[str, str]] | None = None, task: str | None = None,
                given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
-    """Run ``python -m remote.drafter eval_args`` as ``gpus`` ranks on each of ``hosts`` and return the
-    first host's :class:`ToolResult` (rank 0's report), its failure naming every node that failed.
-    ``env(host)``: the environment of that host's job."""
-    if len(hosts) == 1:
-        return run_tool(hosts[0], LAUNCHER, launch_line.launcher_args(gpus, eval_args), name=name, view=view,
-                        env=env(hosts[0]) if env else None, task=task, given=given)
+    """Run ``python -m remote.drafter eval_args`` as ``gpus`` ranks on each of several ``hosts`` and
+    return the first host's :class:`ToolResult` (rank 0's report), its failure naming every node that
+    failed. ``env(host)``: the environment of that host's job."""
     where = endpoint(hosts[0], port)
     started: list[tuple[Host, jobs.Job]] = []
     try:
@@ -121,25 +125,19 @@ def slurm_command(host: Host, gpus: int, eval_args: list[str], port: int) -> str
     """The command of the one Slurm job of a torchrun on ``--nodes`` nodes: inside the job, the first
     node of its allocation holds the rendezvous, and ``srun`` starts the launcher once per node, each
     with its node's rank (docs/slurm.md § torchrun)."""
-    argv = launch_line.launcher_args(gpus, eval_args, nnodes="$SLURM_NNODES", node_rank="$SLURM_NODEID",
-                                     endpoint="$DRAFTOPS_RDZV")
-    per_node = jobs.python_module_command(host, LAUNCHER, argv)
+    argv = launch_line.launcher_args(gpus, eval_args, **SLURM_NODE)
+    return _srun(jobs.python_module_command(host, LAUNCHER, argv), port)
+
+
+#: a node's place in the Slurm job, as its shell reads it (the rendezvous: the allocation's first node)
+SLURM_NODE = {"nnodes": "$SLURM_NNODES", "node_rank": "$SLURM_NODEID", "endpoint": "$DRAFTOPS_RDZV"}
+
+
+def _srun(per_node: str, port: int) -> str:
     return ('first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) && '
             f'[ -n "$first" ] && export DRAFTOPS_RDZV="$first:{int(port)}" && '
             'exec srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
             f"sh -c {shlex.quote(per_node)}")
-
-
-def run_slurm(host: Host, gpus: int, nodes: int, eval_args: list[str], *, name: str, view: JobView,
-              env: Mapping[str, str] | None = None, task: str | None = None,
-              given: Mapping[str, Any] | None = None, port: int = launch_line.DEFAULT_PORT) -> ToolResult:
-    """A torchrun on a Slurm host: ONE job of ``nodes`` nodes, one task each (the host's slurm settings
-    give the GPUs per node), whose ``srun`` runs the launcher on every node; rank 0's report as usual."""
-    from draftops.slurmspec import SlurmOptions
-
-    mlstack.require(host, LAUNCHER)
-    return run_job(host, name, slurm_command(host, gpus, eval_args, port), view=view, env=env, task=task,
-                   given=given, slurm=SlurmOptions(nodes=nodes, extra_args=["--ntasks-per-node=1"]))
 
 
 def _stop_node(host: Host, run_id: str) -> bool:

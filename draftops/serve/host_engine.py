@@ -27,16 +27,12 @@ class HostEngine:
     algorithm: str | None     # what the profile's extra_args set (None: `invoke serve` chooses EAGLE3)
 
     def eval_args(self) -> list[str]:
-        """The `python -m remote.drafter eval` flags that carry this."""
-        engine, version, algorithm = self.engine, self.version, self.algorithm
-        args: list[str] = []
-        if engine:
-            args += ["--engine", engine]
-            if version:
-                args += ["--engine-version", version]
-        if algorithm:
-            args += ["--serve-algorithm", algorithm]
-        return args
+        """The `python -m remote.drafter eval` flags that carry this (written by ``EvalOptions``, the
+        evaluator's one definition of its flags)."""
+        from remote.drafter.options import EvalOptions
+
+        return EvalOptions.of_demo(engine=self.engine, engine_version=self.version if self.engine else None,
+                                   serve_algorithm=self.algorithm).to_argv()
 
 
 def _profiles(host: Host, engine: str) -> list[profiles.Profile]:

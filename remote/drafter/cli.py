@@ -8,6 +8,7 @@ on stderr and as an ``error`` event on stdout, both written by ``exitcodes.main`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import exitcodes, fileio, jsonread
-from ..eagle import acceptlength
 from .demo.build import MARKER, ensure_demo
 from .demo_spec import demo_root_of
 from .errors import DrafterError, ResourceError
@@ -33,53 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Evaluate an EAGLE-3 draft against hidden-state dumps.")
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="evaluate a draft (the demo when --ckpt/--data are omitted)")
-    ev.add_argument("--ckpt", type=Path, help="draft checkpoint folder (config.json + safetensors)")
-    ev.add_argument("--data", type=Path, help="dump folder or file (*.safetensors or legacy *.pt)")
-    ev.add_argument("--verifier", type=Path, help="target model folder (HF layout) for verifier targets")
-    ev.add_argument("--config", type=Path, help="use this config file instead of <ckpt>/config.json")
-    ev.add_argument("--steps", type=int, default=3, help="TTT steps = num_steps you serve with (3)")
-    ev.add_argument("--limit", type=int, help="evaluate at most N samples")
-    ev.add_argument("--expected-acc", type=float,
-                    help="training-reported step-0 accuracy (0-1 or percent) to compare with")
-    ev.add_argument("--expected-accept-length", type=float,
-                    help="an accept length reported by training or a server, compared with the prediction")
-    ev.add_argument("--expected-from", choices=tuple(acceptlength.SOURCES), default="vllm",
-                    help="whose definition --expected-accept-length follows (specforge: simulated_acc_len, no +1)")
-    ev.add_argument("--accept-tolerance", type=float, default=0.10,
-                    help="flag a prediction this fraction below --expected-accept-length (0.10)")
-    ev.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ev.add_argument("--engine", choices=("sglang", "vllm"),
-                    help="the engine the host serves with: the verdict's advice is for it (default: both)")
-    ev.add_argument("--engine-version",
-                    help="that engine's version (e.g. 0.5.13): the findings apply its rules (default: the "
-                         "newest version read, said in each finding)")
-    ev.add_argument("--serve-algorithm",
-                    help="the speculative algorithm the host's serve profile launches with, when it sets one "
-                         "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
-    ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
-    ev.add_argument("--engine-states", type=Path,
-                    help="a capture check's engine-states/ folder (the engine's own states at every layer "
-                         "boundary for some of these dumps' samples): the draft is scored there too")
-    ev.add_argument("--out", type=Path, default=Path("."), help="folder for report.json (cwd)")
-    ev.add_argument("--demo-dir", type=Path, help=f"demo cache (default ${DEMO_ENV} or ./demo)")
-    ev.add_argument("--layout-samples", type=int, default=64, help="samples for the layout scan (64)")
-    ev.add_argument("--layout-tolerance", type=float, default=0.01,
-                    help="the best layout counts as the same as the served one when it raises the "
-                         "predicted accept length by less than this fraction (0.01 = 1%%)")
-    ev.add_argument("--alpha", type=float, default=0.05,
-                    help="significance level of the paired served-vs-best comparison (0.05)")
-    ev.add_argument("--min-skill", type=float, default=0.1,
-                    help="UNKNOWN when no layout closes this share of the gap between always guessing "
-                         "the most frequent target and perfect (0.1)")
-    ev.add_argument("--acc-tolerance", type=float, default=0.05,
-                    help="flag --expected-acc gaps larger than this (0.05)")
-    ev.add_argument("--full", action="store_true",
-                    help="score every sample (the complete metrics) instead of stopping once the verdict is "
-                         "decided (the sequential verdict, the default)")
-    ev.add_argument("--seed", type=int, default=0,
-                    help="seed of the random order the sequential verdict scores samples in (0)")
-    ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (8192 CPU, 16384 GPU)")
-    ev.add_argument("--max-len", type=int, help="truncate samples to this many tokens")
+    EvalOptions.add_arguments(ev)      # the flags are declared once, in options.FLAGS (the laptop builds them too)
     demo = sub.add_parser("demo", help="generate the demo (tiny target, dumps, buggy draft)")
     demo.add_argument("--out", type=Path, default=None, help=f"folder (default ${DEMO_ENV} or ./demo)")
     demo.add_argument("--force", action="store_true", help="regenerate even when complete")
@@ -92,24 +46,15 @@ def default_demo_dir() -> Path:
 
 def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> EvalOptions:
     """EvalOptions for the flags; without --ckpt/--data, the demo (generated on first use)."""
-    ckpt, data, verifier, expected = args.ckpt, args.data, args.verifier, args.expected_acc
-    if ckpt is None and data is None:
-        paths = ensure_demo(args.demo_dir or default_demo_dir())
-        ckpt, data = paths.draft, paths.data
-        verifier = verifier or paths.target
-        if expected is None:
-            expected = jsonread.load(paths.root / MARKER).get("val_full_acc_0")
-    elif ckpt is None or data is None:
-        parser.error("eval: give both --ckpt and --data, or neither (to run the demo)")
-    return EvalOptions(ckpt=ckpt, data=data, verifier=verifier, config=args.config, steps=args.steps,
-                       limit=args.limit, expected_acc=expected, device=args.device, out=args.out,
-                       layout_samples=args.layout_samples, layout_tolerance=args.layout_tolerance,
-                       acc_tolerance=args.acc_tolerance, batch_tokens=args.batch_tokens, max_len=args.max_len,
-                       alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
-                       engine_states=args.engine_states,
-                       engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
-                       expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
-                       accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed)
+    opts = EvalOptions.from_namespace(args, parser)
+    if not opts.demo:
+        return opts
+    paths = ensure_demo(opts.demo_dir or default_demo_dir())
+    expected = opts.expected_acc
+    if expected is None:
+        expected = jsonread.load(paths.root / MARKER).get("val_full_acc_0")
+    return dataclasses.replace(opts, ckpt=paths.draft, data=paths.data, verifier=opts.verifier or paths.target,
+                               expected_acc=expected)
 
 
 def summary(report: dict[str, Any]) -> list[str]:

@@ -1,12 +1,19 @@
 """The inputs of one evaluation (the CLI flags of ``eval``) and their ranges, apart from the
-evaluation itself so that the report and the CLI can name them without importing the evaluator."""
+evaluation itself so that the report and the CLI can name them without importing the evaluator.
+
+The flags are declared once, in :data:`FLAGS`: ``python -m remote.drafter eval`` builds its parser
+from them (:meth:`EvalOptions.add_arguments`, :meth:`EvalOptions.from_argv`) and the laptop builds
+the argument list it starts the evaluator with from the same table (:meth:`EvalOptions.to_argv`),
+so a new option is one field and one line here. Stdlib only: the laptop imports this module."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from ..eagle import acceptlength, engine_rules
 from .errors import OptionError
@@ -45,6 +52,56 @@ class EvalOptions:
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
+    demo: bool = False  # the generated demo: ckpt and data (verifier, expected_acc) are filled in on the host
+    demo_dir: Path | None = None  # the demo's folder there (default $DRAFTOPS_DEMO_DIR or ./demo)
+
+    @classmethod
+    def of_demo(cls, **given: Any) -> EvalOptions:
+        """Options for the generated demo, whose paths only the host knows (no --ckpt, no --data)."""
+        return cls(ckpt=Path(), data=Path(), demo=True, **given)
+
+    def to_argv(self) -> list[str]:
+        """The ``eval`` flags that give these options (a field at its default is left out; the demo's
+        paths are the host's to fill in)."""
+        argv: list[str] = []
+        defaults = _defaults()
+        for flag in FLAGS:
+            value = getattr(self, flag.field)
+            if (self.demo and flag.field in ("ckpt", "data")) or value is None or value == defaults.get(flag.field):
+                continue
+            text = str(value)   # a separate word (the job's shell expands a RUN_DIR there), unless it reads as a flag
+            argv += [flag.name] if flag.kind is bool else [f"{flag.name}={text}"] if text.startswith("-") \
+                else [flag.name, text]
+        return argv
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Declare every ``eval`` flag on ``parser`` (its defaults those of the fields)."""
+        defaults = _defaults()
+        for flag in FLAGS:
+            default = None if flag.field in ("ckpt", "data") else defaults.get(flag.field)
+            if flag.kind is bool:
+                parser.add_argument(flag.name, action="store_true", help=flag.help)
+            else:
+                parser.add_argument(flag.name, type=flag.kind, choices=flag.choices, default=default, help=flag.help)
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> EvalOptions:
+        """The options an ``eval`` argument list gives (an unknown flag or a bad value: argparse's
+        usage error, exit 2)."""
+        parser = argparse.ArgumentParser(prog="python -m remote.drafter eval")
+        cls.add_arguments(parser)
+        return cls.from_namespace(parser.parse_args(list(argv)), parser)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, parser: argparse.ArgumentParser) -> EvalOptions:
+        """The options of parsed flags; neither --ckpt nor --data: the demo; one of them: a usage error."""
+        given = {flag.field: getattr(args, flag.field) for flag in FLAGS}
+        if given["ckpt"] is None and given["data"] is None:
+            return cls.of_demo(**{k: v for k, v in given.items() if k not in ("ckpt", "data")})
+        if given["ckpt"] is None or given["data"] is None:
+            parser.error("eval: give both --ckpt and --data, or neither (to run the demo)")
+        return cls(**given)
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
@@ -74,6 +131,64 @@ class EvalOptions:
                 lambda v: v is None or engine_rules.is_version(v))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One ``eval`` flag: the field it sets, its type (bool: a switch) and its help."""
+
+    field: str
+    kind: type
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+FLAGS = (
+    Flag("ckpt", Path, "draft checkpoint folder (config.json + safetensors)"),
+    Flag("data", Path, "dump folder or file (*.safetensors or legacy *.pt)"),
+    Flag("verifier", Path, "target model folder (HF layout) for verifier targets"),
+    Flag("config", Path, "use this config file instead of <ckpt>/config.json"),
+    Flag("steps", int, "TTT steps = num_steps you serve with (3)"),
+    Flag("limit", int, "evaluate at most N samples"),
+    Flag("expected_acc", float, "training-reported step-0 accuracy (0-1 or percent) to compare with"),
+    Flag("expected_accept_length", float,
+         "an accept length reported by training or a server, compared with the prediction"),
+    Flag("expected_from", str, "whose definition --expected-accept-length follows (specforge: simulated_acc_len, "
+         "no +1)", tuple(acceptlength.SOURCES)),
+    Flag("accept_tolerance", float, "flag a prediction this fraction below --expected-accept-length (0.10)"),
+    Flag("device", str, "auto, cpu or cuda", ("auto", "cpu", "cuda")),
+    Flag("engine", str, "the engine the host serves with: the verdict's advice is for it (default: both)",
+         ("sglang", "vllm")),
+    Flag("engine_version", str, "that engine's version (e.g. 0.5.13): the findings apply its rules (default: the "
+         "newest version read, said in each finding)"),
+    Flag("serve_algorithm", str, "the speculative algorithm the host's serve profile launches with, when it sets "
+         "one (e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding"),
+    Flag("measured", Path, "capture-check.json: slot layers measured from the engine"),
+    Flag("engine_states", Path, "a capture check's engine-states/ folder (the engine's own states at every layer "
+         "boundary for some of these dumps' samples): the draft is scored there too"),
+    Flag("out", Path, "folder for report.json (cwd)"),
+    Flag("demo_dir", Path, "demo cache (default $DRAFTOPS_DEMO_DIR or ./demo)"),
+    Flag("layout_samples", int, "samples for the layout scan (64)"),
+    Flag("layout_tolerance", float, "the best layout counts as the same as the served one when it raises the "
+         "predicted accept length by less than this fraction (0.01 = 1%%)"),
+    Flag("alpha", float, "significance level of the paired served-vs-best comparison (0.05)"),
+    Flag("min_skill", float, "UNKNOWN when no layout closes this share of the gap between always guessing the "
+         "most frequent target and perfect (0.1)"),
+    Flag("acc_tolerance", float, "flag --expected-acc gaps larger than this (0.05)"),
+    Flag("full", bool, "score every sample (the complete metrics) instead of stopping once the verdict is decided "
+         "(the sequential verdict, the default)"),
+    Flag("seed", int, "seed of the random order the sequential verdict scores samples in (0)"),
+    Flag("batch_tokens", int, "padded tokens per forward (8192 CPU, 16384 GPU)"),
+    Flag("max_len", int, "truncate samples to this many tokens"),
+)
+
+
+def _defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(EvalOptions) if f.default is not dataclasses.MISSING}
 
 
 def _int(v: object) -> TypeGuard[int]:

@@ -4,8 +4,9 @@ A remote tool (stdlib + torch, no pydantic) writes a versioned JSON document; th
 it here, once, into a pydantic model, and every reader after that uses attributes: no ``.get()``
 chains, no ``isinstance`` guards. One model per document (docs/architecture.md § The JSON documents
 says which reads which): ``drafter_report``, ``serve_inspect``, ``sglang_patch``, ``draft_config``,
-``env_check``, ``bench_run`` (a bench run's ``runner.json`` and ``host.json``); the bench result,
-which the local side writes too, is ``draftops.bench.result`` (its own messages, these checks).
+``env_check``, ``bench_compare`` (``compare.json``), ``bench_run`` (a bench run's ``runner.json`` and
+``host.json``); the bench result, which the local side writes too, is ``draftops.bench.result`` (its
+own messages, these checks).
 
 The rules every model follows, so a document is refused the same way whichever it is:
 
@@ -93,7 +94,7 @@ def _check_schema(model: type[Document], doc: Any, source: str | Path, again: st
 def load(model: type[D], path: Path) -> D:
     """Read the file at ``path`` as ``model`` (see :func:`parse`); unreadable JSON is one paragraph too."""
     try:
-        doc = jsonread.loads(Path(path).read_bytes())
+        doc = jsonread.load(Path(path))          # a regular file only (not a FIFO, not /dev/zero), bounded
     except FileNotFoundError:
         raise DocumentError(f"there is no {path}: give the id of a run whose folder holds it "
                             "(`invoke runs --local` lists them).") from None

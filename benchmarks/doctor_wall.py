@@ -30,17 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from draftops.serve.request import demo_dir  # noqa: E402
-from remote.drafter.demo import ensure_demo  # noqa: E402
-
-
-def make_project(where: Path) -> Path:
-    for name in ("remote", "draftops"):
-        shutil.copytree(REPO / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "tasks.py", where / "tasks.py")
-    (where / "hosts.yaml").write_text("default: local\nhosts: {}\n")
-    ensure_demo(demo_dir(str(where / ".draftops" / "state")))
-    return where
+from benchmarks.loop_overhead import make_project  # noqa: E402  (the same project as the loop's)
 
 
 def seconds(step: dict[str, str | None]) -> float | None:

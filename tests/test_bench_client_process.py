@@ -19,9 +19,9 @@ import pytest
 
 from remote.bench import client_link
 from remote.bench.runner import pid_alive
-from tests.test_bench_run_ssh import bench_folder, prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import DOUBLES, draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import DOUBLES, draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 SERVE = ("serve", "--draft", "DRAFT", "--steps", "3", "--topk", "1", "--draft-tokens", "4")
 
@@ -189,7 +189,7 @@ def test_real_sglang_clients_have_the_entry_the_client_process_runs(version):
     import zipfile
 
     from remote.bench.probe import CLIENTS
-    from tests.sglang_wheels import wheel
+    from tests.support.sglang_wheels import wheel
     with zipfile.ZipFile(wheel(version)) as whl:
         names = set(whl.namelist())
         module, rel = next((m, r) for m, r in CLIENTS["sglang"] if f"sglang/{r}" in names)

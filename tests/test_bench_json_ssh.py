@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tests.test_bench_run_ssh import prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, project, write_model  # noqa: F401
+from tests.support.bench_folders import prompts_file
+from tests.support.serving import draft_config, ok, project, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 

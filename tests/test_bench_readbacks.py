@@ -9,10 +9,10 @@ import pytest
 from draftops.history import History
 from remote.bench import server_metrics
 from remote.bench.errors import BenchParseError
-from tests import bench_formats as fmt
-from tests.test_bench_run_ssh import bench_folder, prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support import bench_formats as fmt
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 DRAFTS = 'vllm:spec_decode_num_drafts_total{model_name="/m/target",engine="0"} 100.0'
 

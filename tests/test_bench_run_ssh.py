@@ -4,26 +4,15 @@ real sshd and on a local host. A server that dies half-way brings home what was 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from draftops.history import History
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
-
-
-def prompts_file(tmp: Path, n: int = 5) -> str:
-    path = tmp / "prompt's file.jsonl"             # a quote in the path
-    path.write_text("".join(json.dumps({"prompt": f"w{5 + i:02d} w17 w33 \"q\" $(x)"}) + "\n" for i in range(n)))
-    return str(path)
-
-
-def bench_folder(root: Path, output: str) -> Path:
-    run_id = output.split("result: ", 1)[1].split()[0]
-    return Path(run_id).parent if run_id.endswith("bench-result.json") else root / "runs" / run_id
 
 
 @pytest.mark.parametrize(("where", "laptop"), [("box", "full"), ("loc", "full"), ("box", "base")],

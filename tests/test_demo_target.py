@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from remote.drafter import greedy, tinyllama, wordtokenizer
 from remote.drafter.demo import SERVE_SCHEMA, read_serve_info
 from remote.drafter.errors import ConfigError, MissingTensorError, NonFiniteError
-from tests.drafter_support import SPEC, demo
+from tests.support.drafter_support import SPEC, demo
 
 REPO = Path(__file__).resolve().parent.parent
 

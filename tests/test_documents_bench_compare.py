@@ -15,7 +15,7 @@ from draftops.documents import load
 from draftops.documents.bench_compare import SCHEMA, BenchCompare
 from draftops.history import History, RunRecord
 from draftops.nightly import results
-from tests import bench_runs as runs
+from tests.support import bench_runs as runs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from remote.drafter.batching import collate
 from remote.drafter.data import DumpSet
 from remote.drafter.evaluation import _verifier_head
 from remote.drafter.tensorstore import TensorStore
-from tests.drafter_support import SPEC, demo, run_eval
+from tests.support.drafter_support import SPEC, demo, run_eval
 
 FAST = {"limit": 96, "layout_samples": 48, "full": True}  # every sample: the counts are checked exactly
 

@@ -24,7 +24,7 @@ from remote.drafter.errors import CorruptFileError
 from remote.drafter.model import DraftArch, Eagle3Draft, Unroll
 from remote.drafter.rope import RopeSpec
 from remote.drafter.scoring import VerifierHead, new_score, score_batch
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,8 +26,8 @@ from remote.capture.target import Target
 from remote.drafter import slotstats, tinyllama
 from remote.drafter.data import DumpSet
 from remote.drafter.errors import ConfigError, ShapeMismatchError
-from tests.drafter_support import SPEC, demo, run_eval
-from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
+from tests.support.drafter_support import SPEC, demo, run_eval
+from tests.support.trainer_dumps import write_data_config, write_modelopt, write_specforge
 
 SAMPLES = 48  # evaluated samples per case (the layout scan takes them all)
 

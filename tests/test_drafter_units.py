@@ -22,7 +22,7 @@ from remote.drafter.model import Eagle3Draft
 from remote.drafter.rope import RopeSpec, inv_freq
 from remote.drafter.stats import PerSample, compare
 from remote.drafter.train import init_draft
-from tests.drafter_support import PAD_BOUND, SPEC, demo
+from tests.support.drafter_support import PAD_BOUND, SPEC, demo
 
 
 def _reference_counts(preds, target, scored):

@@ -13,7 +13,7 @@ from draftops.errors import AuthFailed, DraftopsError
 from draftops.inventory import HostSpec
 from draftops.link.connection import SSHTransport
 from tests.conftest import REPO, ssh_entry
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from remote.serve import net
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support.serving import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 
 class Trickle(BaseHTTPRequestHandler):

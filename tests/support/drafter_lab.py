@@ -33,7 +33,7 @@ from remote.drafter.demo import save_draft, write_dumps
 from remote.drafter.layers import Weights, rms_norm
 from remote.drafter.model import DraftArch
 from remote.drafter.rope import RopeSpec
-from tests.cache_dir import cache_root
+from tests.support.cache_dir import cache_root
 
 SLOT_IDS = [-1, 1, 2, 3, 4]  # SGLang ids of the dumped slots; 4 = n-1 is the final layer
 TRAINED = [-1, 1, 2]  # slots 0, 1, 2
@@ -185,7 +185,7 @@ def cache_key(*args: Any) -> str:
     digest = hashlib.sha256(repr((args, LabSpec())).encode())
     for function in (target_weights, target_forward, lab, draft_vocab, draft_arch, trained_weights):
         digest.update(inspect.getsource(function).encode())
-    drafter = Path(__file__).resolve().parent.parent / "remote" / "drafter"
+    drafter = Path(__file__).resolve().parents[2] / "remote" / "drafter"
     for module in ("train", "model", "layers", "rope", "batching"):
         digest.update((drafter / f"{module}.py").read_bytes())
     return digest.hexdigest()[:20]

@@ -24,6 +24,7 @@ from draftops.errors import TrackingError
 from draftops.history import RunRecord
 from tests.conftest import REPO
 from tests.support.bench_runs import drafter_report, read_report
+from tests.support.listeners import listen
 from tests.support.mlflow_server import MlflowServer
 
 
@@ -181,19 +182,8 @@ class SilentServer:
     """A server that accepts connections and never answers (a hung proxy, a stopped process)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
+        self.sock = listen(self.held.append)
 
     @property
     def uri(self) -> str:

@@ -79,14 +79,24 @@ def parse(model: type[D], doc: Any, source: str | Path) -> D:
                             f"{again}.") from None
 
 
+def other_schema(doc: Any, schema: str) -> Any:
+    """What ``doc`` (parsed JSON) is instead of a ``schema`` document: the ``schema`` it names, or its
+    type's name when it is no object; None when it is one. Every versioned file's reader asks this."""
+    if isinstance(doc, dict) and doc.get("schema") == schema:
+        return None
+    return doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+
+
 def _check_schema(model: type[Document], doc: Any, source: str | Path, again: str) -> None:
     """Refuse another version than the model's (or, for a file that names none, a value that is no object)."""
-    if isinstance(doc, dict) and (not model.SCHEMA or doc.get("schema") == model.SCHEMA):
+    if isinstance(doc, dict) and not model.SCHEMA:
         return
     if not model.SCHEMA:
         raise DocumentError(f"{source} holds {type(doc).__name__}, not a JSON object; the run that wrote it was "
                             f"cut off or the file was edited: {again}.")
-    found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    found = other_schema(doc, model.SCHEMA)
+    if found is None:
+        return
     raise DocumentError(f"{source} has schema {found!r}; this draftops reads {model.SCHEMA}. Use a draftops "
                         f"of the same generation as the run that wrote it, or {again}.")
 

@@ -129,3 +129,13 @@ def registry(project: Path) -> dict[str, Any]:
 
 def run_id_of(output: str) -> str:
     return output.split("started run ", 1)[1].split()[0]
+
+
+def serve_draft(root: Path, tmp_path: Path) -> str:
+    """A draft of aux layer ids [1, 15, 28] (SGLang's), served on ``root``'s default host with 3 steps,
+    topk 1 and 4 draft tokens, as the bench tests serve it; the draft's path."""
+    from tests.support.tasks import invoke
+
+    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
+    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    return draft

@@ -89,8 +89,7 @@ def test_one_process_per_step_when_asked_or_without_the_library_entry(project, t
 
 @pytest.mark.ssh
 def test_a_repeat_failing_inside_the_client_process_is_one_error_with_its_index(project, tmp_path):  # noqa: F811
-    serve = profile(tmp_path)
-    serve["env"] = {**serve["env"], "DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN": "3"}    # warm-up, rep1, rep2
+    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN": "3"})    # warm-up, rep1, rep2
     root = project("loc", default=serve)
     result = served_bench(root, tmp_path)
     text = refused(result)

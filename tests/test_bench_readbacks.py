@@ -38,8 +38,7 @@ def test_a_repeated_series_keeps_its_first_sample_and_other_label_sets_still_add
 
 @pytest.mark.ssh
 def test_wrong_typed_server_info_still_writes_the_result_and_its_history_row(project, tmp_path):  # noqa: F811
-    serve = profile(tmp_path)
-    serve["env"] = {**serve["env"], "DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"}
+    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"})
     root = project("loc", default=serve)
     serve_draft(root, tmp_path)
     run = invoke(root, "bench", "--prompts", "3", "--repeats", "1", "--output-len", "8",

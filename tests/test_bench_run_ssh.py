@@ -50,9 +50,8 @@ def test_bench_brings_everything_home_and_records_it(project, tmp_path, where, l
 
 
 def test_a_server_dying_half_way_brings_home_what_was_written(project, tmp_path):  # noqa: F811
-    dying = profile(tmp_path)
     # warm-up: 1 + 4 requests, repeat 1: 1 + 5; the server dies on the 14th /generate, in repeat 2
-    dying["env"] = {**dying["env"], "DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"}
+    dying = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"})
     root = project("loc", default=dying)
     serve_draft(root, tmp_path)
     result = invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "16",

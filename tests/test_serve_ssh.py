@@ -111,8 +111,7 @@ def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(
 
 
 def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):  # noqa: F811
-    slow = profile(tmp_path, ready_timeout=2)
-    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "60"}
+    slow = profile(tmp_path, ready_timeout=2, double={"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "60"})
     root = project("loc", default=slow)
     result = invoke(root, "serve", "--baseline")
     text = refused(result)
@@ -141,8 +140,7 @@ def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_pa
 def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, tmp_path):  # noqa: F811
     """The old server's shutdown is the engine's time, not draftops': serve --replace measures it on
     the host (from TERM until its last process is gone) and keeps it in the serve run's record."""
-    slow = profile(tmp_path)
-    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_EXIT_S": "1.5"}
+    slow = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_EXIT_S": "1.5"})
     root = project("loc", default=slow)
     first = run_id_of(ok(invoke(root, "serve", "--baseline")))
     out = " ".join(ok(invoke(root, "serve", "--baseline", "--replace")).split())

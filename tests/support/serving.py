@@ -87,12 +87,13 @@ def draft_config(ids: list[int]) -> dict[str, Any]:
             "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
 
 
-def profile(tmp: Path, **extra: Any) -> dict[str, Any]:
-    """A serve profile whose engine is the SGLang double, put on the path by this test only."""
+def profile(tmp: Path, double: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A serve profile whose engine is the SGLang double, put on the path by this test only; ``double``:
+    the double's own settings (its ``DRAFTOPS_SGLANG_DOUBLE_*`` variables: a fault, a delay)."""
     entry = {"engine": "sglang", "python": sys.executable, "port": free_port(), "max_running_requests": 8,
              "extra_args": ["--decode-log-interval", 1],
              "target": write_model(tmp / "target", target_config()),
-             "env": {"PYTHONPATH": str(DOUBLES), **FAST}}
+             "env": {"PYTHONPATH": str(DOUBLES), **FAST, **(double or {})}}
     return {**entry, **extra}
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.loop_overhead import make_project, newest  # noqa: E402
 from remote.bench.client_link import MODE_VAR  # noqa: E402
-from tests.sshd import free_port  # noqa: E402
+from tests.support.sshd import free_port  # noqa: E402
 
 
 def invoke(project: Path, *args: str, env: dict[str, str] | None = None) -> float:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from draftops import history, timing  # noqa: E402
 from draftops.serve.request import demo_dir  # noqa: E402
 from remote.drafter.demo.build import ensure_demo  # noqa: E402
-from tests.sshd import free_port  # noqa: E402  (benchmarks reuse the test helpers)
+from tests.support.sshd import free_port  # noqa: E402  (benchmarks reuse the test helpers)
 
 #: vLLM's log prefix, e.g. "(APIServer pid=123) INFO 11-30 15:07:31 [api_server.py:..] ..."
 VLLM_STAMP = re.compile(r"INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) .*Application startup complete")

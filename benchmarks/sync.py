@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 REPO = HERE   # the checkout whose draftops is measured (--repo: e.g. an export of main, for "before")
 
 from draftops import timing  # noqa: E402  (reads the timing lines of the measured processes)
-from tests.sshd import keygen, start_sshd  # noqa: E402  (benchmarks reuse the test sshd)
+from tests.support.sshd import keygen, start_sshd  # noqa: E402  (benchmarks reuse the test sshd)
 
 
 def make_tree(root: Path, files: int, total_mb: int, seed: int = 0) -> None:

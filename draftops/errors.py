@@ -5,7 +5,8 @@
     ├── ConnectError        the host cannot be reached or refuses us
     │   ├── HostUnreachable   no TCP/SSH session within the connect timeout
     │   ├── AuthFailed        the key was rejected
-    │   └── HostKeyRejected   the host key is unknown (strict) or changed
+    │   ├── HostKeyRejected   the host key is unknown (strict) or changed
+    │   └── LinkDropped       the link dropped during a call: no answer came back   (also an AgentError)
     ├── RemoteError         a command on the host failed; ``.result`` is that command's FailedCommand
     │   ├── AgentError        the host agent's answer is unusable (no reply, not JSON, another protocol)
     │   ├── RootError         the host's `root` is unusable (`/`, the home directory, not writable)
@@ -32,6 +33,11 @@ Messages. Each is one paragraph that names the file, field or host and the fix. 
 host starts with ``Host 'NAME'`` (``host_prefix``), the way the agent client and the transports
 write them; the command line adds ``error: `` in front (``draftops.cli.common.friendly``) and nothing
 else does, so every error reads the same wherever it comes from.
+
+Transport failures. What the SSH library or a socket raises when a link drops (paramiko's
+``SSHException``, ``EOFError``, ``OSError``) is mapped inside ``draftops.link`` where it happens, as
+httpx maps at its transport: every agent call that loses its link raises ``LinkDropped``, so nothing
+above the link package names the SSH library or its exceptions.
 
 Carrying the result. A ``RemoteError`` keeps what the failed command left, as Invoke's
 ``UnexpectedExit`` keeps ``result``: ``err.result`` holds the host, the command line, the exit code
@@ -134,6 +140,12 @@ class AgentError(RemoteError):
 
 class RootError(RemoteError):
     """The host's `root` directory is refused or not writable."""
+
+
+class LinkDropped(AgentError, ConnectError):
+    """The link to the host dropped during an agent call, before its answer came back (no exit status,
+    or the SSH library or socket failed mid-call): the call may or may not have run there. An
+    ``AgentError`` too, so every caller that handles an agent's failure handles this one as before."""
 
 
 class SyncError(DraftopsError):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 from . import events
@@ -110,16 +110,21 @@ def main(tool: str, body: Callable[[], int], *, heading: str = "error",
 
 
 
-def main_with_result(tool: str, work: Callable[[], int], payload: dict[str, Any], out: Any, file: str,
-                     fields: Callable[[dict[str, Any]], dict[str, Any]] = lambda payload: {}) -> int:
-    """:func:`main` for a tool whose result is one JSON ``payload`` (draft-config, draft-flat): ``work``
-    fills it and returns the exit code; whatever happened (a refusal, a bug) the payload is written
-    with its ``ok``, ``error`` and ``error_type`` as ``out/file`` (``out`` a Path, or None: not written),
-    announced in a ``result`` event with ``fields(payload)``, and a ``done`` event ends the output."""
+def main_with_result(tool: str, steps: Sequence[Callable[[], object]], payload: dict[str, Any], out: Any,
+                     file: str, fields: Callable[[dict[str, Any]], dict[str, Any]] = lambda payload: {},
+                     **start: Any) -> int:
+    """:func:`main` for a tool whose result is one JSON ``payload`` (draft-config, draft-flat): a
+    ``start`` event with ``start``'s fields, then ``steps``, in order, fill it (OK when all ran);
+    whatever happened (a refusal, a bug) the payload is written with its ``ok``, ``error`` and
+    ``error_type`` as ``out/file`` (``out`` a Path, or None: not written), announced in a ``result``
+    event with ``fields(payload)``, and a ``done`` event ends the output."""
+    events.emit("start", tool=tool, **start)
+
     def body() -> int:
-        code = work()
+        for step in steps:
+            step()
         payload["ok"] = True
-        return code
+        return OK
 
     def finish(ending: Ending) -> None:
         if ending.error is not None:

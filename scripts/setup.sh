@@ -43,7 +43,7 @@ if [ "$want_tests" = 1 ]; then
   command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
   command -v crontab >/dev/null 2>&1 || need+=(cron)          # nightly.schedule's tests use the real crontab
   command -v flock >/dev/null 2>&1 || need+=(util-linux)
-  # the Slurm tests start a real one-node cluster of their own (tests/slurm.py: munged, slurmctld, slurmd)
+  # the Slurm tests start a real one-node cluster of their own (tests/support/slurm.py: munged, slurmctld, slurmd)
   command -v sbatch >/dev/null 2>&1 && [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
   [ -x /usr/sbin/munged ] || need+=(munge)
   # the nightly report's screenshot test renders report.html in headless Chromium

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from draftops.link import host as host_module
-from tests import laptop_venv
-from tests import slurm as slurm_cluster
-from tests.sshd import Sshd, keygen, sshd_available, start_sshd
+from tests.support import laptop_venv
+from tests.support import slurm as slurm_cluster
+from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def outer_jump_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path):
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory):
-    """The real one-node Slurm cluster (tests/slurm.py): started once, stopped at the end."""
+    """The real one-node Slurm cluster (tests/support/slurm.py): started once, stopped at the end."""
     if not slurm_cluster.available():
         pytest.fail("slurm-wlm/munge are not installed: the Slurm tests need a real Slurm "
                     "(scripts/setup.sh --test installs it)")
@@ -95,7 +95,7 @@ def login_sshd(tmp_path_factory: pytest.TempPathFactory, client_key: Path, slurm
 
 @pytest.fixture(scope="session")
 def base_venv() -> Path:
-    """The laptop's base install (tests/laptop_venv.py): built once, kept between runs."""
+    """The laptop's base install (tests/support/laptop_venv.py): built once, kept between runs."""
     return laptop_venv.base_venv()
 
 

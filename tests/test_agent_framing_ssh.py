@@ -14,19 +14,11 @@ from draftops.link.host import open_host
 from draftops.runs import jobs
 from draftops.runs.sync import sync
 from tests.conftest import ssh_entry
-from tests.sshd import start_sshd
-from tests.test_jobs_ssh import wait_state
+from tests.support.banners import NOISY_BASHRC
+from tests.support.processes import wait_state
+from tests.support.sshd import start_sshd
 
 pytestmark = pytest.mark.ssh
-
-NOISY_BASHRC = r"""
-echo "hello from bashrc"
-printf '{"root": "/not/the/root", "runs": [], "status": "applied"}\n'
-printf '@@draftops-reply -\n{"root": "/still/not/it"}\n'
-printf '@@draftops {"event": "job-end", "state": "succeeded"}\n'
-echo "noise on stderr" >&2
-printf '\037\213 gzip-looking bytes and no newline'
-"""
 
 
 @pytest.fixture(scope="module")

@@ -156,8 +156,8 @@ def test_the_nightly_report_on_a_full_disk(tmp_path: Path, disk: Path) -> None:
 def test_the_compare_chart_on_a_full_disk(tmp_path: Path, disk: Path) -> None:
     from draftops.bench import chart
     from draftops.history import History
-    from tests import bench_runs as runs
-    from tests.test_bench_compare import _compare
+    from tests.support import bench_runs as runs
+    from tests.support.comparisons import compare as _compare
     hist = History(tmp_path / "history.sqlite")
     cmp = _compare(hist, runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0]),
                    runs.vllm_run("spec", tok_s=[46.7, 47.0, 46.1], accept=1.55))

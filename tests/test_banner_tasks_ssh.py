@@ -18,10 +18,18 @@ from draftops.env import mlenv
 from draftops.link.host import open_host
 from remote.bench.digest import file_digest
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.sshd import start_sshd
-from tests.test_agent_framing_ssh import NOISY_BASHRC
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, processes_of_runs_under, profile, stop_processes, write_model
+from tests.support.banners import NOISY_BASHRC
+from tests.support.serving import (
+    draft_config,
+    ok,
+    processes_of_runs_under,
+    profile,
+    serve_draft,
+    stop_processes,
+    write_model,
+)
+from tests.support.sshd import start_sshd
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 
@@ -109,14 +117,13 @@ def test_test_drafter_and_bench_read_right_through_a_banner(project, tmp_path):
     with the engine client's output, the server's metrics and the history row."""
     import shutil
 
-    from tests.drafter_support import demo
+    from tests.support.drafter_support import demo
     shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")   # the host's demo, seeded
     evaluated = clean(ok(invoke(project, "sync", "test-drafter", "--steps", "3")))
     assert "MISMATCH" in evaluated and "predicted accept length" in evaluated
     (drafted,) = history.for_project(project).query(kind="test-drafter")
     assert drafted.verdict == "MISMATCH"
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    clean(ok(invoke(project, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4")))
+    draft = serve_draft(project, tmp_path)
     benched = clean(ok(invoke(project, "bench", "--prompts", "3", "--repeats", "1", "--input-len", "8",
                               "--output-len", "8")))
     assert "accept length" in benched

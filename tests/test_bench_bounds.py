@@ -16,8 +16,8 @@ from draftops.errors import BenchError
 from remote.bench import datasets
 from remote.bench.errors import BenchParseError
 from remote.bench.runner import Runner
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import ok, project, refused  # noqa: F401
+from tests.support.serving import ok, project, refused  # noqa: F401
+from tests.support.tasks import invoke
 
 
 def convert(tmp_path: Path, src: Path | str) -> tuple[int | None, str]:
@@ -119,7 +119,7 @@ def test_bench_refuses_lengths_the_server_cannot_take_and_a_device_as_dataset(pr
 @pytest.mark.parametrize("flag,field,value", [("--steps", "steps", 10**12), ("--topk", "topk", 65),
                                               ("--draft-tokens", "draft_tokens", 10**6)])
 def test_serve_speculative_counts_are_bounded(flag: str, field: str, value: int) -> None:
-    from tests.test_serve_checks import plan_for, refusals
+    from tests.support.serve_plans import plan_for, refusals
     given = {"steps": 3, "topk": 2, "draft_tokens": 8, field: value}
     found = refusals(plan_for("sglang", draft="/d", **given)).refusals
     assert found and f"{flag} {value} is not a count from 1 to" in found[0]

@@ -13,7 +13,7 @@ from draftops.bench.result import DraftInfo
 from draftops.errors import BenchError
 from draftops.history import History
 from remote.eagle import acceptlength
-from tests import bench_runs as runs
+from tests.support import bench_runs as runs
 
 VLLM = Client("vllm", ("/venv/bin/vllm", "bench", "serve"), {"--temperature": True, "--endpoint": True})
 SGLANG = Client("sglang", ("/venv/bin/python", "-m", "sglang.bench_serving"),

@@ -3,24 +3,15 @@ runs/ holds bench results and history rows written the way the runner and test-d
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from draftops.bench.result import DraftInfo
 from draftops.history import History
-from tests import bench_runs as runs
 from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package
-from tests.laptop_venv import laptop_python
-
-
-def invoke(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "2000", "PYTHONPATH": str(REPO)}
-    env.pop("DRAFTOPS_HOST", None)
-    return subprocess.run([laptop_python(), "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+from tests.support import bench_runs as runs
+from tests.support.tasks import invoke_wide as invoke
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import pytest
 
 from remote.bench import client_link
 from remote.bench.runner import pid_alive
-from tests.test_bench_run_ssh import bench_folder, prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import DOUBLES, draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import DOUBLES, draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 SERVE = ("serve", "--draft", "DRAFT", "--steps", "3", "--topk", "1", "--draft-tokens", "4")
 
@@ -89,8 +89,7 @@ def test_one_process_per_step_when_asked_or_without_the_library_entry(project, t
 
 @pytest.mark.ssh
 def test_a_repeat_failing_inside_the_client_process_is_one_error_with_its_index(project, tmp_path):  # noqa: F811
-    serve = profile(tmp_path)
-    serve["env"] = {**serve["env"], "DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN": "3"}    # warm-up, rep1, rep2
+    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_CLIENT_FAIL_RUN": "3"})    # warm-up, rep1, rep2
     root = project("loc", default=serve)
     result = served_bench(root, tmp_path)
     text = refused(result)
@@ -189,7 +188,7 @@ def test_real_sglang_clients_have_the_entry_the_client_process_runs(version):
     import zipfile
 
     from remote.bench.probe import CLIENTS
-    from tests.sglang_wheels import wheel
+    from tests.support.sglang_wheels import wheel
     with zipfile.ZipFile(wheel(version)) as whl:
         names = set(whl.namelist())
         module, rel = next((m, r) for m, r in CLIENTS["sglang"] if f"sglang/{r}" in names)

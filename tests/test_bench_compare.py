@@ -16,8 +16,9 @@ from draftops.bench.result import DraftInfo
 from draftops.errors import BenchError
 from draftops.history import History
 from remote.bench.digest import config_digest, file_digest
-from tests import bench_runs as runs
-from tests.drafter_support import demo, run_eval
+from tests.support import bench_runs as runs
+from tests.support.comparisons import compare as _compare
+from tests.support.drafter_support import demo, run_eval
 
 TOL = comparing.TOLERANCE
 
@@ -43,10 +44,6 @@ def mismatch(hist: History) -> dict:
                                  fix=[-1, 0, 2], fix_vllm=[0, 1, 3], walk=(1.45, 3.10))
     runs.record_prediction(hist, "td-1", report, "sha256:aaaa000000000000")
     return report
-
-
-def _compare(hist: History, a, b) -> comparing.Comparison:
-    return comparing.compare(a, b, {r.run_id: comparing.find_prediction(hist, r) for r in (a, b)})
 
 
 # --- accept length against the prediction --------------------------------------------------------

@@ -7,17 +7,16 @@ import json
 
 import pytest
 
-from tests.test_bench_run_ssh import prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, project, write_model  # noqa: F401
+from tests.support.bench_folders import prompts_file
+from tests.support.serving import ok, project, serve_draft  # noqa: F401
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 
 
 def test_bench_json(project, tmp_path):  # noqa: F811
     root = project("loc")
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    serve_draft(root, tmp_path)
     try:
         done = invoke(root, "bench", "--prompts", "3", "--repeats", "2", "--output-len", "16",
                       "--dataset", prompts_file(tmp_path), "--json")

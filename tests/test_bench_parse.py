@@ -12,7 +12,7 @@ from remote.bench.crosscheck import cross_check
 from remote.bench.datasets import read_prompts, to_sharegpt, write_sharegpt
 from remote.bench.digest import config_digest, file_digest
 from remote.bench.errors import BenchParseError
-from tests import bench_formats as fmt
+from tests.support import bench_formats as fmt
 
 STYLES = [("0.4", "0.4"), ("0.5.4", "iter"), ("0.5.6", "0.5.6+"), ("iter", "iter")]
 

@@ -15,7 +15,7 @@ import pytest
 
 from draftops.bench.plan import BenchSettings, Client, Server, plan, sglang_argv, vllm_argv
 from draftops.errors import BenchError
-from tests.sglang_wheels import REPO, STUB_INIT, wheel
+from tests.support.sglang_wheels import REPO, STUB_INIT, wheel
 
 ODD_RUN_DIR = "/data/draftops/runs/it's a \"run\" $HOME"
 ODD_DATASET = "/data/prompts with space/it's.jsonl"

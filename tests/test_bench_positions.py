@@ -22,9 +22,9 @@ from draftops.history import History
 from remote.bench import client_output, server_metrics
 from remote.bench.digest import config_digest, file_digest
 from remote.bench.runner import host_facts
-from tests import bench_formats as fmt
-from tests import bench_runs as runs
-from tests.drafter_support import demo, run_eval
+from tests.support import bench_formats as fmt
+from tests.support import bench_runs as runs
+from tests.support.drafter_support import demo, run_eval
 
 
 def _codes(cmp: comparing.Comparison) -> list[str]:

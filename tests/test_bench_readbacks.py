@@ -9,10 +9,10 @@ import pytest
 from draftops.history import History
 from remote.bench import server_metrics
 from remote.bench.errors import BenchParseError
-from tests import bench_formats as fmt
-from tests.test_bench_run_ssh import bench_folder, prompts_file
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support import bench_formats as fmt
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import ok, profile, project, serve_draft  # noqa: F401
+from tests.support.tasks import invoke
 
 DRAFTS = 'vllm:spec_decode_num_drafts_total{model_name="/m/target",engine="0"} 100.0'
 
@@ -38,11 +38,9 @@ def test_a_repeated_series_keeps_its_first_sample_and_other_label_sets_still_add
 
 @pytest.mark.ssh
 def test_wrong_typed_server_info_still_writes_the_result_and_its_history_row(project, tmp_path):  # noqa: F811
-    serve = profile(tmp_path)
-    serve["env"] = {**serve["env"], "DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"}
+    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"})
     root = project("loc", default=serve)
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    serve_draft(root, tmp_path)
     run = invoke(root, "bench", "--prompts", "3", "--repeats", "1", "--output-len", "8",
                  "--dataset", prompts_file(tmp_path))
     assert "Traceback" not in run.stdout + run.stderr and "ValidationError" not in run.stdout + run.stderr

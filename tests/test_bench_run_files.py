@@ -17,7 +17,7 @@ from draftops.bench import runner
 from draftops.bench.plan import BenchSettings, Client, Server, plan
 from draftops.errors import BenchError
 from remote.bench.runner import host_facts
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
 
 RUNNER_OK = {"status": "succeeded", "started": "2026-12-01T10:00:00Z", "ended": "2026-12-01T10:01:00Z",
              "steps": [{"name": "rep1", "exit_code": 0, "server_alive_after": True}]}

@@ -4,34 +4,22 @@ real sshd and on a local host. A server that dies half-way brings home what was 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from draftops.history import History
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, refused, write_model  # noqa: F401
+from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.serving import ok, profile, project, refused, serve_draft  # noqa: F401
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
-
-
-def prompts_file(tmp: Path, n: int = 5) -> str:
-    path = tmp / "prompt's file.jsonl"             # a quote in the path
-    path.write_text("".join(json.dumps({"prompt": f"w{5 + i:02d} w17 w33 \"q\" $(x)"}) + "\n" for i in range(n)))
-    return str(path)
-
-
-def bench_folder(root: Path, output: str) -> Path:
-    run_id = output.split("result: ", 1)[1].split()[0]
-    return Path(run_id).parent if run_id.endswith("bench-result.json") else root / "runs" / run_id
 
 
 @pytest.mark.parametrize(("where", "laptop"), [("box", "full"), ("loc", "full"), ("box", "base")],
                          indirect=["laptop"])   # the base install drives the ssh host too
 def test_bench_brings_everything_home_and_records_it(project, tmp_path, where, laptop):  # noqa: F811
     root = project(where)
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    serve_draft(root, tmp_path)
     out = ok(invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "24",
                     "--dataset", prompts_file(tmp_path), "--name", "double"))
     folder = bench_folder(root, out)
@@ -62,12 +50,10 @@ def test_bench_brings_everything_home_and_records_it(project, tmp_path, where, l
 
 
 def test_a_server_dying_half_way_brings_home_what_was_written(project, tmp_path):  # noqa: F811
-    dying = profile(tmp_path)
     # warm-up: 1 + 4 requests, repeat 1: 1 + 5; the server dies on the 14th /generate, in repeat 2
-    dying["env"] = {**dying["env"], "DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"}
+    dying = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"})
     root = project("loc", default=dying)
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    serve_draft(root, tmp_path)
     result = invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "16",
                     "--dataset", prompts_file(tmp_path))
     text = refused(result)
@@ -117,8 +103,7 @@ def test_an_interrupted_bench_is_finished_by_bench_collect(project, tmp_path):  
 
     from tests.conftest import REPO
     root = project("loc")
-    draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
-    ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1", "--draft-tokens", "4"))
+    serve_draft(root, tmp_path)
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)
     bench = subprocess.Popen([sys.executable, "-m", "invoke", "bench", "--prompts", "5", "--repeats", "2",

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from draftops.history import History
-from tests.sshd import free_port
-from tests.test_serve_ssh import ok
-from tests.test_serve_vllm import flat, invoke, project  # noqa: F401  (the fixture)
+from tests.support.serving import ok
+from tests.support.sshd import free_port
+from tests.support.vllm_serving import flat, invoke, project  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh, pytest.mark.slow]
 TOLERANCE = 0.10

@@ -21,11 +21,11 @@ import pytest
 
 from remote.drafter.demo.build import DemoSpec
 from tests.conftest import REPO, copy_remote_package
-from tests.demo_cache import cached_demo
-from tests.drafter_support import demo
-from tests.test_capture_check_faults import left_files, processes_with
-from tests.test_env_ssh import invoke
-from tests.vllm_server import engine_venv
+from tests.support.demo_cache import cached_demo
+from tests.support.drafter_support import demo
+from tests.support.processes import left_files, processes_with
+from tests.support.tasks import invoke
+from tests.support.vllm_server import engine_venv
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 #: a second target: deeper and wider than the demo's, its dumps and draft made for other layers

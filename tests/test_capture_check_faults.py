@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import REPO, small_tmpfs
-from tests.demo_cache import cached_demo
+from tests.support.demo_cache import cached_demo
+from tests.support.processes import left_files, processes_with
 
 DOUBLE = REPO / "tests" / "doubles" / "vllm_hs"
 MEMORY_CAP = 6 << 30
@@ -56,25 +57,6 @@ def check(demo: Path, python: Path, out: Path, *extra: str, data: Path | None = 
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout,
                           preexec_fn=_cap)
     return done, mark
-
-
-def processes_with(mark: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if f"DRAFTOPS_RUN_ID={mark}".encode() in fh.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def left_files(out: Path) -> list[Path]:
-    """The engine's hidden-state files (and locks) left behind, the kept engine states aside."""
-    return [p for p in out.rglob("*") if p.suffix in (".safetensors", ".lock") and "engine-states" not in p.parts]
 
 
 def refused(done: subprocess.CompletedProcess[str], *words: str) -> str:

@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from tests.test_capture_check_task_ssh import project  # noqa: F401  (the module's fixture)
-from tests.test_drafter_task_ssh import invoke
+from tests.support.capture_projects import project  # noqa: F401  (the module's fixture)
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

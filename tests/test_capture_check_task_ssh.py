@@ -7,40 +7,20 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from draftops.history import History
-from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_drafter_task_ssh import invoke
+from tests.conftest import BOTH_INSTALLS, REPO
+from tests.support.capture_projects import project  # noqa: F401  (fixtures)
+from tests.support.drafter_support import demo
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-DOUBLE = REPO / "tests" / "doubles" / "vllm_hs"
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory, sshd) -> Path:
-    base = tmp_path_factory.mktemp("capture-task")
-    project = base / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    engine = base / "engine" / "python"
-    engine.parent.mkdir()
-    engine.write_text(f'#!/bin/sh\nPYTHONPATH="{DOUBLE}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
-    engine.chmod(0o755)
-    entry = ssh_entry(sshd, base, python=sys.executable, engine="vllm",
-                      serve={"cpu": {"python": str(engine), "context_length": 1024,
-                                     "extra_args": ["--dtype", "float32", "--enforce-eager"]}})
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
-    shutil.copytree(demo().root, base / "hostroot" / "state" / "demo")
-    return project
-
-
-def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it(project):
+def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it(project):  # noqa: F811
     done = invoke(project, "capture-check", "--draft", "demo", "--samples", "6")
     out = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -62,7 +42,7 @@ def test_the_demo_check_names_each_slot_and_the_fix_then_draft_config_applies_it
 
 
 @pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)   # the base install drives it too
-def test_test_drafter_takes_the_slot_layers_the_engine_measured(project, laptop):
+def test_test_drafter_takes_the_slot_layers_the_engine_measured(project, laptop):  # noqa: F811
     """After a capture-check of the same dumps, target and engine, the verdict is measured, not inferred."""
     checked = invoke(project, "capture-check", "--draft", "demo", "--samples", "4")
     assert checked.returncode == 0, checked.stdout[-2000:]
@@ -80,7 +60,7 @@ def test_test_drafter_takes_the_slot_layers_the_engine_measured(project, laptop)
     assert "on the engine's own states" in " ".join(done.stdout.split())
 
 
-def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
+def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):  # noqa: F811
     hosts = yaml.safe_load((project / "hosts.yaml").read_text())
     hosts["hosts"]["box"]["serve"]["cpu"]["env"] = {"FAKE_VLLM_FAULT": "die-at-start"}
     other = tmp_path / "p"
@@ -92,12 +72,12 @@ def test_an_engine_that_dies_is_one_paragraph(project, tmp_path):
     assert "exited" in text and "while starting" in text and "Traceback" not in text
 
 
-def test_no_dumps_and_no_demo_is_refused_in_words(project):
+def test_no_dumps_and_no_demo_is_refused_in_words(project):  # noqa: F811
     done = invoke(project, "capture-check", "--draft", "/nowhere/draft")
     assert done.returncode == 1 and "--data DUMPS" in done.stdout + done.stderr
 
 
-def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(project):
+def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(project):  # noqa: F811
     """serve reads capture-check.json as the check wrote it (the pulled run folder)."""
     demo_on_host = project.parent / "hostroot" / "state" / "demo"
     mine = project.parent / "mine" / "draft"
@@ -112,7 +92,7 @@ def test_serve_refuses_a_draft_whose_ids_the_capture_check_measured_wrong(projec
     assert "capture-check run" in text and "--from-report" in text and "--force" in text
 
 
-def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
+def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):  # noqa: F811
     """The engine instance exists only for the check: Ctrl-C stops the job (and so the engine), it does
     not leave it running detached."""
     import os
@@ -121,7 +101,7 @@ def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
     import subprocess
     import time
 
-    from tests.test_capture_check_faults import processes_with
+    from tests.support.processes import processes_with
 
     hosts = yaml.safe_load((project / "hosts.yaml").read_text())
     hosts["hosts"]["box"]["serve"]["cpu"]["env"] = {"FAKE_VLLM_FAULT": "slow-start"}
@@ -151,7 +131,7 @@ def test_ctrl_c_stops_the_check_and_its_engine(project, tmp_path):
     assert processes_with(run_id) == [], "the engine was left running"
 
 
-def test_against_sglang_only_the_final_slot_is_placed_and_the_aux_slots_are_said_unmeasurable(project, tmp_path):
+def test_against_sglang_only_the_final_slot_is_placed_and_the_aux_slots_are_said_unmeasurable(project, tmp_path):  # noqa: F811
     """SGLang returns the final layer's states after the norm, nothing else (its test double reproduces
     that answer): the check places the final slot, says the rest needs vLLM or test-drafter, and says
     what SGLang will feed the draft as configured."""

@@ -19,7 +19,7 @@ import pytest
 
 from remote import jsonread
 from tests.conftest import REPO
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
 
 LIMIT_AS = 4 << 30        # torch's import maps ~1.5 GB; reading /dev/zero whole would pass this in seconds
 

@@ -4,33 +4,25 @@ records it; `collect` does both, as the task would have. Over a real sshd, with 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.laptop_venv import laptop_python
-from tests.test_drafter_task_ssh import invoke
+from tests.conftest import REPO, ssh_entry
+from tests.support.drafter_support import task_project
+from tests.support.laptop_venv import laptop_python
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
 @pytest.fixture
 def project(tmp_path, sshd):
-    project = tmp_path / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     entry = ssh_entry(sshd, tmp_path, python=sys.executable)
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
-    shutil.copytree(demo().root, tmp_path / "hostroot" / "state" / "demo")
-    return project
+    return task_project(tmp_path, {"box": entry}, "box", demo_roots=(tmp_path / "hostroot",))
 
 
 def _left_behind(project, hostroot) -> str:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from draftops.doctor import plan
-from tests.sshd import free_port
-from tests.test_serve_ssh import ok
-from tests.test_serve_vllm import flat, invoke, project  # noqa: F401  (the fixture)
+from tests.support.serving import ok
+from tests.support.sshd import free_port
+from tests.support.vllm_serving import flat, invoke, project  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BENCH = ("bench", "--dataset", "demo", *(part for k, v in plan.BENCH.items() if k != "dataset"

@@ -16,7 +16,7 @@ from draftops.bench import samples
 from draftops.comparison import Blocks
 from draftops.doctor import plan
 from remote.bench import client_output
-from tests import bench_runs as runs
+from tests.support import bench_runs as runs
 
 SEEDS = 200
 PROMPTS, REPEATS = plan.BENCH["prompts"], plan.BENCH["repeats"]

@@ -16,16 +16,11 @@ from draftops.link.host import open_host
 from draftops.runs import jobs
 from draftops.runs.sync import sync
 from tests.conftest import REPO, small_tmpfs, ssh_entry
-from tests.sshd import free_port, keygen
-from tests.test_env_ssh import invoke
+from tests.support.forwarding import _forwarded_to
+from tests.support.sshd import free_port, keygen
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
-
-
-def _forwarded_to(server, port: int) -> int:
-    """How many direct-tcpip channels ``server`` (a DEBUG1 sshd) opened to 127.0.0.1:``port``."""
-    return sum(1 for line in server.log.read_text().splitlines()
-               if "server_request_direct_tcpip" in line and line.endswith(f"target 127.0.0.1 port {port}"))
 
 
 def tcp_connections() -> set[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""The test demo is cached between runs (tests/demo_cache.py): a second session reuses the entry, a
+"""The test demo is cached between runs (tests/support/demo_cache.py): a second session reuses the entry, a
 damaged entry is rebuilt, two sessions at once build it once, and the key follows the generator's
 source.  A tiny demo (same generator, smaller knobs) keeps each build under a few seconds; its
 fresh builds also check what the cache relies on: the generator is deterministic."""
@@ -18,8 +18,8 @@ import pytest
 
 from remote.bench import demo_prompts
 from remote.drafter.demo.build import MARKER, DemoSpec, is_complete
-from tests.demo_cache import MANIFEST, _prune, cache_key, cached_demo, demo_cache_dir, source_files, verify
-from tests.import_graph import REPO
+from tests.support.demo_cache import MANIFEST, _prune, cache_key, cached_demo, demo_cache_dir, source_files, verify
+from tests.support.import_graph import REPO
 
 TINY = replace(DemoSpec(), samples=20, seq_len=12, train_iters=4, train_batch=4, max_target_draws=1)
 
@@ -41,7 +41,7 @@ def build_fingerprint(demo: Path) -> str:
 def session(dest: Path, cache_env: Path) -> subprocess.Popen:
     """Another test session: a fresh python asking the cache for the tiny demo."""
     code = ("import sys; from dataclasses import replace; from pathlib import Path; "
-            "from remote.drafter.demo_spec import DemoSpec; from tests.demo_cache import cached_demo; "
+            "from remote.drafter.demo_spec import DemoSpec; from tests.support.demo_cache import cached_demo; "
             f"cached_demo(Path(sys.argv[1]), replace(DemoSpec(), **{asdict(TINY)!r}))")
     env = {**os.environ, "DRAFTOPS_TEST_CACHE": str(cache_env), "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-c", code, str(dest)], cwd=REPO, env=env,

@@ -19,7 +19,7 @@ from draftops.serve.request import demo_dir
 from remote.bench import demo_prompts
 from remote.drafter.demo_spec import DEMO_VERSION, MARKER, DemoSpec
 from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
 
 
 def imported_modules(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:

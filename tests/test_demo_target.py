@@ -18,7 +18,7 @@ from remote.drafter.demo import wordtokenizer
 from remote.drafter.demo.build import SERVE_SCHEMA, read_serve_info
 from remote.drafter.errors import ConfigError, MissingTensorError, NonFiniteError
 from remote.drafter.model import tinyllama
-from tests.drafter_support import SPEC, demo
+from tests.support.drafter_support import SPEC, demo
 
 REPO = Path(__file__).resolve().parent.parent
 

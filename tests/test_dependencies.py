@@ -28,7 +28,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from draftops.runs import mlstack
-from tests.import_graph import import_closure, modules
+from tests.support.import_graph import import_closure, modules
 
 tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
 

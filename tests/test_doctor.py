@@ -6,15 +6,10 @@ Chromium. The end-to-end run with real vLLM servers is tests/test_doctor_engine.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,82 +17,29 @@ import pytest
 from draftops import history
 from draftops.doctor import plan, report, state, steps
 from draftops.errors import DoctorError
-from tests.conftest import REPO, small_tmpfs
-from tests.drafter_support import local_demo_project
-from tests.test_serve_ssh import processes_of_runs_under
+from tests.conftest import small_tmpfs
+from tests.support.chromium import CHROMIUM, screenshot
+from tests.support.disks import fill as _fill
+from tests.support.doctor import (  # noqa: F401  (fixtures)
+    NO_BENCH,
+    doctor_doc,
+    invoke,
+    project,
+    runs_of,
+    start,
+    states,
+    step_runs,
+    synthetic,
+    wait_for_step,
+)
+from tests.support.serving import processes_of_runs_under
 
 pytestmark = [pytest.mark.slow]
-CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
-NO_BENCH = ("doctor", "--draft", "demo", "--fix", "--no-bench")
-
-
-@pytest.fixture
-def project(make_project, no_inventory_env) -> Path:
-    """A project on the `local` host whose host root holds this session's demo (as generated)."""
-    root = local_demo_project(make_project())
-    return root
-
-
-def env() -> dict[str, str]:
-    full = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    full.pop("DRAFTOPS_HOST", None)
-    return full
-
-
-def invoke(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=root, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def _sigint_as_from_a_terminal() -> None:
-    """A suite run as a background job of a script ignores SIGINT, and its children inherit that (then
-    Python installs no KeyboardInterrupt handler and a Ctrl-C sent to the doctor does nothing)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start(root: Path, *args: str, **kw: Any) -> subprocess.Popen:
-    kw.setdefault("preexec_fn", _sigint_as_from_a_terminal)    # Ctrl-C as from a terminal
-    return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=root, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
-
-
-def doctor_doc(root: Path) -> dict[str, Any]:
-    (folder,) = [p for p in (root / "runs").glob("*-doctor-*") if (p / "doctor.json").is_file()]
-    doc: dict[str, Any] = json.loads((folder / "doctor.json").read_text())
-    return doc
-
-
-def wait_for_step(root: Path, name: str, proc: subprocess.Popen, timeout: float = 240) -> None:
-    """Until doctor.json says step ``name`` is running (its job started: a run id was announced)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            doc = doctor_doc(root)
-        except (ValueError, OSError):
-            doc = {}
-        step = next((s for s in doc.get("steps", []) if s["name"] == name), None)
-        if step and step["state"] == "running" and step["runs"]:     # its job runs
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"step {name} never ran")
-
-
-def runs_of(root: Path, kind: str) -> list[str]:
-    return sorted(r.run_id for r in history.History(root / "runs" / "history.sqlite").query(kind=kind))
-
-
-def states(doc: dict[str, Any]) -> dict[str, str]:
-    return {s["name"]: s["state"] for s in doc["steps"]}
-
-
-def step_runs(doc: dict[str, Any], name: str) -> list[str]:
-    return next(s["runs"] for s in doc["steps"] if s["name"] == name)
 
 
 # --- the real flow, interrupted and resumed ------------------------------------------------------------
 
-def test_without_fix_it_names_the_one_command_and_exits_not_healthy(project):
+def test_without_fix_it_names_the_one_command_and_exits_not_healthy(project):  # noqa: F811
     done = invoke(project, "doctor", "--draft", "demo")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "NOT HEALTHY" in done.stdout and "invoke doctor --draft demo --fix" in done.stdout
@@ -115,7 +57,7 @@ def test_without_fix_it_names_the_one_command_and_exits_not_healthy(project):
 
 
 @pytest.mark.parametrize(("sig", "at", "code"), [(signal.SIGTERM, "recheck", 143), (signal.SIGINT, "check", 130)])
-def test_a_signal_ends_the_step_and_resume_finishes_without_redoing(project, sig, at, code):
+def test_a_signal_ends_the_step_and_resume_finishes_without_redoing(project, sig, at, code):  # noqa: F811
     proc = start(project, *NO_BENCH)
     wait_for_step(project, at, proc)
     proc.send_signal(sig)
@@ -140,7 +82,7 @@ def test_a_signal_ends_the_step_and_resume_finishes_without_redoing(project, sig
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
 
 
-def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):
+def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):  # noqa: F811
     with small_tmpfs(project / "runs", "3m") as runs:
         proc = start(project, *NO_BENCH)
         wait_for_step(project, "recheck", proc)
@@ -163,7 +105,7 @@ def test_a_full_disk_ends_the_doctor_and_resume_finishes(project):
                                                                            ).read_text()
 
 
-def test_a_fix_resumed_after_its_config_was_written_keeps_the_original_ids_and_backup(project):
+def test_a_fix_resumed_after_its_config_was_written_keeps_the_original_ids_and_backup(project):  # noqa: F811
     done = invoke(project, *NO_BENCH)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = doctor_doc(project)
@@ -236,18 +178,6 @@ def test_the_state_is_written_whole_or_kept(tmp_path):
         assert sorted(p.name for p in made.folder.iterdir()) == ["doctor.json"]     # no temporary left
 
 
-def _fill(folder: Path) -> None:
-    """Write into ``folder`` until its file system is full."""
-    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # --- baseline reuse ----------------------------------------------------------------------------------
 
 def _bench_row(hist: history.History, runs: Path, run_id: str, *, age_h: float, rev: str, mode: str = "baseline",
@@ -288,43 +218,6 @@ def test_a_recent_baseline_of_the_same_code_and_settings_is_reused(tmp_path):
 
 # --- the report ----------------------------------------------------------------------------------------
 
-HOSTILE = "<script>alert(1)</script> | `x` \x1b[31mred\x1b[0m ![img](http://evil/)"
-
-
-def synthetic(tmp_path: Path) -> state.State:
-    """A finished doctor's state with the figures a real one records (one hostile host text)."""
-    made = state.new(tmp_path / "runs", "local", plan.Args(draft="demo", fix=True))
-    predicted = {"steps": 3, "served": 1.07, "best": 3.48}
-    outcomes = {
-        "check": {"run_id": "r-check", "status": "MISMATCH", "fixable": True, "message": HOSTILE,
-                  "predicted": predicted, "trained_slots": [{"slot": 0, "layer_id": -1, "role": "embedding"}],
-                  "configured_layer_ids": [2, 4, 5], "served_slots": [1, 2, 3], "serving_convention": "vllm",
-                  "findings": [{"id": "layer-convention-shift", "severity": "bad", "text": HOSTILE, "fix": "f"}]},
-        "baseline": {"bench_run": "r-b", "throughput": {"median": 100.0, "min": 95.0, "max": 104.0},
-                     "accept_length": None},
-        "as-served": {"bench_run": "r-a", "throughput": {"median": 60.0, "min": 55.0, "max": 64.0},
-                      "accept_length": 1.08, "serve_run": "s-a", "configured_ids": [2, 4, 5],
-                      "effective_ids": [2, 4, 5], "engine": "vllm"},
-        "fix": {"run_id": "r-fix", "old_ids": [2, 4, 5], "written_ids": [0, 2, 4], "backup": "b", "config": "c"},
-        "recheck": {"run_id": "r-re", "status": "MATCH", "predicted": {"steps": 3, "served": 3.48, "best": 3.48}},
-        "fixed": {"bench_run": "r-f", "throughput": {"median": 130.0, "min": 120.0, "max": 138.0},
-                  "accept_length": 3.41},
-        "compare": {"tolerance": 0.1,
-                    "as-served": {"measured": 1.08, "predicted": 1.07, "within_tolerance": True,
-                                  "speed_text": "×0.60", "findings": []},
-                    "fixed": {"measured": 3.41, "predicted": 3.48, "within_tolerance": True, "speed_text": "×1.30",
-                              "findings": [{"severity": "good", "code": "draft-limit", "text": HOSTILE}],
-                              "per_position": [{"available": True, "rows": [
-                                  {"step": 0, "predicted": 0.87, "measured": 0.86, "reached": 900, "verdict": "agree"}
-                              ]}]}},
-    }
-    for step in made.steps:
-        step.state, step.outcome, step.runs = "done", outcomes.get(step.name, {}), [f"run-{step.name}"]
-        step.commands = [f"invoke {step.name}"]
-    made.status = "fixed"
-    made.save()
-    return made
-
 
 def test_the_report_tells_the_story_in_order_and_escapes_host_text(tmp_path):
     made = synthetic(tmp_path)
@@ -345,15 +238,8 @@ def test_the_report_tells_the_story_in_order_and_escapes_host_text(tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed here (scripts/setup.sh --test "
                                              "installs chromium-headless-shell; CI runs this test)")
 def test_the_report_renders_its_three_run_chart_in_headless_chromium(tmp_path):
-    from matplotlib.image import imread
     page = report.write(synthetic(tmp_path), tmp_path / "runs")["html"]
-    shot = tmp_path / "shot.png"
-    assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-                           "--window-size=1200,2600", "--allow-file-access-from-files", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.exists(), done.stdout + done.stderr
-    pixels = imread(str(shot))[..., :3]
+    pixels = screenshot(page, tmp_path / "shot.png", 2600)
 
     def share(hex_colour: str) -> float:
         colour = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255

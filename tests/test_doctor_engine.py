@@ -25,9 +25,10 @@ import numpy as np
 import pytest
 
 from draftops import history
-from tests.test_doctor import CHROMIUM, doctor_doc, invoke, project, start, states, step_runs  # noqa: F401
-from tests.test_serve_ssh import processes_of_runs_under
-from tests.vllm_server import engine_venv
+from tests.support.chromium import CHROMIUM, screenshot
+from tests.support.doctor import doctor_doc, invoke, project, start, states, step_runs  # noqa: F401
+from tests.support.serving import processes_of_runs_under
+from tests.support.vllm_server import engine_venv
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -133,16 +134,8 @@ def test_doctor_fix_on_real_servers_survives_a_dying_server_and_reuses_its_basel
 
 
 def _shows_three_runs(html: Path, root: Path) -> None:
-    from matplotlib.image import imread
-
     from draftops.doctor.chart import COLOURS
-    shot = root / "shot.png"
-    assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-                           "--window-size=1200,3600", "--allow-file-access-from-files", html.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.exists(), done.stdout + done.stderr
-    pixels = imread(str(shot))[..., :3]
+    pixels = screenshot(html, root / "shot.png", 3600)
     for role in ("baseline", "as-served", "fixed"):
         colour = np.array([int(COLOURS[role][i:i + 2], 16) for i in (1, 3, 5)]) / 255
         assert float((np.abs(pixels - colour).max(axis=-1) < 0.03).mean()) > 0.0005, role

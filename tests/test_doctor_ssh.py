@@ -6,7 +6,6 @@ tests/test_serve_ssh.py and tests/test_bench_run_ssh.py.)"""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +13,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_doctor import NO_BENCH, doctor_doc, invoke, runs_of, start, states, step_runs, wait_for_step
-from tests.test_serve_ssh import processes_of_runs_under
+from tests.conftest import ssh_entry
+from tests.support.doctor import NO_BENCH, doctor_doc, invoke, runs_of, start, states, step_runs, wait_for_step
+from tests.support.drafter_support import task_project
+from tests.support.serving import processes_of_runs_under
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 SGLANG = "0.5.13"
@@ -27,14 +25,8 @@ SGLANG = "0.5.13"
 
 def _box(tmp_path: Path, entry: dict) -> tuple[Path, Path]:
     """A project whose default host `box` is ``entry``, and that host's root holding this session's demo."""
-    project = tmp_path / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
     hostroot = tmp_path / "hostroot"
-    shutil.copytree(demo().root, hostroot / "state" / "demo")
-    return project, hostroot
+    return task_project(tmp_path, {"box": entry}, "box", demo_roots=(hostroot,)), hostroot
 
 
 @pytest.fixture
@@ -75,7 +67,7 @@ def test_doctor_over_ssh_fixes_the_hosts_draft_and_resumes_after_sigterm(box_pro
 def sglang_box(tmp_path: Path, sshd) -> tuple[Path, Path, Path]:
     """A project whose host `box` serves with SGLang: its python is a venv holding the real SGLang 0.5.13
     sources (from the PyPI wheel) and, through a .pth file, this test run's torch and safetensors."""
-    from tests.sglang_wheels import extract
+    from tests.support.sglang_wheels import extract
     venv = tmp_path / "ml-env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))

@@ -28,7 +28,7 @@ from draftops.nightly import results
 from draftops.runs.tools import ToolResult
 from draftops.serve import verdicts
 from tests.conftest import REPO
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 RUN_ID = "20261201-100000-test-drafter-aaaa"
 OLDER = "20261130-100000-test-drafter-bbbb"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_env_ssh import invoke
+from tests.support.drafter_support import demo
+from tests.support.tasks import invoke
 
 SGLANG_ONLY = ("sglang", "capture patch", "SGLang's target never reads")
 

@@ -26,18 +26,11 @@ from safetensors.torch import load_file, save_file
 from remote.draft_flat.tensors import renamed
 from remote.eagle import formats
 from tests.conftest import REPO, copy_remote_package, small_tmpfs
-from tests.drafter_support import demo, run_eval
-from tests.test_drafter_task_ssh import invoke
+from tests.support.draft_flats import flat_copy
+from tests.support.drafter_support import demo, run_eval
+from tests.support.tasks import invoke
 
 FIX_IDS = [-1, 1, 3]        # the demo's trained layers, SGLang ids (its draft_fixed holds them)
-
-
-def flat_copy(ckpt: Path, dest: Path, *args: str, result: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m remote.draft_flat`` as the host runs it."""
-    out = ["--out", str(result)] if result else []
-    return subprocess.run([sys.executable, "-m", "remote.draft_flat", "--ckpt", str(ckpt), "--dest", str(dest),
-                           *args, *out], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def digest(folder: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from remote.drafter import DataError, NonFiniteError, load_checkpoint
 from remote.drafter.cli import main
-from tests.drafter_lab import (
+from tests.support.drafter_lab import (
     NEIGHBOUR,
     TRAINED,
     WELL_TRAINED,

@@ -13,7 +13,7 @@ import pytest
 
 from remote import events
 from remote.drafter.cli import main
-from tests.drafter_lab import TRAINED, WELL_TRAINED, lab, save, trained_weights
+from tests.support.drafter_lab import TRAINED, WELL_TRAINED, lab, save, trained_weights
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA3_NO_FACTOR = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0,

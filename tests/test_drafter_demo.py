@@ -11,7 +11,7 @@ import pytest
 
 from remote import events
 from remote.drafter.report import SCHEMA
-from tests.drafter_support import SPEC, demo, layout_acc, run_eval
+from tests.support.drafter_support import SPEC, demo, layout_acc, run_eval
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINED = SPEC.trained_ids  # [-1, l_a, l_b]

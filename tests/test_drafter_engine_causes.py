@@ -1,4 +1,4 @@
-"""Engine causes (issue 25, causes 1-4): drafts trained on the lab target (tests/drafter_lab.py),
+"""Engine causes (issue 25, causes 1-4): drafts trained on the lab target (tests/support/drafter_lab.py),
 saved with the config a real mistake produces, evaluated for real; each gets exactly its finding,
 decided by the engine, its version and the config, and the healthy draft gets none. The lab target
 has 5 layers; its dump holds boundaries [0, 2, 3, 4, 5] (SGLang ids [-1, 1, 2, 3, 4], 4 = the final
@@ -14,8 +14,8 @@ import pytest
 
 from remote.drafter.model.layers import Weights
 from remote.eagle import engine_rules
-from tests import drafter_lab as L
 from tests.cause_cases.engine import save_residual_normed
+from tests.support import drafter_lab as L
 
 
 def ids(report: dict[str, Any]) -> list[str]:
@@ -62,7 +62,7 @@ def test_the_seed_slot_shift_is_a_convention_shift_with_scores_and_the_fix(tmp_p
 def test_the_demo_seed_bug_is_a_convention_shift():
     import tempfile
 
-    from tests.drafter_support import run_eval
+    from tests.support.drafter_support import run_eval
     with tempfile.TemporaryDirectory() as out:
         report = run_eval(Path(out))
     assert report["verdict"]["status"] == "MISMATCH"

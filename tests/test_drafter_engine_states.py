@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, DataError, ShapeMismatchError
 from tests.conftest import REPO
-from tests.drafter_support import SPEC, demo, run_eval
-from tests.trainer_dumps import write_data_config, write_specforge
+from tests.support.drafter_support import SPEC, demo, run_eval
+from tests.support.trainer_dumps import write_data_config, write_specforge
 
 DOUBLE = REPO / "tests" / "doubles" / "vllm_hs"
 N = 48

@@ -23,7 +23,7 @@ from remote.drafter import (
     load_checkpoint,
 )
 from remote.drafter.data.dumps import DumpSet
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from remote.drafter.data.dumps import DumpSet
 from remote.drafter.evaluation import _verifier_head
 from remote.drafter.model import tinyllama
 from remote.drafter.store.tensorstore import TensorStore
-from tests.drafter_support import SPEC, demo, run_eval
+from tests.support.drafter_support import SPEC, demo, run_eval
 
 FAST = {"limit": 96, "layout_samples": 48, "full": True}  # every sample: the counts are checked exactly
 

@@ -188,7 +188,7 @@ def test_a_json_next_to_the_dumps_that_is_no_regular_file_is_passed_over(tmp_pat
 def test_trainer_config_ids_past_the_targets_layers_are_refused(tmp_path, ids):
     """A run config naming layer 40 (or 2**70) of the demo's 6-layer target became the report's slot layers."""
     from remote.drafter.data import trainerconfig
-    from tests.drafter_support import demo
+    from tests.support.drafter_support import demo
 
     config = tmp_path / "train.json"
     config.write_text(json.dumps({"model": {"target_model_path": str(demo().target),
@@ -213,7 +213,7 @@ def test_an_engine_state_file_with_nan_is_named_as_skipped(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from tests.drafter_support import demo, run_eval
+    from tests.support.drafter_support import demo, run_eval
 
     states = tmp_path / "engine-states"
     states.mkdir()

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from remote.drafter import load_checkpoint
 from remote.drafter.data.batching import collate
 from remote.drafter.data.dumps import DumpSet
-from tests.drafter_support import PAD_BOUND, demo, load_speculators
+from tests.support.drafter_support import PAD_BOUND, demo, load_speculators
 
 # Same bound as padded vs unpadded batches (docs/drafter.md): the reference runs each sample alone,
 # ours runs them padded into one batch, so only the fp32 summation order differs.

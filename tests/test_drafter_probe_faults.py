@@ -102,7 +102,7 @@ def test_a_dump_value_near_the_float32_limit_leaves_a_report_the_local_side_read
     from draftops import report as view
     from draftops.documents import load
     from draftops.documents.drafter_report import DrafterReport
-    from tests.drafter_support import demo, run_eval
+    from tests.support.drafter_support import demo, run_eval
 
     data = tmp_path / "data"
     data.mkdir()
@@ -128,7 +128,7 @@ def test_a_target_whose_layer_weight_is_nan_says_its_layers_were_not_compared(tm
 
     from remote.drafter.load.verifier import Verifier
     from remote.drafter.scoring.slotstats import SlotStats
-    from tests.drafter_support import demo
+    from tests.support.drafter_support import demo
 
     target = tmp_path / "target"
     shutil.copytree(demo().target, target)
@@ -146,7 +146,7 @@ def test_engine_states_of_which_none_is_scored_give_no_accept_length(tmp_path):
     sum over no positions), a figure of a draft that never drafts right, made up."""
     from safetensors.torch import load_file, save_file
 
-    from tests.drafter_support import demo, run_eval
+    from tests.support.drafter_support import demo, run_eval
 
     states = tmp_path / "engine-states"
     states.mkdir()
@@ -170,7 +170,7 @@ def test_draft_config_without_a_target_refuses_an_id_past_any_target(tmp_path, c
 
     from remote import exitcodes
     from remote.draft_config.__main__ import main
-    from tests.drafter_support import demo
+    from tests.support.drafter_support import demo
 
     ckpt = tmp_path / "draft"
     shutil.copytree(demo().draft, ckpt)

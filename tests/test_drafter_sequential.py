@@ -25,9 +25,9 @@ from remote.drafter.scoring.sequential import BLOCK, DECIDED, ConfidenceSequence
 from remote.drafter.scoring.stats import BETTER, SAME
 from tests.cause_cases import CASES, healthy
 from tests.cause_cases.healthy import FAST
-from tests.drafter_lab import NEIGHBOUR, SLOT_IDS, TRAINED, WELL_TRAINED, lab, save, trained_weights
-from tests.drafter_support import run_eval
-from tests.trainer_dumps import write_modelopt, write_specforge
+from tests.support.drafter_lab import NEIGHBOUR, SLOT_IDS, TRAINED, WELL_TRAINED, lab, save, trained_weights
+from tests.support.drafter_support import run_eval
+from tests.support.trainer_dumps import write_modelopt, write_specforge
 
 ALPHA, TOL, STEPS = 0.05, 0.01, 3
 SEEDS = 200

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from remote.drafter.model.layers import Weights
-from tests.drafter_lab import (
+from tests.support.drafter_lab import (
     CACHE,
     TRAINED,
     cache_key,
@@ -26,7 +26,7 @@ from tests.drafter_lab import (
     run,
     target_weights,
 )
-from tests.drafter_support import load_speculators
+from tests.support.drafter_support import load_speculators
 
 H_HEADS, KV_HEADS, HEAD_DIM, FFN = 4, 2, 8, 128
 

@@ -24,7 +24,7 @@ from remote.drafter.load.checkpoint import expected_shapes
 from remote.drafter.model.draft import DraftArch, Eagle3Draft, Unroll
 from remote.drafter.model.rope import RopeSpec
 from remote.drafter.scoring.score import VerifierHead, new_score, score_batch
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
 
 REPO = Path(__file__).resolve().parent.parent
 

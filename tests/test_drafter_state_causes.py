@@ -27,8 +27,8 @@ from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, ShapeMismatchError
 from remote.drafter.model import tinyllama
 from remote.drafter.scoring import slotstats
-from tests.drafter_support import SPEC, demo, run_eval
-from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
+from tests.support.drafter_support import SPEC, demo, run_eval
+from tests.support.trainer_dumps import write_data_config, write_modelopt, write_specforge
 
 SAMPLES = 48  # evaluated samples per case (the layout scan takes them all)
 

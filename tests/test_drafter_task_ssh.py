@@ -10,7 +10,6 @@ import json
 import os
 import pty
 import select
-import shutil
 import struct
 import subprocess
 import sys
@@ -20,23 +19,15 @@ from fcntl import ioctl
 from pathlib import Path
 
 import pytest
-import yaml
 
 from remote.drafter.cli import summary
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.laptop_venv import laptop_python
+from tests.conftest import REPO, ssh_entry
+from tests.support.drafter_support import task_project
+from tests.support.laptop_venv import laptop_python
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 ROWS, COLS = 60, 200
-
-
-def invoke(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    env.pop("DRAFTOPS_HOST", None)
-    env.pop("DRAFTOPS_INVENTORY", None)
-    return subprocess.run([laptop_python(), "-m", "invoke", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
 
 
 def invoke_on_a_terminal(project: Path, *args: str) -> tuple[int, bytes]:
@@ -85,16 +76,9 @@ def screen_text(raw: bytes) -> list[str]:
 @pytest.fixture(scope="module")
 def drafter_project(tmp_path_factory, sshd):
     base = tmp_path_factory.mktemp("drafter-task")
-    project = base / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     entry = ssh_entry(sshd, base, python=sys.executable)
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {"box": entry}}))
     # Seed the hosts' demo caches with this process's demo instead of generating it again.
-    shutil.copytree(demo().root, base / "hostroot" / "state" / "demo")
-    shutil.copytree(demo().root, project / ".draftops" / "state" / "demo")
-    return project
+    return task_project(base, {"box": entry}, "box", demo_roots=(base / "hostroot",), local_demo=True)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -24,7 +23,9 @@ from remote.drafter.launch.distributed import World
 from remote.drafter.scoring.metrics import StepCounts
 from remote.drafter.scoring.reduce import counts
 from tests.conftest import REPO
-from tests.drafter_support import demo
+from tests.support.drafter_support import demo
+from tests.support.sshd import free_port
+from tests.support.torchrun import comparable
 
 MEMORY_CAP = 6 << 30   # per process (the ranks inherit it): torch's import maps about 2 GiB
 
@@ -67,19 +68,6 @@ def error_of(text: str) -> str:
     found = [e for e in map(events.parse, text.splitlines()) if e is not None and e.get("event") == "error"]
     assert found, text[-3000:]
     return str(found[-1]["message"])
-
-
-def comparable(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without what differs between any two runs (the wall time)."""
-    report = json.loads(json.dumps(report))
-    report["run"].pop("seconds")
-    return report
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -7,19 +7,17 @@ where node 0 waited out its 300 s rendezvous timeout. Two `local` hosts (own roo
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
-from tests.test_drafter_task_ssh import invoke
+from tests.conftest import REPO
+from tests.support.drafter_support import demo, task_project
+from tests.support.tasks import invoke
 
 
 def _listening() -> socket.socket:
@@ -47,15 +45,10 @@ def test_node_0_with_its_port_taken_says_so_at_once(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def project(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Path:
+def project(tmp_path: Path, no_inventory_env: None) -> Path:
     hosts = {name: {"transport": "local", "root": str(tmp_path / name), "python": sys.executable}
              for name in ("a", "b")}
-    root = make_project(hosts, default="a")
-    copy_remote_package(root)
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    for name in hosts:
-        shutil.copytree(demo().root, tmp_path / name / "state" / "demo")
-    return root
+    return task_project(tmp_path, hosts, "a", demo_roots=(tmp_path / "a", tmp_path / "b"))
 
 
 @pytest.mark.slow
@@ -80,19 +73,14 @@ BROKEN = "python3.12: error while loading shared libraries: libpython3.12.so.1.0
 
 
 @pytest.fixture
-def broken_node_1(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Path:
+def broken_node_1(tmp_path: Path, no_inventory_env: None) -> Path:
     """Hosts a and b, b's ml-env python broken (it says why and exits 1 before any launcher runs)."""
     python = tmp_path / "broken-python"
     python.write_text(f"#!/bin/sh\necho '{BROKEN}' >&2\nexit 1\n")
     python.chmod(0o755)
     hosts = {"a": {"transport": "local", "root": str(tmp_path / "a"), "python": sys.executable},
              "b": {"transport": "local", "root": str(tmp_path / "b"), "python": str(python)}}
-    root = make_project(hosts, default="a")
-    copy_remote_package(root)
-    (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    for name in hosts:
-        shutil.copytree(demo().root, tmp_path / name / "state" / "demo")
-    return root
+    return task_project(tmp_path, hosts, "a", demo_roots=(tmp_path / "a", tmp_path / "b"))
 
 
 @pytest.mark.slow

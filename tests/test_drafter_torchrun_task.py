@@ -4,19 +4,18 @@ each giving the report one process gives, recorded in the history like any test-
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_drafter_task_ssh import invoke
-from tests.test_drafter_torchrun import comparable, free_port
+from tests.conftest import ssh_entry
+from tests.support.drafter_support import task_project
+from tests.support.sshd import free_port
+from tests.support.tasks import invoke
+from tests.support.torchrun import comparable
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -24,17 +23,9 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, sshd: Any) -> Path:
     base = tmp_path_factory.mktemp("torchrun-task")
-    project = base / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
-    hosts = {}
-    for name in ("a", "b"):
-        hosts[name] = ssh_entry(sshd, base / name, python=sys.executable)
-        shutil.copytree(demo().root, base / name / "hostroot" / "state" / "demo")
-    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": "local", "hosts": hosts}))
-    shutil.copytree(demo().root, project / ".draftops" / "state" / "demo")
-    return project
+    hosts = {name: ssh_entry(sshd, base / name, python=sys.executable) for name in ("a", "b")}
+    return task_project(base, hosts, "local", demo_roots=(base / "a" / "hostroot", base / "b" / "hostroot"),
+                        local_demo=True)
 
 
 def report_of(project: Path, before: set[str]) -> tuple[str, dict[str, Any]]:

@@ -12,8 +12,8 @@ import torch
 
 from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError
-from tests.drafter_support import SPEC, demo, run_eval
-from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge
+from tests.support.drafter_support import SPEC, demo, run_eval
+from tests.support.trainer_dumps import write_data_config, write_modelopt, write_specforge
 
 N = 24
 AUX, FINAL = [1, 2, 3], 4  # demo slots of layers 1, 3, 4 (non-negative ids, as SpecForge requires) and the final

@@ -14,8 +14,8 @@ import torch
 from remote.drafter import DataError
 from remote.drafter.data.dumps import DumpSet
 from remote.drafter.errors import ConfigError, CorruptFileError, MissingTensorError, ShapeMismatchError
-from tests.drafter_support import SPEC, demo, run_eval
-from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge, write_speculators
+from tests.support.drafter_support import SPEC, demo, run_eval
+from tests.support.trainer_dumps import write_data_config, write_modelopt, write_specforge, write_speculators
 
 N = 96
 FAST = {"limit": N, "layout_samples": 48}

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from remote.drafter import load_checkpoint
 from remote.drafter.errors import ConfigError, CorruptFileError, DrafterError, MissingTensorError
 from remote.drafter.load.verifier import Verifier
-from tests.drafter_lab import TRAINED, lab, save, trained_weights
+from tests.support.drafter_lab import TRAINED, lab, save, trained_weights
 
 MODELOPT_EAGLE_CONFIG = {"eagle_aux_hidden_state_layer_ids": TRAINED, "use_aux_hidden_state": True,
                          "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,

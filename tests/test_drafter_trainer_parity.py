@@ -1,5 +1,5 @@
 """fp32 parity of the draft forward with SpecForge's and ModelOpt's own EAGLE-3 forward, on drafts
-each trainer's own export code wrote (tests/trainer_peers.py; in CI a missing package fails).
+each trainer's own export code wrote (tests/support/trainer_peers.py; in CI a missing package fails).
 
 SpecForge 0.2.0: a random ``LlamaForCausalLMEagle3`` is saved as its training checkpoint
 (``training_state.pt``, embeddings dropped as its trainer does) and exported with
@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from remote.drafter import load_checkpoint
 from remote.drafter.load.verifier import Verifier
-from tests.trainer_peers import eager, load_modelopt, load_specforge, random_like
+from tests.support.trainer_peers import eager, load_modelopt, load_specforge, random_like
 
 BOUND = 1e-5   # |ours - theirs| / (1 + max |theirs|), fp32, every step
 H, VOCAB, DRAFT_VOCAB, STEPS = 48, 80, 60, 3

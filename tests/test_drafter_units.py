@@ -22,7 +22,7 @@ from remote.drafter.model.rope import RopeSpec, inv_freq
 from remote.drafter.scoring.metrics import StepCounts, walk
 from remote.drafter.scoring.stats import PerSample, compare
 from remote.drafter.verdict.layouts import Evidence, Measured, decide, interpret
-from tests.drafter_support import PAD_BOUND, SPEC, demo
+from tests.support.drafter_support import PAD_BOUND, SPEC, demo
 
 
 def _reference_counts(preds, target, scored):

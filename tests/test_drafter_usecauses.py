@@ -19,9 +19,9 @@ from remote.drafter.causes import training
 from remote.drafter.data import chattemplate
 from remote.drafter.errors import ConfigError, OptionError
 from remote.eagle import acceptlength
-from tests import usage_causes
-from tests.drafter_lab import run
-from tests.drafter_support import run_eval
+from tests.support import usage_causes
+from tests.support.drafter_lab import run
+from tests.support.drafter_support import run_eval
 
 
 def ids(report: dict[str, Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Verdicts on drafts trained outside the demo (tests/drafter_lab.py: another target language, drafts
+"""Verdicts on drafts trained outside the demo (tests/support/drafter_lab.py: another target language, drafts
 trained on chosen layers): a paired comparison over samples decides, a barely trained draft is
 UNKNOWN, a config whose id count differs from the fc width is a clear error, and the report shows
 the fix in the convention of the file being fixed."""
@@ -17,7 +17,7 @@ from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from remote.drafter import ConfigError, load_checkpoint
 from remote.drafter.cli import main
-from tests.drafter_lab import (
+from tests.support.drafter_lab import (
     BARELY,
     NEIGHBOUR,
     TRAINED,

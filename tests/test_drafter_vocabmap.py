@@ -26,7 +26,7 @@ from remote.drafter.load import vocabmap
 from remote.serve.configs import inspect
 from tests.cause_cases.healthy import rewrite_draft
 from tests.cause_cases.vocab import arange_d2t, rare_map, zeros_d2t
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 RUN_ID = "20261201-000000-test-drafter-vocab"
 

@@ -22,9 +22,9 @@ from remote.drafter.load.checkpoint import load_checkpoint
 from remote.drafter.load.verifier import Verifier
 from remote.eagle import formats
 from remote.serve.configs import draft_facts, inspect
-from tests.drafter_lab import TRAINED, lab, save, trained_weights
-from tests.sglang_wheels import REPO
-from tests.test_draft_config import run_cli
+from tests.support.draft_configs import run_cli
+from tests.support.drafter_lab import TRAINED, lab, save, trained_weights
+from tests.support.sglang_wheels import REPO
 
 IDS = formats.IDS_KEY
 LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,

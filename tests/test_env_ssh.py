@@ -11,19 +11,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.laptop_venv import laptop_python
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
-
-
-def invoke(project: Path, *args: str, env: dict[str, str] | None = None,
-           timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run `invoke ARGS` in ``project`` as a user would (its tasks.py is the repo's), with the laptop's
-    python (``laptop_python``: the base install under the ``laptop`` fixture)."""
-    full_env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO), **(env or {})}
-    full_env.pop("DRAFTOPS_HOST", None)
-    return subprocess.run([laptop_python(), "-m", "invoke", *args], cwd=project, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def hostile_venv(tmp_path: Path) -> Path:

@@ -12,8 +12,8 @@ import pytest
 from draftops.history import History
 from remote.bench.digest import file_digest
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_bench_cli import invoke
+from tests.support.drafter_support import demo
+from tests.support.tasks import invoke_wide as invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -11,9 +11,9 @@ import pytest
 
 from draftops.history import History
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.sshd import start_sshd
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import profile
+from tests.support.serving import profile
+from tests.support.sshd import start_sshd
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 

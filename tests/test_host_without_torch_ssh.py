@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 BARE = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_graph import circles, imports_of, modules, project_graph
+from tests.support.import_graph import circles, imports_of, modules, project_graph
 
 
 def test_the_project_has_no_import_circle() -> None:

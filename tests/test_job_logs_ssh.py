@@ -20,7 +20,7 @@ from draftops.link.agent import AGENT_NAME
 from draftops.link.host import open_host
 from draftops.runs import jobs
 from tests.conftest import REPO, ssh_entry
-from tests.test_jobs_ssh import wait_state, wait_until
+from tests.support.processes import wait_state, wait_until
 
 pytestmark = pytest.mark.ssh
 PY = shlex.quote(sys.executable)

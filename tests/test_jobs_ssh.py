@@ -16,6 +16,7 @@ from draftops.link.host import open_host
 from draftops.onhost import agent as hostagent
 from draftops.runs import jobs
 from tests.conftest import small_tmpfs, ssh_entry
+from tests.support.processes import live_group_members, wait_state, wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -23,32 +24,6 @@ pytestmark = pytest.mark.ssh
 @pytest.fixture(params=["box", "local"])
 def project(request, make_project, sshd, tmp_path, no_inventory_env):
     return make_project({"box": ssh_entry(sshd, tmp_path)}, default=request.param)
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Non-zombie processes in process group ``pgid`` (zombies wait for a reaper, they are not running)."""
-    members = []
-    for proc in os.listdir("/proc"):
-        if not proc.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(proc))
-    return members
-
-
-def wait_state(project, run_id, states, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = jobs.status(open_host(None, project), run_id)
-        # "running" can be read before the runner has recorded its pid: wait for both
-        if row["state"] in states and (row["state"] != "running" or "pid" in row):
-            return row
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} never reached {states}: {row}")
 
 
 def test_job_survives_dropped_connection_and_reports_exit_code(project):
@@ -135,15 +110,6 @@ def test_put_and_get_move_single_files(project, tmp_path):
     back = tmp_path / "back" / "payload.bin"
     host.transport.get(remote_path, back)
     assert back.read_bytes() == source.read_bytes()
-
-
-def wait_until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_job_whose_runner_was_killed_is_still_running_and_kill_stops_its_group(project):

@@ -2,7 +2,7 @@
 else, the text a person reads goes to stderr, and a refusal or a finding's exit code is in the document
 too. The tasks run as a user runs them: `invoke` in a project, the real test-drafter and doctor on the
 demo of the `local` host, bench.compare and `runs --local` on bench results built as the runner builds
-them (tests/bench_runs.py). Also item 12: test-drafter --strict, and piped progress lines."""
+them (tests/support/bench_runs.py). Also item 12: test-drafter --strict, and piped progress lines."""
 from __future__ import annotations
 
 import json
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from draftops.cli.jsonout import SCHEMA, finite
-from tests.drafter_support import local_demo_project
-from tests.test_env_ssh import invoke
-from tests.test_nightly_findings import project as compare_project  # noqa: F401  (a fixture)
+from tests.support.drafter_support import local_demo_project
+from tests.support.nightly_projects import project as compare_project  # noqa: F401  (a fixture)
+from tests.support.tasks import invoke
 
 
 def document(done) -> dict:

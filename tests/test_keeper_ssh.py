@@ -27,7 +27,8 @@ from draftops.link.agent import AGENT_NAME
 from draftops.link.connection import SSHTransport
 from draftops.link.host import open_host, project_inventory
 from tests.conftest import REPO, ssh_entry
-from tests.sshd import Sshd, children, start_sshd
+from tests.support.proc import pids_whose
+from tests.support.sshd import Sshd, children, start_sshd
 
 pytestmark = pytest.mark.ssh
 
@@ -42,16 +43,10 @@ def _kill(pid: int) -> None:
 
 def _keepers(folder: Path) -> list[int]:
     """Pids of live keeper processes serving ``folder``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"draftops.link.keeper" in argv and str(folder).encode() in argv:
-                pids.append(int(entry))
-    return pids
+    def serving(cmdline: bytes) -> bool:
+        argv = cmdline.split(b"\0")
+        return b"draftops.link.keeper" in argv and str(folder).encode() in argv
+    return pids_whose("cmdline", serving)
 
 
 def wait_for(check, seconds: float = 15.0, what: str = "") -> None:
@@ -96,17 +91,11 @@ class Box:
     def standbys(self) -> list[int]:
         """Pids of standby agents on the host (its processes are this machine's): pythons running
         ``-S <agent> --standby``, not the shells that start them."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[:-1]
-                except OSError:
-                    continue
-                if len(argv) == 4 and argv[1] == b"-S" and argv[3] == b"--standby" and \
-                        argv[2].startswith(self.spec.root.encode()):
-                    found.append(int(entry))
-        return found
+        def standby(cmdline: bytes) -> bool:
+            argv = cmdline.split(b"\0")[:-1]
+            return len(argv) == 4 and argv[1] == b"-S" and argv[3] == b"--standby" and \
+                argv[2].startswith(self.spec.root.encode())
+        return pids_whose("cmdline", standby)
 
     def waiting_standbys(self) -> list[int]:
         """Standbys that said ready: blocked reading their call on stdin (syscall 0, read, on fd 0)."""
@@ -127,7 +116,7 @@ def box(make_project, client_key: Path, tmp_path: Path, monkeypatch: pytest.Monk
     folder.chmod(0o700)
     extra = ""
     if request.node.get_closest_marker("banner"):
-        from tests.test_agent_framing_ssh import NOISY_BASHRC
+        from tests.support.banners import NOISY_BASHRC
 
         home = tmp_path / "home"
         home.mkdir()
@@ -380,7 +369,7 @@ def test_persist_from_the_environment_is_checked(box: Box, monkeypatch: pytest.M
 
 
 def test_a_keeper_holds_a_connection_through_a_jump_host(box: Box, jump_sshd: Sshd, tmp_path: Path) -> None:
-    from tests.test_connection_ssh import _forwarded_to
+    from tests.support.forwarding import _forwarded_to
 
     (box.project / "hosts.yaml").write_text(yaml.safe_dump({"default": "box", "hosts": {
         "bastion": ssh_entry(jump_sshd, tmp_path), "box": ssh_entry(box.server, tmp_path, jump="bastion")}}))

@@ -1,4 +1,4 @@
-"""The laptop's base install (``pip install .`` without the ``local`` extra; tests/laptop_venv.py builds it
+"""The laptop's base install (``pip install .`` without the ``local`` extra; tests/support/laptop_venv.py builds it
 once): no torch, every task loads, and the built-in ``local`` host, which runs remote/ with this very
 interpreter, says in one line which extra its demo needs. The SSH task tests run from it too (the
 ``laptop`` fixture's ``base`` param: ``pytest -m laptop``)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import laptop_venv
 from tests.conftest import REPO, copy_remote_package
+from tests.support import laptop_venv
 
 pytestmark = [pytest.mark.laptop, pytest.mark.slow]
 

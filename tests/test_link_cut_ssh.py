@@ -13,7 +13,8 @@ from draftops.errors import AuthFailed, DraftopsError
 from draftops.inventory import HostSpec
 from draftops.link.connection import SSHTransport
 from tests.conftest import REPO, ssh_entry
-from tests.test_env_ssh import invoke
+from tests.support.listeners import listen
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 
@@ -24,19 +25,13 @@ class CutProxy:
 
     def __init__(self, target: int, cut_at: int):
         self.target, self.cut_at = target, cut_at
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = listen(self._forward)
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._down, args=(server, client), daemon=True).start()
+    def _forward(self, client: socket.socket) -> None:
+        server = socket.create_connection(("127.0.0.1", self.target))
+        threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._down, args=(server, client), daemon=True).start()
 
     def _up(self, client: socket.socket, server: socket.socket) -> None:
         chunks = 0

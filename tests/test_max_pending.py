@@ -10,7 +10,7 @@ from invoke.exceptions import ParseError
 from draftops import slurmspec
 from draftops.cli import bench, capture, doctor, drafter, options, serve
 from tests.conftest import REPO
-from tests.test_drafter_task_ssh import invoke
+from tests.support.tasks import invoke
 
 TASKS = {"test-drafter": drafter.test_drafter, "capture-check": capture.capture_check, "bench": bench.run,
          "serve": serve.start, "doctor": doctor.doctor}

@@ -1,5 +1,5 @@
 """Every run of the local history is an MLflow run when MLFLOW_TRACKING_URI is set, against a real
-``mlflow server`` (tests/mlflow_server.py) read back through MLflow's own client: the mapping of a
+``mlflow server`` (tests/support/mlflow_server.py) read back through MLflow's own client: the mapping of a
 row (tags, params, per-position metrics, its files), a server killed between two runs of one process,
 a server that accepts and never answers, ``runs.export`` twice, the extra missing, and no import of
 mlflow at all with the variable unset. The README's main job and the doctor: tests/test_mlflow_tasks.py.
@@ -22,9 +22,10 @@ import pytest
 from draftops import history, mlflowrun, records, tracking
 from draftops.errors import TrackingError
 from draftops.history import RunRecord
-from tests.bench_runs import drafter_report, read_report
 from tests.conftest import REPO
-from tests.mlflow_server import MlflowServer
+from tests.support.bench_runs import drafter_report, read_report
+from tests.support.listeners import listen
+from tests.support.mlflow_server import MlflowServer
 
 
 def plain(lines: list[str]) -> list[str]:
@@ -181,19 +182,8 @@ class SilentServer:
     """A server that accepts connections and never answers (a hung proxy, a stopped process)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
+        self.sock = listen(self.held.append)
 
     @property
     def uri(self) -> str:
@@ -276,7 +266,7 @@ def test_with_the_variable_unset_mlflow_is_never_imported(tmp_path) -> None:
 
 def test_the_nightly_report_names_each_hosts_mlflow_run(tmp_path) -> None:
     from draftops.nightly import report
-    from tests.test_nightly_report_text import build_night
+    from tests.support.nights import build_night
 
     night = build_night(tmp_path)
     assert "MLflow" not in report.write(night)["markdown"].read_text()      # not logged: no line

@@ -1,5 +1,5 @@
 """The tasks with MLFLOW_TRACKING_URI set, on the built-in `local` host with the demo, against a real
-``mlflow server`` (tests/mlflow_server.py): the README's main job logs its run (named by its run id,
+``mlflow server`` (tests/support/mlflow_server.py): the README's main job logs its run (named by its run id,
 experiment `draftops`, the verdict as a tag, the accept-length metrics, report.json), and with the
 server stopped it still succeeds and says once that it could not log; the doctor's report links to
 its MLflow run, its steps nested under it; `runs.export` twice sends the history once."""
@@ -17,8 +17,8 @@ import yaml
 
 from draftops.history import History
 from tests.conftest import REPO
-from tests.drafter_support import local_demo_project
-from tests.mlflow_server import MlflowServer
+from tests.support.drafter_support import local_demo_project
+from tests.support.mlflow_server import MlflowServer
 
 pytestmark = [pytest.mark.slow]
 RUN_ID = re.compile(r"\d{8}-\d{6}-test-drafter-[0-9a-f]+")

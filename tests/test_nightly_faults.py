@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.slow
 

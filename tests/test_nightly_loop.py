@@ -11,9 +11,9 @@ import yaml
 
 from draftops import history
 from tests.conftest import REPO, copy_remote_package
-from tests.test_env_ssh import invoke
-from tests.test_nightly_playbook import task_names
-from tests.test_serve_ssh import draft_config, profile, write_model
+from tests.support.playbooks import task_names
+from tests.support.serving import draft_config, profile, write_model
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif("bench.run" not in task_names(), reason="needs `invoke bench` (the bench runner, "

@@ -6,6 +6,7 @@ import pytest
 from draftops.errors import PlaybookError
 from draftops.nightly import playbook
 from tests.conftest import REPO
+from tests.support.playbooks import _tasks_config, task_names
 
 GOOD = """\
 hosts: [box]
@@ -20,20 +21,6 @@ steps:
     task: serve.stop
     cleanup: true
 """
-
-
-def _tasks_config() -> dict:
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("draftops_tasks_for_test", REPO / "tasks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module.ns.configuration()["draftops"])
-
-
-def task_names() -> set[str]:
-    """The tasks of the repo's real tasks.py collection (what `invoke --list` shows)."""
-    return set(_tasks_config()["task_names"])
 
 
 def task_options() -> dict[str, dict[str, str]]:

@@ -15,10 +15,10 @@ import yaml
 from draftops import history
 from draftops.history import parse_time
 from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.sshd import free_port
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import profile, run_processes
+from tests.support.drafter_support import demo
+from tests.support.serving import profile, run_processes
+from tests.support.sshd import free_port
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import yaml
 
 from draftops.nightly import schedule
 from tests.conftest import REPO
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a throw-away crontab user")
 KEEP = "0 1 * * * echo 'keep me' \\% > /dev/null"

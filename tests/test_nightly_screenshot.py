@@ -3,14 +3,11 @@ its embedded plots render. The screenshot must show the plots' line colour and t
 background, so a page whose images fail to decode or whose table is unstyled fails here."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 import pytest
-from matplotlib.image import imread
 
 from draftops import history
 from draftops.nightly import detect, report
@@ -18,8 +15,8 @@ from draftops.nightly.night import HostNightReport, Night
 from draftops.nightly.playbook import Playbook, Step
 from draftops.nightly.results import baseline_nights
 from draftops.nightly.runner import FAILED, INFRA, OK, HostOutcome, StepResult
+from tests.support.chromium import CHROMIUM, screenshot
 
-CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 PLOT_BLUE = np.array([31, 119, 180]) / 255          # matplotlib's first line colour
 REGRESSION_RED = np.array([248, 180, 180]) / 255     # report.py's .REGRESSION background
 
@@ -60,13 +57,7 @@ def test_report_content_without_a_browser(tmp_path):
                                              "installs chromium-headless-shell; CI runs this test)")
 def test_report_renders_in_headless_chromium(tmp_path):
     html = build_report(tmp_path)
-    shot = tmp_path / "shot.png"
-    assert CHROMIUM is not None
-    done = subprocess.run([CHROMIUM, "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-                           "--window-size=1200,3200", "--allow-file-access-from-files", html.as_uri()],
-                          capture_output=True, text=True, timeout=120)
-    assert shot.exists(), done.stdout + done.stderr
-    pixels = imread(str(shot))[..., :3]
+    pixels = screenshot(html, tmp_path / "shot.png", 3200)
     assert pixels.shape[0] >= 3000 and pixels.std() > 0.05            # not a blank page
 
     def share(colour: np.ndarray) -> float:

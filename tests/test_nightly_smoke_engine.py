@@ -12,8 +12,8 @@ import pytest
 
 from draftops import history
 from tests.conftest import REPO, copy_remote_package
-from tests.drafter_support import demo
-from tests.test_env_ssh import invoke
+from tests.support.drafter_support import demo
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

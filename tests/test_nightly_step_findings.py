@@ -1,6 +1,6 @@
 """Every step's findings count in a night (issue 35, item 15): a night whose test-drafter step gives
 MISMATCH (the demo as shipped) is not healthy, although every step exited 0. The night is real: the
-`local` host, the demo of this session (tests/demo_cache.py) and the test-drafter task as a user runs
+`local` host, the demo of this session (tests/support/demo_cache.py) and the test-drafter task as a user runs
 it; the readers of bench's and capture-check's files are fed the files those tasks write."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import yaml
 from draftops import history
 from draftops.history import RunRecord
 from draftops.nightly import results
-from tests.drafter_support import local_demo_project
-from tests.test_env_ssh import invoke
+from tests.support.drafter_support import local_demo_project
+from tests.support.tasks import invoke
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import yaml
 
 from draftops import history
 from tests.conftest import REPO, copy_remote_package
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import profile
+from tests.support.serving import profile
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, copy_remote_package
-from tests.test_drafter_task_ssh import invoke
+from tests.support.tasks import invoke
 
 
 @pytest.fixture

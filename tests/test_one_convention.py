@@ -11,7 +11,7 @@ import pytest
 from draftops.bench import compare
 from remote.eagle import convention
 from remote.eagle.engine_rules import LAYER_FINDINGS
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 
 @pytest.mark.parametrize(("engine", "own", "other"), [("vllm", "(vLLM ids: 0 = embedding)", "SGLang ids"),

@@ -17,7 +17,7 @@ from draftops.cli.drafter import show_result
 from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from remote.eagle import convention
-from tests.drafter_support import run_eval
+from tests.support.drafter_support import run_eval
 
 ID_LIST = re.compile(r"\[(-?\d+(?:, -?\d+)*)\]")
 OTHER = {"vllm": "SGLang", "sglang": "vLLM ids"}
@@ -74,7 +74,7 @@ def test_the_doctors_report_writes_its_layers_in_the_host_engines_ids(tmp_path: 
     """The doctor's "what training fed" section: the dumped slots (stored as SGLang ids) in the host
     engine's ids, the convention named once; the fix's written ids named beside them."""
     from draftops.doctor import report
-    from tests.test_doctor import synthetic
+    from tests.support.doctor import synthetic
     made = synthetic(tmp_path)
     made.step("check").outcome["advice_engine"] = "vllm"
     made.step("check").outcome["trained_slots"] = [{"slot": 0, "layer_id": -1, "role": "embedding"},

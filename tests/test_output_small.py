@@ -12,8 +12,8 @@ from rich.console import Console
 from draftops import console as consoles
 from draftops.console import LiveJob
 from draftops.doctor.checking import accept_words
-from tests import bench_runs
 from tests.conftest import REPO
+from tests.support import bench_runs
 
 
 @pytest.mark.parametrize(("status", "served", "best", "words"), [

@@ -20,7 +20,7 @@ from draftops.errors import DraftopsError, JobError
 from draftops.link.host import open_host
 from draftops.onhost import agent as hostagent
 from draftops.runs import jobs
-from tests.test_jobs_ssh import wait_state
+from tests.support.processes import wait_state
 
 pytestmark = pytest.mark.ssh
 

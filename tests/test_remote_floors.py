@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.import_graph import circles, project_graph
+from tests.support.import_graph import circles, project_graph
 
 SUBPACKAGES = {"store", "model", "load", "data", "scoring", "verdict", "launch", "demo", "causes"}
 

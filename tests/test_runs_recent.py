@@ -12,8 +12,8 @@ import pytest
 
 from draftops.history import History
 from draftops.link.host import open_host
-from tests import bench_runs as runs
 from tests.conftest import REPO
+from tests.support import bench_runs as runs
 
 IDS = [f"20260101-0000{i:02d}-quick-{i:04x}" for i in range(5)]
 

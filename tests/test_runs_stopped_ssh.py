@@ -11,7 +11,7 @@ from rich.console import Console
 from draftops.console import show_runs
 from draftops.link.host import open_host
 from draftops.runs import jobs
-from tests.test_jobs_ssh import wait_state
+from tests.support.processes import wait_state
 
 pytestmark = pytest.mark.ssh
 

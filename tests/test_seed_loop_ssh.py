@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.test_env_ssh import invoke
+from tests.support.drafter_support import demo
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

@@ -10,42 +10,18 @@ from typing import Any
 import pytest
 import yaml
 
-from draftops.documents import parse
-from draftops.documents.serve_inspect import ServeInspect
 from draftops.errors import InventoryError, ServeRefused
 from draftops.inventory import HostSpec, ServeProfile, load_inventory
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, resolve
-from remote.serve.configs import inspect
+from tests.support.serve_plans import TARGET, facts, inspected, plan_for, refusals, write
 
 DOUBLES = str(Path(__file__).resolve().parent / "doubles")
-TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 64,
-          "vocab_size": 64, "max_position_embeddings": 4096}
 
 
 def flat_draft(ids: Any, **extra: Any) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "hidden_size": 64,
             "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}, **extra}
-
-
-def write(folder: Path, config: dict[str, Any]) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
-
-
-def plan_for(engine: str, *, python: str = sys.executable, **req: Any) -> Any:
-    spec = HostSpec(name="box", address="box.example", engine=engine,
-                    serve={"p": ServeProfile(python=python, target="/models/target", max_running_requests=8)})
-    return resolve(Request(**req), profiles.resolve(spec), "/root/state/demo")
-
-
-def refusals(plan: Any, facts: ServeInspect | None = None, verdict: Any = None) -> checks.Findings:
-    found = checks.Findings()
-    checks.flag_checks(plan, found)
-    if facts is not None:
-        checks.fact_checks(plan, facts, verdict, found)
-    return found
 
 
 # ---------------------------------------------------------------- flags (SGLang)
@@ -122,22 +98,6 @@ def test_request_needs_a_draft_or_baseline_and_a_target():
     assert "max running requests 48, set explicitly" in plan.notes[0]
 
 
-# ---------------------------------------------------------------- facts from the host's files
-def inspected(engine: str, target: Path, draft: Path | None, sglang_status: bool) -> ServeInspect:
-    """What `remote.serve inspect` answers, read as `serve/hosttool.inspect` reads it."""
-    return parse(ServeInspect, inspect(engine, target, draft, sglang_status), "the inspect answer")
-
-
-def facts(tmp_path: Path, engine: str, draft: dict[str, Any] | None, target: dict[str, Any] | None = None,
-          ) -> ServeInspect:
-    tdir = write(tmp_path / "target", target or TARGET) if target is not False else str(tmp_path / "none")
-    ddir = write(tmp_path / "draft", draft) if draft is not None else None
-    found = inspected(engine, Path(tdir), Path(ddir) if ddir else None, sglang_status=True)
-    # the engine as the profile's python sees it: the SGLang double, or vLLM "installed"
-    found.engine.importable = True
-    return found
-
-
 def test_engine_missing_on_the_host_is_refused(tmp_path):
     answer = inspected("vllm", Path(write(tmp_path / "t", TARGET)), None, sglang_status=False)
     if answer.engine.importable:
@@ -211,7 +171,7 @@ def test_speculators_config_served_by_sglang_is_explained(tmp_path):
 
 
 def test_embedding_ids_need_the_capture_patch_on_sglang(tmp_path):
-    from tests.sglang_wheels import extract
+    from tests.support.sglang_wheels import extract
     site = tmp_path / "site"
     extract("0.5.13", site)
     sys.path.insert(0, str(site))

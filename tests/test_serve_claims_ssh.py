@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import ok, project, registry  # noqa: F401
+from tests.support.serving import ok, project, registry  # noqa: F401
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 
@@ -65,7 +65,7 @@ def test_the_next_serve_takes_over_a_stale_claim_at_once(project):  # noqa: F811
 def test_a_claim_of_a_live_serve_call_still_reads_as_starting() -> None:
     """The claimer check must not call a claim stale while its `invoke serve` still runs (here: this test)."""
     from draftops.serve import lifecycle
-    from tests.test_serve_checks import plan_for
+    from tests.support.serve_plans import plan_for
     entry = lifecycle.claim_entry(plan_for("sglang", baseline=True))
     assert lifecycle.claim_state(entry, lifecycle._epoch(entry["created"]) or 0.0) == "starting"
     gone = {**entry, "claimer": {**entry["claimer"], "started": "1"}}       # same pid, another start: recycled

@@ -20,8 +20,8 @@ from remote.draft_config.__main__ import main as draft_config_main
 from remote.drafter.demo.build import read_serve_info
 from remote.serve.configs import inspect
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo, run_eval
-from tests.test_env_ssh import invoke
+from tests.support.drafter_support import demo, run_eval
+from tests.support.tasks import invoke
 
 RUN_ID = "20261130-000000-test-drafter-demo"
 

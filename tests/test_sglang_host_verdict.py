@@ -17,7 +17,7 @@ from draftops.cli.drafter import show_result
 from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from remote.drafter.verdict import layouts
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 RUN_ID = "20261206-051500-test-drafter-5a1b"
 TRAINED = [-1, 1, 3]        # the demo's trained layers, SGLang ids

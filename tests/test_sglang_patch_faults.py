@@ -15,7 +15,7 @@ from remote import events, exitcodes
 from remote.sglang_patch import actions, locate
 from remote.sglang_patch.errors import Busy
 from remote.sglang_patch.state import StateStore
-from tests.sglang_wheels import REPO, extract, originals, run_patcher, tree_bytes
+from tests.support.sglang_wheels import REPO, extract, originals, run_patcher, tree_bytes
 
 
 def test_a_second_apply_waits_for_the_first_instead_of_racing_it(tmp_path, monkeypatch):

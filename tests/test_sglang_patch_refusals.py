@@ -16,7 +16,15 @@ from remote import exitcodes
 from remote.sglang_patch import actions, locate
 from remote.sglang_patch.errors import CompileFailed
 from remote.sglang_patch.state import StateStore
-from tests.sglang_wheels import STUB_INIT, UNSUPPORTED_VERSION, copy_code, extract, originals, run_patcher, tree_bytes
+from tests.support.sglang_wheels import (
+    STUB_INIT,
+    UNSUPPORTED_VERSION,
+    copy_code,
+    extract,
+    originals,
+    run_patcher,
+    tree_bytes,
+)
 
 LLAMA = "srt/models/llama.py"
 

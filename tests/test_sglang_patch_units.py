@@ -15,7 +15,7 @@ from remote import exitcodes, fileio
 from remote.sglang_patch import locate, template
 from remote.sglang_patch.edits import Edit, Source
 from remote.sglang_patch.targets import resolve_models
-from tests.sglang_wheels import extract, run_patcher
+from tests.support.sglang_wheels import extract, run_patcher
 
 
 @pytest.mark.parametrize("version, metadata, source", [

@@ -16,7 +16,7 @@ import pytest
 
 from remote.sglang_patch import shapes, simulate, template
 from remote.sglang_patch.edits import Source
-from tests.sglang_wheels import SGLANG_VERSIONS, extract, originals, run_patcher, tree_bytes
+from tests.support.sglang_wheels import SGLANG_VERSIONS, extract, originals, run_patcher, tree_bytes
 
 DS, LLAMA, QWEN2, QWEN3 = ("srt/models/deepseek_v2.py", "srt/models/llama.py",
                            "srt/models/qwen2.py", "srt/models/qwen3.py")

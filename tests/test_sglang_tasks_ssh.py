@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BOTH_INSTALLS, REPO, copy_remote_package, ssh_entry
-from tests.sglang_wheels import extract, originals, tree_bytes
-from tests.test_draft_config import FLAT_CONFIG, make_ckpt, make_target
-from tests.test_env_ssh import invoke
+from tests.support.draft_configs import FLAT_CONFIG, make_ckpt, make_target
+from tests.support.sglang_wheels import extract, originals, tree_bytes
+from tests.support.tasks import invoke
 
 pytestmark = pytest.mark.ssh
 VERSION = "0.5.13"

@@ -1,4 +1,4 @@
-"""Jobs on a Slurm host, for real: a one-node Slurm cluster (tests/slurm.py) behind a real sshd as
+"""Jobs on a Slurm host, for real: a one-node Slurm cluster (tests/support/slurm.py) behind a real sshd as
 its login node. Every job is a batch job; its state, node, end and faults come from Slurm."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from draftops.link.host import open_host
 from draftops.runs import jobs, sync
 from draftops.serve import hosttool, lifecycle
 from tests.conftest import copy_remote_package, ssh_entry
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm]
 

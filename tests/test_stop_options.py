@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 STOPS = {"serve.stop": (["serve.stop"], "the server gets"),
          "kill": (["kill", "20260101-000000-x-aaaa"], "the run gets")}
@@ -69,7 +69,7 @@ def test_every_number_option_of_every_task_is_declared_once_beside_its_task() ->
     import inspect
 
     from draftops.cli.options import Task
-    from tests.test_task_help import collection
+    from tests.support.task_collection import collection
 
     ns = collection()
     tasks = {**ns.tasks, **{f"{name}.{t}": task for name, sub in ns.collections.items()

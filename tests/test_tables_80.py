@@ -16,7 +16,7 @@ from draftops.cli.history import show_history
 from draftops.cli.serve import show_servers
 from draftops.history import RunRecord
 from draftops.serve.lifecycle import Server
-from tests.test_env_ssh import invoke
+from tests.support.tasks import invoke
 
 KINDS = ["test-drafter", "serve", "bench", "compare"]
 
@@ -124,7 +124,7 @@ def test_runs_local_piped_is_readable(tmp_path, make_project, no_inventory_env):
 def comparison():
     from draftops.bench import compare as comparing
     from draftops.bench.result import DraftInfo
-    from tests import bench_runs
+    from tests.support import bench_runs
 
     draft = DraftInfo(path="/home/someone/.draftops/state/demo/draft", digest="sha256:bbbb000000000000",
                       format="speculators", layer_ids=[0, 1, 3], layer_id_convention="vllm")

@@ -26,8 +26,8 @@ from draftops.inventory import HostSpec, ServeProfile
 from draftops.serve import checks, profiles, verdicts
 from draftops.serve.request import Request, demo_dir, resolve
 from remote.serve.configs import inspect
-from tests.drafter_support import demo, run_eval
-from tests.test_draft_flat import flat_copy
+from tests.support.draft_flats import flat_copy
+from tests.support.drafter_support import demo, run_eval
 
 RUN_ID = "20261201-093015-test-drafter-7f3a"
 RUN = 8  # words: a run of this many words said twice is a repeated paragraph, not a shared phrase

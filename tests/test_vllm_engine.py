@@ -14,8 +14,8 @@ import pytest
 from remote.drafter import greedy
 from remote.drafter.demo import wordtokenizer
 from remote.drafter.demo.build import read_serve_info
-from tests.drafter_support import demo
-from tests.vllm_server import VllmServer, engine_venv, spec_totals
+from tests.support.drafter_support import demo
+from tests.support.vllm_server import VllmServer, engine_venv, spec_totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = [[5, 17, 33, 40], [3, 9], [60, 61, 62, 63, 10, 11, 12, 13, 14, 15, 16, 17]]

@@ -20,6 +20,7 @@ from draftops.bench.plan import chat_advice
 from draftops.bench.positions import PositionTable, compare_positions
 from draftops.bench.result import BenchResult, DraftInfo
 from draftops.bench.stats import Stat
+from draftops.documents import bench_compare
 from draftops.errors import BenchError
 from draftops.history import History, RunRecord
 from remote.bench.numbers import finite
@@ -99,7 +100,7 @@ class Comparison:
         return self.findings[0] if self.findings else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "draftops.bench-compare/1", "a": self.a.run_id, "b": self.b.run_id,
+        return {"schema": bench_compare.SCHEMA, "a": self.a.run_id, "b": self.b.run_id,
                 "modes": [self.a.mode, self.b.mode], "speedup": self.speedup, "tolerance": self.tolerance,
                 "noise": self.noise, "within_noise": self.within_noise,
                 **{name: v.to_dict() for name, v in self.verdicts.items()},

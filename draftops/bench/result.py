@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftops.bench.stats import Stat, summarize
-from draftops.documents import first_problem, non_finite
+from draftops.documents import first_problem, non_finite, other_schema
 from draftops.errors import BenchError
 from draftops.history import RunRecord
 from remote import jsonread
@@ -254,15 +254,15 @@ def load(path: Path) -> BenchResult:
     if path.is_dir():
         path = path / RESULT_NAME
     try:
-        doc = jsonread.loads(path.read_bytes())
+        doc = jsonread.load(path)                 # a regular file only (not a FIFO, not /dev/zero), bounded
     except FileNotFoundError:
         raise BenchError(f"no bench result at {path}: give a run id whose folder runs/<id>/ holds "
                          f"{RESULT_NAME} (`invoke runs --local --kind bench` lists them).") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BenchError(f"{path} is not readable JSON ({exc}); the run that wrote it may have been cut off. "
                          "Run the benchmark again.") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    found = other_schema(doc, SCHEMA)
+    if found is not None:
         raise BenchError(f"{path} has schema {found!r}; this draftops reads {SCHEMA}. Use a draftops of the "
                          "same generation as the run, or run the benchmark again.")
     where = non_finite(doc)

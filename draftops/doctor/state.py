@@ -14,6 +14,7 @@ from typing import Any
 
 from draftops import cmdline
 from draftops.doctor import plan, statefile
+from draftops.documents import other_schema
 from draftops.errors import DoctorError
 from draftops.history import json_safe, now_iso
 from draftops.runs import jobs
@@ -116,8 +117,8 @@ def load(folder: Path) -> State:
     except (OSError, ValueError) as exc:
         raise DoctorError(f"{path} cannot be read as a doctor's state ({type(exc).__name__}: {exc}); start a new "
                           "doctor without --resume.") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        said = data.get("schema") if isinstance(data, dict) else type(data).__name__
+    said = other_schema(data, SCHEMA)
+    if said is not None:
         raise DoctorError(f"{path} is not a {SCHEMA} document (schema {said!r}); start a new doctor without "
                           "--resume.")
     model = statefile.parse(data, path)

@@ -4,8 +4,9 @@ A remote tool (stdlib + torch, no pydantic) writes a versioned JSON document; th
 it here, once, into a pydantic model, and every reader after that uses attributes: no ``.get()``
 chains, no ``isinstance`` guards. One model per document (docs/architecture.md § The JSON documents
 says which reads which): ``drafter_report``, ``serve_inspect``, ``sglang_patch``, ``draft_config``,
-``env_check``, ``bench_run`` (a bench run's ``runner.json`` and ``host.json``); the bench result,
-which the local side writes too, is ``draftops.bench.result`` (its own messages, these checks).
+``env_check``, ``bench_compare`` (``compare.json``), ``bench_run`` (a bench run's ``runner.json`` and
+``host.json``); the bench result, which the local side writes too, is ``draftops.bench.result`` (its
+own messages, these checks).
 
 The rules every model follows, so a document is refused the same way whichever it is:
 
@@ -78,14 +79,24 @@ def parse(model: type[D], doc: Any, source: str | Path) -> D:
                             f"{again}.") from None
 
 
+def other_schema(doc: Any, schema: str) -> Any:
+    """What ``doc`` (parsed JSON) is instead of a ``schema`` document: the ``schema`` it names, or its
+    type's name when it is no object; None when it is one. Every versioned file's reader asks this."""
+    if isinstance(doc, dict) and doc.get("schema") == schema:
+        return None
+    return doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+
+
 def _check_schema(model: type[Document], doc: Any, source: str | Path, again: str) -> None:
     """Refuse another version than the model's (or, for a file that names none, a value that is no object)."""
-    if isinstance(doc, dict) and (not model.SCHEMA or doc.get("schema") == model.SCHEMA):
+    if isinstance(doc, dict) and not model.SCHEMA:
         return
     if not model.SCHEMA:
         raise DocumentError(f"{source} holds {type(doc).__name__}, not a JSON object; the run that wrote it was "
                             f"cut off or the file was edited: {again}.")
-    found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    found = other_schema(doc, model.SCHEMA)
+    if found is None:
+        return
     raise DocumentError(f"{source} has schema {found!r}; this draftops reads {model.SCHEMA}. Use a draftops "
                         f"of the same generation as the run that wrote it, or {again}.")
 
@@ -93,7 +104,7 @@ def _check_schema(model: type[Document], doc: Any, source: str | Path, again: st
 def load(model: type[D], path: Path) -> D:
     """Read the file at ``path`` as ``model`` (see :func:`parse`); unreadable JSON is one paragraph too."""
     try:
-        doc = jsonread.loads(Path(path).read_bytes())
+        doc = jsonread.load(Path(path))          # a regular file only (not a FIFO, not /dev/zero), bounded
     except FileNotFoundError:
         raise DocumentError(f"there is no {path}: give the id of a run whose folder holds it "
                             "(`invoke runs --local` lists them).") from None

@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from draftops import onhost, timing
 from draftops.errors import (
     AgentError,
     FailedCommand,
     HostFileError,
+    LinkDropped,
     RemoteError,
     RootError,
     SchedulerError,
@@ -35,7 +36,7 @@ from draftops.errors import (
     UnknownRun,
     host_prefix,
 )
-from draftops.link.connection import CommandResult
+from draftops.link.connection import CommandResult, transport_failures
 from draftops.link.framing import FramingError, Unframer, error_text, marker, split_replies
 from draftops.onhost import wire
 from draftops.onhost.wire import Exit
@@ -65,6 +66,7 @@ ERRORS: dict[Exit, type[RemoteError]] = {
     Exit.SCHEDULER: SchedulerError,
     Exit.NO_FILE: HostFileError, Exit.TOO_BIG: HostFileError,
 }
+T = TypeVar("T")
 READ_CAP = 16 << 20      # a read's default byte cap (a config, a log's head): what the caller holds in memory
 
 
@@ -324,12 +326,16 @@ class AgentClient:
         one without a newline) never reaches the tool's answer; no marker, no stdout."""
         nonce = secrets.token_hex(8)
         framed = f"printf '\\n%s%s\\n' {shlex.quote(wire.FRAME_PREFIX)} {nonce}; {command}"
-        done = None
-        if tool is not None:
-            done = self.transport.run_standby(self.standby_request({"tool": {**tool, "frame": nonce}}), framed,
-                                              input, timeout)
-        if done is None:                     # not a stdlib tool, or no standbys on this transport: one exec
-            done = self.transport.run(framed, input=input, timeout=timeout, check=False)
+
+        def one_call() -> CommandResult:
+            done = None
+            if tool is not None:
+                done = self.transport.run_standby(self.standby_request({"tool": {**tool, "frame": nonce}}), framed,
+                                                  input, timeout)
+            if done is None:                 # not a stdlib tool, or no standbys on this transport: one exec
+                done = self.transport.run(framed, input=input, timeout=timeout, check=False)
+            return done
+        done = self._linked(command, one_call)
         mark = marker(wire.FRAME_PREFIX, nonce)
         stdout = done.stdout.split(mark, 1)[1] if mark in done.stdout else b""
         return CommandResult(command, done.exit_code, stdout, done.stderr)
@@ -356,11 +362,9 @@ class AgentClient:
         warm = booting and self.warm is not None
         command = self.command_line(args, nonce)
         sent_at = time.time()
-        result = self.transport.run_standby(self._standby(args, nonce), command, input)
-        if result is None:                   # no standbys on this transport: one exec
-            result = self.transport.run(command, input=input, check=False)
-        timing.host_stages(result.stderr, sent_at, time.time())
         what = " ".join(args) if args else "prepare"
+        result = self._linked(what, lambda: self._exec(args, nonce, command, input))
+        timing.host_stages(result.stderr, sent_at, time.time())
         try:
             replies, noise = split_replies(result.stdout, nonce)
         except FramingError as exc:
@@ -402,10 +406,10 @@ class AgentClient:
         unframer = Unframer(nonce, on_output, on_header)
         what = " ".join(args)
         command = self.command_line(args, nonce)
+        fault: list[BaseException] = []        # what the caller's own callback raised (a full disk ...)
+        feed = _recording(unframer.feed, fault)
         try:
-            code = self.transport.stream_standby(self._standby(args, nonce), command, unframer.feed)
-            if code is None:                 # no standbys on this transport: one exec
-                code = self.transport.stream(command, unframer.feed)
+            code = self._linked(what, lambda: self._exec_stream(args, nonce, command, feed), fault)
         except FramingError as exc:
             raise self._failure(AgentError, what, None, unframer.noise, b"",
                                 f"the draftops agent's answer to `{what}` is unusable: {exc}") from None
@@ -417,14 +421,37 @@ class AgentClient:
                 raise self._error(what, code, b"", unframer.noise, nonce, run_id, False)
             raise self._unframed(what, code, unframer.noise)
         if unframer.header is None:
-            raise self._failure(AgentError, what, code, unframer.noise, b"",
+            raise self._failure(LinkDropped if code == -1 else AgentError, what, code, unframer.noise, b"",
                                 f"the draftops agent's `{what}` stream ended before its header line (exit "
                                 f"{code}): the link dropped or the agent was stopped; try again")
         if code != 0:
-            raise self._failure(AgentError, what, code, b"", b"",
+            raise self._failure(LinkDropped if code == -1 else AgentError, what, code, b"", b"",
                                 f"the draftops agent's `{what}` stream ended with exit {code} before it was "
                                 "complete: the link dropped or the agent was stopped; try again")
         return unframer.header
+
+    def _exec(self, args: tuple[str, ...], nonce: str, command: str, input: bytes | None) -> CommandResult:
+        """One call's exec: to a standby agent where the transport keeps them, else one exec."""
+        result = self.transport.run_standby(self._standby(args, nonce), command, input)
+        return result if result is not None else self.transport.run(command, input=input, check=False)
+
+    def _exec_stream(self, args: tuple[str, ...], nonce: str, command: str, feed: Callable[[bytes], None]) -> int:
+        """One streaming call's exec (as ``_exec``); its exit code."""
+        code = self.transport.stream_standby(self._standby(args, nonce), command, feed)
+        return code if code is not None else self.transport.stream(command, feed)
+
+    def _linked(self, what: str, call: Callable[[], T], fault: list[BaseException] | None = None) -> T:
+        """``call()``, one transport call, with the link's own failures (the SSH library's, a socket's)
+        mapped here, where they happen, to ``LinkDropped``: nothing above draftops.link names them. What
+        the caller's callback raised (``fault``: a full disk while a pull writes) passes as it is."""
+        try:
+            return call()
+        except transport_failures() as exc:
+            if fault and exc is fault[0]:
+                raise
+            raise self._failure(LinkDropped, what, None, b"", b"",
+                                _dropped_text(what, f"{type(exc).__name__}: {exc}" if str(exc)
+                                              else type(exc).__name__)) from exc
 
     def _reinstall(self) -> None:
         """The installed copy speaks another protocol: forget it and boot again, which rewrites it."""
@@ -507,9 +534,7 @@ class AgentClient:
         elif cls in (SyncRefused, HostFileError):
             message = text.rstrip(".") + "."
         elif code == -1:        # no exit status came back: the link dropped (the boot too: python was not at fault)
-            message = (f"the connection dropped during `{what}`, before its answer came back"
-                       f"{': ' + text if text else ''}. Run the command again; a call that changes the host "
-                       "(a sync, a job start) may have been done: `invoke runs` shows the jobs there.")
+            cls, message = LinkDropped, _dropped_text(what, text)
         elif known is Exit.NO_PYTHON or (unprepared and known is not Exit.USAGE):
             message = (f"could not start {self.python} there (exit {code}): {text[-500:]}. draftops needs a "
                        "python3 on the host's PATH for its own bookkeeping.")
@@ -555,6 +580,24 @@ class AgentClient:
             int(reply["protocol"]), str(reply["root"]), str(reply["home"]), str(reply["python"]),
             str(reply["python_version"]), str(reply["platform"]), str(reply["agent"]), bool(reply["installed"]),
             str(reply.get("run") or reply["agent"])))
+
+
+def _recording(feed: Callable[[bytes], None], fault: list[BaseException]) -> Callable[[bytes], None]:
+    """``feed``, noting in ``fault`` what it raised, so that ``_linked`` lets the caller's own error pass."""
+    def recorded(chunk: bytes) -> None:
+        try:
+            feed(chunk)
+        except BaseException as exc:
+            fault.append(exc)
+            raise
+    return recorded
+
+
+def _dropped_text(what: str, reason: str) -> str:
+    """The paragraph of a call whose link dropped before its answer came back (``LinkDropped``)."""
+    return (f"the connection dropped during `{what}`, before its answer came back"
+            f"{': ' + reason if reason else ''}. Run the command again; a call that changes the host "
+            "(a sync, a job start) may have been done: `invoke runs` shows the jobs there.")
 
 
 def _run_dir(run_id: str) -> str:

@@ -11,6 +11,7 @@ import logging
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -343,6 +344,14 @@ def _open_one(conn: Connection, spec: HostSpec, via: str) -> None:
                 "are right (try the same with plain ssh).") from None
         time.sleep(delay)
         delay *= 2
+
+
+def transport_failures() -> tuple[type[BaseException], ...]:
+    """What a transport call raises when its link fails under it: OSError and EOFError (a socket, the
+    keeper's), and paramiko's SSHException once an SSH connection has loaded paramiko (the local host
+    never imports it). ``draftops.link.agent`` maps these to ``LinkDropped`` where the call is made."""
+    paramiko = sys.modules.get("paramiko")
+    return (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
 
 
 def _link_errors() -> tuple[type[BaseException], ...]:

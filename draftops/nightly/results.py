@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 NIGHTLY_KIND = "nightly"
 _ENV_JSON = re.compile(r"JSON: (\S*env\.json)")
 _CAPTURE_JSON = re.compile(r"report: (\S*capture-check\.json)")
-COMPARE_SCHEMA = "draftops.bench-compare/1"
 MARK = {"bad": "✗", "warn": "!", "good": "✓", "info": "·"}       # as bench.compare shows them
 
 
@@ -193,27 +192,18 @@ def _capture_findings(path: Path) -> list[Finding]:
 
 
 def _compare_findings(run: RunRecord, path: Path) -> list[Finding]:
+    """bench.compare's findings, as its compare.json (read into its model) lists them."""
+    from draftops.documents import load
+    from draftops.documents.bench_compare import BenchCompare
+    from draftops.errors import DocumentError
+
     try:
-        doc = jsonread.loads(path.read_text(encoding="utf-8"))      # a deep file is ValueError too
-        if not isinstance(doc, dict) or doc.get("schema") != COMPARE_SCHEMA:
-            raise ValueError(f"not a {COMPARE_SCHEMA} document")
-        items = doc.get("findings")
-        if not isinstance(items, list):
-            raise ValueError("its `findings` is not a list")
-        return [_finding(run.run_id, item) for item in items]
-    except (OSError, ValueError) as exc:
+        doc = load(BenchCompare, path)
+    except DocumentError as exc:
         return [Finding(run.run_id, "bad", "compare-unreadable",
                         f"the comparison {run.run_id} (history verdict {run.verdict}) left no readable {path} "
                         f"({exc}), so its findings are unknown; run `invoke bench.compare` again.")]
-
-
-def _finding(run_id: str, item: object) -> Finding:
-    if not isinstance(item, dict):
-        raise ValueError(f"a finding is {type(item).__name__}, not an object")
-    severity, code, text = (item.get(k) for k in ("severity", "code", "text"))
-    if not all(isinstance(v, str) for v in (severity, code, text)):
-        raise ValueError("a finding lacks its severity, code or text")
-    return Finding(run_id, str(severity), str(code), str(text))
+    return [Finding(run.run_id, f.severity, f.code, f.text) for f in doc.findings]
 
 
 def describe(runs: Iterable[RunRecord], env_json: Path | None) -> dict[str, str]:

@@ -5,7 +5,7 @@ the files: resolve and check ``root``, list and apply code syncs atomically, sta
 record their state, follow logs, pack run folders. The local side talks to it only through
 ``draftops.link.agent.AgentClient``.
 
-It is one file on the wire and six in the tree: :data:`PARTS`, assembled in that order by
+It is one file on the wire and seven in the tree: :data:`PARTS`, assembled in that order by
 :func:`source` into the one script whose hash names it (``agent-<sha12>.py``). Each part is also an
 importable module, so the laptop takes the protocol's names (markers, exit codes, flags) from
 ``draftops.onhost.wire`` and ruff and mypy read every part; the block that imports one part's names

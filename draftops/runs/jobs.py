@@ -162,7 +162,7 @@ def _started_anyway(host: Host, job: Job, lost: RemoteError) -> int | None:
         raise JobError(f"{where}: run {job.id} did not start: the link dropped before the host created it "
                        f"(no answer came back). Nothing runs there; "
                        "start it again.") from lost
-    except (DraftopsError, OSError, EOFError) as exc:
+    except DraftopsError as exc:      # a dropped link included (draftops.link maps it: LinkDropped)
         raise JobError(f"{where}: the link dropped while starting run {job.id}, and the host could not be asked "
                        f"whether it started ({exc}). It may be running: check with `invoke runs --host "
                        f"{host.name}` or `invoke logs {job.id} --host {host.name}` before starting it again."
@@ -409,7 +409,7 @@ def pull_run(host: Host, run_id: str, dest_root: Path | None = None) -> Pulled:
             _carry_local_files(dest, tree)
         _rename_into_place(tree, dest, work / "previous")
         return Pulled(dest, skipped)
-    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+    except (OSError, zlib.error, tarfile.TarError) as exc:
         raise JobError(f"Host {host.name!r}: pulling run {run_id} into {dest} failed: {exc}. {dest} was "
                        "left as it was.") from None
     finally:
@@ -491,13 +491,7 @@ def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:
             return None
         return member
 
-    with tarfile.open(archive, "r:gz") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(tree, filter=keep)
-        else:  # pragma: no cover - Python without PEP 706 (3.10 before .12)
-            for member in tar:
-                if keep(member, str(tree)) is not None:
-                    tar.extract(member, tree)
+    _unpack(archive, tree, keep)
     notes = tree / wire.PULL_NOTES
     if notes.is_file() and not notes.is_symlink():
         try:
@@ -506,6 +500,21 @@ def _extract(archive: Path, tree: Path) -> list[dict[str, str]]:
             skipped.append({"path": wire.PULL_NOTES, "reason": "unreadable notes from the host"})
         notes.unlink()
     return skipped + _drop_links_leading_out(tree)
+
+
+def _unpack(archive: Path, tree: Path,
+            keep: Callable[[tarfile.TarInfo, str], tarfile.TarInfo | None]) -> None:
+    """Extract the pulled tar.gz through ``keep``; one that ends early is a ``tarfile.ReadError``."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tree, filter=keep)
+            else:  # pragma: no cover - Python without PEP 706 (3.10 before .12)
+                for member in tar:
+                    if keep(member, str(tree)) is not None:
+                        tar.extract(member, tree)
+    except EOFError as exc:     # gzip's, for a local archive that ends early (the link's are mapped in link/)
+        raise tarfile.ReadError(f"the archive ends early ({exc})") from None
 
 
 def _drop_links_leading_out(tree: Path) -> list[dict[str, str]]:

@@ -13,7 +13,6 @@ import json
 import os
 import posixpath
 import stat
-import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -289,14 +288,13 @@ def _file_sizes(project_root: Path, upload: list[str], local: dict[str, Entry]) 
 
 def _agent(host: Host, call: Callable[[], T]) -> T:
     """One sync command on the host. Its refusals (SyncRefused: the host's reason and fix) pass as they
-    are; any other failure becomes a SyncError that says what state the host's files are in."""
-    paramiko = sys.modules.get("paramiko")   # loaded by an SSH connection; the local host never needs it
-    link_errors = (OSError, EOFError) + ((paramiko.SSHException,) if paramiko else ())
+    are; any other failure (a dropped link is a RemoteError too: draftops.link maps it, LinkDropped)
+    becomes a SyncError that says what state the host's files are in."""
     try:
         return call()
     except (SyncError, RootError):      # a refusal, or the root itself: the host's own one paragraph
         raise
-    except (RemoteError, *link_errors) as exc:
+    except RemoteError as exc:
         raise SyncError(f"Host {host.name!r}: sync failed: {str(exc) or type(exc).__name__}. The files on the host "
                         "were left as they were (or fully updated, if the failure came after the transfer); "
                         "run `invoke sync` again.") from exc

@@ -57,15 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         "target": None, "fc_aux_slots": None, "needs_capture_patch": None, "sglang": None,
         "warnings": [],
     }
-    events.emit("start", tool="draft-config", ckpt=str(args.ckpt))
-
-    def work() -> int:
-        _run(args, payload)
-        _print_summary(payload)
-        return exitcodes.OK
-
-    return exitcodes.main_with_result("draft-config", work, payload, args.out, "draft_config.json",
-                                      lambda done: {"changed": done["changed"]})
+    return exitcodes.main_with_result("draft-config", (lambda: _run(args, payload), lambda: _print_summary(payload)),
+                                      payload, args.out, "draft_config.json", lambda done: {"changed": done["changed"]},
+                                      ckpt=str(args.ckpt))
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:

@@ -93,17 +93,20 @@ class DraftConfig:
         return ids if isinstance(ids, list) else None
 
 
-def load(ckpt: Path) -> DraftConfig:
-    """Read ``ckpt/config.json`` (or ``ckpt`` itself when it is a file) and detect its format."""
-    path = ckpt if ckpt.is_file() else ckpt / "config.json"
+def read_config(folder: Path, what: str, fix: str) -> tuple[Path, bytes, Any]:
+    """``folder/config.json`` (or ``folder`` itself when it is a file): the file, its bytes and its JSON,
+    read bounded; one that cannot be read is a ConfigFormatError naming the ``what`` config and ``fix``."""
+    path = folder if folder.is_file() else folder / "config.json"
     try:
         raw = jsonread.read_bounded(path)
-        data = jsonread.loads(raw)
+        return path, raw, jsonread.loads(raw)
     except (OSError, ValueError) as exc:
-        raise ConfigFormatError(
-            f"Cannot read the draft config {path} ({exc}). Pass --ckpt the checkpoint folder that "
-            "holds config.json."
-        ) from exc
+        raise ConfigFormatError(f"Cannot read the {what} config {path} ({exc}). {fix}") from exc
+
+
+def load(ckpt: Path) -> DraftConfig:
+    """Read ``ckpt/config.json`` (or ``ckpt`` itself when it is a file) and detect its format."""
+    path, raw, data = read_config(ckpt, "draft", "Pass --ckpt the checkpoint folder that holds config.json.")
     if not isinstance(data, dict):
         raise ConfigFormatError(f"{path} holds {type(data).__name__}, not a JSON object.")
     fmt = formats.detect(data)

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import jsonread
+from .config_file import read_config
 from .errors import ConfigFormatError
 
 #: nested configs of multimodal wrappers (Kimi K2.5 keeps DeepSeek's config in text_config)
@@ -26,14 +26,8 @@ class TargetInfo:
 
 def load_target(path: Path) -> TargetInfo:
     """Read the target's config.json (``path`` is the model folder or the file itself)."""
-    config = path if path.is_file() else path / "config.json"
-    try:
-        data = jsonread.load(config)
-    except (OSError, ValueError) as exc:
-        raise ConfigFormatError(
-            f"Cannot read the target config {config} ({exc}). Pass --target the target model "
-            "folder (the one SGLang serves), or leave --target out to skip the range check."
-        ) from exc
+    config, _, data = read_config(path, "target", "Pass --target the target model folder (the one SGLang "
+                                  "serves), or leave --target out to skip the range check.")
     holders = [data] + [data[k] for k in _NESTED if isinstance(data.get(k), dict)]
     layers = _first_int(holders, "num_hidden_layers")
     if layers is None:

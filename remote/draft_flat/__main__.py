@@ -53,16 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         "source_ids": None, "layer_ids": None, "ids_from": None, "tensors": 0, "renamed": 0, "bytes": 0,
         "files": [], "warnings": [],
     }
-    events.emit("start", tool="draft-flat", ckpt=str(args.ckpt))
-
-    def work() -> int:
-        _run(args, payload)
-        _print_summary(payload)
-        return exitcodes.OK
-
-    return exitcodes.main_with_result("draft-flat", work, payload, args.out, "draft_flat.json",
+    return exitcodes.main_with_result("draft-flat", (lambda: _run(args, payload), lambda: _print_summary(payload)),
+                                      payload, args.out, "draft_flat.json",
                                       lambda done: {"headline": f"flat copy {done['dest']}" if done["ok"]
-                                                    else "refused"})
+                                                    else "refused"}, ckpt=str(args.ckpt))
 
 
 def _run(args: argparse.Namespace, payload: dict[str, Any]) -> None:

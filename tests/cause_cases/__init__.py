@@ -1,5 +1,5 @@
 """One broken case per known cause of low acceptance, and a healthy one, on the drafter lab's small
-target (tests/drafter_lab.py), each in the three dump formats (speculators' safetensors, SpecForge's,
+target (tests/support/drafter_lab.py), each in the three dump formats (speculators' safetensors, SpecForge's,
 ModelOpt's): tests/test_cause_cases.py evaluates every case in every format and asserts it gets
 exactly its findings, each with a fix, and the same verdict status in all three.
 

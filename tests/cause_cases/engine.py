@@ -62,8 +62,8 @@ def algorithm_eagle_at_launch(base: Healthy, out: Path) -> Variant:
 @functools.lru_cache(maxsize=1)
 def residual_normed() -> Weights:
     """A lab draft trained with norm_before_residual=true on the healthy layers, cached on disk as the
-    lab's drafts are (tests/drafter_lab.py)."""
-    from tests import drafter_lab as L
+    lab's drafts are (tests/support/drafter_lab.py)."""
+    from tests.support import drafter_lab as L
 
     cached = L.CACHE / f"norm-before-residual-{L.cache_key('norm_before_residual', L.WELL_TRAINED)}.safetensors"
     if cached.is_file():
@@ -92,7 +92,7 @@ def save_residual_normed(out: Path, fmt: str) -> Path:
     """That draft in ``fmt`` with norm_before_residual true in its config (the flat writer omits it)."""
     import json
 
-    from tests.drafter_lab import TRAINED, draft_arch, lab
+    from tests.support.drafter_lab import TRAINED, draft_arch, lab
 
     arch = dataclasses.replace(draft_arch(lab().spec), norm_before_residual=True)
     save_draft(out, residual_normed(), arch, TRAINED, fmt)

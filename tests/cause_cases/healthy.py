@@ -1,7 +1,7 @@
 """The healthy case every broken one is made from: the lab draft trained well on the layers its
 config names, the lab dumps written in each trainer's format (only the aux slots and the final one,
 plus a data_config.json saying which layers, as SpecForge and ModelOpt write them), the lab target
-as verifier.  Built once per process; the training is cached on disk by tests/drafter_lab.py."""
+as verifier.  Built once per process; the training is cached on disk by tests/support/drafter_lab.py."""
 from __future__ import annotations
 
 import atexit
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.drafter_lab import SLOT_IDS, TRAINED, WELL_TRAINED, LabSpec, lab, save, trained_weights
-from tests.trainer_dumps import write_data_config, write_modelopt, write_specforge, write_speculators
+from tests.support.drafter_lab import SLOT_IDS, TRAINED, WELL_TRAINED, LabSpec, lab, save, trained_weights
+from tests.support.trainer_dumps import write_data_config, write_modelopt, write_specforge, write_speculators
 
 FORMATS = ("speculators", "specforge", "modelopt")
 #: how the report's ``data.formats`` names each

@@ -21,7 +21,7 @@ EMBED = 0  # the lab slot of the embedding output (SGLang id -1), fed to the dra
 
 
 def _slots(change: str) -> torch.Tensor:
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     slots = lab().slots().clone()
     if change == "scale":  # Gemma's sqrt(hidden) left out: inputs 50x too small
@@ -35,7 +35,7 @@ def _slots(change: str) -> torch.Tensor:
 
 def embedding_scale_dumps(base: Healthy, out: Path) -> Variant:
     """The dumps' embedding slot is the target's embedding times 0.02."""
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     return Variant(base.draft, base.dumps_with(out / "data", lab().ids, _slots("scale")))
 
@@ -48,7 +48,7 @@ def embedding_scale_draft(base: Healthy, out: Path) -> Variant:
 
 def target_differs(base: Healthy, out: Path) -> Variant:
     """The dumps' embedding slot is a rotation of the target's: another computation than the target's."""
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     return Variant(base.draft, base.dumps_with(out / "data", lab().ids, _slots("rotate")))
 
@@ -56,7 +56,7 @@ def target_differs(base: Healthy, out: Path) -> Variant:
 def target_differs_measured(base: Healthy, out: Path) -> Variant:
     """The rotated dumps with a real capture-check report of them against the lab target's own states
     (remote/capture's matching and differences): its differences name the rotation."""
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     the_lab = lab()
     data = base.dumps_with(out / "data", the_lab.ids, _slots("rotate"))

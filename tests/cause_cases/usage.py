@@ -1,9 +1,9 @@
-"""Usage and training causes (chat-template, undertrained), from the builders in tests/usage_causes.py."""
+"""Usage and training causes (chat-template, undertrained), from the builders in tests/support/usage_causes.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests import usage_causes
+from tests.support import usage_causes
 
 from .healthy import Healthy, Variant
 

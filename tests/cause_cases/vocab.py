@@ -39,7 +39,7 @@ def identity_arange(base: Healthy, out: Path) -> Variant:
 
 
 def coverage(base: Healthy, out: Path) -> Variant:
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     def rare(weights: dict[str, torch.Tensor]) -> None:
         weights["d2t"], weights["t2d"] = rare_map(weights["d2t"].shape[0], weights["t2d"].shape[0], lab().ids)
@@ -57,7 +57,7 @@ def differs_from_data_map(base: Healthy, out: Path) -> Variant:
     formats) maps six draft ids elsewhere than the draft's d2t: a map regenerated on other data (PR #534)."""
     from safetensors.torch import load_file
 
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     w = load_file(base.draft / "model.safetensors")
     d2t = w["d2t"].clone()

@@ -17,7 +17,7 @@ import pytest
 from benchmarks import speculators_peer
 from remote.drafter import EvalOptions, evaluate
 from remote.drafter.demo.build import DemoPaths, DemoSpec
-from tests.demo_cache import cached_demo
+from tests.support.demo_cache import cached_demo
 
 SPEC = DemoSpec()
 # docs/drafter.md: in fp32, |logits padded into a batch - logits alone| <= PAD_BOUND * (1 + max |logit|)
@@ -26,7 +26,7 @@ PAD_BOUND = 2e-6
 
 @functools.lru_cache(maxsize=1)
 def demo() -> DemoPaths:
-    """This process's copy of the demo, from the cache kept between test runs (tests/demo_cache.py:
+    """This process's copy of the demo, from the cache kept between test runs (tests/support/demo_cache.py:
     built once per source version, verified before each use)."""
     root = Path(tempfile.mkdtemp(prefix="draftops-demo-"))
     atexit.register(shutil.rmtree, root, True)
@@ -67,3 +67,24 @@ def local_demo_project(root: Path) -> Path:
     copy_remote_package(root)
     shutil.copytree(demo().root, root / ".draftops" / "state" / "demo")
     return root
+
+
+def task_project(base: Path, hosts: dict[str, dict[str, Any]], default: str, *, demo_roots: tuple[Path, ...] = (),
+                 local_demo: bool = False) -> Path:
+    """``base/project`` as a user's checkout: this repository's tasks.py and remote package, a hosts.yaml of
+    ``hosts`` (``default`` the default), and this session's demo seeded into the state of each host root
+    in ``demo_roots`` (so the host takes it as complete instead of generating it again) and, with
+    ``local_demo``, into the project's own state (the `local` host's)."""
+    import yaml
+
+    from tests.conftest import REPO, copy_remote_package
+    project = base / "project"
+    project.mkdir()
+    copy_remote_package(project)
+    (project / "tasks.py").write_text((REPO / "tasks.py").read_text())
+    (project / "hosts.yaml").write_text(yaml.safe_dump({"default": default, "hosts": hosts}))
+    for root in demo_roots:
+        shutil.copytree(demo().root, root / "state" / "demo")
+    if local_demo:
+        shutil.copytree(demo().root, project / ".draftops" / "state" / "demo")
+    return project

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftops.env import engine_env
+from tests.support.proc import group_members
 
 VENV_ENV_VAR = "DRAFTOPS_VLLM_VENV"
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
@@ -149,17 +150,7 @@ class VllmServer:
         """Live processes of the server's process group (the API server, engine core, workers)."""
         if self.proc is None:
             return []
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                fields = stat.rsplit(")", 1)[1].split()
-                if int(fields[2]) == self.proc.pid and fields[0] != "Z":
-                    pids.append(int(entry.name))
-        return pids
+        return group_members(self.proc.pid)
 
     def stop(self, grace: float = 20.0) -> None:
         """TERM to the whole process group, KILL what is left after ``grace`` seconds."""

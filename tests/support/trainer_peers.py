@@ -1,7 +1,7 @@
 """SpecForge 0.2.0's and ModelOpt's own EAGLE-3 draft code, imported with only what their forward needs.
 
 Both are installed ``--no-deps`` from the registry (requirements-parity.txt, scripts/setup.sh --test);
-in CI a missing package is a failure, not a skip, as with speculators (tests/drafter_support.py).
+in CI a missing package is a failure, not a skip, as with speculators (tests/support/drafter_support.py).
 
 * SpecForge imports cleanly with transformers alone (its heavy dependencies, sglang and flash-attn,
   are imported lazily or optionally). Its RMSNorm and rotary helpers are ``@torch.compile``d:

@@ -34,7 +34,7 @@ from remote.drafter.demo.build import save_draft, write_dumps
 from remote.drafter.model.draft import DraftArch
 from remote.drafter.model.layers import Weights, rms_norm
 from remote.drafter.model.rope import RopeSpec
-from tests.cache_dir import cache_root
+from tests.support.cache_dir import cache_root
 
 SLOT_IDS = [-1, 1, 2, 3, 4]  # SGLang ids of the dumped slots; 4 = n-1 is the final layer
 TRAINED = [-1, 1, 2]  # slots 0, 1, 2

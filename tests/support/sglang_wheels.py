@@ -15,12 +15,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) lacks the repo root
     sys.path.insert(0, str(REPO))
 
 from remote.sglang_patch.targets import TARGETS  # noqa: E402
-from tests.cache_dir import cache_root  # noqa: E402
+from tests.support.cache_dir import cache_root  # noqa: E402
 
 #: versions every patcher test runs against; extend here
 SGLANG_VERSIONS = ("0.4.10.post2", "0.5.2", "0.5.5", "0.5.10", "0.5.13", "0.5.20", "0.5.23")

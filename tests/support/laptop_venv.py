@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.cache_dir import cache_root
+from tests.support.cache_dir import cache_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: set while a test runs `invoke` as the laptop's base install (the ``laptop`` fixture)
 LAPTOP_PYTHON = "DRAFTOPS_TEST_LAPTOP_PYTHON"
 COMPLETE = "draftops-base-venv.json"

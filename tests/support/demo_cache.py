@@ -34,8 +34,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from remote.drafter.demo.build import DemoSpec, build_demo
-from tests.cache_dir import cache_root
-from tests.import_graph import REPO, import_closure
+from tests.support.cache_dir import cache_root
+from tests.support.import_graph import REPO, import_closure
 
 GENERATOR = "remote.drafter.demo.build"
 MANIFEST = "MANIFEST.json"

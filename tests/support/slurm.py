@@ -3,7 +3,7 @@
 Everything lives in a scratch folder the tests own: its own munge key and socket, its own slurm.conf
 (``SLURM_CONF`` points the client commands at it), state, spool, logs and free ports, so an existing
 ``/etc/slurm`` or a system munged is never touched. Slurm runs as root here (``SlurmUser=root``), and
-jobs are submitted through a real sshd as its login user (root, tests/sshd.py): the login node of the
+jobs are submitted through a real sshd as its login user (root, tests/support/sshd.py): the login node of the
 cluster host is that sshd, whose sessions get ``SLURM_CONF`` (``SetEnv``).
 
 Facts measured on this machine (Debian 12, Slurm 22.05.8): install 42 packages in about 2 minutes;
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 
 SBIN = "/usr/sbin"
 DAEMONS = ("munged", "slurmctld", "slurmd")

@@ -1,5 +1,5 @@
 """Bench results built the way the runner builds them: the engines' real output formats (from
-``tests.bench_formats``) go through the real parsers, ``build_metrics`` and ``build_accept``, and
+``tests.support.bench_formats``) go through the real parsers, ``build_metrics`` and ``build_accept``, and
 the test only chooses the numbers (throughput per repeat, accept length, settings)."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from draftops.history import History, RunRecord
 from remote.bench import client_output, decode_log, server_metrics
-from tests import bench_formats as fmt
+from tests.support import bench_formats as fmt
 
 DRAFTS = 400          # drafts per repeat in the synthetic counters
 

@@ -1,4 +1,4 @@
-"""Builders for the usage and training cause cases on tests/drafter_lab.py's small target: a copy of its
+"""Builders for the usage and training cause cases on tests/support/drafter_lab.py's small target: a copy of its
 target folder with a ChatML-style tokenizer (role markers as special tokens), its dumps rewritten to
 open with the marker as a chat-formatted data set would, and a training record next to a draft."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from remote.drafter.demo.build import write_dumps
-from tests import drafter_lab
+from tests.support import drafter_lab
 
 EOS = "<|im_end|>"
 OPEN = "<|im_start|>"

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.proc import pids_whose, stat_fields
+
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/local/sbin:/sbin") or "/usr/sbin/sshd"
 
 CONFIG = """\
@@ -72,16 +74,7 @@ class Sshd:
 
 def children(pid: int) -> list[int]:
     """Pids whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
+    return pids_whose("stat", lambda stat: int(stat_fields(stat)[1]) == pid)
 
 
 def keygen(path: Path) -> Path:

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--serve-algorithm",
                     help="the speculative algorithm the host's serve profile launches with, when it sets one "
                          "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
+    ev.add_argument("--served-context", type=int,
+                    help="the context length the host serves (its serve profile's context_length): a draft "
+                         "trained on fewer positions is a finding (default: the target's max_position_embeddings)")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--engine-states", type=Path,
                     help="a capture check's engine-states/ folder (the engine's own states at every layer "
@@ -108,6 +111,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
                        engine_states=args.engine_states,
                        engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
+                       served_context=args.served_context,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
                        accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed)
 

@@ -40,6 +40,7 @@ from . import (
     sequential,
     stats,
     trainermap,
+    unknown_layers,
     vocabmap,
 )
 from .batching import Batch, background, iter_batches, iter_planned, plan, to_device
@@ -142,6 +143,8 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
                                        comparison=_sequential_comparison(evidence.comparison, seq))
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
+    verdict = unknown_layers.with_commands(verdict, opts.data, opts.ckpt, ctx.dumps.format, ctx.slot_count,
+                                           ctx.num_layers)
     if opts.measured is not None and CAPTURE not in extra:
         verdict = _measured_from_engine(verdict, opts.measured)
     on_engine = _on_engine_states(ctx, opts, dtype) if opts.engine_states is not None else None

@@ -134,3 +134,21 @@ def test_a_speculators_dump_of_four_layers_with_the_final_one_is_read_right(tmp_
     assert report["verdict"]["status"] == "MATCH", report["verdict"]["message"]
     assert report["accuracy_by_position"]["buckets"] and report["accuracy_by_position"]["layout"] == "served"
     json.dumps(report)   # the report stays JSON
+
+
+def test_rope_shapes_differ_by_what_rotates_a_text_token_not_by_the_table_size() -> None:
+    from remote.drafter.causes.positions import _angle_gap, _shape
+    from remote.drafter.rope import RopeSpec
+
+    qwen_vl = RopeSpec.from_config({"rope_theta": 1e6, "max_position_embeddings": 128000,
+                                    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}})
+    draft = RopeSpec.from_config({"rope_theta": 1e6, "max_position_embeddings": 2048})
+    assert _shape(qwen_vl) == _shape(draft)            # text positions rotate alike; the size is no difference
+    llama31 = RopeSpec.from_config({"rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}})
+    dropped = RopeSpec.from_config({"rope_theta": 500000.0})   # speculators PR #574's conversion
+    assert _shape(llama31) != _shape(dropped)
+    gap = _angle_gap(dropped, llama31, 128, 131072)
+    assert gap is not None and 1.0 < gap <= 3.1416      # far apart at long context
+    assert _angle_gap(dropped, dropped, 128, 131072) == 0.0

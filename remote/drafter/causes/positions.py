@@ -44,8 +44,19 @@ def _target_rope(facts: Facts) -> tuple[RopeSpec, dict[str, Any]] | None:
         return None   # a target config the loader's checks never saw: no comparison, no guess
 
 
+#: rope types that rotate a text token as default rope does: multimodal rope (Qwen2-VL and later) gives a
+#: text position the same index in every section, so for the text a draft sees it is the default rotation
+_AS_DEFAULT = {"mrope": ("mrope_section", "mrope_interleaved")}
+
+
 def _shape(spec: RopeSpec) -> dict[str, Any]:
-    return {k: v for k, v in spec.to_dict().items() if k not in _SIZE_KEYS}
+    """What shapes the rotation (the table's size left out), multimodal rope read as the default one."""
+    shape = {k: v for k, v in spec.to_dict().items() if k not in _SIZE_KEYS}
+    drop = _AS_DEFAULT.get(str(shape.get("rope_type")))
+    if drop is not None:
+        shape = {k: v for k, v in shape.items() if k not in drop}
+        shape["rope_type"] = "default"
+    return shape
 
 
 def served_context(facts: Facts) -> tuple[int | None, str]:
@@ -79,6 +90,8 @@ def _rope_differs(facts: Facts) -> list[dict[str, Any]]:
     if found is None:
         return []
     target, _ = found
+    if not (math.isfinite(target.theta) and target.theta > 0):
+        return []   # a target config no engine would load: nothing to compare the draft with
     draft = facts.ctx.draft.arch.rope
     mine, theirs = _shape(draft), _shape(target)
     keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))

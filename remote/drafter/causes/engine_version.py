@@ -58,7 +58,8 @@ def _multi_layer(facts: Facts) -> list[dict[str, Any]]:
                   "draft does not run as trained")
     else:
         name = f"vLLM {version}" if engine == convention.VLLM and version else "vLLM (0.11.1 on)"
-        served = (f"{name} runs all {layers} layers, but reports later draft positions collapsing with two "
+        every = "both" if layers == 2 else f"all {layers}"
+        served = (f"{name} runs {every} layers, but reports later draft positions collapsing with two "
                   "(vllm #33330, open); SGLang refuses it (sglang #36536)")
     text = (f"The draft has {layers} decoder layers: {served}."
             + (f" Its conditional accuracy per draft step on the dumps ({per_step}) is what a server's per-position "

@@ -59,6 +59,12 @@ def _shape(spec: RopeSpec) -> dict[str, Any]:
     return shape
 
 
+def _describe(shape: dict[str, Any]) -> str:
+    """``llama3 rope, theta 500000 (factor 8.0, ...)``: the rotation in one phrase."""
+    rest = ", ".join(f"{k} {v}" for k, v in shape.items() if k not in ("rope_type", "rope_theta"))
+    return f"{shape.get('rope_type')} rope, theta {shape.get('rope_theta'):g}" + (f" ({rest})" if rest else "")
+
+
 def served_context(facts: Facts) -> tuple[int | None, str]:
     """The context the host serves (the profile's context_length), else the target's max_position_embeddings."""
     if facts.opts.served_context is not None:
@@ -100,13 +106,13 @@ def _rope_differs(facts: Facts) -> list[dict[str, Any]]:
     fields = draft_fields.read(facts)
     served, _ = served_context(facts)
     gap = _angle_gap(draft, target, facts.ctx.draft.arch.head_dim, served or draft_fields.DEFAULT_MAX_POSITIONS)
-    listed = "; ".join(f"{k} {mine.get(k, 'absent')} in the draft, {theirs.get(k, 'absent')} in the target"
-                       for k in keys)
-    at = f" within the served context of {served:,} positions" if served else ""
-    text = (f"The draft's rope differs from its target's ({listed}): a trainer builds the draft's rope from "
-            f"the target's config, so the draft was trained with the target's positions and the engine serves "
-            f"it with others (speculators PR #574: rope_scaling dropped in conversion)"
-            + (f"; the two rotations disagree by up to {gap:.2f} rad{at}." if gap is not None else "."))
+    span = served or draft_fields.DEFAULT_MAX_POSITIONS
+    text = (f"The draft's rope is {_describe(mine)}, its target's {_describe(theirs)} (differing: {', '.join(keys)}): "
+            f"a trainer builds the draft's rope from the target's config, so the draft was trained with the "
+            f"target's positions and the engine serves it with others (speculators PR #574: rope_scaling dropped "
+            f"in conversion)"
+            + (f"; over the first {span:,} positions the two rotations disagree by up to {gap:.2f} rad."
+               if gap is not None else "."))
     copy = "rope_parameters" if "rope_parameters" in (facts.ctx.verifier.config if facts.ctx.verifier else {}) \
         else "rope_theta and rope_scaling"
     under = f" under {fields.prefix.rstrip('.')}" if fields.prefix else ""

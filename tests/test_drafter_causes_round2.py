@@ -34,7 +34,8 @@ def test_a_vllm_version_is_in_a_regression_range_only_where_the_sources_confirm_
 
 def test_a_range_can_hold_one_post_release_and_a_target_family() -> None:
     vl = "qwen2_5_vl Qwen2_5_VLForConditionalGeneration"
-    assert [r.issue for r in regressions.affecting("sglang", "0.5.5.post3", vl)] == ["SpecForge #310 (sglang PR #13904)"]
+    found = regressions.affecting("sglang", "0.5.5.post3", vl)
+    assert [r.issue for r in found] == ["SpecForge #310 (sglang PR #13904)"]
     assert regressions.affecting("sglang", "0.5.5.post2", vl) == []      # before the regression
     assert regressions.affecting("sglang", "0.5.5", vl) == []
     assert regressions.affecting("sglang", "0.5.5.post3", "llama LlamaForCausalLM") == []   # a text target

@@ -176,6 +176,9 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
         if accept.walk.served is not None or accept.walk.best is not None:
             lines.append("a greedy server's rounds on this text (tokens per verify; docs/bench.md, measured "
                          f"against predicted): {_served_best(accept.walk.served, accept.walk.best)}")
+    positions = _position_line(report)
+    if positions:
+        lines.append(positions)
     if verdict.comparison:
         lines.append(_comparison_line(verdict.comparison))
     expected = verdict.expected_acc
@@ -190,6 +193,17 @@ def _figure_lines(report: DrafterReport, expected_in_diagnosis: bool) -> list[st
                      f"({escape(given.source_definition or '')}) = {_fmt(given.value)} as 1 + accepted/drafts, vs "
                      f"predicted {_fmt(given.predicted)}: {flag}")
     return lines
+
+
+def _position_line(report: DrafterReport) -> str | None:
+    """Step-0 accuracy by position bucket, so decay with position shows (finding context-beyond-training)."""
+    by = report.accuracy_by_position
+    rows = [b for b in (by.buckets if by else []) if b.acc is not None]
+    if by is None or len(rows) < 2:
+        return None
+    cells = ", ".join(f"{b.start}-{b.end} {_pct(b.acc)}" for b in rows)
+    where = f"{escape(by.layout or '?')} layout, {escape(by.basis or '?')} targets"
+    return f"step-0 acc by token position ({where}): {cells}"
 
 
 def _sequential_line(seq: SequentialPart) -> str:

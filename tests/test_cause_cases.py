@@ -17,22 +17,33 @@ from tests.cause_cases.healthy import FAST, REPORTED
 Reports = dict[tuple[str, str], dict[str, Any]]
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
-    """Every case x format, evaluated once (in-process ``python -m remote.drafter eval``)."""
-    root = tmp_path_factory.mktemp("causes")
-    base = healthy()
-    out: Reports = {}
-    for case in CASES:
-        variant = base.complete(case.build(base, root / case.name))
+class _Lazy(dict[tuple[str, str], dict[str, Any]]):
+    """Each case's three reports, built the first time a test asks for that case (so ``-k`` on a few
+    cases builds only those and the healthy one)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, key: tuple[str, str]) -> dict[str, Any]:
+        name = key[0]
+        case = next(c for c in CASES if c.name == name)
+        base = healthy()
+        variant = base.complete(case.build(base, self.root / case.name))
         assert variant.data is not None
         for fmt in FORMATS:
             opts = {**FAST, **variant.options}
             with contextlib.redirect_stdout(io.StringIO()):
-                out[case.name, fmt] = evaluate(EvalOptions(ckpt=variant.draft, data=variant.data[fmt],
-                                                           verifier=variant.verifier,
-                                                           out=root / "runs" / case.name / fmt, **opts))
-    return out
+                self[name, fmt] = evaluate(EvalOptions(ckpt=variant.draft, data=variant.data[fmt],
+                                                       verifier=variant.verifier,
+                                                       out=self.root / "runs" / case.name / fmt, **opts))
+        return dict.__getitem__(self, key)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
+    """Every case x format, evaluated once (in-process ``python -m remote.drafter eval``), on first use."""
+    return _Lazy(tmp_path_factory.mktemp("causes"))
 
 
 def test_the_registry_has_the_healthy_case_and_unique_names() -> None:

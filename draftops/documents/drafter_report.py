@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from draftops.documents import Document, Part
 
 REPORT_NAME = "report.json"
@@ -164,6 +166,24 @@ class AcceptCi(Part):
     best: list[float] | None = None
 
 
+class PositionBucket(Part):
+    """One bucket of ``accuracy_by_position.buckets``: token positions ``from``..``to`` of the samples."""
+
+    start: int | None = Field(None, alias="from")
+    end: int | None = Field(None, alias="to")
+    total: int | None = None
+    acc: float | None = None
+
+
+class ByPosition(Part):
+    """``accuracy_by_position`` (added): the served layout's step-0 accuracy by position bucket."""
+
+    layout: str | None = None
+    basis: str | None = None
+    longest: int | None = None
+    buckets: list[PositionBucket] = []
+
+
 class SequentialPart(Part):
     """``sequential`` (added; null for ``--full``): how many samples the sequential verdict read, and why it stopped."""
 
@@ -233,6 +253,7 @@ class DrafterReport(Document):
     engine_states: EngineStatesPart | None = None    # added
     sequential: SequentialPart | None = None    # added
     predicted_accept_length: Accept | None = None
+    accuracy_by_position: ByPosition | None = None    # added
     checkpoint: Checkpoint = Checkpoint()
     verifier: VerifierPart | None = None
     data: DataPart = DataPart()

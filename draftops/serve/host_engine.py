@@ -25,6 +25,7 @@ class HostEngine:
     engine: str | None
     version: str | None       # None: not installed, not readable, or no single engine
     algorithm: str | None     # what the profile's extra_args set (None: `invoke serve` chooses EAGLE3)
+    context: int | None = None  # the profile's context_length (None: the target's max_position_embeddings)
 
     def eval_args(self) -> list[str]:
         """The `python -m remote.drafter eval` flags that carry this (written by ``EvalOptions``, the
@@ -32,7 +33,7 @@ class HostEngine:
         from remote.drafter.options import EvalOptions
 
         return EvalOptions.of_demo(engine=self.engine, engine_version=self.version if self.engine else None,
-                                   serve_algorithm=self.algorithm).to_argv()
+                                   serve_algorithm=self.algorithm, served_context=self.context).to_argv()
 
 
 def _profiles(host: Host, engine: str) -> list[profiles.Profile]:
@@ -76,4 +77,6 @@ def host_engine(host: Host) -> HostEngine:
         return HostEngine(engine, None, None)
     algorithms = {launch_algorithm.from_extra_args(engine, p.settings.extra_args or []) for p in chosen}
     algorithm = next((a for a in algorithms if launch_algorithm.runs_as_eagle(a)), None)
-    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm)
+    contexts = {p.settings.context_length for p in chosen if p.settings.context_length}
+    context = max(contexts) if contexts else None   # the longest context any of its profiles serves
+    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm, context)

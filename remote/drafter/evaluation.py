@@ -56,7 +56,7 @@ from .scoring import reduce, sequential, stats
 from .scoring.chance import ChanceLevel
 from .scoring.score import LayoutScore, VerifierHead, new_score, score_batch
 from .scoring.slotstats import STATS, SlotStats
-from .verdict import layouts
+from .verdict import layouts, unknown_layers
 from .verdict.layouts import Evidence, Interpretation, Measured
 from .verdict.results import Results
 
@@ -135,6 +135,8 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
                                        comparison=_sequential_comparison(evidence.comparison, seq))
     verdict = layouts.decide(evidence, served, slot_ids, ctx.final_slot, ctx.info.format, opts.layout_tolerance,
                              opts.engine)
+    verdict = unknown_layers.with_commands(verdict, opts.data, opts.ckpt, ctx.dumps.format, ctx.slot_count,
+                                           ctx.num_layers)
     if opts.measured is not None and CAPTURE not in extra:
         verdict = _measured_from_engine(verdict, opts.measured)
     on_engine = _on_engine_states(ctx, opts, dtype) if opts.engine_states is not None else None

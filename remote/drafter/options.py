@@ -50,6 +50,7 @@ class EvalOptions:
     engine_states: Path | None = None  # a capture check's engine-states/ folder: the draft is scored there too
     engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
+    served_context: int | None = None  # the serve profile's context_length (None: the target's max_position_embeddings)
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
     demo: bool = False  # the generated demo: ckpt and data (verifier, expected_acc) are filled in on the host
@@ -129,6 +130,8 @@ class EvalOptions:
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
         _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
                 lambda v: v is None or engine_rules.is_version(v))
+        _option("--served-context", self.served_context, "an integer >= 1 (the serve profile's context_length), "
+                "or omit it", lambda v: v is None or (_int(v) and 1 <= v <= 1 << 40))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
@@ -167,6 +170,8 @@ FLAGS = (
          "newest version read, said in each finding)"),
     Flag("serve_algorithm", str, "the speculative algorithm the host's serve profile launches with, when it sets "
          "one (e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding"),
+    Flag("served_context", int, "the context length the host serves (its serve profile's context_length): a draft "
+         "trained on fewer positions is a finding (default: the target's max_position_embeddings)"),
     Flag("measured", Path, "capture-check.json: slot layers measured from the engine"),
     Flag("engine_states", Path, "a capture check's engine-states/ folder (the engine's own states at every layer "
          "boundary for some of these dumps' samples): the draft is scored there too"),

@@ -67,6 +67,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                                     "walk": {"served": _walked(res.full.get("served"), res.basis),
                                              "best": _walked(res.full.get("best"), res.basis)},
                                     "ci": _accept_ci(res.sequential)},
+        "accuracy_by_position": _by_position(res),
         "sequential": res.sequential,
         "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
@@ -128,6 +129,17 @@ def _evaluation(score: LayoutScore, ids_of: Any) -> dict[str, Any]:
     return {"slots": list(score.slots), "layer_ids": ids_of(score.slots), "states": "dumps",
             "data": score.data.to_dict(),
             "verifier": score.verifier.to_dict() if score.verifier else None}
+
+
+def _by_position(res: Results) -> dict[str, Any] | None:
+    """Step-0 accuracy of the served (else best) layout by position bucket: decay with position shows
+    a draft trained on shorter sequences than it serves (finding context-beyond-training)."""
+    role = "served" if "served" in res.full else "best" if "best" in res.full else None
+    if role is None:
+        return None
+    counts = res.full[role].counts(res.basis) or res.full[role].data
+    return {"layout": role, "basis": res.basis, "positions": "token index in the sample",
+            "longest": counts.longest, "buckets": counts.by_position()}
 
 
 def _accept(score: LayoutScore | None, basis: str, steps: int) -> float | None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, states, usage, vocab
+from . import engine, positions_vocab, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -40,6 +40,11 @@ CASES: tuple[Case, ...] = (
     Case("config-key-ignored", ("config-key-ignored",), engine.key_sglang_ignores),
     Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
     Case("undertrained", ("undertrained",), usage.undertrained),
+    Case("rope-differs", ("rope-differs",), positions_vocab.rope_differs),
+    Case("context-beyond-training", ("context-beyond-training",), positions_vocab.context_beyond_training),
+    Case("vocab-size-mismatch", ("vocab-size-mismatch",), positions_vocab.vocab_size_mismatch),
+    Case("multi-layer-draft", ("multi-layer-draft",), positions_vocab.multi_layer_draft),
+    Case("engine-known-regression", ("engine-known-regression",), positions_vocab.engine_known_regression),
 )
 
 

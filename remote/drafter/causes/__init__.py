@@ -13,13 +13,16 @@ from typing import Any
 
 from .algorithm import check as algorithm_check
 from .config_keys import check as config_keys_check
+from .engine_version import check as engine_version_check
 from .facts import Facts
 from .finding import SEVERITIES, Finding
 from .layer_ids import check as layer_ids_check
+from .positions import check as positions_check
 from .states import check as states_check
 from .training import check as training_check
 from .usage import check as usage_check
 from .vocab import check as vocab_check
+from .vocab_size import check as vocab_size_check
 
 Check = Callable[[Facts], list[Finding]]
 #: what ``collect`` accepts from a check: the record, or its dict form (converted, checked once)
@@ -28,9 +31,12 @@ Found = Finding | Mapping[str, Any]
 #: every cause family, in report order; a new family adds its module's ``check`` (a ``Check``) here
 CHECKS: tuple[Callable[[Facts], Sequence[Found]], ...] = (
     vocab_check,
+    vocab_size_check,
     algorithm_check,
     layer_ids_check,
     config_keys_check,
+    positions_check,
+    engine_version_check,
     usage_check,
     training_check,
     states_check,

@@ -30,6 +30,10 @@ class StepCounts:
     top5_total: int = 0
     walk_rounds: int = 0      # decoding walk (see ``walk``): verify rounds with all K rows scored
     walk_accepted: int = 0    # drafted tokens those rounds accepted
+    # step-0 counts by position-in-sequence bucket (``position_bucket``): decay with position is visible
+    pos_correct: list[int] = field(default_factory=list)
+    pos_total: list[int] = field(default_factory=list)
+    longest: int = 0          # tokens in the longest sample scored (its last scored row's target included)
     # per batch: (positions [B], correct [B, K], total [B, K]); reduce.py merges ranks' by position
     _samples: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
@@ -59,6 +63,8 @@ class StepCounts:
             mask = scored[:, k:]
             correct[:, k] = (right & mask).sum(1)
             total[:, k] = mask.sum(1)
+            if k == 0:
+                self._by_position((right & mask).sum(0), mask.sum(0))
         rounds, accepted = walk(chain.cpu(), scored.cpu(), self.steps)
         self.walk_rounds += rounds
         self.walk_accepted += accepted
@@ -68,6 +74,30 @@ class StepCounts:
         for k in range(self.steps):
             self.full_correct[k] += int(correct[:, k].sum())
             self.full_total[k] += int(total[:, k].sum())
+
+    def _by_position(self, right: torch.Tensor, total: torch.Tensor) -> None:
+        """Add step-0 counts per row (``right``/``total`` [N], row t drafts the sample's token t + 2)
+        into their position buckets."""
+        n = int(total.shape[0])
+        if n == 0:
+            return
+        buckets = position_bucket(torch.arange(n) + 2)
+        seen = total.nonzero()
+        if seen.numel():
+            self.longest = max(self.longest, int(seen.max()) + 3)
+        size = int(buckets[-1]) + 1
+        for name, values in (("pos_correct", right), ("pos_total", total)):
+            summed = torch.bincount(buckets, weights=values.cpu().double(), minlength=size).long().tolist()
+            have = getattr(self, name)
+            have += [0] * (size - len(have))
+            for b, v in enumerate(summed):
+                have[b] += v
+
+    def by_position(self) -> list[dict[str, Any]]:
+        """Step-0 accuracy per position bucket (positions are token indices in the sample), with counts."""
+        return [{"from": bucket_start(b), "to": bucket_start(b + 1) - 1, "correct": c, "total": t,
+                 "acc": _ratio(c, t)} for b, (c, t) in enumerate(zip(self.pos_correct, self.pos_total, strict=True))
+                if t]
 
     def per_sample(self) -> PerSample:
         """Counts of every sample seen so far, in the order they were scored."""
@@ -99,8 +129,24 @@ class StepCounts:
                 "full_acc": self.full_acc(), "cond_acc": self.cond_acc(),
                 "full_correct": self.full_correct, "full_total": self.full_total,
                 "cond_total": self.cond_total, "top5_acc_0": _ratio(self.top5_correct, self.top5_total),
+                "by_position": self.by_position(),
                 "walk": {"rounds": self.walk_rounds, "accepted": self.walk_accepted,
                          "accept_length": self.walked_accept_length()}}
+
+
+#: the first bucket holds token positions 0..FIRST_BUCKET-1; each later one doubles (8-15, 16-31, ...)
+FIRST_BUCKET = 8
+
+
+def position_bucket(positions: torch.Tensor) -> torch.Tensor:
+    """The bucket of each token position: 0 below FIRST_BUCKET, then one per doubling."""
+    first = FIRST_BUCKET.bit_length() - 1
+    logs = torch.floor(torch.log2(positions.clamp(min=1).double())).long()
+    return (logs - first + 1).clamp(min=0)
+
+
+def bucket_start(bucket: int) -> int:
+    return 0 if bucket == 0 else FIRST_BUCKET << (bucket - 1)
 
 
 def walk(chain: torch.Tensor, scored: torch.Tensor, steps: int) -> tuple[int, int]:

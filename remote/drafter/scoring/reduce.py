@@ -36,6 +36,12 @@ def counts(parts: Sequence[StepCounts]) -> StepCounts:
         out.top5_total += part.top5_total
         out.walk_rounds += part.walk_rounds
         out.walk_accepted += part.walk_accepted
+        out.longest = max(out.longest, part.longest)
+        for name in ("pos_correct", "pos_total"):
+            mine, theirs = getattr(out, name), getattr(part, name)
+            mine += [0] * (len(theirs) - len(mine))
+            for b, v in enumerate(theirs):
+                mine[b] += v
     rows = [entry for part in parts for entry in part._samples]
     if rows:
         places = torch.cat([p for p, _, _ in rows])

@@ -29,12 +29,14 @@ import torch
 from .. import events
 from ..eagle import convention, engine_rules
 from . import (
+    agreement,
     chattemplate,
     config,
     distributed,
     dumpformats,
     engine_states,
     layouts,
+    policy,
     reduce,
     report,
     sequential,
@@ -62,7 +64,7 @@ from .measured import read_capture_check
 from .model import Eagle3Draft
 from .options import EvalOptions
 from .results import Results
-from .scoring import LayoutScore, VerifierHead, new_score, score_batch
+from .scoring import LayoutScore, Observer, VerifierHead, new_score, score_batch
 from .slotstats import STATS, SlotStats
 from .trainermap import TRAINER_MAP
 from .verifier import Verifier
@@ -131,6 +133,7 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
              f"is decided, of {count}")
         full, tokens, chance, coverage, seq = _sequential(ctx, picked, scan_n, roles, opts, variant, basis)
         scored = seq["samples_scored"]
+    off_policy = _policy_extra(ctx, opts)   # a collective under torchrun: before the other ranks leave
     if world.size > 1:
         _merge_context(ctx)
         if not world.main:
@@ -151,13 +154,27 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
         samples=scored, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
-        extra={**extra, "chat-template": _chat_format(ctx, opts),
+        extra={**extra, "chat-template": _chat_format(ctx, opts), **off_policy,
                **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored)},
         total=count, sequential=seq, read=dict(ctx.read)))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
+
+
+def _policy_extra(ctx: EvalContext, opts: EvalOptions) -> dict[str, Any]:
+    """The off-policy measurement of the metrics pass (every rank's tally, on rank 0), for causes/policy.py."""
+    tally = ctx.extra.get(policy.ID)
+    if tally is None:
+        return {}
+    parts = ctx.world.gather(tally)
+    if parts is None:
+        return {}
+    merged = policy.PolicyTally()
+    for part in parts:
+        merged.merge(part)
+    return {policy.ID: merged.to_dict(opts.alpha)}
 
 
 def _served(interps: list[layouts.Interpretation], ctx: EvalContext, opts: EvalOptions) -> layouts.Interpretation:
@@ -241,7 +258,8 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
             "scanned_layouts": len(combos) if scanned else 0,
             "trained_from": _trained_from(ctx, trained),
             "served_interpretation": served.to_dict(),
-            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full]}
+            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full],
+            "agreement": agreement.compare(states, ctx.dumps, engine_states.indices(states))}
 
 
 def _trained_ids(ctx: EvalContext) -> list[int] | None:
@@ -526,6 +544,7 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     stored = t2d.to(draft.device) if t2d is not None and t2d.shape[0] == emit.shape[0] else None
     coverage = vocabmap.Coverage(emit.to(draft.device), stored)
     slots = _needed_slots(ctx, [sc.slots for sc in scores.values()])
+    watched = _policy_role(ctx, roles)
     tokens = done = 0
     count = len(ctx.world.chunk(samples)) + len(then)
     passes = [(samples, stop, 0), (then, None, len(samples))] if stop is not None else [(samples, None, 0)]
@@ -539,8 +558,9 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
                     chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0),
                                   batch.positions)
                 coverage.update(batch.next_ids, batch.scored)
+                seen = _policy_observer(ctx, batch, emit, emit_ids) if watched else None
                 for role, score in scores.items():
-                    score_batch(drafts[role], batch, score, opts.steps, vt)
+                    score_batch(drafts[role], batch, score, opts.steps, vt, observe=seen if role == watched else None)
                 tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
                 done += batch.lengths.shape[0]
                 events.progress(done, count, "metrics samples")
@@ -549,6 +569,25 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     if ctx.world.size > 1:
         scores, tokens, chance = _gathered(ctx.world, scores, tokens, chance, coverage)
     return scores, tokens, chance, coverage.to_dict()
+
+
+def _policy_role(ctx: EvalContext, roles: dict[str, tuple[int, ...]]) -> str | None:
+    """The role whose step 0 the off-policy measurement (policy.py) watches: the served layout, else the
+    best; None without verifier targets.  Its tally lives in ``ctx.extra`` (one per pass)."""
+    if ctx.head is None or ctx.final_slot is None:
+        return None
+    ctx.extra[policy.ID] = policy.PolicyTally()
+    return "served" if "served" in roles else "best" if "best" in roles else None
+
+
+def _policy_observer(ctx: EvalContext, batch: Batch, emit: torch.Tensor, emit_ids: torch.Tensor) -> Observer:
+    tally: policy.PolicyTally = ctx.extra[policy.ID]
+    assert ctx.head is not None and ctx.final_slot is not None
+    head, final, device = ctx.head, batch.final(ctx.final_slot), batch.next_ids.device
+
+    def observe(rows: torch.Tensor, draft_ids: torch.Tensor) -> None:
+        tally.observe(head, final, batch.next_ids, batch.scored, emit.to(device), emit_ids.to(device), rows, draft_ids)
+    return observe
 
 
 def _gathered(world: distributed.World, scores: dict[str, LayoutScore], tokens: int, chance: ChanceLevel,

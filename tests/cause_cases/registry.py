@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, states, usage, vocab
+from . import engine, policy, rotation, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -40,6 +40,8 @@ CASES: tuple[Case, ...] = (
     Case("config-key-ignored", ("config-key-ignored",), engine.key_sglang_ignores),
     Case("chat-template-raw-dumps", ("chat-template",), usage.chat_template_raw),
     Case("undertrained", ("undertrained",), usage.undertrained),
+    Case("off-policy-data", ("off-policy-data",), policy.off_policy_text),
+    Case("target-rotated", ("target-rotated",), rotation.rotated_engine),
 )
 
 

@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--serve-algorithm",
                     help="the speculative algorithm the host's serve profile launches with, when it sets one "
                          "(e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding")
+    ev.add_argument("--serve-kv-cache-dtype",
+                    help="the KV cache dtype the host's serve profile launches the target with (--kv-cache-dtype), "
+                         "when it sets one: an FP8 cache the draft inherits is a finding")
+    ev.add_argument("--serve-draft-kv-cache-dtype",
+                    help="the draft's own KV cache dtype the profile's speculative config sets (kv_cache_dtype), "
+                         "if any")
     ev.add_argument("--measured", type=Path, help="capture-check.json: slot layers measured from the engine")
     ev.add_argument("--engine-states", type=Path,
                     help="a capture check's engine-states/ folder (the engine's own states at every layer "
@@ -108,6 +114,8 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        alpha=args.alpha, min_skill=args.min_skill, engine=args.engine, measured=args.measured,
                        engine_states=args.engine_states,
                        engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
+                       serve_kv_cache_dtype=args.serve_kv_cache_dtype,
+                       serve_draft_kv_cache_dtype=args.serve_draft_kv_cache_dtype,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
                        accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed)
 

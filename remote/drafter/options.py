@@ -3,6 +3,7 @@ evaluation itself so that the report and the CLI can name them without importing
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from .errors import OptionError
 
 MAX_STEPS = 32
 MAX_SEED = 2**63 - 1
+#: a KV cache dtype as engines name them (fp8, fp8_e4m3, bfloat16, auto): nothing else reaches a finding's text
+KV_DTYPE = re.compile(r"[A-Za-z0-9_]{1,32}")
 
 
 @dataclass
@@ -43,6 +46,8 @@ class EvalOptions:
     engine_states: Path | None = None  # a capture check's engine-states/ folder: the draft is scored there too
     engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
+    serve_kv_cache_dtype: str | None = None  # the profile's --kv-cache-dtype (the target's KV cache), if it sets one
+    serve_draft_kv_cache_dtype: str | None = None  # its speculative config's kv_cache_dtype (the draft's), if set
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
 
@@ -72,6 +77,10 @@ class EvalOptions:
         _option("--min-skill", self.min_skill, "a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
         _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
                 lambda v: v is None or engine_rules.is_version(v))
+        for flag, value in (("--serve-kv-cache-dtype", self.serve_kv_cache_dtype),
+                            ("--serve-draft-kv-cache-dtype", self.serve_draft_kv_cache_dtype)):
+            _option(flag, value, "a KV cache dtype name such as fp8, fp8_e5m2, auto or bfloat16",
+                    lambda v: v is None or (isinstance(v, str) and KV_DTYPE.fullmatch(v) is not None))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 

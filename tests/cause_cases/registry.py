@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, policy, rotation, states, usage, vocab
+from . import engine, head, policy, rotation, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -42,6 +42,8 @@ CASES: tuple[Case, ...] = (
     Case("undertrained", ("undertrained",), usage.undertrained),
     Case("off-policy-data", ("off-policy-data",), policy.off_policy_text),
     Case("target-rotated", ("target-rotated",), rotation.rotated_engine),
+    Case("draft-head-replaced", ("draft-head-replaced",), head.embedding_replaced),
+    Case("draft-kv-dtype", ("draft-kv-dtype",), head.fp8_kv_inherited),
 )
 
 

@@ -16,6 +16,8 @@ from typing import Any
 from .algorithm import check as algorithm_check
 from .config_keys import check as config_keys_check
 from .facts import Facts
+from .head import check as head_check
+from .kv import check as kv_check
 from .layer_ids import check as layer_ids_check
 from .policy import check as policy_check
 from .rotation import check as rotation_check
@@ -38,6 +40,8 @@ CHECKS: tuple[Check, ...] = (
     states_check,
     policy_check,
     rotation_check,
+    head_check,
+    kv_check,
 )
 SEVERITIES = ("bad", "warn")
 #: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)

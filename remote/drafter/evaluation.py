@@ -539,11 +539,16 @@ def _head_swap(ctx: EvalContext, opts: EvalOptions, roles: dict[str, tuple[int, 
     with the target's (headshare.py), for the draft-head-replaced check; None when nothing is replaced."""
     if ctx.verifier is None or not roles:
         return None
-    engine = config_keys.engine_of(opts.engine, ctx.info.format)
-    embed = ctx.verifier.embed_tokens() if ctx.verifier.embed_name is not None else None
-    head = ctx.head or _verifier_head(ctx.verifier, ctx.draft, ctx.device, ctx.draft.w["lm_head.weight"].dtype)
+    engine, verifier = config_keys.engine_of(opts.engine, ctx.info.format), ctx.verifier
+
+    def embed() -> torch.Tensor | None:   # read only when the engine version replaces the draft's
+        return verifier.embed_tokens() if verifier.embed_name is not None else None
+
+    def rows() -> torch.Tensor:
+        head = ctx.head or _verifier_head(verifier, ctx.draft, ctx.device, ctx.draft.w["lm_head.weight"].dtype)
+        return head.rows
     return headshare.prepare(ctx.draft, engine, opts.engine_version, headshare.read_config(ctx.info.config_path),
-                             embed, head.rows)
+                             embed, rows)
 
 
 def _variants(draft: Eagle3Draft, keys: _Variant | None, swap: headshare.Swap | None,

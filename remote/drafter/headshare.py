@@ -17,6 +17,7 @@ Sources read (check each before changing it):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,17 +73,22 @@ def rules(engine: str, version: str, config: dict[str, Any], full_vocab: bool) -
     return out
 
 
+Target = Callable[[], "torch.Tensor | None"]
+
+
 def prepare(draft: Eagle3Draft, engine: str, version: str | None, config: dict[str, Any],
-            target_embed: torch.Tensor | None, target_rows: torch.Tensor | None) -> Swap | None:
+            target_embed: Target, target_rows: Target) -> Swap | None:
     """The swap for this draft, when the engine replaces a part the draft ships different from the
-    target's; ``target_rows``: the target's lm_head rows of the draft vocabulary (row d = lm_head[d + d2t[d]])."""
+    target's; ``target_rows``: the target's lm_head rows of the draft vocabulary (row d = lm_head[d + d2t[d]]).
+    The target's parts are read (``target_*()``) only for a part the engine version replaces."""
     used, assumed = engine_rules.effective(engine, version)
     full_vocab = draft.arch.draft_vocab_size == draft.arch.vocab_size
     ours = {EMBED: (draft.w.get("embed_tokens.weight"), target_embed),
             HEAD: (draft.w.get("lm_head.weight"), target_rows)}
     parts, differs, weights = {}, {}, dict(draft.w)
     for part, rule in rules(engine, used, config, full_vocab).items():
-        own, target = ours[part]
+        own, read = ours[part]
+        target = read() if own is not None else None
         if own is None or target is None or own.shape != target.shape:
             continue
         gap = relative(own, target)

@@ -5,6 +5,9 @@ algorithm the profile's ``extra_args`` set, so the report's engine findings appl
 rules (remote/eagle/engine_rules.py) instead of assuming the newest."""
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,8 @@ class HostEngine:
     version: str | None       # None: not installed, not readable, or no single engine
     algorithm: str | None     # what the profile's extra_args set (None: `invoke serve` chooses EAGLE3)
     context: int | None = None  # the profile's context_length (None: the target's max_position_embeddings)
+    kv_cache_dtype: str | None = None        # the target's --kv-cache-dtype the profile's extra_args set
+    draft_kv_cache_dtype: str | None = None  # the speculative config's kv_cache_dtype they set (the draft's)
 
     def eval_args(self) -> list[str]:
         """The `python -m remote.drafter eval` flags that carry this (written by ``EvalOptions``, the
@@ -33,7 +38,9 @@ class HostEngine:
         from remote.drafter.options import EvalOptions
 
         return EvalOptions.of_demo(engine=self.engine, engine_version=self.version if self.engine else None,
-                                   serve_algorithm=self.algorithm, served_context=self.context).to_argv()
+                                   serve_algorithm=self.algorithm, served_context=self.context,
+                                   serve_kv_cache_dtype=self.kv_cache_dtype,
+                                   serve_draft_kv_cache_dtype=self.draft_kv_cache_dtype).to_argv()
 
 
 def _profiles(host: Host, engine: str) -> list[profiles.Profile]:
@@ -79,4 +86,30 @@ def host_engine(host: Host) -> HostEngine:
     algorithm = next((a for a in algorithms if launch_algorithm.runs_as_eagle(a)), None)
     contexts = {p.settings.context_length for p in chosen if p.settings.context_length}
     context = max(contexts) if contexts else None   # the longest context any of its profiles serves
-    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm, context)
+    kv = kv_dtypes(engine, chosen[0].settings.extra_args or [])
+    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm, context, *kv)
+
+
+#: a KV dtype as the evaluator accepts it (remote/drafter/options.KV_DTYPE); anything else is not passed on
+_KV = re.compile(r"[A-Za-z0-9_]{1,32}")
+
+
+def kv_dtypes(engine: str, args: Sequence[str]) -> tuple[str | None, str | None]:
+    """(the target's, the draft's) KV cache dtypes a vLLM profile's ``extra_args`` set: ``--kv-cache-dtype``,
+    and ``kv_cache_dtype`` in ``--speculative-config JSON`` or ``--speculative_config.kv_cache_dtype``."""
+    if engine != "vllm":
+        return None, None
+    target = launch_algorithm.flag_value(args, "--kv-cache-dtype")
+    draft = (launch_algorithm.flag_value(args, "--speculative_config.kv_cache_dtype")
+             or launch_algorithm.flag_value(args, "--speculative-config.kv_cache_dtype"))
+    try:
+        config = json.loads(launch_algorithm.flag_value(args, "--speculative-config") or "null")
+    except ValueError:
+        config = None
+    if isinstance(config, dict) and isinstance(config.get("kv_cache_dtype"), str):
+        draft = config["kv_cache_dtype"]
+    return _kv_ok(target), _kv_ok(draft)
+
+
+def _kv_ok(value: str | None) -> str | None:
+    return value if value is not None and _KV.fullmatch(value) else None

@@ -24,6 +24,11 @@ def _value(args: Sequence[str], flag: str) -> str | None:
     return found
 
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The last value ``args`` give ``flag`` (the engine keeps the last); other readers of extra_args use it."""
+    return _value(args, flag)
+
+
 def from_extra_args(engine: str, args: Sequence[str]) -> str | None:
     """The algorithm ``args`` set for ``engine`` (as written), or None when they set none."""
     value = _value(args, _FLAG.get(engine, ""))

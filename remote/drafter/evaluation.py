@@ -50,11 +50,12 @@ from .load import config, vocabmap
 from .load.checkpoint import CheckpointInfo, load_checkpoint
 from .load.verifier import Verifier
 from .measures import CHAT_TEMPLATE, CONFIG_KEY_IGNORED
+from .model import headshare, kvcache
 from .model.draft import Eagle3Draft
 from .options import EvalOptions
-from .scoring import reduce, sequential, stats
+from .scoring import agreement, policy, reduce, sequential, stats
 from .scoring.chance import ChanceLevel
-from .scoring.score import LayoutScore, VerifierHead, new_score, score_batch
+from .scoring.score import LayoutScore, Observer, VerifierHead, new_score, score_batch
 from .scoring.slotstats import STATS, SlotStats
 from .verdict import layouts, unknown_layers
 from .verdict.layouts import Evidence, Interpretation, Measured
@@ -114,21 +115,26 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
     served = _served(interps, ctx, opts)
     roles = _roles(scan, basis, served, ctx.draft.arch.num_aux)
     variant = _as_engine_runs(ctx, opts, roles)
+    swap, inherit = _head_swap(ctx, opts, roles), _kv_inherit(ctx, opts, roles)
+    variants = _variants(ctx.draft, variant, swap, inherit, roles)
     seq: dict[str, Any] | None = None
     if opts.full:
         _log(f"metrics: {opts.steps} TTT steps on {count} samples")
-        full, tokens, chance, coverage = _metrics(ctx, range(count), roles, opts, variant)
+        full, tokens, chance, coverage = _metrics(ctx, range(count), roles, opts, variants)
         scored = count
     else:
         _log(f"metrics: {opts.steps} TTT steps on samples in a random order (seed {opts.seed}) until the verdict "
              f"is decided, of {count}")
-        full, tokens, chance, coverage, seq = _sequential(ctx, picked, scan_n, roles, opts, variant, basis)
+        full, tokens, chance, coverage, seq = _sequential(ctx, picked, scan_n, roles, opts, variants, basis)
         scored = seq["samples_scored"]
+    off_policy = _policy_extra(ctx, opts)   # a collective under torchrun: before the other ranks leave
     if world.size > 1:
         _merge_context(ctx)
         if not world.main:
             return {}
     as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
+    as_target_head = full.pop(_HEAD, None)
+    as_fp8_kv = full.pop(_KV, None)
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, scored)
     if seq is not None:
         evidence = dataclasses.replace(evidence, total=count,
@@ -146,13 +152,29 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
         samples=scored, tokens=tokens, norms=norms, scan=scan, scan_samples=scan_n, interps=interps,
         verdict=verdict, basis=basis, full=full, dtype=str(dtype).replace("torch.", ""),
         seconds=time.time() - started, skipped=dict(ctx.skipped), coverage=coverage, engine_states=on_engine,
-        extra={**extra, CHAT_TEMPLATE.key: _chat_format(ctx, opts),
-               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored)},
+        extra={**extra, CHAT_TEMPLATE.key: _chat_format(ctx, opts), **off_policy,
+               **_variant_extra(variant, as_engine_runs, full, basis, opts, ctx, scored),
+               **_head_extra(swap, as_target_head, full, basis, opts, ctx, scored),
+               **_kv_extra(inherit, as_fp8_kv, full, basis, opts, scored)},
         total=count, sequential=seq, read=dict(ctx.read)))
     path = report.write(doc, Path(opts.out))
     _log(f"report written to {path}")
     events.result(str(path), status=verdict.status)
     return doc
+
+
+def _policy_extra(ctx: EvalContext, opts: EvalOptions) -> dict[str, Any]:
+    """The off-policy measurement of the metrics pass (every rank's tally, on rank 0), for causes/policy.py."""
+    tally = ctx.extra.get(policy.ID)
+    if tally is None:
+        return {}
+    parts = ctx.world.gather(tally)
+    if parts is None:
+        return {}
+    merged = policy.PolicyTally()
+    for part in parts:
+        merged.merge(part)
+    return {policy.ID: merged.to_dict(opts.alpha)}
 
 
 def _served(interps: list[layouts.Interpretation], ctx: EvalContext, opts: EvalOptions) -> layouts.Interpretation:
@@ -236,7 +258,8 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
             "scanned_layouts": len(combos) if scanned else 0,
             "trained_from": _trained_from(ctx, trained),
             "served_interpretation": served.to_dict(),
-            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full]}
+            "layouts": [row(role, full[role]) for role in ("served", "trained", "best") if role in full],
+            "agreement": agreement.compare(states, ctx.dumps, engine_states.indices(states))}
 
 
 def _trained_ids(ctx: EvalContext) -> list[int] | None:
@@ -457,6 +480,8 @@ class _Variant:
     slots: tuple[int, ...]
     engine: str
     keys: list[dict[str, Any]]
+    role: str = "as-engine-runs"   # its role in the metrics pass (not a layout role of the report)
+    kv_store: kvcache.Store | None = None   # how its KV cache holds keys and values (None: exact)
 
 
 def _as_engine_runs(ctx: EvalContext, opts: EvalOptions, roles: dict[str, tuple[int, ...]]) -> _Variant | None:
@@ -492,13 +517,98 @@ def _variant_extra(variant: _Variant | None, score: LayoutScore | None, full: di
 
 
 _VARIANT = "as-engine-runs"  # the variant's role in the metrics pass (not a layout role of the report)
+_HEAD = "as-target-head"  # the draft with the parts its engine replaces taken from the target (headshare.py)
+
+
+def _trained_slots(roles: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    slots = roles.get("best", roles.get("served"))
+    assert slots is not None
+    return slots
+
+
+def _head_swap(ctx: EvalContext, opts: EvalOptions, roles: dict[str, tuple[int, ...]]) -> headshare.Swap | None:
+    """The draft as its engine runs it when that engine's version replaces its own embed_tokens or lm_head
+    with the target's (headshare.py), for the draft-head-replaced check; None when nothing is replaced."""
+    if ctx.verifier is None or not roles:
+        return None
+    engine, verifier = config_keys.engine_of(opts.engine, ctx.info.format), ctx.verifier
+
+    def embed() -> torch.Tensor | None:   # read only when the engine version replaces the draft's
+        return verifier.embed_tokens() if verifier.embed_name is not None else None
+
+    def rows() -> torch.Tensor:
+        head = ctx.head or _verifier_head(verifier, ctx.draft, ctx.device, ctx.draft.w["lm_head.weight"].dtype)
+        return head.rows
+    return headshare.prepare(ctx.draft, engine, opts.engine_version, headshare.read_config(ctx.info.config_path),
+                             embed, rows)
+
+
+def _variants(draft: Eagle3Draft, keys: _Variant | None, swap: headshare.Swap | None,
+              inherit: kvcache.Inherit | None, roles: dict[str, tuple[int, ...]]) -> list[_Variant]:
+    """The drafts as the engine runs them that the metrics pass scores next to the layouts (the findings'
+    evidence): config keys ignored, parts replaced by the target's, an FP8 KV cache."""
+    out = [keys] if keys is not None else []
+    if swap is not None:
+        out.append(_Variant(swap.draft, _trained_slots(roles), swap.engine, [], _HEAD))
+    if inherit is not None:
+        out.append(_Variant(draft, _trained_slots(roles), inherit.engine, [], _KV, inherit.store))
+    return out
+
+
+_KV = "as-served-kv"  # the draft with its keys and values rounded as the served FP8 cache stores them (kvcache.py)
+
+
+def _kv_inherit(ctx: EvalContext, opts: EvalOptions, roles: dict[str, tuple[int, ...]]) -> kvcache.Inherit | None:
+    """The draft with an FP8 KV cache when the serve profile's KV dtype reaches the draft's cache (kvcache.py)."""
+    if not roles:
+        return None
+    engine = config_keys.engine_of(opts.engine, ctx.info.format)
+    return kvcache.prepare(engine, opts.engine_version, opts.serve_kv_cache_dtype,
+                           opts.serve_draft_kv_cache_dtype)
+
+
+def _kv_extra(inherit: kvcache.Inherit | None, score: LayoutScore | None, full: dict[str, LayoutScore], basis: str,
+              opts: EvalOptions, count: int) -> dict[str, Any]:
+    """What the draft-kv-dtype check reads: the draft with exact and with FP8-rounded keys and values."""
+    if inherit is None or score is None:
+        return {}
+    exact = next(sc for sc in full.values() if sc.slots == score.slots)
+    return {kvcache.ID: {"engine": inherit.engine, "engine_version": inherit.version,
+                         "version_assumed": inherit.assumed, "target_kv_cache_dtype": inherit.target_dtype,
+                         "draft_kv_cache_dtype": opts.serve_draft_kv_cache_dtype,
+                         "draft_field": inherit.draft_field, "samples": count, "basis": basis,
+                         "exact": _run(exact, basis, opts), "fp8": _run(score, basis, opts)}}
+
+
+def _run(sc: LayoutScore, basis: str, opts: EvalOptions) -> dict[str, float | None]:
+    counts = sc.counts(basis) or sc.data
+    return {"step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+
+
+def _head_extra(swap: headshare.Swap | None, score: LayoutScore | None, full: dict[str, LayoutScore], basis: str,
+                opts: EvalOptions, ctx: EvalContext, count: int) -> dict[str, Any]:
+    """What the draft-head-replaced check reads: the draft's own parts against the target's, scored alike."""
+    if swap is None or score is None:
+        return {}
+    own = next(sc for sc in full.values() if sc.slots == score.slots)
+
+    def run(sc: LayoutScore) -> dict[str, float | None]:
+        counts = sc.counts(basis) or sc.data
+        return {"step0_acc": counts.full_acc()[0], "accept_length": counts.accept_length(opts.steps)}
+
+    slot_ids = ctx.dumps.slots.layer_ids
+    return {headshare.ID: {
+        "engine": swap.engine, "engine_version": swap.version, "version_assumed": swap.assumed,
+        "parts": swap.parts, "differs": swap.differs, "samples": count, "basis": basis,
+        "layer_ids": [slot_ids[s] for s in score.slots] if slot_ids else list(score.slots),
+        "own": run(own), "target": run(score)}}
 
 
 Stop = Callable[[dict[str, LayoutScore]], bool]
 
 
 def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[int, ...]], opts: EvalOptions,
-             variant: _Variant | None = None, stop: Stop | None = None, then: Sequence[int] = (),
+             variants: Sequence[_Variant] = (), stop: Stop | None = None, then: Sequence[int] = (),
              ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any]]:
     """The K-step metrics of every role on ``samples``.  With ``stop`` (the sequential verdict) they are
     scored in the order given, in blocks, and the pass ends the first time ``stop(scores)`` says so;
@@ -506,9 +616,10 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     sample as the full pass's do.  Only the slots the roles use (and the final one) are read."""
     scores = {role: new_score(slots, opts.steps, ctx.head is not None) for role, slots in roles.items()}
     drafts = {role: ctx.draft for role in roles}
-    if variant is not None:
-        scores[_VARIANT] = new_score(variant.slots, opts.steps, ctx.head is not None)
-        drafts[_VARIANT] = variant.draft
+    for variant in variants:
+        scores[variant.role] = new_score(variant.slots, opts.steps, ctx.head is not None)
+        drafts[variant.role] = variant.draft
+    stores = {v.role: v.kv_store for v in variants}
     draft = ctx.draft
     emit_ids = draft.draft_to_target(torch.arange(draft.arch.draft_vocab_size, device=draft.device)).cpu()
     emit = torch.zeros(draft.arch.vocab_size, dtype=torch.bool)
@@ -521,6 +632,7 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     stored = t2d.to(draft.device) if t2d is not None and t2d.shape[0] == emit.shape[0] else None
     coverage = vocabmap.Coverage(emit.to(draft.device), stored)
     slots = _needed_slots(ctx, [sc.slots for sc in scores.values()])
+    watched = _policy_role(ctx, roles)
     tokens = done = 0
     count = len(ctx.world.chunk(samples)) + len(then)
     passes = [(samples, stop, 0), (then, None, len(samples))] if stop is not None else [(samples, None, 0)]
@@ -534,8 +646,11 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
                     chance.update(batch.input_ids, batch.next_ids.clamp(min=0), batch.scored & (batch.next_ids >= 0),
                                   batch.positions)
                 coverage.update(batch.next_ids, batch.scored)
+                seen = _policy_observer(ctx, batch, emit, emit_ids) if watched else None
                 for role, score in scores.items():
-                    score_batch(drafts[role], batch, score, opts.steps, vt)
+                    with kvcache.stored(stores.get(role)):
+                        score_batch(drafts[role], batch, score, opts.steps, vt,
+                                    observe=seen if role == watched else None)
                 tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
                 done += batch.lengths.shape[0]
                 events.progress(done, count, "metrics samples")
@@ -544,6 +659,25 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     if ctx.world.size > 1:
         scores, tokens, chance = _gathered(ctx.world, scores, tokens, chance, coverage)
     return scores, tokens, chance, coverage.to_dict()
+
+
+def _policy_role(ctx: EvalContext, roles: dict[str, tuple[int, ...]]) -> str | None:
+    """The role whose step 0 the off-policy measurement (policy.py) watches: the served layout, else the
+    best; None without verifier targets.  Its tally lives in ``ctx.extra`` (one per pass)."""
+    if ctx.head is None or ctx.final_slot is None:
+        return None
+    ctx.extra[policy.ID] = policy.PolicyTally()
+    return "served" if "served" in roles else "best" if "best" in roles else None
+
+
+def _policy_observer(ctx: EvalContext, batch: Batch, emit: torch.Tensor, emit_ids: torch.Tensor) -> Observer:
+    tally: policy.PolicyTally = ctx.extra[policy.ID]
+    assert ctx.head is not None and ctx.final_slot is not None
+    head, final, device = ctx.head, batch.final(ctx.final_slot), batch.next_ids.device
+
+    def observe(rows: torch.Tensor, draft_ids: torch.Tensor) -> None:
+        tally.observe(head, final, batch.next_ids, batch.scored, emit.to(device), emit_ids.to(device), rows, draft_ids)
+    return observe
 
 
 def _gathered(world: distributed.World, scores: dict[str, LayoutScore], tokens: int, chance: ChanceLevel,
@@ -622,7 +756,7 @@ def _needed_slots(ctx: EvalContext, layouts: Sequence[Sequence[int]]) -> list[in
 
 
 def _sequential(ctx: EvalContext, picked: list[int], scan_n: int, roles: dict[str, tuple[int, ...]],
-                opts: EvalOptions, variant: _Variant | None, basis: str
+                opts: EvalOptions, variants: Sequence[_Variant], basis: str
                 ) -> tuple[dict[str, LayoutScore], int, ChanceLevel, dict[str, Any], dict[str, Any]]:
     """The sequential verdict's metrics pass (sequential.py): the samples the scan did not see, in the
     seeded order, until the served-vs-best comparison is decided (or, with one layout to measure, one
@@ -638,7 +772,7 @@ def _sequential(ctx: EvalContext, picked: list[int], scan_n: int, roles: dict[st
     # loads before the stop depends on thread timing, and the evidence must not
     chat, ctx.chat = ctx.chat, None
     try:
-        full, tokens, chance, coverage = _metrics(ctx, picked[scan_n:], roles, opts, variant, stop=stop,
+        full, tokens, chance, coverage = _metrics(ctx, picked[scan_n:], roles, opts, variants, stop=stop,
                                                   then=picked[:scan_n])
     finally:
         ctx.chat = chat

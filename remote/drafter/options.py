@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from .errors import OptionError
 
 MAX_STEPS = 32
 MAX_SEED = 2**63 - 1
+#: a KV cache dtype as engines name them (fp8, fp8_e4m3, bfloat16, auto): nothing else reaches a finding's text
+KV_DTYPE = re.compile(r"[A-Za-z0-9_]{1,32}")
 
 
 @dataclass
@@ -51,6 +54,8 @@ class EvalOptions:
     engine_version: str | None = None  # that engine's version (engine_rules); None: the newest read is assumed
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
     served_context: int | None = None  # the serve profile's context_length (None: the target's max_position_embeddings)
+    serve_kv_cache_dtype: str | None = None  # the profile's --kv-cache-dtype (the target's KV cache), if it sets one
+    serve_draft_kv_cache_dtype: str | None = None  # its speculative config's kv_cache_dtype (the draft's), if set
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
     demo: bool = False  # the generated demo: ckpt and data (verifier, expected_acc) are filled in on the host
@@ -132,6 +137,10 @@ class EvalOptions:
                 lambda v: v is None or engine_rules.is_version(v))
         _option("--served-context", self.served_context, "an integer >= 1 (the serve profile's context_length), "
                 "or omit it", lambda v: v is None or (_int(v) and 1 <= v <= 1 << 40))
+        for flag, value in (("--serve-kv-cache-dtype", self.serve_kv_cache_dtype),
+                            ("--serve-draft-kv-cache-dtype", self.serve_draft_kv_cache_dtype)):
+            _option(flag, value, "a KV cache dtype name such as fp8, fp8_e5m2, auto or bfloat16",
+                    lambda v: v is None or (isinstance(v, str) and KV_DTYPE.fullmatch(v) is not None))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
@@ -172,6 +181,10 @@ FLAGS = (
          "one (e.g. EAGLE): an EAGLE-3 draft under EAGLE is a finding"),
     Flag("served_context", int, "the context length the host serves (its serve profile's context_length): a draft "
          "trained on fewer positions is a finding (default: the target's max_position_embeddings)"),
+    Flag("serve_kv_cache_dtype", str, "the KV cache dtype the host's serve profile launches the target with "
+         "(--kv-cache-dtype), when it sets one: an FP8 cache the draft inherits is a finding"),
+    Flag("serve_draft_kv_cache_dtype", str, "the draft's own KV cache dtype the profile's speculative config sets "
+         "(kv_cache_dtype), if any"),
     Flag("measured", Path, "capture-check.json: slot layers measured from the engine"),
     Flag("engine_states", Path, "a capture check's engine-states/ folder (the engine's own states at every layer "
          "boundary for some of these dumps' samples): the draft is scored there too"),

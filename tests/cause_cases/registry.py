@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, positions_vocab, states, usage, vocab
+from . import engine, head, policy, positions_vocab, rotation, states, usage, vocab
 from .healthy import Healthy, Variant
 
 
@@ -45,6 +45,10 @@ CASES: tuple[Case, ...] = (
     Case("vocab-size-mismatch", ("vocab-size-mismatch",), positions_vocab.vocab_size_mismatch),
     Case("multi-layer-draft", ("multi-layer-draft",), positions_vocab.multi_layer_draft),
     Case("engine-known-regression", ("engine-known-regression",), positions_vocab.engine_known_regression),
+    Case("off-policy-data", ("off-policy-data",), policy.off_policy_text),
+    Case("target-rotated", ("target-rotated",), rotation.rotated_engine),
+    Case("draft-head-replaced", ("draft-head-replaced",), head.embedding_replaced),
+    Case("draft-kv-dtype", ("draft-kv-dtype",), head.fp8_kv_inherited),
 )
 
 

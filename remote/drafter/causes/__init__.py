@@ -16,8 +16,12 @@ from .config_keys import check as config_keys_check
 from .engine_version import check as engine_version_check
 from .facts import Facts
 from .finding import SEVERITIES, Finding
+from .head import check as head_check
+from .kv import check as kv_check
 from .layer_ids import check as layer_ids_check
+from .policy import check as policy_check
 from .positions import check as positions_check
+from .rotation import check as rotation_check
 from .states import check as states_check
 from .training import check as training_check
 from .usage import check as usage_check
@@ -40,6 +44,10 @@ CHECKS: tuple[Callable[[Facts], Sequence[Found]], ...] = (
     usage_check,
     training_check,
     states_check,
+    policy_check,
+    rotation_check,
+    head_check,
+    kv_check,
 )
 #: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)
 RESIDUAL = frozenset({"undertrained"})

@@ -64,3 +64,8 @@ def _same_as_dump(file: Path, states: DumpSet, dumps: DumpSet, width: int) -> No
                         f"({dumped.path}): {sample.token_ids.numel()} tokens against {dumped.token_ids.numel()}, "
                         "so these states were not computed for these dumps", path=file, tensor="token_ids",
                         fix=REMAKE)
+
+
+def indices(states: DumpSet) -> list[int]:
+    """The dump sample each engine-state file holds (``hs_{i}``: sample i), in file order (checked by ``open_for``)."""
+    return [int(m.group(1)) if (m := NAME.fullmatch(f.name)) else -1 for f in states.files]

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "decided (the sequential verdict, the default)")
     ev.add_argument("--seed", type=int, default=0,
                     help="seed of the random order the sequential verdict scores samples in (0)")
+    ev.add_argument("--temperature", type=_temperatures, default=(),
+                    help="also predict the accept length at these sampling temperatures (comma-separated, e.g. "
+                         "0.7 or 0.7,1), for a greedy and a probabilistic draft (needs --verifier)")
     ev.add_argument("--batch-tokens", type=int, help="padded tokens per forward (8192 CPU, 16384 GPU)")
     ev.add_argument("--max-len", type=int, help="truncate samples to this many tokens")
     demo = sub.add_parser("demo", help="generate the demo (tiny target, dumps, buggy draft)")
@@ -109,7 +112,17 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
                        engine_states=args.engine_states,
                        engine_version=args.engine_version, serve_algorithm=args.serve_algorithm,
                        expected_accept_length=args.expected_accept_length, expected_from=args.expected_from,
-                       accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed)
+                       accept_tolerance=args.accept_tolerance, full=args.full, seed=args.seed,
+                       temperatures=args.temperature)
+
+
+def _temperatures(text: str) -> tuple[float, ...]:
+    """``--temperature 0.7`` or ``0,0.7,1``: the values in order, each once (ranges: EvalOptions)."""
+    try:
+        values = [float(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature takes numbers such as 0.7 or 0.7,1, got {text!r}") from None
+    return tuple(dict.fromkeys(values))
 
 
 def summary(report: dict[str, Any]) -> list[str]:
@@ -125,6 +138,10 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets, all "
                  f"{report['data']['samples']} samples): served {_num(pal['served'])}, best {_num(pal['best'])}")
     lines.append(f"  (accept length = {pal['definition']})")
+    for row in (report.get("temperature") or {}).get("predictions", []):
+        lines.append(f"predicted accept length at temperature {row['temperature']:g}: "
+                     + ", ".join(f"{m} draft {_num(row[m]['accept_length'])} (95% CI {_ci(row[m]['ci'])})"
+                                 for m in ("greedy", "probabilistic")))
     es = report.get("engine_states")
     if es:
         lines.append(f"on the engine's own states ({es['samples']} samples of {es['path']}, {es['basis']} targets):")
@@ -139,6 +156,10 @@ def summary(report: dict[str, Any]) -> list[str]:
         e = v["expected_acc"]
         lines.append(f"expected acc {e['expected']:.3f} vs measured {_num(e['served'])}: gap flagged")
     return lines
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "n/a" if not ci else f"{ci[0]:.3f}-{ci[1]:.3f}"
 
 
 def _num(x: float | None) -> str:

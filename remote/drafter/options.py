@@ -45,6 +45,7 @@ class EvalOptions:
     serve_algorithm: str | None = None  # the speculative algorithm the host's serve profile sets, if it sets one
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
+    temperatures: tuple[float, ...] = ()  # predict the accept length at these sampling temperatures (temperature.py)
 
     def validate(self) -> None:
         """Every numeric option in its range (a bad one is an OptionError naming the flag)."""
@@ -73,6 +74,9 @@ class EvalOptions:
         _option("--engine-version", self.engine_version, "a version such as 0.5.13 (digits first)",
                 lambda v: v is None or engine_rules.is_version(v))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
+        if self.temperatures:
+            _option("--temperature", self.temperatures, "numbers from 0 to 100 (0 = greedy), e.g. 0.7 or 0,0.7,1",
+                    lambda v: isinstance(v, tuple) and len(v) <= 8 and all(_num(t) and 0 <= t <= 100 for t in v))
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 

@@ -23,6 +23,7 @@ from .options import EvalOptions
 from .results import Results
 from .scoring import LayoutScore
 from .slotstats import STATS
+from .temperature import ID
 from .trainermap import TRAINER_MAP
 
 SCHEMA = "draftops.drafter-report/1"
@@ -68,6 +69,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                                              "best": _walked(res.full.get("best"), res.basis)},
                                     "ci": _accept_ci(res.sequential)},
         "sequential": res.sequential,
+        "temperature": res.extra.get(ID),
         "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,

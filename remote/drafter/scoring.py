@@ -7,7 +7,7 @@ h_last is the dump's final-layer slot (pre-norm).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,14 +55,16 @@ def new_score(slots: Sequence[int], steps: int, with_verifier: bool) -> LayoutSc
 
 
 def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int,
-                verifier_targets: torch.Tensor | None, prune: bool = True) -> list[int]:
+                verifier_targets: torch.Tensor | None, prune: bool = True,
+                observe: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None) -> list[int]:
     """Run the TTT forward on ``batch`` with ``score.slots`` and add its counts to ``score``.
 
     Only what the counts can use is computed: step k runs the rows whose steps 0..k-1 were all
     right against at least one kind of target (a row that already failed both can add nothing to
     ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
     at every step (same counts; for timing the worst case, a draft that is always right).
-    Returns the number of rows computed at each step.  Rows whose logits hold NaN/inf at any
+    ``observe(k, rows, logits, alive)`` sees each step's rows and logits with the data chain's rows
+    still right before it (temperature.py).  Returns the number of rows computed at each step.  Rows whose logits hold NaN/inf at any
     computed step are counted in ``score.nonfinite`` (valid positions only, each row once)."""
     bsz, n = batch.input_ids.shape
     valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
@@ -87,6 +89,8 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         draft_ids = logits.argmax(-1)[keep]
         bad[rows] |= ~torch.isfinite(logits.sum(-1))[keep]  # NaN or inf anywhere in the row
         computed.append(int(logits.shape[0]))
+        if observe is not None:
+            observe(k, rows, logits[keep], chains["data"][1])
         in_target = draft.draft_to_target(draft_ids)
         top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
         for kind, (target, alive) in chains.items():

@@ -138,9 +138,10 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
             return {}
     as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
     if ctx.tally is not None:
-        at = full.get("served", full.get("best"))
+        role = "served" if "served" in full else "best"
+        at = full.get(role)
         counts = at.counts(basis) if at is not None else None
-        extra[temperature.ID] = ctx.tally.to_dict(counts.accept_length(opts.steps) if counts is not None else None)
+        extra[temperature.ID] = ctx.tally.to_dict(role, counts.accept_length(opts.steps) if counts else None)
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, scored)
     if seq is not None:
         evidence = dataclasses.replace(evidence, total=count,

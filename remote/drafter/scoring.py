@@ -64,8 +64,9 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
     at every step (same counts; for timing the worst case, a draft that is always right).
     ``observe(k, rows, logits, alive)`` sees each step's rows and logits with the data chain's rows
-    still right before it (temperature.py).  Returns the number of rows computed at each step.  Rows whose logits hold NaN/inf at any
-    computed step are counted in ``score.nonfinite`` (valid positions only, each row once)."""
+    still right before it (temperature.py).  Returns the number of rows computed at each step.
+    Rows whose logits hold NaN/inf at any computed step are counted in ``score.nonfinite`` (valid
+    positions only, each row once)."""
     bsz, n = batch.input_ids.shape
     valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
     bad = torch.zeros(bsz * n, dtype=torch.bool, device=batch.input_ids.device)

@@ -125,7 +125,7 @@ class TemperatureTally:
     def state(self) -> dict[float, _Counts]:
         return self.counts
 
-    def to_dict(self, greedy_accept: float | None = None) -> dict[str, Any]:
+    def to_dict(self, role: str, greedy_accept: float | None = None) -> dict[str, Any]:
         """The report's ``temperature``: per temperature and method, the conditional acceptance per
         depth, the rows behind each, and the accept length with its interval."""
         out = []
@@ -137,7 +137,7 @@ class TemperatureTally:
             rows = torch.cat(c.rows)[order]
             methods = {m: _predict(rows, torch.cat(c.accepted[m])[order], t) for m in METHODS}
             out.append({"temperature": t, **methods})
-        return {"steps": self.steps, "definitions": DEFINITIONS, "level": LEVEL, "bootstrap": BOOTSTRAP,
+        return {"steps": self.steps, "role": role, "definitions": DEFINITIONS, "level": LEVEL, "bootstrap": BOOTSTRAP,
                 "interval": "percentile bootstrap over samples", "greedy_at_zero": greedy_accept,
                 "predictions": out}
 

@@ -17,6 +17,7 @@ from .algorithm import check as algorithm_check
 from .config_keys import check as config_keys_check
 from .facts import Facts
 from .layer_ids import check as layer_ids_check
+from .sampling import check as sampling_check
 from .states import check as states_check
 from .training import check as training_check
 from .usage import check as usage_check
@@ -34,6 +35,7 @@ CHECKS: tuple[Check, ...] = (
     usage_check,
     training_check,
     states_check,
+    sampling_check,
 )
 SEVERITIES = ("bad", "warn")
 #: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)

@@ -198,11 +198,14 @@ def at_temperature(pred: Prediction, temperature: float) -> Prediction | None:
             return None
         cond, rows = _probabilities(fig.get("cond_acc")), _ints(fig.get("rows"))
         ci = fig.get("ci")
-        return replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value,
+        held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value,
                        ci=[float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 else None,
-                       how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft)",
-                       **({"cond_served": cond, "cond_rows_served": rows} if pred.role == "served"
-                          else {"cond_best": cond, "cond_rows_best": rows}))
+                       how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft)")
+        if pred.role == "served":
+            held.cond_served, held.cond_rows_served = cond, rows
+        else:
+            held.cond_best, held.cond_rows_best = cond, rows
+        return held
     return None
 
 

@@ -84,3 +84,13 @@ def test_bench_at_temperature_without_a_prediction_there_asks_for_one(tmp_path) 
     greedy = _compare(hist, _spec(3.35, 0.0))   # at 0 nothing changes: no temperature finding
     assert "sampling-temperature" not in [f.code for f in greedy.findings]
     assert greedy.predictions["spec"] is not None and greedy.predictions["spec"].temperature == 0.0
+
+
+def test_bench_flag_refuses_what_is_no_temperature() -> None:
+    from invoke.exceptions import ParseError
+
+    from draftops.cli.bench import TEMPERATURE
+    assert TEMPERATURE.read("--temperature", "0.7") == 0.7
+    for bad in ("nan", "-1", "inf", "1e999", "warm"):
+        with pytest.raises(ParseError, match="--temperature"):
+            TEMPERATURE.read("--temperature", bad)

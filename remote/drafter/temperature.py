@@ -34,7 +34,7 @@ METHODS = (GREEDY, PROBABILISTIC)
 MAX_TEMPERATURE = 100.0
 BOOTSTRAP = 1000            # resamples of the interval
 LEVEL = 0.95
-CHUNK = 1024                # rows per full-vocabulary softmax (memory: CHUNK x V floats)
+CHUNK = 256                 # rows per full-vocabulary softmax (memory: CHUNK x V floats, 128 MB at V = 128k)
 #: what each method means, as the report says it
 DEFINITIONS = {
     GREEDY: "the draft proposes its argmax d; accepted with probability p_T(d) (vLLM's default "

@@ -12,6 +12,7 @@ from draftops.bench import compare as comparing
 from draftops.bench.plan import BenchSettings, plan, sglang_argv, vllm_argv
 from draftops.errors import BenchError
 from draftops.history import History
+from draftops.mlflowrun import split_metrics
 from tests import bench_runs as runs
 from tests.test_bench_compare import _draft
 from tests.test_bench_plan import SGLANG_NEW, SGLANG_OLD, SPEC, VLLM, _opt
@@ -68,6 +69,9 @@ def test_bench_at_temperature_is_held_against_the_prediction_there(tmp_path) -> 
     assert "wiring-suspect" not in codes and "draft-limit" in codes
     said = codes["sampling-temperature"].text
     assert "2.90 (95% CI 2.85-2.95)" in said and "3.40 at temperature 0" in said
+    # the history row sends each temperature's figures to MLflow as numbers
+    numbers, _ = split_metrics(hist.query(kind="test-drafter")[0].metrics)
+    assert ("predicted_at_temperature.0.7.greedy.accept_length", 2.90, 0) in numbers
     # the same run far below the prediction at its temperature is still a wiring suspect
     low = _compare(hist, _spec(2.20, 1.0))
     assert "wiring-suspect" in [f.code for f in low.findings] and low.predictions["spec"].value == 2.60

@@ -176,7 +176,8 @@ def _prediction(r: RunRecord, role: str, steps: int, how: str) -> Prediction | N
 
 
 def _dicts(value: Any) -> list[dict[str, Any]] | None:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else None
+    """The recorded predictions at temperature (records.py: keyed by the temperature)."""
+    return [v for v in value.values() if isinstance(v, dict)] if isinstance(value, dict) else None
 
 
 #: the draft sampling method the engines use by default: vLLM 0.32's draft_sample_method="greedy" (the

@@ -40,7 +40,9 @@ def finding(rows: list[dict[str, Any]], zero: float, steps: int | None) -> dict[
                                  f"{PROBABILISTIC}_ci": row[PROBABILISTIC]["ci"]} for row in rows]},
             "fix": f"nothing to fix in the draft: hold a bench at temperature {t:g} against these figures "
                    f"(`invoke bench --temperature {t:g}`, then `invoke bench.compare`), not against the greedy "
-                   "prediction; serve at temperature 0 where greedy output is acceptable"}
+                   "prediction, reading them as an upper bound when the dumps were generated at a lower "
+                   f"temperature (dumps generated at {t:g} predict closer); serve at temperature 0 where greedy "
+                   "output is acceptable"}
 
 
 def _num(x: float | None) -> str:

@@ -83,7 +83,22 @@ def _drafter_metrics(report: DrafterReport | None, args: dict[str, Any]) -> dict
         "format": checkpoint.format if checkpoint else None,
         "chat_formatted": report.data.chat_format.chat_formatted if report and report.data.chat_format else None,
         "findings": [f.id for f in report.findings] if report else [],
+        "predicted_at_temperature": _at_temperature(report),
     }
+
+
+def _at_temperature(report: DrafterReport | None) -> dict[str, dict[str, Any]] | None:
+    """``--temperature``'s predictions as ``bench compare`` holds a bench at that temperature against
+    them: per temperature, the layout role and each draft method's accept length, interval and
+    conditional acceptance per step (None when the run made none); keyed by the temperature, so the
+    MLflow run gets one metric per temperature and method."""
+    part = report.temperature if report else None
+    if part is None or not part.predictions:
+        return None
+    return {f"{p.temperature:g}": {"temperature": p.temperature, "role": part.role,
+                                   **{m: {"accept_length": p.method(m).accept_length, "ci": p.method(m).ci,
+                                          "cond_acc": p.method(m).cond_acc, "rows": p.method(m).rows}
+                                      for m in ("greedy", "probabilistic")}} for p in part.predictions}
 
 
 def _step_counts(report: DrafterReport | None, role: str, name: str) -> list[Any] | None:

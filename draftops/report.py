@@ -20,6 +20,7 @@ from draftops.documents.drafter_report import (
     EngineStatesPart,
     Finding,
     SequentialPart,
+    TemperaturePart,
 )
 from draftops.terminal import markup_safe as escape
 from remote.eagle import acceptlength, convention
@@ -111,6 +112,23 @@ def metrics_table(report: DrafterReport) -> Table:
             cond = _per_step(counts.cond_acc, steps)
             cells = [f"{_pct(full[k])} / {_pct(cond[k])}" for k in range(steps)]
             table.add_row(f"{role} {_ids(evaluation.layer_ids, engine)}", basis, *cells, _pct(counts.top5_acc_0))
+    return table
+
+
+def temperature_table(part: TemperaturePart) -> Table:
+    """The accept length predicted at each sampling temperature asked for, per draft sampling method
+    (greedy: vLLM's default and SGLang's chain; probabilistic: vLLM's draft_sample_method=probabilistic)."""
+    level = "95%" if part.level is None else f"{part.level:.0%}"
+    table = Table(title=f"predicted accept length at temperature T (K={part.steps}, served layout; {level} CI over "
+                        "samples)", title_justify="left")
+    for name in ("T", "greedy draft", "CI", "probabilistic draft", "CI"):
+        table.add_column(name, justify="right")
+
+    def ci(pair: list[float] | None) -> str:
+        return f"{pair[0]:.2f}-{pair[1]:.2f}" if pair and len(pair) == 2 else "—"
+    for row in part.predictions:
+        table.add_row(f"{row.temperature:g}", _fmt(row.greedy.accept_length), ci(row.greedy.ci),
+                      _fmt(row.probabilistic.accept_length), ci(row.probabilistic.ci))
     return table
 
 
@@ -303,6 +321,8 @@ def show(report: DrafterReport, console: Console) -> None:
         accept = report.predicted_accept_length
         dumps = {"served": accept.served, "best": accept.best} if accept else {}
         console.print(engine_states_table(report.engine_states, dumps, screen_engine(report)))
+    if report.temperature is not None and report.temperature.predictions:
+        console.print(temperature_table(report.temperature))
     console.print(verdict_panel(report))
     if report.findings:
         console.print(findings_panel(report))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from draftops import comparison
@@ -49,6 +49,11 @@ class Prediction:
     cond_rows_served: list[int] | None = None       # the rows each of those counts
     cond_rows_best: list[int] | None = None
     chat_formatted: bool | None = None              # that run found the dumps chat-formatted (None: not known)
+    at_temperatures: list[dict[str, Any]] | None = None   # that run's --temperature predictions (records.py)
+    temperature: float = 0.0                        # the temperature ``value`` is predicted at
+    method: str | None = None                       # at T > 0: the draft sampling method ``value`` is for
+    ci: list[float] | None = None                   # at T > 0: its 95% interval
+    greedy_value: float | None = None               # at T > 0: the prediction at temperature 0, for the finding
 
     @property
     def cond(self) -> list[float | None] | None:
@@ -167,7 +172,43 @@ def _prediction(r: RunRecord, role: str, steps: int, how: str) -> Prediction | N
                       cond_best=_probabilities(r.metrics.get("predicted_cond_best")),
                       cond_rows_served=_ints(r.metrics.get("predicted_cond_rows_served")),
                       cond_rows_best=_ints(r.metrics.get("predicted_cond_rows_best")),
-                      chat_formatted=_flag(r.metrics.get("chat_formatted")))
+                      chat_formatted=_flag(r.metrics.get("chat_formatted")),
+                      at_temperatures=_dicts(r.metrics.get("predicted_at_temperature")))
+
+
+def _dicts(value: Any) -> list[dict[str, Any]] | None:
+    """The recorded predictions at temperature (records.py: keyed by the temperature)."""
+    return [v for v in value.values() if isinstance(v, dict)] if isinstance(value, dict) else None
+
+
+#: the draft sampling method the engines use by default: vLLM 0.32's draft_sample_method="greedy" (the
+#: rejection sampler sees the draft as one-hot), SGLang's chain EAGLE (target-only verification)
+ENGINE_METHOD = "greedy"
+
+
+def at_temperature(pred: Prediction, temperature: float) -> Prediction | None:
+    """``pred`` held at a bench's sampling temperature: the same run's prediction at that temperature for
+    the same layout and the engine's draft method; None when that run made none (no ``--temperature``)."""
+    if temperature == 0:
+        return pred
+    for row in pred.at_temperatures or []:
+        t, fig = finite(row.get("temperature")), row.get(ENGINE_METHOD)
+        if t is None or abs(t - temperature) > 1e-9 or row.get("role") != pred.role or not isinstance(fig, dict):
+            continue
+        value = finite(fig.get("accept_length"))
+        if value is None or value < 1:
+            return None
+        cond, rows = _probabilities(fig.get("cond_acc")), _ints(fig.get("rows"))
+        ci = fig.get("ci")
+        held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value,
+                       ci=[float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 else None,
+                       how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft)")
+        if pred.role == "served":
+            held.cond_served, held.cond_rows_served = cond, rows
+        else:
+            held.cond_best, held.cond_rows_best = cond, rows
+        return held
+    return None
 
 
 def _flag(value: Any) -> bool | None:
@@ -219,7 +260,21 @@ def find_prediction(history: History, result: BenchResult) -> Prediction | None:
     if draft is None or steps is None:
         return None
     runs = [r for r in history.query(kind="test-drafter") if r.metrics.get("steps") == steps and r.verdict != "failed"]
-    return _of_this_config(runs, draft, steps) or _of_its_fix(runs, draft, steps)
+    temperature = result.settings.temperature or 0.0
+    if temperature == 0:
+        return _of_this_config(runs, draft, steps) or _of_its_fix(runs, draft, steps)
+    # at T > 0 the newest run that predicted at that temperature, exactly this config first
+    for found in (_of_this_config(runs, draft, steps), _of_its_fix(runs, draft, steps)):
+        held = at_temperature(found, temperature) if found is not None else None
+        if held is not None:
+            return held
+    for r in runs:
+        pick = (_prediction(r, "served", steps, f"test-drafter run {r.run_id} evaluated this exact config")
+                if draft.digest and r.draft_digest == draft.digest else None)
+        held = at_temperature(pick, temperature) if pick is not None else None
+        if held is not None:
+            return held
+    return None
 
 
 def current_config(history: History, result: BenchResult) -> tuple[str, str] | None:
@@ -268,6 +323,8 @@ def _accept_findings(label: str, res: BenchResult, pred: Prediction | None, tol:
         return [Finding("warn", "no-accept-length",
                         f"{label} has no measured accept length. SGLang reports it only at decode-log time: "
                         "serve with `--decode-log-interval 1` and bench again.")]
+    if pred is None and (res.settings.temperature or 0.0) != 0:
+        return []      # the sampling-temperature finding names the test-drafter run to make
     if pred is None:
         digest = res.draft.digest if res.draft and res.draft.digest else "unknown"
         return [Finding("info", "no-prediction",
@@ -414,17 +471,37 @@ def _chat_findings(label: str, res: BenchResult, pred: Prediction | None) -> lis
     return [Finding("warn", "chat-template", f"{label}: {advice}")] if advice else []
 
 
+def _temperature_findings(label: str, res: BenchResult, pred: Prediction | None) -> list[Finding]:
+    """``sampling-temperature``: the run sampled at T > 0, so it is held against the prediction at T
+    (which it names beside the one at 0), or, without one, against nothing."""
+    temperature = res.settings.temperature or 0.0
+    if temperature == 0:
+        return []
+    ckpt = shlex.quote(res.draft.path) if res.draft else "CKPT"
+    if pred is None or pred.temperature != temperature:
+        return [Finding("warn", "sampling-temperature",
+                        f"{label} sampled at temperature {temperature:g}, where a server accepts fewer drafted tokens "
+                        "than greedy, and no test-drafter run predicted this config at that temperature, so its "
+                        "accept length is held against nothing. Run `invoke test-drafter --ckpt "
+                        f"{ckpt} --steps {res.steps} --temperature {temperature:g}`, then compare again.")]
+    ci = f" (95% CI {pred.ci[0]:.2f}-{pred.ci[1]:.2f})" if pred.ci else ""
+    return [Finding("info", "sampling-temperature",
+                    f"{label} sampled at temperature {temperature:g}: test-drafter run {pred.run_id} predicts "
+                    f"{pred.value:.2f}{ci} there with a {pred.method} draft ({res.engine.name}'s default), against "
+                    f"{_fmt(pred.greedy_value)} at temperature 0; the run is held against the prediction at "
+                    f"{temperature:g}.")]
+
+
 def _run_findings(label: str, res: BenchResult) -> list[Finding]:
     out = []
     if res.status == "failed":
         out.append(Finding("bad", "run-failed",
                            f"{label} failed ({res.failure or 'no reason recorded'}); its numbers cover only what "
                            "was written before the failure."))
-    temperature = res.settings.temperature
-    if res.mode == "speculative" and temperature not in (0, 0.0):
+    if res.mode == "speculative" and res.settings.temperature is None:
         out.append(Finding("warn", "not-greedy",
-                           f"{label} did not run greedy (temperature {temperature}); accept lengths under sampling "
-                           "are lower and cannot be held against test-drafter's greedy prediction."))
+                           f"{label} recorded no sampling temperature; accept lengths under sampling are lower, so "
+                           "it cannot be told whether test-drafter's greedy prediction applies."))
     if res.mode == "speculative" and res.settings.dataset_kind == "random-ids":
         out.append(Finding("warn", "random-ids",
                            f"{label} used random token ids; accept lengths on noise mean little. Bench with a "
@@ -540,6 +617,7 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
             findings += _accept_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id), tolerance,
                                          now)
             findings += _chat_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
+            findings += _temperature_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
     rule = verdicts(a, b, alpha)
     through, speedup = _throughput_findings(a, b, findings, rule["throughput"])
     findings += through + _settings_findings(a, b)

@@ -5,7 +5,8 @@ What the plan guarantees (issue 10, item 1; sglang-eagle3.md §5.1, vllm-cpu.md)
 * the engine's own client: ``vllm bench serve``, or ``python -m sglang.benchmark.serving`` where
   the host's SGLang has it, else ``python -m sglang.bench_serving`` (``remote.bench.probe``);
 * greedy: ``--temperature 0`` sent explicitly wherever the client has the flag (vLLM's client no
-  longer sends it by default; SGLang clients without the flag hard-code 0.0); a fixed ``--seed``;
+  longer sends it by default; SGLang clients without the flag hard-code 0.0), or the ``--temperature``
+  asked for (a client without the flag cannot send it: refused); a fixed ``--seed``;
 * the same prompts every time: a prompt file (``--dataset``, JSONL of ``{"prompt": ...}``, given
   to both clients as ShareGPT after conversion: vLLM's ``custom`` reader needs pandas, which
   vllm-cpu does not install), else random token ids, which
@@ -40,6 +41,7 @@ MAX_LEN = 1 << 20
 DEFAULT_INPUT_LEN = 128
 MAX_PROMPTS, MAX_CONCURRENCY, MAX_REPEATS = 100_000, 10_000, 1000
 MAX_SEED = 2**32 - 1                      # numpy's, which the clients seed
+MAX_TEMPERATURE = 100.0
 
 
 def _bounds(s: BenchSettings) -> tuple[tuple[str, int, int, int], ...]:
@@ -72,6 +74,7 @@ class BenchSettings:
     seed: int = 0
     request_rate: float | None = None     # None = all requests at once (the clients' "inf")
     chat_template: bool = False           # wrap every prompt in the target's chat template (the chat endpoint)
+    temperature: float = 0.0              # the clients' sampling temperature (0: greedy)
 
     def validate(self) -> None:
         problems = []
@@ -83,6 +86,9 @@ class BenchSettings:
                 problems.append("--input-len applies to random prompts; with --dataset the prompts set the length")
             elif not isinstance(self.input_len, int) or not 1 <= self.input_len <= MAX_LEN:
                 problems.append(f"--input-len {self.input_len!r} must be a whole number from 1 to {MAX_LEN}")
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            problems.append(f"--temperature {self.temperature!r} must be a number from 0 (greedy) to "
+                            f"{MAX_TEMPERATURE:g}")
         if self.request_rate is not None and not (0 < self.request_rate < math.inf):
             problems.append(f"--request-rate {self.request_rate!r} must be a positive number of requests/s")
         if self.dataset is not None and (not self.dataset.strip() or "\n" in self.dataset or "\0" in self.dataset):
@@ -206,6 +212,10 @@ class BenchPlan:
         return [s for s in self.steps if s.kind == "repeat"]
 
 
+def _temperature(settings: BenchSettings) -> str:
+    return "0" if settings.temperature == 0 else repr(float(settings.temperature))
+
+
 def _rate(settings: BenchSettings) -> str:
     return "inf" if settings.request_rate is None else repr(float(settings.request_rate))
 
@@ -228,7 +238,7 @@ def vllm_argv(client: Client, server: Server, settings: BenchSettings, *, prompt
     argv += ["--num-prompts", str(prompts), "--max-concurrency", str(settings.concurrency),
              "--request-rate", _rate(settings), "--seed", str(settings.seed)]
     if client.has("--temperature") or not client.flags:
-        argv += ["--temperature", "0"]
+        argv += ["--temperature", _temperature(settings)]
     argv += ["--num-warmups", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
              "--save-result", "--result-dir", result_dir, "--result-filename", result_file, "--disable-tqdm"]
     if client.has("--save-detailed"):           # per-request samples for the comparison rule (draftops.comparison)
@@ -250,7 +260,7 @@ def sglang_argv(client: Client, server: Server, settings: BenchSettings, *, prom
     argv += ["--num-prompts", str(prompts), "--max-concurrency", str(settings.concurrency),
              "--request-rate", _rate(settings), "--seed", str(settings.seed)]
     if client.has("--temperature"):
-        argv += ["--temperature", "0"]
+        argv += ["--temperature", _temperature(settings)]
     if client.has("--flush-cache"):
         argv += ["--flush-cache"]
     if settings.chat_template:
@@ -286,6 +296,10 @@ def _warnings(client: Client, server: Server, settings: BenchSettings) -> list[s
     if server.speculative and settings.dataset is None:
         out.append("this speculative run uses random token ids: accept lengths on noise mean little and cannot be "
                    "held against test-drafter's prediction; give --dataset PATH with prompts in the draft's language.")
+    if settings.temperature != 0 and client.flags and not client.has("--temperature"):
+        raise BenchError(f"this {client.engine} client ({client.version or 'old'}) has no --temperature, so "
+                         f"--temperature {settings.temperature:g} cannot be sent; benchmark at temperature 0 or "
+                         "upgrade the engine.")
     if client.engine == "sglang" and client.flags and not client.has("--temperature"):
         out.append(f"this SGLang client ({client.version or 'old'}) has no --temperature; it sends temperature 0.0 "
                    "itself, so the run is still greedy.")

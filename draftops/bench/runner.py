@@ -349,7 +349,7 @@ def build(*, run_id: str, host: str, folder: Path, job: dict[str, Any], bench: p
         settings=Settings(dataset=settings.dataset or ("random" if served.engine == "vllm" else "random-ids"),
                           dataset_kind=bench.dataset_kind, prompts=settings.prompts, repeats=settings.repeats,
                           concurrency=settings.concurrency, input_len=settings.input_len,
-                          output_len=settings.output_len, seed=settings.seed, temperature=0.0,
+                          output_len=settings.output_len, seed=settings.seed, temperature=float(settings.temperature),
                           request_rate=settings.request_rate, max_running_requests=_max_running(served, info),
                           warmup=settings.warmup, ignore_eos=settings.dataset is None,
                           chat_template=settings.chat_template),

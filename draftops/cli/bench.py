@@ -90,36 +90,41 @@ _RUN_HELP = {
     "prompts in the demo's language; default: random token ids", "repeats": "measured repeats after one "
     "warm-up (default 3)", "port": "the server's port (default: the only draftops server on the host)",
     "seed": "sampling seed of the client (default 0)",
+    "temperature": "sampling temperature of every request (default 0: greedy); bench.compare holds the run "
+                   "against test-drafter's prediction at this temperature (`invoke test-drafter --temperature T`)",
     "chat_template": "send every prompt through the target's chat template (vLLM: the chat endpoint; SGLang: "
                      "--apply-chat-template), as a chat-trained draft is served", "host": HOST_HELP,
     "max_pending": MAX_PENDING_HELP, "json": JSON_HELP}
+TEMPERATURE = Number(float, 0.0, 100.0, refusal="{flag} must be a sampling temperature from 0 (greedy) to 100, "
+                                                 "not {value}.")
 _NUMBERS = ("prompts", "concurrency", "input_len", "output_len", "repeats", "port", "seed")
 
 
-@task(default=True, help=_RUN_HELP, options={**dict.fromkeys(_NUMBERS, WHOLE), "max_pending": MAX_PENDING})
+@task(default=True, help=_RUN_HELP, options={**dict.fromkeys(_NUMBERS, WHOLE), "max_pending": MAX_PENDING,
+                                            "temperature": TEMPERATURE})
 @json_output("bench")
 @friendly
 def run(c: Context, name: str | None = None, prompts: int | None = None, concurrency: int | None = None,
         input_len: int | None = None, output_len: int | None = None, dataset: str | None = None,
         repeats: int | None = None, port: int | None = None, seed: int | None = None,
         chat_template: bool = False, host: str | None = None, max_pending: float | None = None,
-        json: bool = False) -> None:
-    """Benchmark the server `invoke serve` started (greedy, fixed seed, a warm-up, then R repeats) with the
-    engine's own client on the host; everything lands in runs/<id>/ and the local history."""
+        json: bool = False, temperature: float | None = None) -> None:
+    """Benchmark the server `invoke serve` started (greedy unless --temperature, fixed seed, a warm-up, then R
+    repeats) with the engine's own client on the host; everything lands in runs/<id>/ and the local history."""
     from draftops.bench import plan as planning
     from draftops.bench import session
     host = connect(c, host, max_pending=max_pending)
     ensure_code(host)
     asked: dict[str, Any] = {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                              "output_len": output_len, "dataset": dataset, "repeats": repeats, "seed": seed,
-                             "chat_template": chat_template or None}
+                             "chat_template": chat_template or None, "temperature": temperature}
     settings = planning.BenchSettings(**{k: v for k, v in asked.items() if v is not None})    # else its defaults
     prepared = session.prepare(host, settings, port=port, dataset_path=host_path(host, dataset))
     for warning in prepared.plan.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
     given = {"name": name, "prompts": prompts, "concurrency": concurrency, "input_len": input_len,
              "output_len": output_len, "dataset": dataset, "repeats": repeats, "port": port, "seed": seed,
-             "chat_template": chat_template}
+             "chat_template": chat_template, **({"temperature": temperature} if temperature is not None else {})}
     done = session.run(host, prepared, name=name, given=given, view=live("window", on_detach=COLLECT_HINT))
     _finish(host, done)
 

@@ -38,6 +38,8 @@ COLLECT_HINT = "When it has ended, `invoke collect {run_id} --host {host}` shows
                              "default), speculators, sglang, or specforge (simulated_acc_len: no +1, so 1 is added)",
             "full": "score every sample (the complete metrics) instead of stopping once the verdict is decided",
             "seed": "seed of the random order the sequential verdict scores samples in (default 0)",
+            "temperature": "also predict the accept length at these sampling temperatures (0.7, or 0.7,1), for a "
+                           "greedy and a probabilistic draft (needs the target: --verifier, or the demo's)",
             "device": "auto, cpu or cuda", "host": HOST_HELP, "max_pending": MAX_PENDING_HELP,
             "gpus": "run under torchrun with one rank per GPU of each host (gloo ranks on a CPU host); implies --full",
             "hosts": "with --gpus: spread over these hosts of hosts.yaml (comma-separated; the first one's address "
@@ -57,7 +59,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
                  expected_from: str | None = None, full: bool = False, seed: int | None = None,
                  device: str = "auto", host: str | None = None, max_pending: float | None = None,
                  gpus: int | None = None, hosts: str | None = None, port: int | None = None,
-                 nodes: int | None = None, strict: bool = False, json: bool = False) -> None:
+                 nodes: int | None = None, strict: bool = False, json: bool = False,
+                 temperature: str | None = None) -> None:
     """Check that the features the server will feed the draft are the ones it was trained on.
 
     Exit 0 when the evaluation finished, whatever its verdict (a MISMATCH is a result, shown with its
@@ -65,6 +68,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if bool(ckpt) != bool(data):
         raise Exit("error: give both --ckpt and --data (paths on the host), or neither for the demo.", code=1)
     names = _spread_names(gpus, hosts, port, host, nodes)
+    temperatures = parse_temperatures(temperature)
     from remote.eagle import acceptlength  # not at import: `invoke --list` loads no remote/ module
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
@@ -78,7 +82,7 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     asked = Asked(ckpt=ckpt, data=data, verifier=verifier, config=config, steps=steps, limit=limit,
                   expected_acc=expected_acc, expected_accept_length=expected_accept_length,
                   expected_from=expected_from, full=full, seed=seed, device=device, gpus=gpus, hosts=tuple(names),
-                  nodes=nodes, port=port)
+                  nodes=nodes, port=port, temperatures=temperatures)
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
@@ -128,6 +132,26 @@ def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: s
     if port is not None and not 0 < port < 65536:
         raise Exit(f"error: --port {port} is not a TCP port (1-65535).", code=1)
     return names
+
+
+#: the highest sampling temperature a prediction is made at (a server's temperature rarely exceeds 2)
+MAX_TEMPERATURE = 100.0
+
+
+def parse_temperatures(text: str | None) -> tuple[float, ...]:
+    """``--temperature 0.7`` or ``0.7,1``: the values as the evaluator reads them, each finite and from 0
+    to 100 (0 is greedy); anything else is one line naming the flag."""
+    if text is None:
+        return ()
+    parts = [p for p in str(text).replace(" ", "").split(",") if p]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values or len(values) > 8 or not all(0 <= v <= MAX_TEMPERATURE for v in values):  # NaN fails too
+        raise Exit(f"error: --temperature {text!r}: give one to eight sampling temperatures from 0 to "
+                   f"{MAX_TEMPERATURE:g}, comma-separated (e.g. --temperature 0.7 or --temperature 0.7,1).", code=1)
+    return tuple(dict.fromkeys(values))
 
 
 def _slurm_or_hosts(host: Host, names: list[str], nodes: int | None) -> None:

@@ -198,6 +198,39 @@ class SequentialPart(Part):
     gain_ci: list[float] | None = None
 
 
+class MethodPrediction(Part):
+    """One draft sampling method's accept length at one temperature (``temperature.predictions[].greedy``)."""
+
+    accept_length: float | None = None
+    ci: list[float] | None = None
+    cond_acc: list[float | None] = []
+    rows: list[int] = []
+    samples: int | None = None
+
+
+class TemperaturePrediction(Part):
+    temperature: float
+    greedy: MethodPrediction = MethodPrediction()
+    probabilistic: MethodPrediction = MethodPrediction()
+
+    def method(self, name: str) -> MethodPrediction:
+        return self.probabilistic if name == "probabilistic" else self.greedy
+
+
+class TemperaturePart(Part):
+    """``temperature`` (added; null without ``--temperature``): the accept length predicted at each
+    sampling temperature asked for, for a greedy and a probabilistic draft (remote/drafter/scoring/temperature.py)."""
+
+    steps: int | None = None
+    role: str | None = None             # the layout predicted for: "served", else "best"
+    level: float | None = None
+    greedy_at_zero: float | None = None
+    predictions: list[TemperaturePrediction] = []
+
+    def at(self, temperature: float) -> TemperaturePrediction | None:
+        return next((p for p in self.predictions if abs(p.temperature - temperature) < 1e-9), None)
+
+
 class Checkpoint(Part):
     path: str | None = None
     format: str | None = None
@@ -252,6 +285,7 @@ class DrafterReport(Document):
     metrics: MetricsPart = MetricsPart()
     engine_states: EngineStatesPart | None = None    # added
     sequential: SequentialPart | None = None    # added
+    temperature: TemperaturePart | None = None    # added
     predicted_accept_length: Accept | None = None
     accuracy_by_position: ByPosition | None = None    # added
     checkpoint: Checkpoint = Checkpoint()

@@ -36,6 +36,7 @@ class Asked:
     nodes: int | None = None    # --nodes of a Slurm host
     port: int | None = None     # the torchrun's rendezvous port on its first node
     measured: str | None = None  # the capture-check run whose measured slot layers it uses
+    temperatures: tuple[float, ...] = ()  # also predict the accept length at these sampling temperatures
 
     def on_host(self, host: Host) -> Asked:
         """The paths made absolute as the host reads them (``hostfiles.host_path``)."""
@@ -54,8 +55,7 @@ class Asked:
             verifier=_path(self.verifier), config=_path(self.config), steps=self.steps, limit=self.limit,
             expected_acc=self.expected_acc, expected_accept_length=self.expected_accept_length,
             expected_from=self.expected_from or "vllm", full=self.scores_all, seed=self.seed or 0,
-            device=self.device, engine=served.engine, engine_version=served.version if served.engine else None,
-            serve_algorithm=served.algorithm, out=Path(jobs.RUN_DIR),
+            device=self.device, **served.eval_fields(), temperatures=self.temperatures, out=Path(jobs.RUN_DIR),
             measured=_path(measured and f"{measured}/capture-check.json"),
             engine_states=_path(measured and kept_states and f"{measured}/engine-states"))
 
@@ -68,7 +68,8 @@ class Asked:
                 **({"full": True} if self.scores_all else {}), **({"seed": self.seed} if self.seed is not None else {}),
                 **({"gpus": self.gpus} if self.gpus else {}),
                 **({"hosts": ",".join(self.hosts)} if len(self.hosts) > 1 else {}),
-                **({"nodes": self.nodes} if self.nodes else {})}
+                **({"nodes": self.nodes} if self.nodes else {}),
+                **({"temperature": ",".join(f"{t:g}" for t in self.temperatures)} if self.temperatures else {})}
 
 
 def _path(text: str | None | bool) -> Path | None:

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from draftops.errors import DraftopsError
 from draftops.serve import launch_algorithm, profiles
@@ -32,15 +32,18 @@ class HostEngine:
     kv_cache_dtype: str | None = None        # the target's --kv-cache-dtype the profile's extra_args set
     draft_kv_cache_dtype: str | None = None  # the speculative config's kv_cache_dtype they set (the draft's)
 
+    def eval_fields(self) -> dict[str, Any]:
+        """The evaluator's options (``EvalOptions`` fields) that carry what the host serves with."""
+        return {"engine": self.engine, "engine_version": self.version if self.engine else None,
+                "serve_algorithm": self.algorithm, "served_context": self.context,
+                "serve_kv_cache_dtype": self.kv_cache_dtype, "serve_draft_kv_cache_dtype": self.draft_kv_cache_dtype}
+
     def eval_args(self) -> list[str]:
         """The `python -m remote.drafter eval` flags that carry this (written by ``EvalOptions``, the
         evaluator's one definition of its flags)."""
         from remote.drafter.options import EvalOptions
 
-        return EvalOptions.of_demo(engine=self.engine, engine_version=self.version if self.engine else None,
-                                   serve_algorithm=self.algorithm, served_context=self.context,
-                                   serve_kv_cache_dtype=self.kv_cache_dtype,
-                                   serve_draft_kv_cache_dtype=self.draft_kv_cache_dtype).to_argv()
+        return EvalOptions.of_demo(**self.eval_fields()).to_argv()
 
 
 def _profiles(host: Host, engine: str) -> list[profiles.Profile]:

@@ -70,6 +70,10 @@ def summary(report: dict[str, Any]) -> list[str]:
     lines.append(f"predicted accept length (K={pal['steps']}, {pal['basis']} targets, all "
                  f"{report['data']['samples']} samples): served {_num(pal['served'])}, best {_num(pal['best'])}")
     lines.append(f"  (accept length = {pal['definition']})")
+    for row in (report.get("temperature") or {}).get("predictions", []):
+        lines.append(f"predicted accept length at temperature {row['temperature']:g}: "
+                     + ", ".join(f"{m} draft {_num(row[m]['accept_length'])} (95% CI {_ci(row[m]['ci'])})"
+                                 for m in ("greedy", "probabilistic")))
     es = report.get("engine_states")
     if es:
         lines.append(f"on the engine's own states ({es['samples']} samples of {es['path']}, {es['basis']} targets):")
@@ -84,6 +88,10 @@ def summary(report: dict[str, Any]) -> list[str]:
         e = v["expected_acc"]
         lines.append(f"expected acc {e['expected']:.3f} vs measured {_num(e['served'])}: gap flagged")
     return lines
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "n/a" if not ci else f"{ci[0]:.3f}-{ci[1]:.3f}"
 
 
 def _num(x: float | None) -> str:

@@ -16,6 +16,7 @@ from .load.checkpoint import CheckpointInfo
 from .load.verifier import Verifier
 from .model.draft import Eagle3Draft
 from .scoring.score import VerifierHead
+from .scoring.temperature import TemperatureTally
 
 
 @dataclass
@@ -39,6 +40,7 @@ class EvalContext:
     chat: Scan | None = None  # where the target's role markers sit in the samples loaded (chattemplate.py)
     read: dict[str, int] = field(default_factory=lambda: {"samples": 0, "bytes": 0})  # what the loads read
     world: World = SINGLE  # this process's rank of a torchrun (distributed.py); one process: the world of one
+    tally: TemperatureTally | None = None  # the counts of the prediction at --temperature (temperature.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def load(self, index: int, slots: Sequence[int] | None = None) -> Sample:

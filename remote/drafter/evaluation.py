@@ -53,7 +53,7 @@ from .measures import CHAT_TEMPLATE, CONFIG_KEY_IGNORED
 from .model import headshare, kvcache
 from .model.draft import Eagle3Draft
 from .options import EvalOptions
-from .scoring import agreement, policy, reduce, sequential, stats
+from .scoring import agreement, policy, reduce, sequential, stats, temperature
 from .scoring.chance import ChanceLevel
 from .scoring.score import LayoutScore, Observer, VerifierHead, new_score, score_batch
 from .scoring.slotstats import STATS, SlotStats
@@ -135,6 +135,11 @@ def _evaluate(opts: EvalOptions, world: distributed.World, device: torch.device,
     as_engine_runs = full.pop(_VARIANT, None)   # a measurement for the findings, not a layout of the report
     as_target_head = full.pop(_HEAD, None)
     as_fp8_kv = full.pop(_KV, None)
+    if ctx.tally is not None:
+        role = "served" if "served" in full else "best"
+        at = full.get(role)
+        counts = at.counts(basis) if at is not None else None
+        extra[temperature.ID] = ctx.tally.to_dict(role, counts.accept_length(opts.steps) if counts else None)
     evidence = _evidence(ctx, opts, full, chance, basis, scan, scan_n, scored)
     if seq is not None:
         evidence = dataclasses.replace(evidence, total=count,
@@ -220,7 +225,7 @@ def _on_engine_states(ctx: EvalContext, opts: EvalOptions, dtype: torch.dtype) -
                                final_slot=states.slots.final_slot,
                                final_source="the engine's final boundary (capture check)",
                                num_layers=states.slots.num_hidden_layers or ctx.num_layers, skipped={}, extra={},
-                               chat=None, read={"samples": 0, "bytes": 0})
+                               chat=None, read={"samples": 0, "bytes": 0}, tally=None)
     if ectx.head is None and ctx.verifier is not None:
         ectx.head = _verifier_head(ctx.verifier, ctx.draft, ctx.device, dtype)
     count = len(states.files) if opts.limit is None else min(opts.limit, len(states.files))
@@ -322,7 +327,23 @@ def _load(opts: EvalOptions, device: torch.device, dtype: torch.dtype) -> EvalCo
     budget = opts.batch_tokens or (16384 if device.type == "cuda" else 8192)
     template = chattemplate.Template.read(opts.verifier) if opts.verifier else None
     return EvalContext(draft, info, dumps, verifier, head, s, h, final_slot, final_source, num_layers,
-                       device, budget, chat=chattemplate.Scan(template) if template else None, extra=found)
+                       device, budget, chat=chattemplate.Scan(template) if template else None, extra=found,
+                       tally=_tally(opts, info, draft, verifier, head, dtype))
+
+
+def _tally(opts: EvalOptions, info: CheckpointInfo, draft: Eagle3Draft, verifier: Verifier | None,
+           head: VerifierHead | None, dtype: torch.dtype) -> temperature.TemperatureTally | None:
+    """The prediction at ``--temperature`` needs the target's whole distribution: the verifier's head
+    on the dumps' final-layer slot; without them the report says why it has none."""
+    if not opts.temperatures:
+        return None
+    if verifier is None or head is None:
+        info.warnings.append("--temperature needs the target's distribution: pass --verifier (the target model) "
+                             "and dumps with a final-layer slot; no prediction at temperature was made")
+        return None
+    emit = draft.draft_to_target(torch.arange(draft.arch.draft_vocab_size, device=draft.device)).cpu()
+    return temperature.TemperatureTally(opts.temperatures, opts.steps, temperature.target_head(
+        verifier, draft.arch.vocab_size, draft.device, dtype, draft.arch.rms_norm_eps), emit)
 
 
 def _found(opts: EvalOptions, dumps: DumpSet, draft: Eagle3Draft, info: CheckpointInfo, slots: int
@@ -633,6 +654,7 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
     coverage = vocabmap.Coverage(emit.to(draft.device), stored)
     slots = _needed_slots(ctx, [sc.slots for sc in scores.values()])
     watched = _policy_role(ctx, roles)
+    at_temperature = "served" if "served" in roles else "best"   # the layout the prediction at T is for
     tokens = done = 0
     count = len(ctx.world.chunk(samples)) + len(then)
     passes = [(samples, stop, 0), (then, None, len(samples))] if stop is not None else [(samples, None, 0)]
@@ -650,7 +672,8 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
                 for role, score in scores.items():
                     with kvcache.stored(stores.get(role)):
                         score_batch(drafts[role], batch, score, opts.steps, vt,
-                                    observe=seen if role == watched else None)
+                                    observe=seen if role == watched else None,
+                                    observe_steps=_observer(ctx, batch) if role == at_temperature else None)
                 tokens += int(batch.lengths.sum()) + batch.lengths.shape[0]
                 done += batch.lengths.shape[0]
                 events.progress(done, count, "metrics samples")
@@ -658,6 +681,7 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
                     return scores, tokens, chance, coverage.to_dict()
     if ctx.world.size > 1:
         scores, tokens, chance = _gathered(ctx.world, scores, tokens, chance, coverage)
+        _gather_tally(ctx)
     return scores, tokens, chance, coverage.to_dict()
 
 
@@ -678,6 +702,21 @@ def _policy_observer(ctx: EvalContext, batch: Batch, emit: torch.Tensor, emit_id
     def observe(rows: torch.Tensor, draft_ids: torch.Tensor) -> None:
         tally.observe(head, final, batch.next_ids, batch.scored, emit.to(device), emit_ids.to(device), rows, draft_ids)
     return observe
+
+
+def _observer(ctx: EvalContext, batch: Batch) -> temperature.Observer | None:
+    if ctx.tally is None or ctx.final_slot is None:
+        return None
+    return ctx.tally.observer(batch, ctx.final_slot)
+
+
+def _gather_tally(ctx: EvalContext) -> None:
+    """The ranks' counts at temperature on rank 0 (put back in one process's order there)."""
+    if ctx.tally is None:
+        return
+    parts = ctx.world.gather(ctx.tally.state())
+    if parts is not None:
+        ctx.tally.merge(parts[1:])
 
 
 def _gathered(world: distributed.World, scores: dict[str, LayoutScore], tokens: int, chance: ChanceLevel,

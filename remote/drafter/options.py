@@ -58,6 +58,7 @@ class EvalOptions:
     serve_draft_kv_cache_dtype: str | None = None  # its speculative config's kv_cache_dtype (the draft's), if set
     full: bool = False  # every sample, as before the sequential verdict (the complete metrics)
     seed: int = 0  # the sequential verdict's sample order (sequential.order)
+    temperatures: tuple[float, ...] = ()  # predict the accept length at these sampling temperatures (temperature.py)
     demo: bool = False  # the generated demo: ckpt and data (verifier, expected_acc) are filled in on the host
     demo_dir: Path | None = None  # the demo's folder there (default $DRAFTOPS_DEMO_DIR or ./demo)
 
@@ -75,7 +76,7 @@ class EvalOptions:
             value = getattr(self, flag.field)
             if (self.demo and flag.field in ("ckpt", "data")) or value is None or value == defaults.get(flag.field):
                 continue
-            text = str(value)   # a separate word (the job's shell expands a RUN_DIR there), unless it reads as a flag
+            text = flag.text(value)   # a separate word (the job's shell expands a RUN_DIR there), unless a flag
             argv += [flag.name] if flag.kind is bool else [f"{flag.name}={text}"] if text.startswith("-") \
                 else [flag.name, text]
         return argv
@@ -87,9 +88,10 @@ class EvalOptions:
         for flag in FLAGS:
             default = None if flag.field in ("ckpt", "data") else defaults.get(flag.field)
             if flag.kind is bool:
-                parser.add_argument(flag.name, action="store_true", help=flag.help)
+                parser.add_argument(flag.name, dest=flag.field, action="store_true", help=flag.help)
             else:
-                parser.add_argument(flag.name, type=flag.kind, choices=flag.choices, default=default, help=flag.help)
+                parser.add_argument(flag.name, dest=flag.field, type=flag.kind, choices=flag.choices, default=default,
+                                    help=flag.help)
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> EvalOptions:
@@ -142,21 +144,40 @@ class EvalOptions:
             _option(flag, value, "a KV cache dtype name such as fp8, fp8_e5m2, auto or bfloat16",
                     lambda v: v is None or (isinstance(v, str) and KV_DTYPE.fullmatch(v) is not None))
         _option("--seed", self.seed, f"an integer from 0 to {MAX_SEED}", lambda v: _int(v) and 0 <= v <= MAX_SEED)
+        if self.temperatures:
+            _option("--temperature", self.temperatures, "numbers from 0 to 100 (0 = greedy), e.g. 0.7 or 0,0.7,1",
+                    lambda v: isinstance(v, tuple) and len(v) <= 8 and all(_num(t) and 0 <= t <= 100 for t in v))
         _option("--device", self.device, "auto, cpu or cuda", lambda v: v in ("auto", "cpu", "cuda"))
 
 
 @dataclass(frozen=True)
 class Flag:
-    """One ``eval`` flag: the field it sets, its type (bool: a switch) and its help."""
+    """One ``eval`` flag: the field it sets, its type (bool: a switch; a callable: parses the word) and
+    its help; ``spelled``: the flag's name where it is not the field's."""
 
     field: str
-    kind: type
+    kind: Callable[[str], Any]
     help: str
     choices: tuple[str, ...] | None = None
+    spelled: str | None = None
 
     @property
     def name(self) -> str:
-        return "--" + self.field.replace("_", "-")
+        return self.spelled or "--" + self.field.replace("_", "-")
+
+    @staticmethod
+    def text(value: object) -> str:
+        """The word that gives ``value`` back through ``kind`` (a tuple of numbers: comma-separated)."""
+        return ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else str(value)
+
+
+def temperatures(text: str) -> tuple[float, ...]:
+    """``--temperature 0.7`` or ``0,0.7,1``: the values in order, each once (ranges: EvalOptions.validate)."""
+    try:
+        values = [float(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature takes numbers such as 0.7 or 0.7,1, got {text!r}") from None
+    return tuple(dict.fromkeys(values))
 
 
 FLAGS = (
@@ -200,6 +221,8 @@ FLAGS = (
     Flag("full", bool, "score every sample (the complete metrics) instead of stopping once the verdict is decided "
          "(the sequential verdict, the default)"),
     Flag("seed", int, "seed of the random order the sequential verdict scores samples in (0)"),
+    Flag("temperatures", temperatures, "also predict the accept length at these sampling temperatures "
+         "(comma-separated, e.g. 0.7 or 0,0.7,1; needs --verifier and a final-layer slot)", spelled="--temperature"),
     Flag("batch_tokens", int, "padded tokens per forward (8192 CPU, 16384 GPU)"),
     Flag("max_len", int, "truncate samples to this many tokens"),
 )

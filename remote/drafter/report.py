@@ -22,6 +22,7 @@ from .data import dumpformats, trainerconfig
 from .errors import OptionError, ResourceError
 from .options import EvalOptions
 from .scoring.score import LayoutScore
+from .scoring.temperature import ID
 from .verdict import layouts
 from .verdict.results import Results
 
@@ -69,6 +70,7 @@ def build(opts: EvalOptions, ctx: EvalContext, res: Results) -> dict[str, Any]:
                                     "ci": _accept_ci(res.sequential)},
         "accuracy_by_position": _by_position(res),
         "sequential": res.sequential,
+        "temperature": res.extra.get(ID),
         "engine_states": res.engine_states,
         "checkpoint": ctx.info.to_dict(),
         "verifier": ctx.verifier.describe() if ctx.verifier else None,

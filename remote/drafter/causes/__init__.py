@@ -22,6 +22,7 @@ from .layer_ids import check as layer_ids_check
 from .policy import check as policy_check
 from .positions import check as positions_check
 from .rotation import check as rotation_check
+from .sampling import check as sampling_check
 from .states import check as states_check
 from .training import check as training_check
 from .usage import check as usage_check
@@ -48,6 +49,7 @@ CHECKS: tuple[Callable[[Facts], Sequence[Found]], ...] = (
     rotation_check,
     head_check,
     kv_check,
+    sampling_check,
 )
 #: causes reported only when no other finding explains the draft (low accuracy is what the others cause too)
 RESIDUAL = frozenset({"undertrained"})

@@ -56,11 +56,22 @@ def new_score(slots: Sequence[int], steps: int, with_verifier: bool) -> LayoutSc
 
 #: sees step 0's computed rows (flat indices ``b*N + t``) and the draft's argmax there (draft-vocab ids)
 Observer = Callable[[torch.Tensor, torch.Tensor], None]
+#: sees every step ``k``'s computed rows, their logits and the data chain's rows alive before the step
+StepObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def _show(k: int, rows: torch.Tensor, draft_ids: torch.Tensor, logits: torch.Tensor, alive: torch.Tensor,
+          observe: Observer | None, observe_steps: StepObserver | None) -> None:
+    """Step ``k``'s rows to the observers that asked for them (step 0 only, or every step)."""
+    if k == 0 and observe is not None:
+        observe(rows, draft_ids)
+    if observe_steps is not None:
+        observe_steps(k, rows, logits, alive)
 
 
 def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int,
-                verifier_targets: torch.Tensor | None, prune: bool = True, observe: Observer | None = None
-                ) -> list[int]:
+                verifier_targets: torch.Tensor | None, prune: bool = True, observe: Observer | None = None,
+                observe_steps: StepObserver | None = None) -> list[int]:
     """Run the TTT forward on ``batch`` with ``score.slots`` and add its counts to ``score``.
 
     Only what the counts can use is computed: step k runs the rows whose steps 0..k-1 were all
@@ -68,8 +79,10 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
     at every step (same counts; for timing the worst case, a draft that is always right).
     Returns the number of rows computed at each step; ``observe`` (a cause check's measurement) is
-    shown step 0's rows and draft tokens.  Rows whose logits hold NaN/inf at any
-    computed step are counted in ``score.nonfinite`` (valid positions only, each row once)."""
+    shown step 0's rows and draft tokens; ``observe_steps(k, rows, logits, alive)`` sees each step's
+    rows and logits with the data chain's rows still right before it (temperature.py).  Rows whose
+    logits hold NaN/inf at any computed step are counted in ``score.nonfinite`` (valid positions only,
+    each row once)."""
     bsz, n = batch.input_ids.shape
     valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
     bad = torch.zeros(bsz * n, dtype=torch.bool, device=batch.input_ids.device)
@@ -93,8 +106,7 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         draft_ids = logits.argmax(-1)[keep]
         bad[rows] |= ~torch.isfinite(logits.sum(-1))[keep]  # NaN or inf anywhere in the row
         computed.append(int(logits.shape[0]))
-        if k == 0 and observe is not None:
-            observe(rows, draft_ids)
+        _show(k, rows, draft_ids, logits[keep], chains["data"][1], observe, observe_steps)
         in_target = draft.draft_to_target(draft_ids)
         top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
         for kind, (target, alive) in chains.items():

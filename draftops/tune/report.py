@@ -11,6 +11,7 @@ from typing import Any
 from draftops.documents.tune import TuneDoc
 from draftops.errors import TuneError
 from draftops.nightly.report import esc, md
+from draftops.tune.state import resume_command
 from remote.fileio import atomic_write_text
 
 CHART = "tune.png"
@@ -37,6 +38,9 @@ def summary(doc: TuneDoc) -> list[str]:
     """What the user acts on, in words (the first lines of every page and of the terminal)."""
     lines = [f"tune {doc.tune_id} of draft {doc.args.draft} on host {doc.host}: {doc.status}"
              + (f" at step {doc.stopped_at} ({doc.why})" if doc.stopped_at else "")]
+    if doc.status in ("stopped", "failed"):
+        lines.append(f"stopped at step {doc.stopped_at}; `{resume_command(doc.tune_id, doc.host)}` continues from "
+                     "there (finished steps are not run again)")
     for b in doc.best:
         lines.append(f"concurrency {b.concurrency}: {_k(b.k)}, predicted {_f(b.predicted_tok_s)} tok/s, measured "
                      f"{_f(b.measured_tok_s)}" + (f"; vs no draft {_vs(b.vs_baseline)}" if b.vs_baseline else ""))

@@ -61,16 +61,30 @@ def _choose(ctx: Ctx, c: int, points: list[Point]) -> Best:
                 vs_configured=_versus(ctx, pick, conf) if pick.k != ctx.doc.configured_k else None, why=why)
 
 
+def max_batch(ctx: Ctx) -> int:
+    """The servers' max running requests (vLLM's max_num_seqs, as read back): no batch is larger."""
+    for s in ctx.doc.steps:
+        seqs = ((s.outcome or {}).get("effective") or {}).get("max_num_seqs")
+        if isinstance(seqs, int) and seqs > 0:
+            return seqs
+    return MAX_BATCH_DEFAULT
+
+
 def _schedule(ctx: Ctx, chosen: list[Best]) -> list[tuple[int, int, int]]:
     """Each batch size's best K on the cost refitted on every bench, the measured concurrencies held to
     their chosen setting; vLLM carries the last range to its max running requests."""
     args = ctx.doc.args
     cost = fit(steps._measured(ctx, steps.benches(ctx)))
-    ranges = predict.schedule(steps.the_profile(ctx), cost, range(1, args.max_steps + 1), MAX_BATCH_DEFAULT)
+    top = max_batch(ctx)
+    ranges = predict.schedule(steps.the_profile(ctx), cost, range(1, args.max_steps + 1), top)
     per = {b: k for lo, hi, k in ranges for b in range(lo, hi + 1)}
     for row in chosen:
         if row.concurrency in per:
             per[row.concurrency] = row.k
+        elif row.concurrency > top:
+            ctx.doc.notes.append(f"concurrency {row.concurrency} runs as batches of at most {top} (the servers' max "
+                                 f"running requests, vLLM's max_num_seqs): the per-batch-size schedule ends at {top}, "
+                                 f"and K={row.k} there is the best for the queue those {row.concurrency} requests make")
     out: list[tuple[int, int, int]] = []
     for b in sorted(per):
         if out and out[-1][2] == per[b]:

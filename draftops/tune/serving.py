@@ -3,9 +3,12 @@ serve's own checks and lifecycle, bench that server once per concurrency with be
 Every server is named in tune.json as it starts, so an interrupted tune stops exactly its own."""
 from __future__ import annotations
 
+import dataclasses
+import posixpath
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftops import records
@@ -23,8 +26,25 @@ if TYPE_CHECKING:
     from draftops.bench.result import BenchResult
 
 
+def _host_path(ctx: Ctx, path: str) -> str:
+    """A path typed for the host made absolute as ``ssh``/``scp`` read it (``~`` its home, relative to
+    where a login shell starts): a profile's ``python: ~/...`` (the doctor's context.host_path rule)."""
+    host = ctx.host
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
+
+
 def profile_of(ctx: Ctx) -> profiles.Profile:
-    return profiles.resolve(ctx.host.spec, ctx.doc.args.profile)
+    """The serve profile asked for, its python as the host reads it."""
+    chosen = profiles.resolve(ctx.host.spec, ctx.doc.args.profile)
+    return dataclasses.replace(chosen, python=_host_path(ctx, chosen.python))
 
 
 def ensure_demo(ctx: Ctx) -> None:

@@ -227,3 +227,31 @@ def test_sigterm_during_a_step_stops_its_job_and_leaves_nothing_running(project)
     assert "stopped at step profile" in page and f"invoke tune --resume {doc['tune_id']}" in page
     rows = history.History(project / "runs" / "history.sqlite").query(kind="tune")
     assert [r.run_id for r in rows] == [doc["tune_id"]] and rows[0].verdict == "stopped"
+
+
+# --- doctor --tune ---------------------------------------------------------------------------------------
+
+def test_doctor_tune_needs_fix_and_its_story_ends_with_the_fastest_settings(project, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--draft", "demo", "--tune"], cwd=project,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "--tune" in done.stderr and "needs --fix" in " ".join(done.stderr.split())
+    assert not list((project / "runs").glob("*-doctor-*"))
+
+    from draftops.doctor import plan as doctor_plan
+    from draftops.doctor import state as doctor_state
+    from draftops.doctor.report import Story, markdown
+    args = doctor_plan.Args(draft="demo", fix=True, tune=True)
+    assert doctor_plan.steps(args)[-1] == doctor_plan.TUNE and "--tune" in args.words()
+    made = doctor_state.new(tmp_path / "runs", "local", args)
+    made.step(doctor_plan.TUNE).state = "done"
+    made.step(doctor_plan.TUNE).outcome = {
+        "tune_id": "20261206-090000-tune-abcd", "status": "done", "off_from": None, "median_error": 0.08,
+        "engine_line": "--speculative-config '{\"method\":\"eagle3\",\"num_speculative_tokens\":8}'",
+        "best": [{"concurrency": 4, "k": 8, "predicted_tok_s": 1000.0, "measured_tok_s": 1029.0,
+                  "vs_baseline": {"ratio": 1.4, "decision": "faster"}}]}
+    made.save()
+    story = Story(doctor_state.load(made.folder))
+    headings = [h for h, _, _ in story.sections]
+    assert headings[-2:] == ["The fastest settings", "Steps, their runs and the commands that reproduce them"]
+    page = markdown(story, None)
+    assert "serve it with (vLLM): --speculative-config" in page and "| 4 | K=8 | 1000 | 1029 | ×1.40 faster |" in page

@@ -82,9 +82,11 @@ def _schedule(ctx: Ctx, chosen: list[Best]) -> list[tuple[int, int, int]]:
         if row.concurrency in per:
             per[row.concurrency] = row.k
         elif row.concurrency > top:
-            ctx.doc.notes.append(f"concurrency {row.concurrency} runs as batches of at most {top} (the servers' max "
-                                 f"running requests, vLLM's max_num_seqs): the per-batch-size schedule ends at {top}, "
-                                 f"and K={row.k} there is the best for the queue those {row.concurrency} requests make")
+            note = (f"concurrency {row.concurrency} runs as batches of at most {top} (the servers' max running "
+                    f"requests, vLLM's max_num_seqs): the per-batch-size schedule ends at {top}, and K={row.k} there "
+                    f"is the best for the queue those {row.concurrency} requests make")
+            if note not in ctx.doc.notes:
+                ctx.doc.notes.append(note)
     out: list[tuple[int, int, int]] = []
     for b in sorted(per):
         if out and out[-1][2] == per[b]:

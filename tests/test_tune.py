@@ -76,8 +76,11 @@ def test_predict_fits_the_measured_rounds_and_plans_a_confirming_server_for_an_u
     assert k3c4.predicted_tok_s == pytest.approx(4 * k3c4.accept_length_predicted / (4 * 3.34 / 819.0))
     best = doc.step(plan.PREDICT).outcome["best"]
     confirm = [s for s in doc.steps if s.name.startswith("confirm-")]
+    check = doc.step(plan.PREDICT).outcome["check_only"]
+    assert confirm, "a further point is always benched: the best not measured, or one to check the fit"
     for s in confirm:                             # only the best not measured yet, only where it is best
-        assert s.k not in (0, 3, 8) and all(best[str(c)] == s.k for c in s.concurrencies)
+        assert s.k not in (0, 3, 8)
+        assert all(best[str(c)] == s.k for c in s.concurrencies) or check == {"k": s.k, "concurrency": 4}
     assert [s.name for s in doc.steps][-1] == plan.ANSWER
 
 
@@ -255,3 +258,15 @@ def test_doctor_tune_needs_fix_and_its_story_ends_with_the_fastest_settings(proj
     assert headings[-2:] == ["The fastest settings", "Steps, their runs and the commands that reproduce them"]
     page = markdown(story, None)
     assert "serve it with (vLLM): --speculative-config" in page and "| 4 | K=8 | 1000 | 1029 | ×1.40 faster |" in page
+
+
+def test_when_every_best_was_measured_a_further_point_still_checks_the_fit():
+    from draftops.tune import predict as pr
+    from draftops.tune.cost import RoundCost
+    from draftops.tune.profile import AcceptanceProfile
+    cost = RoundCost(fixed={1: 0.004, 4: 0.006}, per_token={1: 0.001, 4: 0.002}, baseline={1: 0.004, 4: 0.006})
+    preds = pr.predict(AcceptanceProfile(conditional=(0.8,) * 8), cost, range(1, 9), [1, 4])
+    point = steps._further_point(preds, {0, 3, 8})
+    assert point is not None and point.concurrency == 4 and point.k not in (0, 3, 8)
+    assert point.tok_s == max(p.tok_s for p in preds if p.concurrency == 4 and p.k not in (0, 3, 8))
+    assert steps._further_point(preds, set(range(9))) is None

@@ -115,6 +115,9 @@ def do_predict(ctx: Ctx, step: Step) -> None:
     for c, p in chosen.items():
         if (c, p.k) not in measured:
             todo.setdefault(p.k, []).append(c)
+    check = None if todo else _further_point(preds, {k for _, k in measured})
+    if check is not None:          # every best was measured: one further point still checks the fit
+        todo[check.k] = [check.concurrency]
     at = ctx.doc.steps.index(step) + 1
     for k, cs in sorted(todo.items(), key=lambda kc: min(kc[1])):
         name = plan.confirm(k)
@@ -122,9 +125,19 @@ def do_predict(ctx: Ctx, step: Step) -> None:
             ctx.doc.steps.insert(at, Step(name=name, k=k, concurrencies=cs))
             at += 1
     step.outcome = {"best": {str(c): p.k for c, p in chosen.items()},
-                    "confirm": {str(k): cs for k, cs in todo.items()}}
+                    "confirm": {str(k): cs for k, cs in todo.items()},
+                    "check_only": None if check is None else {"k": check.k, "concurrency": check.concurrency}}
     ctx.say("  predicted best: " + ", ".join(f"concurrency {c}: {p.label} ({p.tok_s:.0f} tok/s, ×{p.speedup:.2f})"
                                           for c, p in chosen.items()))
+
+
+def _further_point(preds: list[predict.Prediction], measured_ks: set[int]) -> predict.Prediction | None:
+    """The K not measured that is predicted fastest at the middle concurrency: where the fit is checked
+    when every predicted best was among the measured settings."""
+    cs = sorted({p.concurrency for p in preds})
+    middle = cs[len(cs) // 2] if cs else 0
+    cands = [p for p in preds if p.concurrency == middle and p.k > 0 and p.k not in measured_ks]
+    return max(cands, key=lambda p: p.tok_s) if cands else None
 
 
 def _point(p: predict.Prediction, bench: dict[str, Any] | None, role: str) -> Point:

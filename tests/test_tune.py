@@ -270,3 +270,15 @@ def test_when_every_best_was_measured_a_further_point_still_checks_the_fit():
     assert point is not None and point.concurrency == 4 and point.k not in (0, 3, 8)
     assert point.tok_s == max(p.tok_s for p in preds if p.concurrency == 4 and p.k not in (0, 3, 8))
     assert steps._further_point(preds, set(range(9))) is None
+
+
+def test_a_spent_budget_ends_the_tune_before_a_measuring_server_and_names_the_resume(tmp_path):
+    doc = measured_doc()
+    doc.step(plan.measure(8)).state = "pending"
+    doc.args.budget_s, doc.spent_s = 600.0, 610.0
+    ctx = _ctx(tmp_path, doc)
+    assert flow._one(ctx, doc.step(plan.measure(8)), {}) is False
+    assert doc.status == "failed" and doc.stopped_at == "measure-8"
+    why = str(doc.why)
+    assert "budget of 600 s is spent" in why and "--resume 20261206-090000-tune-abcd --budget-s" in why
+    assert state.load(ctx.folder).status == "failed"

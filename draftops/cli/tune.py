@@ -65,6 +65,8 @@ def tune(c: Context, draft: str | None = None, data: str | None = None, profile:
         folder = state.find(runs_dir, None if resume is True else str(resume))
         with state.held(folder):
             current = state.load(folder)
+            if budget_s is not None:            # the one setting a resume may change: more time
+                current.args.budget_s = budget_s
             if current.host != host_.name:
                 raise state.TuneError(f"tune {current.tune_id} ran on host {current.host!r}, not {host_.name!r}; "
                                       f"resume it with `{state.resume_command(current.tune_id, current.host)}`.")

@@ -24,7 +24,7 @@ from draftops.errors import DraftopsError, TuneError
 from draftops.history import RunRecord, now_iso
 from draftops.runs import jobs
 from draftops.terminal import clean
-from draftops.tune import answer, plan, report, serving, steps
+from draftops.tune import answer, plan, report, serving, state, steps
 from draftops.tune.context import Ctx, Tracker, ran
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -112,6 +112,11 @@ def _over_budget(ctx: Ctx, step: Step, seen: dict[str, float]) -> str | None:
     skipped: the others are what every answer rests on."""
     left = ctx.doc.args.budget_s - ctx.doc.spent_s
     need = plan.estimate_s(step.name, _benches_of(ctx, step), seen)
+    if step.name.startswith("measure-") and left <= 0:
+        raise TuneError(f"the budget of {ctx.doc.args.budget_s:.0f} s is spent ({ctx.doc.spent_s:.0f} s counted) "
+                        f"before step {step.name}, which every answer rests on; "
+                        f"`{state.resume_command(ctx.doc.tune_id, ctx.doc.host)} --budget-s "
+                        f"{ctx.doc.spent_s + 3 * need:.0f}` continues with more")
     if step.name.startswith("confirm-") and need > left:
         return (f"the budget has {max(left, 0):.0f} s left of {ctx.doc.args.budget_s:.0f} s, and this step needs "
                 f"about {need:.0f} s (a server start and {_benches_of(ctx, step)} bench(es)); --budget-s more "
@@ -122,7 +127,12 @@ def _over_budget(ctx: Ctx, step: Step, seen: dict[str, float]) -> str | None:
 def _one(ctx: Ctx, step: Step, seen: dict[str, float]) -> bool:
     """Run one step; False when the tune ends here."""
     doc = ctx.doc
-    skip = _over_budget(ctx, step, seen)
+    try:
+        skip = _over_budget(ctx, step, seen)
+    except TuneError as exc:
+        step.state, step.error, doc.status, doc.stopped_at, doc.why = "failed", str(exc), "failed", step.name, str(exc)
+        ctx.save()
+        return False
     if skip is not None:
         step.state, step.outcome = "skipped", {"reason": skip}
         ctx.say(f"▷ {step.name} skipped: {skip}")

@@ -49,6 +49,14 @@ def test_noisy_points_are_fitted_by_least_squares() -> None:
     assert line([(2, 3.0), (2, 5.0)]) == (4.0, 0.0)
 
 
+def test_a_round_that_comes_out_cheaper_with_more_tokens_is_fitted_flat() -> None:
+    # measured on a loaded machine: K=8's round (4 × 4.01 / 163 tok/s) below K=3's (4 × 3.26 / 101 tok/s)
+    assert line([(3, 4 * 3.26 / 101), (8, 4 * 4.01 / 163)]) == (pytest.approx((4 * 3.26 / 101 + 4 * 4.01 / 163) / 2),
+                                                                0.0)
+    cost = fit([Measured(4, 0, 100.0), Measured(4, 3, 101.0, 3.26), Measured(4, 8, 163.0, 4.01)])
+    assert cost.per_token[4] == 0.0 and cost.round_seconds(4, 1) == cost.round_seconds(4, 8)
+
+
 @pytest.mark.parametrize("bad", [math.nan, 0.0, -5.0, math.inf])
 def test_a_bench_without_a_usable_throughput_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="no usable throughput"):

@@ -85,7 +85,8 @@ def _at(concurrency: int, by_c: Mapping[int, float]) -> float:
 
 
 def line(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares ``(intercept, slope)`` through (x, y) points; one x: a flat line."""
+    """Least-squares ``(intercept, slope)`` through (x, y) points; one x, or a slope below 0 (a round that
+    verifies more tokens cannot be cheaper: noise between the benches), a flat line at their mean."""
     pts = list(points)
     if not pts:
         raise ValueError("no points to fit")
@@ -95,6 +96,8 @@ def line(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
     if sxx == 0:
         return my, 0.0
     slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    if slope < 0:
+        return my, 0.0
     return my - slope * mx, slope
 
 

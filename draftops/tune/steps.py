@@ -170,6 +170,9 @@ def confirm(ctx: Ctx, step: Step, seen: dict[str, float]) -> None:
 
 
 def median_error(points: list[Point], role: str | None = None) -> float | None:
-    errs = [abs(p.error) for p in points if p.error is not None and (role is None or p.role == role)]
+    """The median |predicted - measured| / measured over the measured speculative points (the baseline's
+    own step is the cost's input, so its error is 0 by construction and left out)."""
+    errs = [abs(p.error) for p in points
+            if p.error is not None and p.k > 0 and (role is None or p.role == role)]
     return statistics.median(errs) if errs else None
 

@@ -39,13 +39,15 @@ def draw(points: list[Point], chosen: dict[int, int], path: Path) -> Path:
         k = chosen.get(c)
         if k:
             ax.axvline(k, color=colour, linestyle=":", linewidth=1)
-            ax.annotate(f"chosen K={k}", (k, 0), xytext=(3, 5), textcoords="offset points", fontsize=8)
+            right = k >= max(p.k for p in here)
+            ax.annotate(f"chosen K={k}", (k, 0), xytext=(-3 if right else 3, 5), textcoords="offset points",
+                        fontsize=8, ha="right" if right else "left")
         elif k == 0:
             ax.annotate("chosen: no draft", (0.02, 0.02), xycoords="axes fraction", fontsize=8)
         ax.set_title(f"concurrency {c}")
         ax.set_xlabel("K (num_speculative_tokens)")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("output tok/s")
     fig.subplots_adjust(left=0.07, right=0.985, bottom=0.14, top=0.9, wspace=0.25)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def answer(ctx: Ctx, step: Step) -> None:
                        "line": predict.engine_line(ctx.draft_path(), ranges), "speculative_config": config,
                        "schedule": [list(r) for r in ranges],
                        "per_concurrency": {str(b.concurrency): b.k for b in chosen},
-                       "setting": "num_speculative_tokens_per_batch_size",
+                       "setting": "num_speculative_tokens_per_batch_size", "max_batch": max_batch(ctx),
                        "note": ("vLLM 0.32 reads num_speculative_tokens_per_batch_size (inclusive batch-size ranges, "
                                 "K 0 = no speculation there; num_speculative_tokens caps them); it has no other "
                                 "setting that turns speculation off above a batch size")}

@@ -46,8 +46,15 @@ def summary(doc: TuneDoc) -> list[str]:
                      f"{_f(b.measured_tok_s)}" + (f"; vs no draft {_vs(b.vs_baseline)}" if b.vs_baseline else ""))
     if doc.engine_args:
         lines.append(f"engine arguments (vLLM): {doc.engine_args.get('line')}")
-        lines.append("speculation off from concurrency " + str(doc.off_from) if doc.off_from is not None
-                     else "speculation pays at every concurrency measured")
+        top = doc.engine_args.get("max_batch")
+        if doc.off_from is None:
+            lines.append("speculation pays at every concurrency measured")
+        elif isinstance(top, int) and doc.off_from > top:
+            lines.append(f"speculation off from concurrency {doc.off_from}, above the servers' max running requests "
+                         f"({top}): no batch reaches it, so no engine setting can say it; serve such traffic "
+                         "without a draft")
+        else:
+            lines.append(f"speculation off from concurrency {doc.off_from} (K 0 in the schedule from there)")
     if doc.median_error is not None:
         lines.append(f"median prediction error over the measured points: {doc.median_error:.0%}")
     lines.append(f"budget: {doc.spent_s:.0f} s of {doc.args.budget_s:.0f} s spent; left running: "

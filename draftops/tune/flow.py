@@ -87,6 +87,10 @@ def run(ctx: Ctx) -> int:
     if any(s.state != "pending" for s in doc.steps):
         doc.resumed.append(now_iso())
     doc.status, doc.stopped_at, doc.why, doc.why_signal = "running", None, None, None
+    for entry in doc.servers:           # an attempt killed by SIGKILL could not stop its own
+        if entry.get("state") not in ("stopped", "not-ours"):
+            ctx.say(f"stopping run {entry.get('run_id')}, a server an earlier attempt left")
+            serving.stop_server(ctx, entry)
     seen: dict[str, float] = {}
     try:
         with _signals(_raise):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from draftops.cli import bench, capture, collect, core, doctor, drafter, env, history, nightly, serve, sglang
+from draftops.cli import bench, capture, collect, core, doctor, drafter, env, history, nightly, serve, sglang, tune
 from draftops.cli.common import (
     adopt_callwide_host,
     first_paragraph_as_summary,
@@ -39,6 +39,7 @@ ns.add_collection(Collection("patch-sglang", sglang.status, sglang.apply, sglang
 ns.add_task(sglang.draft_config)
 ns.add_task(sglang.draft_flat)
 ns.add_task(doctor.doctor)
+ns.add_task(tune.tune)
 ns.add_collection(Collection.from_module(env, name="env"))
 ns.add_collection(Collection.from_module(bench, name="bench"))
 ns.add_collection(Collection("serve", serve.start, serve.status, serve.stop, serve.logs))

@@ -26,6 +26,7 @@
     ├── ExtraMissing        the built-in `local` host needs the ML stack this install left out (the `local` extra)
     ├── PlaybookError       a playbook (playbooks/*.yaml) is missing, malformed or invalid
     ├── DoctorError         `invoke doctor` cannot start or resume as asked (its state file, different arguments)
+    ├── TuneError           `invoke tune` cannot start, resume or write its state (tune.json, its lock, the budget)
     ├── ScheduleError       the nightly crontab block cannot be read or written
     └── TrackingError       the MLflow tracking server did not take a run (down, slow, refusing; `runs.export`)
 
@@ -232,6 +233,10 @@ class NightBusy(PlaybookError):
 
 class DoctorError(DraftopsError):
     """`invoke doctor` cannot start or resume as asked (its state file, arguments that differ)."""
+
+
+class TuneError(DraftopsError):
+    """`invoke tune` cannot start, resume or write its state as asked."""
 
 
 class ScheduleError(DraftopsError):

@@ -27,6 +27,7 @@ _HELP = {
     "port": "port for the servers the doctor starts (default: the profile's; a --resume may change it)",
     "keep_serving": "leave the last server (the fixed draft) running at the end",
     "fresh": "bench the baseline again even when the history holds a recent one of the same code",
+    "tune": "with --fix: end with `invoke tune` of the fixed draft (the fastest settings, predicted and confirmed)",
     "resume": "continue the latest doctor (or the doctor of this id) from its last finished step",
     "host": HOST_HELP,
     "max_pending": MAX_PENDING_HELP + " (each of the doctor's jobs; a --resume takes its own)",
@@ -39,7 +40,8 @@ _HELP = {
 @friendly
 def doctor(c: Context, draft: str | None = None, data: str | None = None, profile: str | None = None,
            target: str | None = None, fix: bool = False, bench: bool = True, capture: bool = False,
-           port: int | None = None, keep_serving: bool = False, fresh: bool = False, resume: str | None = None,
+           port: int | None = None, keep_serving: bool = False, fresh: bool = False, tune: bool = False,
+           resume: str | None = None,
            host: str | None = None, max_pending: float | None = None, json: bool = False) -> None:
     """Check a draft (test-drafter), show its findings and the one command that fixes them; with --fix,
     apply the fix, check again, and serve + bench the baseline, the draft as it was and the fixed draft,
@@ -48,7 +50,8 @@ def doctor(c: Context, draft: str | None = None, data: str | None = None, profil
     host_ = connect(c, host, max_pending=max_pending)
     runs_dir = project_root(c) / "runs"
     given = {"draft": draft, "data": data, "profile": profile, "target": target, "fix": fix or None,
-             "bench": None if bench else False, "capture": capture or None, "port": port}
+             "bench": None if bench else False, "capture": capture or None, "port": port,
+             "tune": tune or None}
     if resume is not None:
         asked = {k: v for k, v in _typed(host_, given).items() if v is not None}
         folder = state.find(runs_dir, None if resume is True else str(resume))
@@ -89,12 +92,15 @@ def _new_args(host: Host, given: dict[str, Any], *, keep_serving: bool, fresh: b
     if draft != "demo" and not data:
         raise DoctorError(f"--draft {draft} needs --data DUMPS: the hidden-state dumps it was trained on (on the "
                           "host); only the demo knows its own.")
+    if given["tune"] and (not given["fix"] or given["bench"] is False):
+        raise DoctorError("--tune finds the fastest settings of the fixed draft on real servers: it needs --fix "
+                          "(and no --no-bench).")
     if draft == "demo" and data:
         raise DoctorError("the demo's dumps are its own: drop --data with --draft demo.")
     typed = _typed(host, given)
     args = plan.Args(draft=typed["draft"], data=typed["data"], profile=typed["profile"], target=typed["target"],
                      fix=bool(given["fix"]), bench=given["bench"] is not False, capture=bool(given["capture"]),
-                     port=given["port"], keep_serving=keep_serving, fresh=fresh)
+                     port=given["port"], keep_serving=keep_serving, fresh=fresh, tune=bool(given["tune"]))
     precheck.check(host, args)
     return args
 

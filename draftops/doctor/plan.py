@@ -14,11 +14,13 @@ from draftops import cmdline
 
 CAPTURE, CHECK, BASELINE, AS_SERVED, FIX, RECHECK, FIXED, COMPARE = (
     "capture", "check", "baseline", "as-served", "fix", "recheck", "fixed", "compare")
+TUNE = "tune"
 SERVED_STEPS = (BASELINE, AS_SERVED, FIXED)     # each serves one server and benches it
 TITLES = {CAPTURE: "capture-check: the engine's own states", CHECK: "test-drafter: the draft as it is",
           BASELINE: "serve + bench: the target alone (baseline)", AS_SERVED: "serve + bench: the draft as it is",
           FIX: "apply the fix", RECHECK: "test-drafter: the fixed draft",
-          FIXED: "serve + bench: the fixed draft", COMPARE: "bench.compare: as served and fixed vs baseline"}
+          FIXED: "serve + bench: the fixed draft", COMPARE: "bench.compare: as served and fixed vs baseline",
+          TUNE: "tune: the fastest settings for the fixed draft, predicted and confirmed"}
 # the bench every served step runs: 144 demo prompts as 6 repeats of 24 (the seed engine test's traffic, 3 × 48,
 # in more blocks: the comparison rule's interval rests on the repeats, docs/bench.md § Comparing two runs)
 BENCH = {"dataset": "demo", "prompts": 24, "concurrency": 4, "output_len": 32, "repeats": 6}
@@ -39,6 +41,7 @@ class Args:
     port: int | None = None
     keep_serving: bool = False
     fresh: bool = False
+    tune: bool = False          # with --fix: `invoke tune` of the fixed draft as the last step
 
     # what a resume may change: the servers' port (a port taken since), how the run ends and whether a
     # baseline is reused; the rest decides which steps run and what they measure
@@ -58,6 +61,7 @@ class Args:
         parts += ["--capture"] if self.capture else []
         parts += ["--port", str(self.port)] if self.port else []
         parts += ["--keep-serving"] if self.keep_serving else []
+        parts += ["--tune"] if self.tune else []
         return parts
 
     def flags(self) -> str:
@@ -76,4 +80,5 @@ def steps(args: Args) -> list[str]:
     out += [FIX, RECHECK]
     if args.bench:
         out += [FIXED, COMPARE]
+        out += [TUNE] if args.tune else []
     return out

@@ -87,6 +87,7 @@ class Story:
         self._findings()
         self._fix()
         self._measured()
+        self._tuned()
         self._steps()
 
     def _headline(self) -> list[str]:
@@ -213,6 +214,29 @@ class Story:
             for finding in (cmp.get(role) or {}).get("findings") or []:
                 lines.append(f"{role}: {finding.get('severity')} {finding.get('code')}: {finding.get('text')}")
         self.sections.append(("Predicted vs measured", lines, tables))
+
+    def _tuned(self) -> None:
+        """With --tune the story ends with the fastest settings found and confirmed (the tune's own report)."""
+        out = self.out(plan.TUNE)
+        if not out:
+            return
+        lines = [f"tune {out.get('tune_id')}: {out.get('status')} (runs/{out.get('tune_id')}/tune.md)"]
+        rows = []
+        for b in out.get("best") or []:
+            k = b.get("k")
+            vs = b.get("vs_baseline") or {}
+            rows.append([str(b.get("concurrency")), "no draft" if k == 0 else f"K={k}", _f(b.get("predicted_tok_s"), 0),
+                         _f(b.get("measured_tok_s"), 0),
+                         f"×{vs['ratio']:.2f} {vs.get('decision')}" if vs.get("ratio") is not None else "—"])
+        if out.get("engine_line"):
+            lines.append(f"serve it with (vLLM): {out.get('engine_line')}")
+        if out.get("off_from") is not None:
+            lines.append(f"speculation off from concurrency {out.get('off_from')}")
+        if out.get("median_error") is not None:
+            lines.append(f"median prediction error over the measured points: {out['median_error']:.0%}")
+        self.sections.append(("The fastest settings", lines,
+                              [(["concurrency", "setting", "predicted tok/s", "measured tok/s", "vs no draft"], rows)]
+                              if rows else []))
 
     def predicted(self) -> dict[str, float | None]:
         """Test-drafter's accept length for each served config: the first check's for the draft as it

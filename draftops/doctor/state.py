@@ -199,7 +199,7 @@ def _host_of(folder: Path) -> str:
 
 #: the flags a resume may name, as the user types them
 FLAGS = {"draft": "--draft", "data": "--data", "profile": "--profile", "target": "--target", "fix": "--fix",
-         "bench": "--no-bench", "capture": "--capture", "port": "--port"}
+         "bench": "--no-bench", "capture": "--capture", "port": "--port", "tune": "--tune"}
 
 
 def resume(folder: Path, host: str, asked: dict[str, Any]) -> State:

@@ -19,7 +19,7 @@ from draftops.errors import DoctorError
 from draftops.runs import jobs
 
 MAX_DEPTH = 32                  # a doctor's state nests about six levels (steps → outcome → findings → …)
-STEP_NAMES = Literal["capture", "check", "baseline", "as-served", "fix", "recheck", "fixed", "compare"]
+STEP_NAMES = Literal["capture", "check", "baseline", "as-served", "fix", "recheck", "fixed", "compare", "tune"]
 STEP_STATES = Literal["pending", "running", "done", "skipped", "failed", "stopped"]
 STATUSES = Literal["running", "healthy", "unhealthy", "fixed", "not-fixed", "failed", "stopped"]
 SERVER_STATES = Literal["starting", "ready", "stopped", "unknown", "not-ours"]
@@ -42,6 +42,7 @@ class ArgsModel(_Strict):
     port: Port | None = None
     keep_serving: bool = False
     fresh: bool = False
+    tune: bool = False
 
 
 class StepModel(_Strict):

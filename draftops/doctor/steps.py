@@ -12,11 +12,13 @@ from draftops.doctor.comparing import compare
 from draftops.doctor.context import Ctx, Skip, Tracker, ran
 from draftops.doctor.serving import reusable_baseline, served, stop_server
 from draftops.doctor.state import Step
+from draftops.doctor.tuning import tune
 
 __all__ = ["Ctx", "Skip", "Tracker", "ran", "reusable_baseline", "run_step", "stop_server"]
 
 STEP_FUNCS: dict[str, Callable[[Ctx, Step], None]] = {
     plan.CAPTURE: capture, plan.CHECK: check, plan.FIX: fix, plan.RECHECK: recheck, plan.COMPARE: compare,
+    plan.TUNE: tune,
 }
 
 

@@ -1,0 +1,201 @@
+"""One measuring step of a tune: serve the draft with K draft tokens (K = 0: the baseline, no draft) with
+serve's own checks and lifecycle, bench that server once per concurrency with bench's session, stop it.
+Every server is named in tune.json as it starts, so an interrupted tune stops exactly its own."""
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftops import records
+from draftops.documents.tune import Step
+from draftops.errors import BenchError, ServeRefused
+from draftops.runs import jobs
+from draftops.runs.tools import ask_tool, run_tool
+from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
+from draftops.serve.request import DEMO, Request, demo_dir, resolve
+from draftops.terminal import clean
+from draftops.tune import plan
+from draftops.tune.context import Ctx, ran
+
+if TYPE_CHECKING:
+    from draftops.bench.result import BenchResult
+
+
+def _host_path(ctx: Ctx, path: str) -> str:
+    """A path typed for the host made absolute as ``ssh``/``scp`` read it (``~`` its home, relative to
+    where a login shell starts): a profile's ``python: ~/...`` (the doctor's context.host_path rule)."""
+    host = ctx.host
+    if host.spec.transport == "local":
+        given = Path(path).expanduser()
+        return str(given if given.is_absolute() else (host.project_root / given).resolve())
+    if not host.info:
+        host.prepare()
+    home = str(host.info["home"]).rstrip("/") or "/"
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else posixpath.join(home, path)
+
+
+def profile_of(ctx: Ctx) -> profiles.Profile:
+    """The serve profile asked for, its python as the host reads it."""
+    chosen = profiles.resolve(ctx.host.spec, ctx.doc.args.profile)
+    return dataclasses.replace(chosen, python=_host_path(ctx, chosen.python))
+
+
+def ensure_demo(ctx: Ctx) -> None:
+    """Generate the demo on the host once, as `invoke serve --draft demo` does first."""
+    folder = demo_dir(ctx.host.state_dir)
+    known = ask_tool(ctx.host, "remote.drafter.demo_spec", [folder], timeout=60).data
+    if not (isinstance(known, dict) and known.get("complete") is True):
+        run_tool(ctx.host, "remote.drafter", ["demo", "--out", folder], name="demo", pull=False,
+                 view=ctx.tracker).check()
+
+
+def _plan(ctx: Ctx, k: int) -> tuple[Any, profiles.Profile]:
+    chosen = profile_of(ctx)
+    baseline = k == 0
+    # served as it is to be measured (--force: a verdict that says MISMATCH is the user's to fix first)
+    request = Request(draft=None if baseline else (DEMO if ctx.demo else ctx.doc.args.draft), baseline=baseline,
+                      profile=ctx.doc.args.profile, port=ctx.doc.args.port, force=True,
+                      steps=None if baseline else k, target=DEMO if baseline and ctx.demo else None)
+    served = resolve(request, chosen, demo_dir(ctx.host.state_dir),
+                     demo_baseline=ctx.demo and ctx.host.spec.transport == "local" and chosen.builtin)
+    return served, chosen
+
+
+def measure(ctx: Ctx, step: Step, k: int, concurrencies: list[int], seen: dict[str, float]) -> None:
+    """Serve with ``k`` draft tokens, bench it at each of ``concurrencies``, stop it; the benches land
+    in ``step.outcome['benches']`` (concurrency → run, tok/s, accept length, per position)."""
+    serve_plan, chosen = _plan(ctx, k)
+    step.outcome["benches"] = {}
+    with _serving(ctx, step, k, serve_plan, chosen, seen) as server:
+        for c in concurrencies:
+            t0 = time.monotonic()
+            res = _bench(ctx, step, k, server, c)
+            seen["bench"] = time.monotonic() - t0
+            step.outcome["benches"][str(c)] = bench_outcome(res)
+            ctx.save()
+
+
+@contextmanager
+def _serving(ctx: Ctx, step: Step, k: int, serve_plan: Any, chosen: profiles.Profile,
+             seen: dict[str, float]) -> Iterator[lifecycle.Server]:
+    host = ctx.host
+    if serve_plan.demo:
+        ensure_demo(ctx)
+    launch = serve_plan.launch
+    found = checks.Findings(notes=list(serve_plan.notes))
+    checks.flag_checks(serve_plan, found)
+    facts = hosttool.inspect(host, launch.python, chosen.settings.env, serve_plan.engine.name, launch.target,
+                             launch.draft)
+    verdict = verdicts.latest(ctx.runs_dir, launch.draft) if launch.draft else None
+    checks.fact_checks(serve_plan, facts, verdict, found, None)
+    if found.refusals:
+        raise ServeRefused(*found.refusals)
+    ctx.doc.engine = serve_plan.engine.name
+    lifecycle.make_room(host, serve_plan)
+    t0 = time.monotonic()
+    server = lifecycle.launch(host, serve_plan, dict(chosen.settings.env))
+    ran(step, server.run_id)
+    entry: dict[str, Any] = {"run_id": server.run_id, "port": server.port, "k": k, "step": step.name,
+                             "state": "starting", "token": server.entry.get("token"),
+                             "job": f"serve-{serve_plan.engine.name}-{server.port}"}
+    ctx.doc.servers.append(entry)
+    ctx.save()
+    record = {"run_id": server.run_id, "engine": serve_plan.engine.name, "engine_version": facts.engine.version,
+              "target": launch.target, "draft": launch.draft,
+              "asked": {"profile": chosen.name, "port": server.port, "steps": launch.steps, "baseline": k == 0,
+                        "max_running_requests": launch.max_running_requests, "tune": ctx.doc.tune_id}}
+    try:
+        ctx.say(f"  serving K={k} on port {server.port} (run {server.run_id}); waiting until it answers"
+                if k else f"  serving the baseline on port {server.port} (run {server.run_id})")
+        try:
+            lifecycle.wait_ready(host, serve_plan, server, lambda *_: None)
+        except Exception:
+            _record_serve(ctx, {**record, "effective": {}, "state": "failed", "ready_s": None})
+            raise
+        entry["started"] = jobs.status(host, server.run_id).get("started")
+        readback = lifecycle.read_back(host, serve_plan, server)
+        seen["serve"] = ready_s = time.monotonic() - t0
+        _record_serve(ctx, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
+        entry["state"] = "ready"
+        step.outcome.update({"serve_run": server.run_id, "ready_s": round(ready_s, 1),
+                             "effective": {k_: v for k_, v in readback.effective.items() if not k_.startswith("_")}})
+        ctx.say(f"  ready in {ready_s:.0f} s")
+        yield server
+    finally:
+        stop_server(ctx, entry)
+
+
+def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
+    records.keep(ctx.host.project_root, f"serve run {rec_args.get('run_id')}",
+                 lambda rev: records.serve_record(host=ctx.host.name, draft_digest=None, git_rev=rev, **rec_args),
+                 ctx.warn)
+
+
+def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
+    """Stop a server this tune started (its run on its port, the registry's token the start held),
+    however far it came; one the host records as another's is left alone, said."""
+    host = ctx.host
+    try:
+        server = next((s for s in lifecycle.servers(host) if s.run_id == entry["run_id"]), None)
+        if server is not None and (server.port != entry["port"] or
+                                   (entry.get("token") and server.entry.get("token") != entry["token"])):
+            ctx.warn(f"left alone: run {entry['run_id']} is registered as another call's server on port "
+                     f"{server.port} ({ctx.folder / 'tune.json'} says otherwise: it was edited).")
+            entry["state"] = "not-ours"
+            ctx.save()
+            return
+        if server is not None:
+            lifecycle.stop(host, server)
+        elif entry["run_id"] in ctx.doc.runs():
+            jobs.kill(host, str(entry["run_id"]), 10.0)
+    except Exception as exc:        # noqa: BLE001  (the stop is tried and said, never a traceback)
+        ctx.warn(f"could not stop the server of run {entry['run_id']}: {clean(str(exc))}")
+        entry["state"] = "unknown"
+        return
+    entry["state"] = "stopped"
+    ctx.save()
+
+
+def _bench(ctx: Ctx, step: Step, k: int, server: lifecycle.Server, concurrency: int) -> BenchResult:
+    from draftops.bench import plan as planning
+    from draftops.bench import result as bench_result
+    from draftops.bench import session
+    host = ctx.host
+    settings = plan.bench_settings(concurrency, ctx.demo)
+    prepared = session.prepare(host, planning.BenchSettings(**settings), port=server.port)
+    ctx.say(f"  bench at concurrency {concurrency}: {settings['prompts']} prompts × {settings['repeats']} repeats")
+    name = f"tune-k{k}-c{concurrency}"
+    done = session.run(host, prepared, name=name, given={**settings, "tune": ctx.doc.tune_id}, view=ctx.tracker)
+    res = done.result
+    ran(step, res.run_id)
+    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
+                 ctx.warn)
+    if res.status != "succeeded":
+        raise BenchError(f"bench run {res.run_id} failed: {res.failure} What was written is in {done.folder}.")
+    tput = res.metrics.output_throughput
+    acc = res.accept_length.value if res.accept_length else None
+    ctx.say(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
+            + (f", accept length {acc:.2f}" if acc is not None else ""))
+    return res
+
+
+def bench_outcome(res: BenchResult) -> dict[str, Any]:
+    tput = res.metrics.output_throughput
+    per = res.per_position
+    return {"bench_run": res.run_id, "tok_s": tput.median, "values": list(tput.values),
+            "accept_length": res.accept_length.value if res.accept_length else None,
+            "per_position": per.model_dump() if per is not None else None}
+
+
+def as_measured(step: Step) -> list[tuple[int, dict[str, Any]]]:
+    """(concurrency, bench outcome) of a measuring step, in concurrency order."""
+    benches = step.outcome.get("benches") or {}
+    return sorted(((int(c), b) for c, b in benches.items() if isinstance(b, dict)), key=lambda cb: cb[0])
+

@@ -19,7 +19,7 @@ from remote.drafter import EvalOptions
 from remote.drafter.errors import OptionError
 from remote.drafter.scoring.metrics import StepCounts, bucket_start, position_bucket
 from remote.drafter.scoring.reduce import counts as merged
-from remote.drafter.unknown_layers import advice, speculators_default
+from remote.drafter.verdict.unknown_layers import advice, speculators_default
 from remote.eagle import regressions
 
 

@@ -176,7 +176,7 @@ def test_a_json_next_to_the_dumps_that_is_no_regular_file_is_passed_over(tmp_pat
     (tmp_path / "data" / "eagle.json").write_text(json.dumps({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))
     code = ("import resource, sys; from pathlib import Path\n"
             "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-            "from remote.drafter import trainerconfig\n"
+            "from remote.drafter.data import trainerconfig\n"
             "print(trainerconfig.read(Path(sys.argv[1]), 3, 'SpecForge').aux_ids)\n")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})

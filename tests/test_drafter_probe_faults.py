@@ -185,7 +185,7 @@ _BOMB = """
 import gzip, resource, sys
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-from remote.drafter import torchfile
+from remote.drafter.store import torchfile
 from remote.drafter.errors import CorruptFileError
 try:
     torchfile.load(Path(sys.argv[1]), "remake it")

@@ -14,9 +14,9 @@ from rich.console import Console
 
 from draftops.cli.drafter import parse_temperatures
 from draftops.report import temperature_table
-from remote.drafter import temperature
 from remote.drafter.errors import OptionError
 from remote.drafter.options import EvalOptions
+from remote.drafter.scoring import temperature
 from tests.bench_runs import read_report
 from tests.drafter_support import demo, run_eval
 

@@ -8,11 +8,12 @@ from typing import Any
 from invoke import Context
 from invoke.exceptions import Exit
 
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, host_path, project_root
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, project_root
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import WHOLE, Number, task
 from draftops.console import console, escape
 from draftops.link.host import Host
+from draftops.runs.hostfiles import host_path
 
 MAX_BUDGET_S = 24 * 3600.0
 _HELP = {

@@ -80,3 +80,12 @@ def test_the_schema_string_is_written_once():
     uses = [str(p.relative_to(REPO)) for p in sorted((REPO / "draftops").rglob("*.py"))
             if SCHEMA in p.read_text()]
     assert uses == ["draftops/documents/bench_compare.py"]
+
+
+def test_a_fifo_in_place_of_bench_result_json_is_not_waited_on(tmp_path):
+    folder = tmp_path / "runs" / "b-1"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "bench-result.json")
+    run = RunRecord(run_id="b-1", kind="bench", host="local", verdict="ok")
+    (finding,) = results.findings_of([run], tmp_path)        # would block for ever on open()
+    assert finding.code == "bench-result-unreadable" and "FIFO" in finding.text

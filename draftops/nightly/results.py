@@ -155,7 +155,7 @@ def _drafter_findings(run: RunRecord, path: Path) -> list[Finding]:
 def _bench_findings(run: RunRecord, path: Path) -> list[Finding]:
     """bench's warnings (a cross-check that disagrees, a repeat left out): each a ! finding."""
     try:
-        doc = jsonread.loads(path.read_bytes())
+        doc = jsonread.load(path)           # a regular file only, bounded
         warnings = doc.get("warnings", []) if isinstance(doc, dict) else None
         if not isinstance(warnings, list):
             raise ValueError("its `warnings` is not a list")

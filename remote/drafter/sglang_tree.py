@@ -50,12 +50,11 @@ def _logits(draft: Eagle3Draft, batch: Batch, slots: tuple[int, ...], where: tor
     for j in range(depth):
         ids[torch.arange(ids.shape[0]), t + 1 + j] = paths[:, j]
     n = ids.shape[1]
-    rows = torch.arange(ids.shape[0]) * n + t
-    unroll = Unroll(draft, aux, ids)
-    logits = unroll.step(rows)
+    unroll = Unroll(draft, aux, ids)     # every row, one batched step each (a subset runs per sample)
+    logits = unroll.step()
     for _ in range(depth):
-        logits = unroll.step(rows)
-    return logits
+        logits = unroll.step()
+    return logits[torch.arange(ids.shape[0]) * n + t]
 
 
 def build(draft: Eagle3Draft, batch: Batch, slots: tuple[int, ...], where: torch.Tensor,

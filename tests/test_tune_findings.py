@@ -62,6 +62,13 @@ def test_fifteen_steps_is_named_over_drafting_with_the_better_k(hist: History) -
     assert f"K={best} is predicted {speeds[best]:.0f} tok/s against {speeds[15]:.0f} at K=15" in found.text
     assert f"`invoke serve --draft /m/draft --steps {best}`" in found.text
     assert "td-15" in found.text
+    # the loss's interval: the loss at both ends of the throughput ratio's 95% interval
+    speed = cmp.speed
+    assert speed is not None and speed.lo is not None and speed.hi is not None
+    acc = tuned.accept_length(COND, 15)
+    ends = sorted(tuned.loss_at(COND, 15, (acc / r - 1) / 15) for r in (speed.hi, speed.lo))
+    assert f"95% interval {ends[0]:.0%}–{ends[1]:.0%} from the throughput's" in found.text
+    assert ends[0] <= 1 - speeds[15] / speeds[best] <= ends[1]
 
 
 def test_served_at_the_fastest_k_is_not_over_drafting(hist: History) -> None:

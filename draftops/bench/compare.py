@@ -562,7 +562,7 @@ def _tune_findings(a: BenchResult, b: BenchResult, predictions: dict[str, Predic
         pred = predictions.get(res.run_id)
         if pred is not None:
             out += tuned.over_drafting(f"{label} ({res.run_id})", res, a if res is b else None, pred.cond,
-                                       pred.run_id)
+                                       pred.run_id, rule.get("throughput") if res is b else None)
     return out
 
 

@@ -76,9 +76,12 @@ def round_line(spec: BenchResult, base: BenchResult | None) -> RoundLine:
 
 
 def over_drafting(label: str, spec: BenchResult, base: BenchResult | None,
-                  cond_acc: list[float | None] | None, source: str) -> list[Said]:
+                  cond_acc: list[float | None] | None, source: str,
+                  speed_rule: comparison.Verdict | None = None) -> list[Said]:
     """``over-drafting`` when the served K is well past the fastest K the profile and cost predict
-    (``cond_acc``: the prediction's conditional acceptance per step, from test-drafter run ``source``)."""
+    (``cond_acc``: the prediction's conditional acceptance per step, from test-drafter run ``source``;
+    ``speed_rule``: the rule's throughput verdict of ``spec`` against ``base``, whose interval gives
+    the predicted loss its interval)."""
     k = spec.steps or 0
     cond = _leading(cond_acc or [])
     if spec.mode != "speculative" or k < 2 or not cond or (spec.speculative and (spec.speculative.topk or 1) > 1):
@@ -95,9 +98,27 @@ def over_drafting(label: str, spec: BenchResult, base: BenchResult | None,
             else f"predicted {1 / (1 - loss):.2f}× as fast as K={k}")
     return [("warn", "over-drafting",
              f"{label} drafts K={k} tokens per round, well past the fastest K: K={best} is {said} "
-             f"({loss:.0%} lost at K={k}); accept length {accept_length(cond, best):.2f} against "
-             f"{accept_length(cond, k):.2f} from test-drafter run {source}'s acceptance per step; round cost "
-             f"{line.source}. Serve with `invoke serve --draft {ckpt} --steps {best}` and bench it to confirm.")]
+             f"({loss:.0%} lost at K={k}{_loss_interval(spec, cond, k, line, speed_rule)}); accept length "
+             f"{accept_length(cond, best):.2f} against {accept_length(cond, k):.2f} from test-drafter run "
+             f"{source}'s acceptance per step; round cost {line.source}. Serve with `invoke serve --draft {ckpt} "
+             f"--steps {best}` and bench it to confirm.")]
+
+
+def loss_at(cond: list[float], k: int, slope: float) -> float:
+    """The share of the best K's speed lost at K when a draft token costs ``slope`` decode steps."""
+    speed = [accept_length(cond, n) / (1 + slope * n) for n in range(1, k + 1)]
+    return 1 - speed[-1] / max(speed)
+
+
+def _loss_interval(spec: BenchResult, cond: list[float], k: int, line: RoundLine,
+                   rule: comparison.Verdict | None) -> str:
+    """``, 95% interval 21–40%``: the loss at both ends of the throughput ratio's interval (the round's
+    cost per draft token in decode steps is (accept length / ratio − 1) / K), where it was measured."""
+    acc = spec.accept_length.value if spec.accept_length else None
+    if not line.measured or rule is None or rule.lo is None or rule.hi is None or rule.lo <= 0 or not acc:
+        return ""
+    ends = sorted(loss_at(cond, k, max(acc / r - 1, 0.0) / k) for r in (rule.hi, rule.lo))
+    return f", {comparison.level(rule.alpha)} interval {ends[0]:.0%}–{ends[1]:.0%} from the throughput's"
 
 
 def _leading(rates: list[float | None]) -> list[float]:

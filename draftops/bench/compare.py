@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from draftops import comparison
-from draftops.bench import samples
+from draftops.bench import samples, tuned
 from draftops.bench.plan import chat_advice
 from draftops.bench.positions import PositionTable, compare_positions
 from draftops.bench.result import BenchResult, DraftInfo
@@ -620,7 +620,7 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
             findings += _temperature_findings(f"{label} ({res.run_id})", res, predictions.get(res.run_id))
     rule = verdicts(a, b, alpha)
     through, speedup = _throughput_findings(a, b, findings, rule["throughput"])
-    findings += through + _settings_findings(a, b)
+    findings += through + _settings_findings(a, b) + [Finding(*t) for t in _tune_findings(a, b, predictions, rule)]
     tables = [t for t in (_positions(label, res, predictions.get(res.run_id))
                           for label, res in (("run A", a), ("run B", b))) if t is not None]
     findings += [Finding(*t.finding) for t in tables if t.finding]
@@ -630,6 +630,19 @@ def compare(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | 
                      noise=noise, positions=tables, verdicts=rule)
     cmp.rows = _rows(a, b, predictions, speedup, cmp.speed_text())
     return cmp
+
+
+def _tune_findings(a: BenchResult, b: BenchResult, predictions: dict[str, Prediction | None],
+                   rule: dict[str, comparison.Verdict]) -> list[tuned.Said]:
+    """over-drafting (a speculative run whose prediction knows the acceptance per step) and
+    acceptance-drops-with-batch (two speculative runs at two concurrencies): draftops/bench/tuned.py."""
+    out = tuned.batch_drop(a, b, rule.get("accept_length"))
+    for label, res in (("run A", a), ("run B", b)):
+        pred = predictions.get(res.run_id)
+        if pred is not None:
+            out += tuned.over_drafting(f"{label} ({res.run_id})", res, a if res is b else None, pred.cond,
+                                       pred.run_id, rule.get("throughput") if res is b else None)
+    return out
 
 
 def compare_record(cmp: Comparison, run_id: str, git_rev: str | None) -> RunRecord:

@@ -85,6 +85,16 @@ class Layout(Part):
     tags: list[str] = []
 
 
+class TopK(Part):
+    """``topk``: per depth (row) and j = 1..k (column), P(target within the draft's top j | the
+    prefix within the top k), with the counts behind it (added)."""
+
+    k: int = 0
+    correct: list[list[int]] = []
+    total: list[int] = []
+    acc: list[list[float | None]] = []
+
+
 class Counts(Part):
     """Accuracies on one basis (data or verifier targets)."""
 
@@ -92,6 +102,7 @@ class Counts(Part):
     cond_acc: list[float | None] | None = None
     cond_total: list[int] | None = None      # rows each cond_acc_k counts (those right up to step k-1)
     top5_acc_0: float | None = None
+    topk: TopK | None = None                 # added: the per-depth top-k profile (trees)
 
 
 class Evaluation(Part):

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftops.documents.drafter_report import Counts, DrafterReport
 
 
 @dataclass(frozen=True)
@@ -42,3 +46,41 @@ class AcceptanceProfile:
             alive *= rate
             total += alive
         return total
+
+    @classmethod
+    def from_report(cls, report: DrafterReport, basis: str | None = None) -> AcceptanceProfile | None:
+        """The served layout's profile in test-drafter's report (``basis``: the report's own when
+        None): conditional acceptance up to the first depth nothing reached, and the per-depth top-k
+        rows where the evaluator counted them (``metrics.served.<basis>.topk``). None when the
+        report has no served layout scored on that basis."""
+        served = report.metrics.served
+        basis = basis or report.metrics.basis
+        counts = getattr(served, basis, None) if served is not None else None
+        if counts is None or not counts.cond_acc or counts.cond_acc[0] is None:
+            return None
+        conditional = _leading(counts.cond_acc)
+        return cls(conditional=conditional, topk=_topk_rows(counts),
+                   samples=(counts.cond_total or [0])[0], source=f"report:{basis}")
+
+
+def _leading(rates: list[float | None]) -> tuple[float, ...]:
+    """The rates up to the first unknown one (a depth no row reached)."""
+    out: list[float] = []
+    for rate in rates:
+        if rate is None:
+            break
+        out.append(rate)
+    return tuple(out)
+
+
+def _topk_rows(counts: Counts) -> tuple[tuple[float, ...], ...]:
+    """Per depth, P(target within the top j) for j = 1..k, up to the first depth with no rows."""
+    if counts.topk is None:
+        return ()
+    rows: list[tuple[float, ...]] = []
+    for row in counts.topk.acc:
+        known = _leading(row)
+        if not known or len(known) != len(row):
+            break
+        rows.append(known)
+    return tuple(rows)

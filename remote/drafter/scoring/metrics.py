@@ -17,6 +17,9 @@ import torch
 
 from .stats import PerSample
 
+#: widest top-k the evaluator counts per depth (SGLang's --speculative-eagle-topk is rarely above 4)
+TOPK = 4
+
 
 @dataclass
 class StepCounts:
@@ -28,6 +31,8 @@ class StepCounts:
     cond_total: list[int] = field(default_factory=list)
     top5_correct: int = 0
     top5_total: int = 0
+    topk_correct: list[list[int]] = field(default_factory=list)  # [step][j-1]: target in the top j (see topk)
+    topk_total: list[int] = field(default_factory=list)          # [step]: rows whose prefix is in the top TOPK
     walk_rounds: int = 0      # decoding walk (see ``walk``): verify rounds with all K rows scored
     walk_accepted: int = 0    # drafted tokens those rounds accepted
     # step-0 counts by position-in-sequence bucket (``position_bucket``): decay with position is visible
@@ -38,9 +43,11 @@ class StepCounts:
     _samples: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("full_correct", "full_total", "cond_total"):
+        for name in ("full_correct", "full_total", "cond_total", "topk_total"):
             if not getattr(self, name):
                 setattr(self, name, [0] * self.steps)
+        if not self.topk_correct:
+            self.topk_correct = [[0] * TOPK for _ in range(self.steps)]
 
     def update(self, preds: list[torch.Tensor], target: torch.Tensor, scored: torch.Tensor,
                positions: torch.Tensor | None = None) -> None:
@@ -110,6 +117,20 @@ class StepCounts:
         self.top5_correct += int((hits & scored).sum())
         self.top5_total += int(scored.sum())
 
+    def update_topk(self, step: int, hits: torch.Tensor, counted: torch.Tensor) -> None:
+        """``hits`` [B, M, TOPK] bool: the target within the draft's top j+1 at ``step``; ``counted``
+        [B, M]: the rows whose targets at steps 0..step-1 were all within the top TOPK (a tree of
+        SGLang's ``--speculative-eagle-topk`` up to TOPK can hold that prefix) and whose target exists."""
+        self.topk_total[step] += int(counted.sum())
+        for j in range(hits.shape[-1]):
+            self.topk_correct[step][j] += int((hits[..., j] & counted).sum())
+
+    def topk(self) -> dict[str, Any]:
+        """Per depth (step+1) and j = 1..TOPK: P(target in the draft's top j | prefix in the top TOPK)."""
+        return {"k": TOPK, "condition": f"prefix within the top {TOPK}",
+                "correct": self.topk_correct, "total": self.topk_total,
+                "acc": [[_ratio(c, t) for c in row] for row, t in zip(self.topk_correct, self.topk_total, strict=True)]}
+
     def full_acc(self) -> list[float | None]:
         return [_ratio(c, t) for c, t in zip(self.full_correct, self.full_total, strict=True)]
 
@@ -130,6 +151,7 @@ class StepCounts:
                 "full_correct": self.full_correct, "full_total": self.full_total,
                 "cond_total": self.cond_total, "top5_acc_0": _ratio(self.top5_correct, self.top5_total),
                 "by_position": self.by_position(),
+                "topk": self.topk(),
                 "walk": {"rounds": self.walk_rounds, "accepted": self.walk_accepted,
                          "accept_length": self.walked_accept_length()}}
 

@@ -32,6 +32,8 @@ def counts(parts: Sequence[StepCounts]) -> StepCounts:
             out.full_correct[k] += part.full_correct[k]
             out.full_total[k] += part.full_total[k]
             out.cond_total[k] += part.cond_total[k]
+            out.topk_total[k] += part.topk_total[k]
+            out.topk_correct[k] = [a + b for a, b in zip(out.topk_correct[k], part.topk_correct[k], strict=True)]
         out.top5_correct += part.top5_correct
         out.top5_total += part.top5_total
         out.walk_rounds += part.walk_rounds

@@ -15,7 +15,7 @@ import torch
 from ..data.batching import Batch
 from ..model.draft import Eagle3Draft, Unroll
 from ..model.layers import rms_norm
-from .metrics import StepCounts
+from .metrics import TOPK, StepCounts
 
 
 @dataclass
@@ -76,13 +76,14 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
 
     Only what the counts can use is computed: step k runs the rows whose steps 0..k-1 were all
     right against at least one kind of target (a row that already failed both can add nothing to
-    ``full_acc``/``cond_acc``), and top-5 is taken at step 0 only.  ``prune=False`` runs every row
-    at every step (same counts; for timing the worst case, a draft that is always right).
-    Returns the number of rows computed at each step; ``observe`` (a cause check's measurement) is
-    shown step 0's rows and draft tokens; ``observe_steps(k, rows, logits, alive)`` sees each step's
-    rows and logits with the data chain's rows still right before it (temperature.py).  Rows whose
-    logits hold NaN/inf at any computed step are counted in ``score.nonfinite`` (valid positions only,
-    each row once)."""
+    ``full_acc``/``cond_acc``) or whose targets at steps 0..k-1 were all within the draft's top
+    TOPK (the per-depth top-k counts, what a tree can hold), and top-5 is taken at step 0 only.
+    ``prune=False`` runs every row at every step (same counts; for timing the worst case, a draft that
+    is always right).  Returns the number of rows computed at each step; ``observe`` (a cause check's
+    measurement) is shown step 0's rows and draft tokens; ``observe_steps(k, rows, logits, alive)``
+    sees each step's rows and logits with the data chain's rows still right before it
+    (temperature.py).  Rows whose logits hold NaN/inf at any computed step are counted in
+    ``score.nonfinite`` (valid positions only, each row once)."""
     bsz, n = batch.input_ids.shape
     valid = torch.arange(n, device=batch.lengths.device)[None, :] < batch.lengths[:, None]
     bad = torch.zeros(bsz * n, dtype=torch.bool, device=batch.input_ids.device)
@@ -90,13 +91,15 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
     chains = {"data": (batch.next_ids, has_next.clone())}
     if score.verifier is not None and verifier_targets is not None:
         chains["verifier"] = (verifier_targets, batch.scored.clone())
+    trees = {kind: alive.clone() for kind, (_, alive) in chains.items()}  # prefix within the top TOPK
+    masks = {"data": has_next, "verifier": batch.scored}
     preds: dict[str, list[torch.Tensor]] = {kind: [] for kind in chains}
     hits: dict[str, torch.Tensor] = {}
     computed: list[int] = []
     unroll = Unroll(draft, batch.aux(score.slots), batch.input_ids)
     for k in range(min(steps, n)):
         need = torch.zeros(bsz, n, dtype=torch.bool, device=has_next.device)
-        for _, alive in chains.values():
+        for alive in (*(a for _, a in chains.values()), *trees.values()):
             need[:, : n - k] |= alive[:, : n - k]
         rows = need.view(-1).nonzero().squeeze(1)
         if prune and rows.numel() == 0:
@@ -108,13 +111,18 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         computed.append(int(logits.shape[0]))
         _show(k, rows, draft_ids, logits[keep], chains["data"][1], observe, observe_steps)
         in_target = draft.draft_to_target(draft_ids)
-        top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices[keep] if k == 0 else draft_ids
+        ranked = logits.topk(min(max(5, TOPK), logits.shape[-1]), dim=-1).indices[keep]
+        top5 = ranked[:, :5] if k == 0 else draft_ids
         for kind, (target, alive) in chains.items():
             pred = torch.full((bsz * n,), -2, dtype=torch.long, device=rows.device)  # -2 matches no target
             pred[rows] = in_target if kind == "data" else draft_ids
             pred = pred.view(bsz, n)
             preds[kind].append(pred)
             alive[:, : n - k] &= pred[:, : n - k] == target[:, k:]
+            ranks = draft.draft_to_target(ranked[:, :TOPK]) if kind == "data" else ranked[:, :TOPK]
+            counts = score.counts(kind)
+            if counts is not None:
+                _tree_step(counts, k, _spread(ranks, rows, bsz, n), target, trees[kind], masks[kind])
             if k == 0:
                 best = draft.draft_to_target(top5) if kind == "data" else top5
                 hit = torch.zeros(bsz * n, dtype=torch.bool, device=rows.device)
@@ -130,3 +138,23 @@ def score_batch(draft: Eagle3Draft, batch: Batch, score: LayoutScore, steps: int
         score.verifier.update(preds["verifier"], chains["verifier"][0], batch.scored, batch.positions)
         score.verifier.update_top5(hits.get("verifier", torch.zeros_like(has_next)), batch.scored)
     return computed
+
+
+def _spread(ranks: torch.Tensor, rows: torch.Tensor, bsz: int, n: int) -> torch.Tensor:
+    """[R, w] candidates of the computed ``rows`` as [B, N, w], -2 (matches no target) elsewhere."""
+    full = torch.full((bsz * n, ranks.shape[-1]), -2, dtype=torch.long, device=rows.device)
+    full[rows] = ranks
+    return full.view(bsz, n, -1)
+
+
+def _tree_step(counts: StepCounts, k: int, ranks: torch.Tensor, target: torch.Tensor, tree: torch.Tensor,
+               mask: torch.Tensor) -> None:
+    """Count step ``k``'s per-depth top-j hits on the rows whose prefix is within the top TOPK
+    (``tree``, narrowed here to the rows whose step-k target is within it too)."""
+    n = target.shape[1]
+    hit = (ranks[:, : n - k] == target[:, k:, None]).long().cumsum(-1) > 0     # [B, n-k, w]: within top j
+    if hit.shape[-1] < TOPK:                                                  # a vocabulary under TOPK wide
+        hit = torch.cat([hit, hit[..., -1:].expand(*hit.shape[:2], TOPK - hit.shape[-1])], -1)
+    counts.update_topk(k, hit, tree[:, : n - k] & mask[:, k:])
+    tree[:, : n - k] &= hit[..., -1]
+    tree[:, n - k:] = False

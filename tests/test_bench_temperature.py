@@ -13,7 +13,7 @@ from draftops.bench.plan import BenchSettings, plan, sglang_argv, vllm_argv
 from draftops.errors import BenchError
 from draftops.history import History
 from draftops.mlflowrun import split_metrics
-from tests import bench_runs as runs
+from tests.support import bench_runs as runs
 from tests.test_bench_compare import _draft
 from tests.test_bench_plan import SGLANG_NEW, SGLANG_OLD, SPEC, VLLM, _opt
 

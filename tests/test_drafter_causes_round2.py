@@ -122,8 +122,8 @@ def test_a_speculators_dump_of_four_layers_with_the_final_one_is_read_right(tmp_
     """speculators' data generation captures [2, n//2, n-3, n] (vLLM ids): three aux layers and the final
     one, n. Here the lab's [0, 2, 3] + [5] (its 5 layers): the final slot is 3, the layers read as
     SGLang's [-1, 1, 2, 4], and the trained layout is served."""
-    from tests.drafter_lab import TRAINED, WELL_TRAINED, lab, run, save, trained_weights
-    from tests.trainer_dumps import write_data_config, write_speculators
+    from tests.support.drafter_lab import TRAINED, WELL_TRAINED, lab, run, save, trained_weights
+    from tests.support.trainer_dumps import write_data_config, write_speculators
 
     the_lab = lab()
     data = tmp_path / "hidden_states"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from remote.eagle.formats import LAYER_CONFIG
-from tests.drafter_support import demo, run_eval
+from tests.support.drafter_support import demo, run_eval
 
 #: Llama-3.1's scaled rope as transformers 5 writes it (the demo target's config uses rope_parameters)
 LLAMA31_PARAMETERS = {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,

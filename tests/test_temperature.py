@@ -17,8 +17,8 @@ from draftops.report import temperature_table
 from remote.drafter.errors import OptionError
 from remote.drafter.options import EvalOptions
 from remote.drafter.scoring import temperature
-from tests.bench_runs import read_report
-from tests.drafter_support import demo, run_eval
+from tests.support.bench_runs import read_report
+from tests.support.drafter_support import demo, run_eval
 
 
 def _replay(target: torch.Tensor, draft: torch.Tensor, emit: torch.Tensor, t: float, method: str,

@@ -32,8 +32,8 @@ from draftops.bench.plan import BenchSettings, Client, Server, vllm_argv
 from remote.bench.datasets import to_sharegpt
 from remote.bench.demo_prompts import prompts as demo_prompts
 from remote.drafter.demo_spec import DemoSpec
-from tests.drafter_support import demo, run_eval
-from tests.vllm_server import VllmServer, engine_venv, spec_totals
+from tests.support.drafter_support import demo, run_eval
+from tests.support.vllm_server import VllmServer, engine_venv, spec_totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 FIX = Path(__file__).parent / "vllm_cpu_fix"

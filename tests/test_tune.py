@@ -24,7 +24,7 @@ from draftops.errors import TuneError
 from draftops.tune import answer, flow, plan, report, state, steps
 from draftops.tune.context import Ctx, Tracker
 from tests.conftest import REPO
-from tests.drafter_support import local_demo_project
+from tests.support.drafter_support import local_demo_project
 from tests.test_serve_ssh import processes_of_runs_under
 
 # the 12-06 reference on this machine (fixed demo, concurrency 4) in spirit: tok/s and the server's accept length

@@ -13,7 +13,7 @@ from draftops.bench import compare as comparing
 from draftops.bench import tuned
 from draftops.bench.result import DraftInfo
 from draftops.history import History
-from tests import bench_runs as runs
+from tests.support import bench_runs as runs
 
 DIGEST = "sha256:cccc000000000000"
 # the fixed demo's acceptance per step as test-drafter measures it (verifier basis, 15 steps): high for

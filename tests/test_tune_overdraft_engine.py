@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from remote.drafter.demo.build import read_serve_info
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 from tests.test_serve_ssh import ok
 from tests.test_serve_vllm import flat, invoke, project  # noqa: F401  (the fixture)
 

@@ -16,7 +16,7 @@ REPLACED = 0.2
 def off_policy_text(base: Healthy, out: Path) -> Variant:
     """The lab's text with every fifth token or so drawn uniformly from the draft vocabulary (so the draft
     vocabulary still covers the data), the lab target run over it for the states."""
-    from tests.drafter_lab import SLOT_IDS, draft_vocab, lab, target_forward, target_weights
+    from tests.support.drafter_lab import SLOT_IDS, draft_vocab, lab, target_forward, target_weights
 
     the_lab = lab()
     keep, _ = draft_vocab(the_lab)

@@ -18,7 +18,7 @@ SAMPLES = 24
 def engine_states(out: Path, rotation: torch.Tensor | None) -> Path:
     """The lab target's states at every boundary for the first SAMPLES dump samples, as the capture
     check keeps them (``hs_{i}.safetensors`` + data_config.json), right-multiplied by ``rotation``."""
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     the_lab = lab()
     keeper = Keeper(out / "engine-states", the_lab.spec.layers)
@@ -31,7 +31,7 @@ def engine_states(out: Path, rotation: torch.Tensor | None) -> Path:
 
 def rotated_engine(base: Healthy, out: Path) -> Variant:
     """The served target rotates its residual stream by a random orthogonal Q (norms kept exactly)."""
-    from tests.drafter_lab import lab
+    from tests.support.drafter_lab import lab
 
     h = lab().spec.hidden
     q, _ = torch.linalg.qr(torch.randn(h, h, generator=torch.Generator().manual_seed(17)))

@@ -29,9 +29,9 @@ import pytest
 
 from draftops import history
 from tests.support.drafter_support import local_demo_project
+from tests.support.vllm_server import engine_venv
 from tests.test_serve_ssh import processes_of_runs_under
 from tests.test_tune import _env, tune_doc
-from tests.support.vllm_server import engine_venv
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

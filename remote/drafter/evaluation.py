@@ -686,12 +686,13 @@ def _metrics(ctx: EvalContext, samples: Sequence[int], roles: dict[str, tuple[in
 
 
 def _policy_role(ctx: EvalContext, roles: dict[str, tuple[int, ...]]) -> str | None:
-    """The role whose step 0 the off-policy measurement (policy.py) watches: the served layout, else the
-    best; None without verifier targets.  Its tally lives in ``ctx.extra`` (one per pass)."""
+    """The role whose step 0 the off-policy measurement (policy.py) watches: the layout the draft was trained
+    on (the best; the served one when they agree), where its tokens carry the most signal; None without
+    verifier targets.  Its tally lives in ``ctx.extra`` (one per pass)."""
     if ctx.head is None or ctx.final_slot is None:
         return None
     ctx.extra[policy.ID] = policy.PolicyTally()
-    return "served" if "served" in roles else "best" if "best" in roles else None
+    return "best" if "best" in roles else "served" if "served" in roles else None
 
 
 def _policy_observer(ctx: EvalContext, batch: Batch, emit: torch.Tensor, emit_ids: torch.Tensor) -> Observer:

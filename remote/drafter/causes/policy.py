@@ -20,7 +20,7 @@ def check(facts: Facts) -> list[dict[str, Any]]:
     if not measured or not measured.get("off_policy"):
         return []
     res, steps = facts.res, facts.opts.steps
-    score = res.full.get("served") or res.full.get("best")
+    score = res.full.get("best") or res.full.get("served")   # the layout policy.py watched
     if score is None or score.verifier is None:
         return []
     data, verifier = score.data, score.verifier

@@ -13,7 +13,7 @@ variance ``sum p(1 - p)``, and ``z = sum(hit - p) / sqrt(sum p(1 - p))`` is stan
 Greedy or low-temperature regenerations hit *more* often than ``p`` (z > 0); text the target would not
 have written hits less.  The test is one-sided at ``alpha`` (the report states it) and a shortfall must
 also reach ``MARGIN`` of step-0 accuracy, so a large dump does not flag a difference nobody would
-feel.  One extra [rows, draft vocab] product per batch, on the served layout's step 0 only.
+feel.  One extra [rows, draft vocab] product per batch, on one layout's step 0 only.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from draftops.cli.drafter import parse_temperatures
 from draftops.report import temperature_table
 from remote.drafter.errors import OptionError
 from remote.drafter.options import EvalOptions
-from remote.drafter.scoring.score import temperature
+from remote.drafter.scoring import temperature
 from tests.support.bench_runs import read_report
 from tests.support.drafter_support import demo, run_eval
 

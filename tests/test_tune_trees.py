@@ -19,7 +19,7 @@ from draftops.tune.profile import AcceptanceProfile
 from remote.drafter import load_checkpoint
 from remote.drafter.data.batching import collate
 from remote.drafter.data.dumps import DumpSet
-from remote.drafter.scoring.score import sglang_tree
+from remote.drafter.scoring import sglang_tree
 from tests.support.drafter_support import demo, run_eval
 
 SAMPLES = 16      # the demo's first samples (36 rounds each): the report's and the count's

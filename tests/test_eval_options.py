@@ -11,7 +11,7 @@ import pytest
 from draftops.drafter.asked import Asked
 from draftops.serve.host_engine import HostEngine
 from remote.drafter.cli import build_parser, options_from_args
-from remote.drafter.options import FLAGS, EvalOptions
+from remote.drafter.options import FLAGS, EvalOptions, temperatures
 
 NOT_FLAGS = {"demo"}      # said by leaving out --ckpt and --data
 
@@ -20,7 +20,8 @@ def other_value(flag):
     """A value of the flag's type that is not its field's default."""
     if flag.choices:
         return next(c for c in reversed(flag.choices) if c != _default(flag.field))
-    return {Path: Path("/host/some folder/x"), int: 7, float: 0.25, str: "0.5.13", bool: True}[flag.kind]
+    return {Path: Path("/host/some folder/x"), int: 7, float: 0.25, str: "0.5.13", bool: True,
+            temperatures: (0.7, 1.0)}[flag.kind]
 
 
 def _default(field):
@@ -96,7 +97,8 @@ def test_the_laptop_writes_no_evaluator_flag_by_hand():
     repo = Path(__file__).resolve().parent.parent
     spelled = {f'"{flag.name}"' for flag in FLAGS} - {'"--out"', '"--ckpt"', '"--data"', '"--config"', '"--steps"',
                                                        '"--port"', '"--engine"', '"--seed"', '"--limit"',
-                                                       '"--device"', '"--full"', '"--verifier"'}
+                                                       '"--device"', '"--full"', '"--verifier"',
+                                                       '"--temperature"'}   # the engines' bench clients' flag too
     found = [(str(path.relative_to(repo)), word) for path in sorted((repo / "draftops").rglob("*.py"))
              for word in spelled if word in path.read_text()]
     assert found == []

@@ -82,7 +82,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     asked = Asked(ckpt=ckpt, data=data, verifier=verifier, config=config, steps=steps, limit=limit,
                   expected_acc=expected_acc, expected_accept_length=expected_accept_length,
                   expected_from=expected_from, full=full, seed=seed, device=device, gpus=gpus, hosts=tuple(names),
-                  nodes=nodes, port=port, temperatures=temperatures)
+                  nodes=nodes, port=port,
+                  temperatures=tuple(float(t) for t in temperatures.split(",")) if temperatures else ())
     # The demo is generated once per host and kept next to the runs, outside the synced code tree.
     # The log shows in a window while the job runs and goes when it ends: the report below is the
     # result, shown once (a failure shows the log's end instead).
@@ -138,11 +139,11 @@ def _spread_names(gpus: int | None, hosts: str | None, port: int | None, host: s
 MAX_TEMPERATURE = 100.0
 
 
-def parse_temperatures(text: str | None) -> tuple[float, ...]:
+def parse_temperatures(text: str | None) -> str | None:
     """``--temperature 0.7`` or ``0.7,1``: the values as the evaluator reads them, each finite and from 0
     to 100 (0 is greedy); anything else is one line naming the flag."""
     if text is None:
-        return ()
+        return None
     parts = [p for p in str(text).replace(" ", "").split(",") if p]
     try:
         values = [float(p) for p in parts]
@@ -151,7 +152,7 @@ def parse_temperatures(text: str | None) -> tuple[float, ...]:
     if not values or len(values) > 8 or not all(0 <= v <= MAX_TEMPERATURE for v in values):  # NaN fails too
         raise Exit(f"error: --temperature {text!r}: give one to eight sampling temperatures from 0 to "
                    f"{MAX_TEMPERATURE:g}, comma-separated (e.g. --temperature 0.7 or --temperature 0.7,1).", code=1)
-    return tuple(dict.fromkeys(values))
+    return ",".join(repr(v) for v in dict.fromkeys(values))
 
 
 def _slurm_or_hosts(host: Host, names: list[str], nodes: int | None) -> None:

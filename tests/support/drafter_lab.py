@@ -186,7 +186,7 @@ def cache_key(*args: Any) -> str:
     digest = hashlib.sha256(repr((args, LabSpec())).encode())
     for function in (target_weights, target_forward, lab, draft_vocab, draft_arch, trained_weights):
         digest.update(inspect.getsource(function).encode())
-    drafter = Path(__file__).resolve().parent.parent / "remote" / "drafter"
+    drafter = Path(__file__).resolve().parents[2] / "remote" / "drafter"
     for module in ("demo/train", "model/draft", "model/layers", "model/rope", "data/batching"):
         digest.update((drafter / f"{module}.py").read_bytes())
     return digest.hexdigest()[:20]

@@ -71,7 +71,7 @@ def test_sglangs_topk_one_adjustment_keys_the_point_by_what_it_served(loc: Path,
 
 
 def test_a_baseline_or_vllm_bench_is_not_a_tree_point() -> None:
-    from tests import bench_runs as runs
+    from tests.support import bench_runs as runs
     with pytest.raises(sglang.NotATree, match="not an SGLang speculative run"):
         sglang.measured(runs.vllm_run("v", tok_s=[100.0], accept=2.0,
                                       draft=result.DraftInfo(path="/m/draft")))

@@ -117,10 +117,10 @@ def _over_budget(ctx: Ctx, step: Step, seen: dict[str, float]) -> str | None:
     left = ctx.doc.args.budget_s - ctx.doc.spent_s
     need = plan.estimate_s(step.name, _benches_of(ctx, step), seen)
     if step.name.startswith("measure-") and left <= 0:
+        more = state.resume_command(ctx.doc.tune_id, ctx.doc.host, "--budget-s", f"{ctx.doc.spent_s + 3 * need:.0f}")
         raise TuneError(f"the budget of {ctx.doc.args.budget_s:.0f} s is spent ({ctx.doc.spent_s:.0f} s counted) "
                         f"before step {step.name}, which every answer rests on; "
-                        f"`{state.resume_command(ctx.doc.tune_id, ctx.doc.host)} --budget-s "
-                        f"{ctx.doc.spent_s + 3 * need:.0f}` continues with more")
+                        f"`{more}` continues with more")
     if step.name.startswith("confirm-") and need > left:
         return (f"the budget has {max(left, 0):.0f} s left of {ctx.doc.args.budget_s:.0f} s, and this step needs "
                 f"about {need:.0f} s (a server start and {_benches_of(ctx, step)} bench(es)); --budget-s more "

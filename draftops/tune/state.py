@@ -25,8 +25,9 @@ LOCK_NAME = ".tune.lock"
 MAX_STATE_BYTES = 4 << 20
 
 
-def resume_command(tune_id: str, host: str) -> str:
-    return cmdline.command("tune", "--resume", tune_id, host=host)
+def resume_command(tune_id: str, host: str, *more: object) -> str:
+    """The pasteable `invoke tune --resume ID [MORE…]` (``--host`` last, when not the default)."""
+    return cmdline.command("tune", "--resume", tune_id, *more, host=host)
 
 
 def save(doc: TuneDoc, folder: Path) -> None:

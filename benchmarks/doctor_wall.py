@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,17 +32,35 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from draftops.serve.request import demo_dir  # noqa: E402
-from remote.drafter.demo.build import ensure_demo  # noqa: E402
+from benchmarks.loop_overhead import make_project  # noqa: E402
 
 
-def make_project(where: Path) -> Path:
-    for name in ("remote", "draftops"):
-        shutil.copytree(REPO / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "tasks.py", where / "tasks.py")
-    (where / "hosts.yaml").write_text("default: local\nhosts: {}\n")
-    ensure_demo(demo_dir(str(where / ".draftops" / "state")))
-    return where
+def invoke(project: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """``invoke ARGS`` in the throwaway project, as a user types it on the built-in `local` host."""
+    env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
+    env.pop("DRAFTOPS_HOST", None)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@contextmanager
+def throwaway(prefix: str, keep: bool) -> Iterator[Path]:
+    """A throwaway project with the demo generated (make_project), removed afterwards unless ``keep``."""
+    where = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield make_project(where / "project")
+    finally:
+        if not keep:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def ended(done: subprocess.CompletedProcess, project: Path, keep: bool) -> int:
+    """The call's output when it failed, where the project was kept; its exit code."""
+    if done.returncode != 0:
+        print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
+    if keep:
+        print(f"project kept in {project}")
+    return done.returncode
 
 
 def seconds(step: dict[str, str | None]) -> float | None:
@@ -54,14 +74,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the throwaway project (its runs/)")
     opts = parser.parse_args()
-    where = Path(tempfile.mkdtemp(prefix="draftops-doctor-bench-"))
-    try:
-        project = make_project(where / "project")
-        env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
-        env.pop("DRAFTOPS_HOST", None)
+    with throwaway("draftops-doctor-bench-", opts.keep) as project:
         began = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--draft", "demo", "--fix", "--fresh"],
-                              cwd=project, env=env, capture_output=True, text=True, timeout=1800)
+        done = invoke(project, "doctor", "--draft", "demo", "--fix", "--fresh")
         wall = time.monotonic() - began
         (folder,) = (project / "runs").glob("*-doctor-*")
         doc = json.loads((folder / "doctor.json").read_text())
@@ -77,15 +92,7 @@ def main() -> int:
                 print(f"  {role}: measured {c.get('measured'):.2f} vs predicted {c.get('predicted'):.2f}; "
                       f"throughput vs baseline {c.get('speed_text')}"
                       + (f" (extra repeats: bench {c['extra_bench_run']})" if c.get("extra_bench_run") else ""))
-        if done.returncode != 0:
-            print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-        if opts.keep:
-            print(f"project kept in {project}")
-        return done.returncode
-    finally:
-        if not opts.keep:
-            shutil.rmtree(where, ignore_errors=True)
-
+        return ended(done, project, opts.keep)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,14 +25,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.doctor_wall import make_project  # noqa: E402
-
-
-def _invoke(project: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "200"}
-    env.pop("DRAFTOPS_HOST", None)
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+from benchmarks.doctor_wall import ended, throwaway  # noqa: E402
+from benchmarks.doctor_wall import invoke as _invoke  # noqa: E402
 
 
 def fix_demo(project: Path) -> None:
@@ -71,9 +62,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the throwaway project (its runs/)")
     parser.add_argument("--chart", type=Path, help="copy the tune's chart (tune.png) here")
     opts = parser.parse_args()
-    where = Path(tempfile.mkdtemp(prefix="draftops-tune-bench-"))
-    try:
-        project = make_project(where / "project")
+    with throwaway("draftops-tune-bench-", opts.keep) as project:
         fix_demo(project)
         began = time.monotonic()
         done = _invoke(project, "tune", "--draft", "demo")
@@ -82,15 +71,7 @@ def main() -> int:
         show(json.loads((folder / "tune.json").read_text()), wall, done.returncode)
         if opts.chart and (folder / "tune.png").is_file():
             shutil.copy(folder / "tune.png", opts.chart)
-        if done.returncode != 0:
-            print(done.stdout[-3000:] + done.stderr[-3000:], file=sys.stderr)
-        if opts.keep:
-            print(f"project kept in {project}")
-        return done.returncode
-    finally:
-        if not opts.keep:
-            shutil.rmtree(where, ignore_errors=True)
-
+        return ended(done, project, opts.keep)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -31,6 +31,13 @@ def _draft(digest: str, ids: list[int], path: str = "/m/draft") -> DraftInfo:
     return DraftInfo(path=path, digest=digest, format="speculators", layer_ids=ids, layer_id_convention="vllm")
 
 
+def _against_the_baseline(hist: History, name: str, tok_s: list[float], accept: float, digest: str,
+                          ids: list[int]) -> comparing.Comparison:
+    """A vLLM run of the draft (``digest``, vLLM ``ids``) compared with the baseline these tests share."""
+    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
+    return _compare(hist, base, runs.vllm_run(name, tok_s=tok_s, accept=accept, draft=_draft(digest, ids)))
+
+
 @pytest.fixture
 def hist(tmp_path: Path) -> History:
     return History(tmp_path / "runs" / "history.sqlite")
@@ -49,10 +56,7 @@ def mismatch(hist: History) -> dict:
 # --- accept length against the prediction --------------------------------------------------------
 
 def test_wrong_config_served_faithfully_says_fix_the_config(hist: History, mismatch: dict) -> None:
-    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
-    spec = runs.vllm_run("spec", tok_s=[46.7, 47.0, 46.1], accept=1.50 * 1.04,
-                         draft=_draft("sha256:aaaa000000000000", [1, 4, 7]))
-    cmp = _compare(hist, base, spec)
+    cmp = _against_the_baseline(hist, "spec", [46.7, 47.0, 46.1], 1.50 * 1.04, "sha256:aaaa000000000000", [1, 4, 7])
     assert _codes(cmp)[:2] == ["config-wrong", "spec-slower"]
     assert "draft-config --ckpt /m/draft --from-report td-1" in cmp.findings[0].text
     assert "3.60" in cmp.findings[0].text and "MISMATCH" in cmp.findings[0].text
@@ -74,10 +78,7 @@ def test_fixed_ids_measured_near_the_best_prediction_means_the_draft_is_the_limi
 
 
 def test_measured_far_below_prediction_suspects_the_wiring(hist: History, mismatch: dict) -> None:
-    base = runs.vllm_run("base", tok_s=[90.0, 91.0, 89.0])
-    fixed = runs.vllm_run("fixed", tok_s=[60.0, 61.0, 59.0], accept=3.60 * 0.6,
-                          draft=_draft("sha256:bbbb000000000000", [0, 1, 3]))
-    cmp = _compare(hist, base, fixed)
+    cmp = _against_the_baseline(hist, "fixed", [60.0, 61.0, 59.0], 3.60 * 0.6, "sha256:bbbb000000000000", [0, 1, 3])
     assert _codes(cmp)[:2] == ["wiring-suspect", "spec-slower"]
     text = cmp.findings[0].text
     assert "40% below" in text and "test-drafter --ckpt /m/draft --steps 3" in text

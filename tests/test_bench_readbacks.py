@@ -10,7 +10,7 @@ from draftops.history import History
 from remote.bench import server_metrics
 from remote.bench.errors import BenchParseError
 from tests.support import bench_formats as fmt
-from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.bench_folders import bench_a_faulty_double, bench_folder
 from tests.support.serving import ok, profile, project, serve_draft  # noqa: F401
 from tests.support.tasks import invoke
 
@@ -38,11 +38,8 @@ def test_a_repeated_series_keeps_its_first_sample_and_other_label_sets_still_add
 
 @pytest.mark.ssh
 def test_wrong_typed_server_info_still_writes_the_result_and_its_history_row(project, tmp_path):  # noqa: F811
-    serve = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"})
-    root = project("loc", default=serve)
-    serve_draft(root, tmp_path)
-    run = invoke(root, "bench", "--prompts", "3", "--repeats", "1", "--output-len", "8",
-                 "--dataset", prompts_file(tmp_path))
+    root, run = bench_a_faulty_double(project, tmp_path, {"DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO": "wrong-types"},
+                                      prompts=3, repeats=1, output_len=8)
     assert "Traceback" not in run.stdout + run.stderr and "ValidationError" not in run.stdout + run.stderr
     folder = bench_folder(root, run.stdout)
     res = json.loads((folder / "bench-result.json").read_text())

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from draftops.history import History
-from tests.support.bench_folders import bench_folder, prompts_file
+from tests.support.bench_folders import bench_a_faulty_double, bench_folder, prompts_file
 from tests.support.serving import ok, profile, project, refused, serve_draft  # noqa: F401
 from tests.support.tasks import invoke
 
@@ -51,11 +51,8 @@ def test_bench_brings_everything_home_and_records_it(project, tmp_path, where, l
 
 def test_a_server_dying_half_way_brings_home_what_was_written(project, tmp_path):  # noqa: F811
     # warm-up: 1 + 4 requests, repeat 1: 1 + 5; the server dies on the 14th /generate, in repeat 2
-    dying = profile(tmp_path, double={"DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"})
-    root = project("loc", default=dying)
-    serve_draft(root, tmp_path)
-    result = invoke(root, "bench", "--prompts", "5", "--repeats", "3", "--output-len", "16",
-                    "--dataset", prompts_file(tmp_path))
+    root, result = bench_a_faulty_double(project, tmp_path, {"DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER": "14"},
+                                         prompts=5, repeats=3, output_len=16)
     text = refused(result)
     assert "failed" in text and "the server died during the repeat 2/3" in text
     folder = bench_folder(root, result.stdout)

@@ -8,7 +8,6 @@ tests/test_comparison_engine.py``.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from draftops.doctor import plan
 from tests.support.serving import ok
 from tests.support.sshd import free_port
-from tests.support.vllm_serving import flat, invoke, project  # noqa: F401  (the fixture)
+from tests.support.vllm_serving import bench_result, compared, invoke, project  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BENCH = ("bench", "--dataset", "demo", *(part for k, v in plan.BENCH.items() if k != "dataset"
@@ -26,11 +25,7 @@ BENCH = ("bench", "--dataset", "demo", *(part for k, v in plan.BENCH.items() if 
 
 
 def bench(root: Path) -> str:
-    before = set((root / "runs").glob("*-bench-vllm-*"))
-    ok(invoke(root, *BENCH))
-    (folder,) = set((root / "runs").glob("*-bench-vllm-*")) - before
-    result = json.loads((folder / "bench-result.json").read_text())
-    assert result["status"] == "succeeded", result.get("failure")
+    result = bench_result(root, *BENCH)
     samples = [rep["record"]["samples"] for rep in result["repeats"]]
     # vLLM's --save-detailed: one sample per request of every repeat, kept in the run folder
     assert all(len(s["output_len"]) == plan.BENCH["prompts"] for s in samples), [len(s["output_len"]) for s in samples]
@@ -38,10 +33,7 @@ def bench(root: Path) -> str:
 
 
 def compare(root: Path, a: str, b: str) -> dict[str, Any]:
-    done = invoke(root, "bench.compare", "--run-a", a, "--run-b", b)
-    assert done.returncode == 0, flat(done)
-    folder = max((p for p in (root / "runs").iterdir() if "-bench-compare-" in p.name), key=lambda p: p.stat().st_mtime)
-    doc: dict[str, Any] = json.loads((folder / "compare.json").read_text())
+    doc, folder = compared(root, a, b)
     assert [doc["a"], doc["b"]] == [a, b]
     speed = doc["throughput"]
     assert speed["ci"][0] <= speed["ratio"] <= speed["ci"][1] and speed["alpha"] == 0.05

@@ -14,15 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from remote.drafter import DataError, NonFiniteError, load_checkpoint
 from remote.drafter.cli import main
-from tests.support.drafter_lab import (
-    NEIGHBOUR,
-    TRAINED,
-    WELL_TRAINED,
-    lab,
-    run,
-    save,
-    trained_weights,
-)
+from tests.support.drafter_lab import NEIGHBOUR, TRAINED, WELL_TRAINED, lab, run, save, trained_weights
 
 N = 32  # samples per run (the lab has 192): enough for a verdict, quick
 FAST = {"limit": N, "layout_samples": 16}

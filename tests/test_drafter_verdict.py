@@ -17,16 +17,7 @@ from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from remote.drafter import ConfigError, load_checkpoint
 from remote.drafter.cli import main
-from tests.support.drafter_lab import (
-    BARELY,
-    NEIGHBOUR,
-    TRAINED,
-    WELL_TRAINED,
-    lab,
-    run,
-    save,
-    trained_weights,
-)
+from tests.support.drafter_lab import BARELY, NEIGHBOUR, TRAINED, WELL_TRAINED, lab, run, save, trained_weights
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,12 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def refused(path: Path, tmp_path: Path, match: str) -> None:
+    """Loading the inventory at ``path`` fails with an InventoryError matching ``match``."""
+    with pytest.raises(InventoryError, match=match):
+        load_inventory(path, tmp_path)
+
+
 def test_builtin_local_host_is_default_without_inventory(tmp_path, no_inventory_env):
     inv = load_inventory(tmp_path / "missing.yaml", tmp_path)
     local = inv.get()
@@ -43,8 +49,7 @@ def test_host_env_var_overrides_default(tmp_path, monkeypatch):
 
 def test_malformed_yaml_names_file_and_line(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  gpu:\n    address: gpu.example\n   port: 22\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: hosts.yaml is not valid YAML"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: hosts.yaml is not valid YAML")
 
 
 def test_bad_field_names_host_field_and_line(tmp_path, no_inventory_env):
@@ -60,17 +65,22 @@ def test_bad_field_names_host_field_and_line(tmp_path, no_inventory_env):
 
 def test_host_key_policy_must_be_known(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  gpu:\n    address: gpu.example\n    host_key: yolo\n")
-    with pytest.raises(InventoryError, match=r":4: host 'gpu', field `host_key`.*'strict' or 'accept-new'"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, r":4: host 'gpu', field `host_key`.*'strict' or 'accept-new'")
 
 
-def test_ssh_host_without_address_and_bad_default(tmp_path, no_inventory_env):
-    path = write(tmp_path, "hosts:\n  gpu:\n    user: root\n")
-    with pytest.raises(InventoryError, match=rf"{path}:2: host 'gpu': an ssh host needs `address`"):
-        load_inventory(path, tmp_path)
-    path = write(tmp_path, "default: nowhere\nhosts:\n  gpu:\n    address: g.example\n")
-    with pytest.raises(InventoryError, match=r":1: default host 'nowhere' is not defined; known hosts: gpu, local"):
-        load_inventory(path, tmp_path)
+@pytest.mark.parametrize(("text", "match"), [
+    ("hosts:\n  gpu:\n    user: root\n", r"{path}:2: host 'gpu': an ssh host needs `address`"),
+    ("default: nowhere\nhosts:\n  gpu:\n    address: g.example\n",
+     r":1: default host 'nowhere' is not defined; known hosts: gpu, local"),
+    ("default: local\nhosts:\n  gpu:\n    address: g.example\nhost:\n  x: 1\n",
+     r"{path}:5: unknown top-level key `host` \(did you mean `hosts`\?\)"),
+    ("defaults: gpu\nhosts: {}\n", r"{path}:1: unknown top-level key `defaults`"),
+], ids=["ssh-host-without-address", "bad-default", "unknown-top-level-key-near-miss", "unknown-top-level-key"])
+def test_a_refused_inventory_names_file_line_and_what(tmp_path, no_inventory_env, text, match):
+    """An ssh host without an address, a default host not defined, an unknown top-level key (and the
+    key it nearly is): each refused with the file, the line and what is wrong."""
+    path = write(tmp_path, text)
+    refused(path, tmp_path, match.replace("{path}", str(path)))
 
 
 def test_relative_local_paths_resolve_from_inventory_folder(tmp_path, no_inventory_env):
@@ -85,8 +95,7 @@ def test_relative_local_paths_resolve_from_inventory_folder(tmp_path, no_invento
 @pytest.mark.parametrize("jump", ["'a b@c'", "'a[/b]'", "'u@h:99999'", "'u@h:'", "'@h'", "'x,'"])
 def test_bad_jump_spec_is_refused_at_load_with_its_line(tmp_path, no_inventory_env, jump):
     path = write(tmp_path, f"hosts:\n  gpu:\n    address: g.example\n    jump: {jump}\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: Host 'gpu': jump hop .* is neither a host"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: Host 'gpu': jump hop .* is neither a host")
 
 
 # --- R13: names, unknown keys, duplicates, env field errors -------------------------------------
@@ -97,8 +106,7 @@ def test_host_names_outside_the_safe_pattern_are_refused(tmp_path, no_inventory_
     path = write(tmp_path, f"hosts:\n  ok:\n    address: g.example\n  \"{name}\":\n    address: h.example\n"
                  if not name.startswith("'") and name != "true" else
                  f"hosts:\n  ok:\n    address: g.example\n  {name}:\n    address: h.example\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: host name .* is not allowed: use 1-64 letters"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: host name .* is not allowed: use 1-64 letters")
 
 
 @pytest.mark.parametrize("name", ["gpu-1", "gpu_2.lab", "B200", "7"])
@@ -107,21 +115,11 @@ def test_ordinary_host_names_are_accepted(tmp_path, no_inventory_env, name):
     assert load_inventory(path, tmp_path).get(name).name == name
 
 
-def test_unknown_top_level_key_names_file_line_and_key(tmp_path, no_inventory_env):
-    path = write(tmp_path, "default: local\nhosts:\n  gpu:\n    address: g.example\nhost:\n  x: 1\n")
-    with pytest.raises(InventoryError, match=rf"{path}:5: unknown top-level key `host` \(did you mean `hosts`\?\)"):
-        load_inventory(path, tmp_path)
-    path = write(tmp_path, "defaults: gpu\nhosts: {}\n")
-    with pytest.raises(InventoryError, match=rf"{path}:1: unknown top-level key `defaults`"):
-        load_inventory(path, tmp_path)
-
-
 def test_duplicate_host_names_both_lines(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  gpu:\n    address: first.example\n  other:\n    address: o.example\n"
                            "  gpu:\n    address: second.example\n")
-    with pytest.raises(InventoryError, match=rf"{path}:6: .*`gpu` appears twice in the same mapping "
-                                             r"\(lines 2 and 6\)"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:6: .*`gpu` appears twice in the same mapping "
+                            r"\(lines 2 and 6\)")
 
 
 @pytest.mark.parametrize("text,lines", [
@@ -132,8 +130,7 @@ def test_duplicate_host_names_both_lines(tmp_path, no_inventory_env):
 ])
 def test_duplicate_keys_anywhere_are_refused(tmp_path, no_inventory_env, text, lines):
     path = write(tmp_path, text)
-    with pytest.raises(InventoryError, match=rf"appears twice .*\(lines {lines[0]} and {lines[1]}\)"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"appears twice .*\(lines {lines[0]} and {lines[1]}\)")
 
 
 def test_yaml_merge_keys_are_not_duplicates(tmp_path, no_inventory_env):
@@ -156,8 +153,7 @@ def test_bad_env_field_lists_env_fields_not_host_fields(tmp_path, no_inventory_e
 
 def test_name_field_inside_an_entry_is_refused(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  gpu:\n    address: g.example\n    name: other\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: host 'gpu', field `name`"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: host 'gpu', field `name`")
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "hosts:\n"])
@@ -217,21 +213,18 @@ def test_jump_loops_are_refused_naming_the_loop(tmp_path, no_inventory_env, host
     text = "hosts:\n" + "".join(f"  {name}:\n    address: {name}.example\n    jump: '{jump}'\n"
                                 for name, jump in hosts.items())
     path = write(tmp_path, text)
-    with pytest.raises(InventoryError, match=rf"{path}:{line}: .*jump chain {loop} loops back"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:{line}: .*jump chain {loop} loops back")
 
 
 def test_jump_through_the_local_host_is_refused(tmp_path, no_inventory_env):
     path = write(tmp_path, "hosts:\n  a:\n    address: a.example\n    jump: local\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: Host 'a': jump host 'local' is not an ssh host"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: Host 'a': jump host 'local' is not an ssh host")
 
 
 @pytest.mark.parametrize("value", ["-1", ".nan", "soon", "90000"])
 def test_persist_is_a_number_of_seconds_up_to_a_day(tmp_path, no_inventory_env, value):
     path = write(tmp_path, f"hosts:\n  gpu:\n    address: gpu.example\n    persist: {value}\n")
-    with pytest.raises(InventoryError, match=rf"{path}:4: host 'gpu', field `persist`"):
-        load_inventory(path, tmp_path)
+    refused(path, tmp_path, rf"{path}:4: host 'gpu', field `persist`")
     ok = write(tmp_path, "hosts:\n  gpu:\n    address: gpu.example\n    persist: 0\n")
     assert load_inventory(ok, tmp_path).get("gpu").persist == 0
 

@@ -100,19 +100,26 @@ def impossible_drafter_task(project, slurm):
         (project / "hosts.yaml").write_text(yaml.safe_dump(hosts))
 
 
+def _bounded_by_max_pending(project, *task: str) -> tuple[str, float, str, dict]:
+    """``invoke TASK --host cluster --max-pending 3`` of a run the node cannot take: it ends (exit 1) with
+    the bound and Slurm's reason; its output, its seconds, the run it named and that run's job.json."""
+    started = time.monotonic()
+    done = invoke(project, *task, "--host", "cluster", "--max-pending", "3")
+    waited = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+    run_id = out.split("run ", 1)[1].split()[0]
+    job = json.loads((project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
+    return out, waited, run_id, job
+
+
 def test_max_pending_on_the_command_line_bounds_one_run_over_hosts_yaml(cluster_project, slurm):
     """hosts.yaml asks the impossible (more CPUs than the node has) and sets no bound; `--max-pending 3`
     ends this one run's wait with Slurm's reason; the job stays queued, with the bound in its job.json."""
     with impossible_drafter_task(cluster_project, slurm):
-        started = time.monotonic()
-        done = invoke(cluster_project, "test-drafter", "--steps", "3", "--host", "cluster", "--max-pending", "3")
-        waited = time.monotonic() - started
-        out = done.stdout + done.stderr
-        assert done.returncode == 1, out
-        assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+        out, waited, run_id, job = _bounded_by_max_pending(cluster_project, "test-drafter", "--steps", "3")
         assert waited < 60, waited
-        run_id = out.split("run ", 1)[1].split()[0]
-        job = json.loads((cluster_project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
         assert job["slurm"]["max_pending"] == 3.0
         assert slurm.run("squeue", "-h", "-n", run_id, "-o", "%T").stdout.strip() == "PENDING"
         assert invoke(cluster_project, "kill", run_id, "--host", "cluster").returncode == 0
@@ -123,15 +130,8 @@ def test_doctor_max_pending_bounds_its_check_and_ends_the_doctor_with_slurms_rea
     the node has) stops waiting after 3 s with Slurm's reason; the doctor ends on that step (exit 1)
     and cancels the queued job, saying so; its job.json held the doctor's bound."""
     with impossible_drafter_task(cluster_project, slurm):
-        started = time.monotonic()
-        done = invoke(cluster_project, "doctor", "--draft", "demo", "--host", "cluster", "--max-pending", "3")
-        waited = time.monotonic() - started
-        out = done.stdout + done.stderr
-        assert done.returncode == 1, out
-        assert "past its bound of 3 s" in out and "PartitionConfig" in out, out
+        out, waited, run_id, job = _bounded_by_max_pending(cluster_project, "doctor", "--draft", "demo")
         assert waited < 90, waited
-        run_id = out.split("run ", 1)[1].split()[0]
-        job = json.loads((cluster_project.parent / "hostroot" / "runs" / run_id / "job.json").read_text())
         assert job["slurm"]["max_pending"] == 3.0 and "-test-drafter-" in run_id
         # the doctor leaves nothing behind: it cancelled the queued check, and says so (not "it stays queued")
         text = " ".join(out.split())

@@ -11,7 +11,6 @@ Marked ``engine``: two vLLM starts and two benches. Run it alone: ``flock /tmp/e
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ import pytest
 
 from remote.drafter.demo.build import read_serve_info
 from tests.support.sshd import free_port
+from tests.support.vllm_serving import bench_result, compared
 from tests.test_serve_ssh import ok
-from tests.test_serve_vllm import flat, invoke, project  # noqa: F401  (the fixture)
+from tests.test_serve_vllm import invoke, project  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BENCH = ("bench", "--dataset", "demo", "--prompts", "48", "--concurrency", "4", "--output-len", "32",
@@ -29,19 +29,11 @@ BENCH = ("bench", "--dataset", "demo", "--prompts", "48", "--concurrency", "4", 
 
 
 def _bench(root: Path) -> str:
-    before = set((root / "runs").glob("*-bench-vllm-*"))
-    ok(invoke(root, *BENCH))
-    (folder,) = set((root / "runs").glob("*-bench-vllm-*")) - before
-    result = json.loads((folder / "bench-result.json").read_text())
-    assert result["status"] == "succeeded", result.get("failure")
-    return str(result["run_id"])
+    return str(bench_result(root, *BENCH)["run_id"])
 
 
 def _compare(root: Path, a: str, b: str) -> dict[str, Any]:
-    done = invoke(root, "bench.compare", "--run-a", a, "--run-b", b)
-    assert done.returncode == 0, flat(done)
-    folder = max((p for p in (root / "runs").iterdir() if "-bench-compare-" in p.name), key=lambda p: p.stat().st_mtime)
-    doc: dict[str, Any] = json.loads((folder / "compare.json").read_text())
+    doc, folder = compared(root, a, b)
     doc["written"] = (folder / "compare.md").read_text()      # the terminal shows the text in a boxed panel
     return doc
 

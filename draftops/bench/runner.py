@@ -15,15 +15,7 @@ from typing import Any, TypeVar
 
 from draftops.bench import plan as planning
 from draftops.bench import result as bench_result
-from draftops.bench.result import (
-    BenchResult,
-    DraftInfo,
-    EngineInfo,
-    HostFacts,
-    Repeat,
-    Settings,
-    Speculative,
-)
+from draftops.bench.result import BenchResult, DraftInfo, EngineInfo, HostFacts, Repeat, Settings, Speculative
 from draftops.documents import Document, parse
 from draftops.documents.bench_run import HostDoc, RunnerDoc
 from draftops.errors import BenchError, DocumentError

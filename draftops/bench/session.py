@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from draftops import records
 from draftops.bench import plan as planning
 from draftops.bench import result as bench_result
 from draftops.bench import runner
@@ -147,6 +149,28 @@ def run(host: Host, prepared: Prepared, *, name: str | None, given: dict[str, An
                        bench=prepared.plan, served=served, job_state=done.state, runner_doc=done.data)
     bench_result.write(res, folder)
     return Finished(res, folder)
+
+
+def run_kept(host: Host, settings: dict[str, Any], *, port: int, name: str, given: dict[str, Any], view: JobView,
+             intro: str, noted: Callable[[str], None], say: Callable[[str], None],
+             warn: Callable[[str], None]) -> BenchResult:
+    """Bench the server on ``port`` once as a step of a larger command (the doctor, the tune) does:
+    plan it, say ``intro``, run it, note its run id (``noted``) and keep its history row, refuse a failed
+    run (BenchError, naming its folder), and say its throughput and accept length."""
+    prepared = prepare(host, planning.BenchSettings(**settings), port=port)
+    say(intro)
+    done = run(host, prepared, name=name, given=given, view=view)
+    res = done.result
+    noted(res.run_id)
+    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
+                 warn)
+    if res.status != "succeeded":
+        raise BenchError(f"bench run {res.run_id} failed: {res.failure} What was written is in {done.folder}.")
+    tput = res.metrics.output_throughput
+    acc = res.accept_length.value if res.accept_length else None
+    say(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
+        + (f", accept length {acc:.2f}" if acc is not None else ""))
+    return res
 
 
 def _plan_doc(folder: Path) -> Any:

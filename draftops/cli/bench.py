@@ -10,15 +10,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import history, records
-from draftops.cli.common import (
-    HOST_HELP,
-    connect,
-    ensure_code,
-    friendly,
-    live,
-    project_root,
-    warn,
-)
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, project_root, warn
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, task
 from draftops.console import console, escape

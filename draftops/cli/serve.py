@@ -12,14 +12,7 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from draftops import cmdline
-from draftops.cli.common import (
-    HOST_HELP,
-    connect,
-    ensure_code,
-    friendly,
-    live,
-    project_root,
-)
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, project_root
 from draftops.cli.history import record_serve
 from draftops.cli.options import GRACE_S, MAX_PENDING, MAX_PENDING_HELP, WHOLE, Number, grace_option, task
 from draftops.console import console, escape, shown_state, state_text, table_width

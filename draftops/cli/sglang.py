@@ -12,14 +12,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import cmdline
-from draftops.cli.common import (
-    HOST_HELP,
-    connect,
-    ensure_code,
-    friendly,
-    live,
-    project_root,
-)
+from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, project_root
 from draftops.cli.options import task
 from draftops.console import console, escape, safe
 from draftops.drafter.demo import ensure_demo

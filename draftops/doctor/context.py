@@ -11,9 +11,10 @@ from typing import Any
 from draftops import cmdline
 from draftops.capture import flow as capture_flow
 from draftops.doctor import plan
-from draftops.doctor.state import State, Step
+from draftops.doctor.state import State
 from draftops.link.host import Host
-from draftops.runs.tools import JobView
+from draftops.runs.steps import Tracker as Tracker
+from draftops.runs.steps import ran as ran
 from draftops.serve import profiles
 from draftops.serve.request import DEMO, DEMO_DRAFT, demo_dir
 
@@ -23,20 +24,6 @@ STEPS_K = 3                 # the TTT steps test-drafter scores = vLLM's num_spe
 
 class Skip(Exception):
     """A step with nothing to do (no fix to apply): recorded as skipped, with the reason."""
-
-
-class Tracker(JobView):
-    """A quiet view that remembers the job it follows, so an interrupted doctor can stop it (a
-    tool job it started must not outlive it), and lets Ctrl-C raise as usual."""
-
-    def __init__(self, say: Callable[[str], None], on_start: Callable[[str], None] = lambda run_id: None) -> None:
-        self.say, self.on_start = say, on_start
-        self.current: str | None = None
-
-    def started(self, host: str, run_id: str) -> None:
-        self.current = run_id
-        self.on_start(run_id)
-        self.say(f"  run {run_id}")
 
 
 @dataclasses.dataclass
@@ -70,12 +57,6 @@ class Ctx:
 
     def done_outcome(self, name: str) -> dict[str, Any]:
         return self.state.step(name).outcome if self.state.has(name) else {}
-
-
-def ran(step: Step, run_id: str) -> None:
-    """Note a run of the step (the tracker notes a job as it starts; a step adds what made no job)."""
-    if run_id not in step.runs:
-        step.runs.append(run_id)
 
 
 def profile_of(ctx: Ctx) -> profiles.Profile:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 from draftops import records, tracking
@@ -21,34 +19,10 @@ from draftops.doctor.state import State, resume_command
 from draftops.errors import DoctorError, DraftopsError, ToolFailed
 from draftops.history import RunRecord, now_iso
 from draftops.link.host import Host
-from draftops.runs import jobs
+from draftops.runs.steps import Stopped, raise_stopped, signals, stop_followed, stop_servers, stopped_why
 from draftops.terminal import clean
 
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 EXIT = {"healthy": 0, "fixed": 0, "unhealthy": 3, "not-fixed": 3, "failed": 1}
-
-
-class Stopped(BaseException):
-    """A signal ended the doctor (raised from its handler; BaseException, as KeyboardInterrupt)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
-
-
-@contextmanager
-def _signals(handler: Any) -> Iterator[None]:
-    """SIGTERM and SIGHUP handled as ``handler`` says (a ``Stopped`` raised, or ignored while cleaning up)."""
-    old = {sig: signal.signal(sig, handler) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, was in old.items():
-            signal.signal(sig, was)
 
 
 def exit_code(state: State) -> int:
@@ -72,7 +46,7 @@ def run(host: Host, state: State, say: Callable[[str], None]) -> State:
         state.resumed.append(now_iso())
     state.status, state.stopped_at, state.why, state.why_signal = "running", None, None, None
     try:
-        with _signals(_raise):
+        with signals(raise_stopped):
             for step in state.steps:
                 if step.finished:
                     say(f"✓ {plan.TITLES[step.name]} (done earlier: {', '.join(step.runs) or 'nothing run'})")
@@ -82,7 +56,7 @@ def run(host: Host, state: State, say: Callable[[str], None]) -> State:
             else:
                 state.status = verdict(state)
     finally:
-        with _signals(signal.SIG_IGN):        # the clean-up is bounded; a second signal does not cut it
+        with signals(signal.SIG_IGN):        # the clean-up is bounded; a second signal does not cut it
             _clean_up(ctx)
     return state
 
@@ -102,9 +76,8 @@ def _one(ctx: steps.Ctx, step: Any) -> bool:
         step.state, step.outcome = "skipped", {"reason": str(why)}
         say(f"  skipped: {why}")
     except (KeyboardInterrupt, Stopped) as exc:
-        signum = exc.signum if isinstance(exc, Stopped) else int(signal.SIGINT)
         step.state, state.status, state.stopped_at = "stopped", "stopped", step.name
-        state.why, state.why_signal = f"stopped by {signal.Signals(signum).name} during this step", signum
+        state.why, state.why_signal = stopped_why(exc)
     except (DraftopsError, OSError) as exc:
         text = _failure_text(exc, state)
         step.state, step.error, state.status, state.stopped_at, state.why = "failed", text, "failed", step.name, text
@@ -153,21 +126,9 @@ def _clean_up(ctx: steps.Ctx) -> None:
         state.status, state.why = "failed", "the doctor ended unexpectedly (see the traceback)"
     job = ctx.tracker.current
     if job and not finished:
-        try:
-            row = jobs.status(host, job)
-            if row.get("state") in ("running", "starting"):
-                jobs.kill(host, job, 10.0)
-                ctx.say(f"stopped run {job}, which the doctor was following")
-        except DraftopsError as exc:
-            ctx.warn(f"could not stop run {job}: {clean(str(exc))}")
-    for entry in state.servers:
-        if entry.get("state") in ("stopped", "not-ours"):
-            continue
-        keep = finished and state.args.keep_serving and entry is state.servers[-1]
-        if not keep:
-            steps.stop_server(ctx, entry)
-    state.left_running = [f"{e['role']} server on port {e['port']} (run {e['run_id']})" for e in state.servers
-                          if e.get("state") not in ("stopped", "not-ours")]
+        stop_followed(host, job, "the doctor", ctx.say, ctx.warn)
+    state.left_running = stop_servers(state.servers, lambda entry: steps.stop_server(ctx, entry),
+                                      lambda e: str(e["role"]), keep_last=finished and state.args.keep_serving)
     try:
         state.save()
     except DoctorError as exc:

@@ -9,7 +9,6 @@ written; each file is written whole or not at all (remote/fileio.py).
 """
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from draftops import cmdline
 from draftops.doctor import plan
 from draftops.doctor.state import STATE_NAME, State, resume_command
 from draftops.errors import DoctorError
-from draftops.nightly.report import esc, md
+from draftops.nightly.report import CHART_SECTION, esc, html_chart, html_tables, sections_markdown
 from remote.eagle import convention
 from remote.fileio import atomic_write_text
 
@@ -260,17 +259,7 @@ class Story:
 
 
 def markdown(story: Story, chart: str | None) -> str:
-    lines = [f"# {md('doctor ' + story.state.doctor_id)}", ""]
-    for heading, text, tables in story.sections:
-        lines += [f"## {md(heading)}", ""]
-        lines += [f"- {md(t)}" for t in text]
-        for header, rows in tables:
-            lines += ["", "| " + " | ".join(md(h) for h in header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
-        lines.append("")
-        if heading == "Predicted vs measured" and chart:
-            lines += [f"![baseline, as served and fixed]({chart})", ""]
-    return "\n".join(lines)
+    return sections_markdown("doctor " + story.state.doctor_id, story.sections, chart, "baseline, as served and fixed")
 
 
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
@@ -289,13 +278,9 @@ def html_page(story: Story, chart: Path | None) -> str:
         parts += [f"<li class='{('good' if good else 'bad') if heading == 'Summary' and i == 0 else ''}'>{e(t)}</li>"
                   for i, t in enumerate(text)]
         parts.append("</ul>")
-        for header, rows in tables:
-            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-            parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows]
-            parts.append("</table>")
-        if heading == "Predicted vs measured" and chart is not None:
-            data = base64.b64encode(chart.read_bytes()).decode()
-            parts.append(f"<img id='chart' alt='baseline, as served and fixed' src='data:image/png;base64,{data}'>")
+        parts += html_tables(tables)
+        if heading == CHART_SECTION and chart is not None:
+            parts.append(html_chart(chart, "baseline, as served and fixed"))
     parts.append(f"<p><a href='{e(STATE_NAME)}'>{e(STATE_NAME)}</a>: every figure above, as recorded</p>"
                  "</body></html>\n")
     return "".join(parts)

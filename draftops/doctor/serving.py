@@ -15,10 +15,10 @@ from draftops.doctor import plan
 from draftops.doctor.context import Ctx, host_cmd, profile_of, ran
 from draftops.doctor.state import Step
 from draftops.drafter.demo import ensure_demo
-from draftops.errors import BenchError, ServeRefused
+from draftops.errors import BenchError
 from draftops.runs import jobs
 from draftops.runs.hostfiles import config_digest_of
-from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
+from draftops.serve import checks, lifecycle, profiles
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
 from draftops.terminal import clean
 
@@ -113,16 +113,7 @@ def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.
     if serve_plan.demo:
         ensure_demo(host, ctx.tracker)
     launch = serve_plan.launch
-    found = checks.Findings(notes=list(serve_plan.notes))
-    checks.flag_checks(serve_plan, found)
-    facts = hosttool.inspect(host, launch.python, chosen.settings.env, serve_plan.engine.name, launch.target,
-                             launch.draft)
-    verdict = verdicts.latest(ctx.runs_dir, launch.draft) if launch.draft else None
-    measured = verdicts.latest_capture(ctx.runs_dir, launch.draft, launch.target, serve_plan.engine.name) \
-        if launch.draft else None
-    checks.fact_checks(serve_plan, facts, verdict, found, measured)
-    if found.refusals:
-        raise ServeRefused(*found.refusals)
+    facts = checks.refused_or_facts(host, serve_plan, chosen.settings.env, ctx.runs_dir, capture=True)
     ids = facts.draft.ids_by_engine.get("sglang") if facts.draft else None
     reading = facts.draft.reading if facts.draft else None
     serve_plan.launch = dataclasses.replace(launch, sglang_ids=tuple(ids) if ids else None)
@@ -142,17 +133,10 @@ def _serving(ctx: Ctx, step: Step, role: str, serve_plan: Any, chosen: profiles.
                         "aux_layer_ids": reading.ids if reading else None, "doctor": ctx.state.doctor_id}}
     try:
         ctx.progress(f"  serving on port {server.port} (run {server.run_id}); waiting until it answers")
-        t0 = _now()
-        try:
-            lifecycle.wait_ready(host, serve_plan, server, lambda *_: None)
-        except Exception:
-            _record_serve(ctx, {**record, "effective": {}, "state": "failed", "ready_s": None})
-            raise
-        entry["started"] = jobs.status(host, server.run_id).get("started")
-        readback = lifecycle.read_back(host, serve_plan, server)
-        ready_s = _now() - t0
-        _record_serve(ctx, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
-        entry["state"] = "ready"
+        readback, ready_s = lifecycle.ready_recorded(
+            host, serve_plan, server, entry, _now(),
+            lambda state, effective, ready_s: _record_serve(
+                ctx, {**record, "effective": effective, "state": state, "ready_s": ready_s}))
         step.outcome.update({"serve_run": server.run_id, "ready_s": round(ready_s, 1),
                              "engine": serve_plan.engine.name, "engine_version": facts.engine.version,
                              "configured_ids": reading.ids if reading else None,
@@ -184,26 +168,15 @@ def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
 def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
     """Stop a server this doctor started (by its run, on its port), however far it came; one whose
     host records do not match what the doctor recorded of it (a tampered state) is left alone, said."""
-    host = ctx.host
-    try:
-        server = next((s for s in lifecycle.servers(host) if s.run_id == entry["run_id"]), None)
+    def not_ours(server: lifecycle.Server | None) -> str | None:
         problem = _not_ours(ctx, entry, server)
-        if problem is not None:
-            ctx.warn(f"left alone: run {entry['run_id']} {problem}, so it is no server this doctor started "
-                     f"({ctx.state.folder / 'doctor.json'} says otherwise: it was edited).")
-            entry["state"] = "not-ours"
-            ctx.state.save()
-            return
-        if server is not None:
-            lifecycle.stop(host, server)
-        else:                       # not (or no longer) registered: its run's process group, if any
-            jobs.kill(host, str(entry["run_id"]), 10.0)
-    except Exception as exc:        # noqa: BLE001  (the stop is tried and said, never a traceback)
-        ctx.warn(f"could not stop the server of run {entry['run_id']}: {clean(str(exc))}")
-        entry["state"] = "unknown"
-        return
-    entry["state"] = "stopped"
-    ctx.state.save()
+        return None if problem is None else (
+            f"left alone: run {entry['run_id']} {problem}, so it is no server this doctor started "
+            f"({ctx.state.folder / 'doctor.json'} says otherwise: it was edited).")
+
+    # a server not (or no longer) registered: its run's process group is killed, if any
+    lifecycle.stop_recorded(ctx.host, entry, not_ours=not_ours, kill_unregistered=True, save=ctx.state.save,
+                            warn=ctx.warn)
 
 
 def _not_ours(ctx: Ctx, entry: dict[str, Any], server: lifecycle.Server | None) -> str | None:
@@ -227,26 +200,11 @@ def _not_ours(ctx: Ctx, entry: dict[str, Any], server: lifecycle.Server | None) 
 
 
 def _bench(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, Any]) -> BenchResult:
-    from draftops.bench import plan as planning
-    from draftops.bench import result as bench_result
     from draftops.bench import session
-    host = ctx.host
-    settings = planning.BenchSettings(**bench)
-    prepared = session.prepare(host, settings, port=started.server.port)
-    ctx.progress(f"  bench: {bench.get('prompts')} prompts × {bench.get('repeats')} repeats after a warm-up")
-    done = session.run(host, prepared, name=role, given={**bench, "doctor": ctx.state.doctor_id},
-                       view=ctx.tracker)
-    res = done.result
-    ran(step, res.run_id)
-    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
-                 ctx.warn)
-    if res.status != "succeeded":
-        raise BenchError(f"bench run {res.run_id} failed: {res.failure} What was written is in {done.folder}.")
-    tput = res.metrics.output_throughput
-    acc = res.accept_length.value if res.accept_length else None
-    ctx.progress(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
-                 + (f", accept length {acc:.2f}" if acc is not None else ""))
-    return res
+    return session.run_kept(
+        ctx.host, bench, port=started.server.port, name=role, given={**bench, "doctor": ctx.state.doctor_id},
+        view=ctx.tracker, noted=lambda run_id: ran(step, run_id), say=ctx.progress, warn=ctx.warn,
+        intro=f"  bench: {bench.get('prompts')} prompts × {bench.get('repeats')} repeats after a warm-up")
 
 
 def _decide_more(ctx: Ctx, step: Step, role: str, started: Started, bench: dict[str, Any],

@@ -3,21 +3,20 @@ servers it started. Written whole (remote/fileio.py) after every change, so an i
 leaves the state of its last finished step, and ``--resume`` continues from there."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import fcntl
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from draftops import cmdline
 from draftops.doctor import plan, statefile
-from draftops.documents import other_schema
+from draftops.documents import StepsOf, other_schema
 from draftops.errors import DoctorError
 from draftops.history import json_safe, now_iso
 from draftops.runs import jobs
+from draftops.runs.steps import held as held_lock
 from remote.fileio import write_json
 from remote.jsonread import loads
 
@@ -49,7 +48,7 @@ class Step:
 
 
 @dataclasses.dataclass
-class State:
+class State(StepsOf[Step]):
     """The whole doctor.json."""
 
     doctor_id: str
@@ -66,14 +65,6 @@ class State:
     resumed: list[str] = dataclasses.field(default_factory=list)              # when each resume began
     folder: Path = Path(".")
 
-    def step(self, name: str) -> Step:
-        return next(s for s in self.steps if s.name == name)
-
-    def has(self, name: str) -> bool:
-        return any(s.name == name for s in self.steps)
-
-    def runs(self) -> list[str]:
-        return [run for s in self.steps for run in (*s.earlier, *s.runs)]
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"schema": SCHEMA, "doctor_id": self.doctor_id, "host": self.host,
@@ -152,33 +143,23 @@ def find(runs_dir: Path, doctor_id: str | None) -> Path:
     return runs_dir / doctor_id if doctor_id else latest(runs_dir)
 
 
-@contextmanager
-def held(folder: Path) -> Iterator[None]:
+def held(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the doctor's lock (``<folder>/.doctor.lock``, flock) for the block: one process runs a doctor
-    at a time, so two ``--resume`` of one doctor never both run its steps. The lock file is the tool's
-    own, created once and never deleted (deleting a lock file races with its next holder)."""
+    at a time, so two ``--resume`` of one doctor never both run its steps (runs.steps.held)."""
     path = folder / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    except FileNotFoundError:
-        raise DoctorError(f"there is no doctor {folder.name} (no folder {folder}); `invoke doctor --resume` takes "
-                          "the id of a doctor run (runs/*-doctor-*), or start a new doctor without --resume.") from None
-    except OSError as exc:
-        raise DoctorError(f"cannot open the doctor's lock {path} ({exc.strerror or exc}); the folder must be "
-                          "writable for a doctor to run in it.") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DoctorError(f"doctor {folder.name} is being run by another `invoke doctor` ({_holder(fd)}; it "
-                              f"holds {path}); two at once would both run its steps. Nothing was run: wait for "
-                              f"that one to end, then `{resume_command(folder.name, _host_of(folder))}` if it "
-                              "did not finish.") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "since": now_iso()}).encode())
-        yield
-    finally:
-        os.close(fd)
+    return held_lock(
+        path,
+        missing=lambda: DoctorError(
+            f"there is no doctor {folder.name} (no folder {folder}); `invoke doctor --resume` takes "
+            "the id of a doctor run (runs/*-doctor-*), or start a new doctor without --resume."),
+        unopenable=lambda exc: DoctorError(
+            f"cannot open the doctor's lock {path} ({exc.strerror or exc}); the folder must be "
+            "writable for a doctor to run in it."),
+        busy=lambda fd: DoctorError(
+            f"doctor {folder.name} is being run by another `invoke doctor` ({_holder(fd)}; it "
+            f"holds {path}); two at once would both run its steps. Nothing was run: wait for "
+            f"that one to end, then `{resume_command(folder.name, _host_of(folder))}` if it "
+            "did not finish."))
 
 
 def _holder(fd: int) -> str:

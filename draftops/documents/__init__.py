@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -43,6 +43,33 @@ class Document(Part):
 
 
 D = TypeVar("D", bound=Document)
+
+
+class NamedStep(Protocol):
+    """A step of a document of steps: its name, its runs and those of its attempts that did not finish."""
+
+    name: str
+    runs: list[str]
+    earlier: list[str]
+
+
+S = TypeVar("S", bound=NamedStep)
+
+
+class StepsOf(Generic[S]):
+    """What a document of steps (doctor.json, tune.json) answers about them, over its ``steps``."""
+
+    if TYPE_CHECKING:
+        steps: list[S]
+
+    def step(self, name: str) -> S:
+        return next(s for s in self.steps if s.name == name)
+
+    def has(self, name: str) -> bool:
+        return any(s.name == name for s in self.steps)
+
+    def runs(self) -> list[str]:
+        return [run for s in self.steps for run in (*s.earlier, *s.runs)]
 
 
 def non_finite(value: Any, where: str = "") -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftops.documents import Document, Part
+from draftops.documents import Document, Part, StepsOf
 
 
 class Args(Part):
@@ -74,7 +74,7 @@ class Best(Part):
     why: str = ""
 
 
-class TuneDoc(Document):
+class TuneDoc(Document, StepsOf[Step]):
     SCHEMA = "draftops.tune/1"
     TASK = "invoke tune"
 
@@ -104,11 +104,3 @@ class TuneDoc(Document):
     median_error: float | None = None
     notes: list[str] = []
 
-    def step(self, name: str) -> Step:
-        return next(s for s in self.steps if s.name == name)
-
-    def has(self, name: str) -> bool:
-        return any(s.name == name for s in self.steps)
-
-    def runs(self) -> list[str]:
-        return [run for s in self.steps for run in (*s.earlier, *s.runs)]

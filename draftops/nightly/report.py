@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -42,6 +43,44 @@ def md_link(target: str) -> str:
 def esc(text: object) -> str:
     """Text for the HTML page: cleaned of control characters, then HTML-escaped (quotes too)."""
     return html.escape(clean(str(text)))
+
+
+#: a table of a sectioned report: its header and its rows
+SectionTable = tuple[list[str], list[list[str]]]
+#: the chart of a sectioned report stands after this section
+CHART_SECTION = "Predicted vs measured"
+
+
+def sections_markdown(title: str, sections: Sequence[tuple[str, list[str], list[SectionTable]]],
+                      chart: str | None, chart_alt: str) -> str:
+    """A report of sections (heading, lines, tables), as the doctor and the tune write theirs, in
+    Markdown: a line is a bullet, the chart (its file name) after the section CHART_SECTION."""
+    lines = [f"# {md(title)}", ""]
+    for heading, text, tables in sections:
+        lines += [f"## {md(heading)}", ""] + [f"- {md(t)}" for t in text]
+        for header, rows in tables:
+            lines += ["", "| " + " | ".join(md(h) for h in header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+        lines.append("")
+        if heading == CHART_SECTION and chart:
+            lines += [f"![{chart_alt}]({chart})", ""]
+    return "\n".join(lines)
+
+
+def html_tables(tables: Sequence[SectionTable]) -> list[str]:
+    """A section's tables on the HTML page."""
+    parts: list[str] = []
+    for header, rows in tables:
+        parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+    return parts
+
+
+def html_chart(chart: Path, alt: str) -> str:
+    """The chart inlined into the HTML page (the page stands alone)."""
+    data = base64.b64encode(chart.read_bytes()).decode()
+    return f"<img id='chart' alt='{alt}' src='data:image/png;base64,{data}'>"
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:

@@ -3,11 +3,15 @@ silently change or get wrong. Each refusal is one paragraph: what is wrong, what
 and what to change. Facts about the files come from the host (``remote/serve`` inspect)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftops import cmdline
-from draftops.serve import launch_algorithm
+from draftops.errors import ServeRefused
+from draftops.link.host import Host
+from draftops.serve import hosttool, launch_algorithm, verdicts
 from draftops.serve.engines import SPECULATIVE_MAX
 from draftops.serve.launch_algorithm import ALGORITHM_ID
 from draftops.serve.request import DEMO, Plan
@@ -360,3 +364,22 @@ def _context(plan: Plan, draft: DraftFacts, target: TargetFacts | None, found: F
             f"server accepts ({source}): on prompts longer than {draft_max} tokens the draft runs past the "
             "positions it was trained on and acceptance collapses (SGLang #6783). Benchmark with shorter "
             "prompts, set `context_length` in the profile, or use a draft trained on longer contexts.")
+
+
+def refused_or_facts(host: Host, plan: Plan, env: Mapping[str, str], runs_dir: Path, *,
+                     capture: bool) -> ServeInspect:
+    """The checks a step of a larger command (the doctor, the tune) makes before it starts a server, as
+    `invoke serve` makes them: the flags, then the host's facts against the draft's latest test-drafter
+    verdict (and, with ``capture``, its latest capture-check); a ServeRefused with every refusal, else
+    the facts."""
+    launch = plan.launch
+    found = Findings(notes=list(plan.notes))
+    flag_checks(plan, found)
+    facts = hosttool.inspect(host, launch.python, env, plan.engine.name, launch.target, launch.draft)
+    verdict = verdicts.latest(runs_dir, launch.draft) if launch.draft else None
+    measured = verdicts.latest_capture(runs_dir, launch.draft, launch.target, plan.engine.name) \
+        if launch.draft and capture else None
+    fact_checks(plan, facts, verdict, found, measured)
+    if found.refusals:
+        raise ServeRefused(*found.refusals)
+    return facts

@@ -23,6 +23,7 @@ from draftops.runs import jobs
 from draftops.serve import hosttool
 from draftops.serve.checks import OVERRIDE_WARNING
 from draftops.serve.request import Plan
+from draftops.terminal import clean
 
 ALIVE = ("running", "starting")
 #: the state of a port claim whose `invoke serve` call is gone (killed before it registered its run)
@@ -428,3 +429,48 @@ def read_back(host: Host, plan: Plan, server: Server) -> Readback:
     server.effective = effective
     hosttool.register(host, server.port, {**server.entry, "effective": effective}, token=server.entry["token"])
     return Readback(rows, notes, effective)
+
+
+def ready_recorded(host: Host, plan: Plan, server: Server, entry: dict[str, Any], since: float,
+                   record: Callable[[str, dict[str, Any], float | None], None]) -> tuple[Readback, float]:
+    """Wait until a server that a step of a larger command (the doctor, the tune) started answers, as
+    that command records it: ``record`` (its state, its effective settings, its seconds to ready) keeps
+    its history row, failed or ready; ``entry``, the command's note of it, gets the job's start and
+    state ``ready``. Returns the read-back and the seconds since ``since`` (time.monotonic)."""
+    try:
+        wait_ready(host, plan, server, lambda *_: None)
+    except Exception:
+        record("failed", {}, None)
+        raise
+    entry["started"] = jobs.status(host, server.run_id).get("started")
+    readback = read_back(host, plan, server)
+    ready_s = time.monotonic() - since
+    record("ready", readback.effective, ready_s)
+    entry["state"] = "ready"
+    return readback, ready_s
+
+
+def stop_recorded(host: Host, entry: dict[str, Any], *, not_ours: Callable[[Server | None], str | None],
+                  kill_unregistered: bool, save: Callable[[], None], warn: Callable[[str], None]) -> None:
+    """Stop a server a larger command started (``entry``: its run on its port), however far it came; one
+    whose host records are not what the command noted (``not_ours`` says why, as the warning) is left
+    alone; an unregistered one's run is killed when ``kill_unregistered``. The stop is tried and said,
+    never a traceback; ``entry``'s state says how it ended."""
+    try:
+        server = next((s for s in servers(host) if s.run_id == entry["run_id"]), None)
+        problem = not_ours(server)
+        if problem is not None:
+            warn(problem)
+            entry["state"] = "not-ours"
+            save()
+            return
+        if server is not None:
+            stop(host, server)
+        elif kill_unregistered:
+            jobs.kill(host, str(entry["run_id"]), 10.0)
+    except Exception as exc:        # noqa: BLE001  (the stop is tried and said, never a traceback)
+        warn(f"could not stop the server of run {entry['run_id']}: {clean(str(exc))}")
+        entry["state"] = "unknown"
+        return
+    entry["state"] = "stopped"
+    save()

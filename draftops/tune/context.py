@@ -7,24 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from draftops import cmdline
-from draftops.documents.tune import Step, TuneDoc
+from draftops.documents.tune import TuneDoc
 from draftops.link.host import Host
-from draftops.runs.tools import JobView
+from draftops.runs.steps import Tracker as Tracker
+from draftops.runs.steps import ran as ran
 from draftops.serve.request import DEMO, DEMO_DRAFT, demo_dir
 from draftops.tune import state
-
-
-class Tracker(JobView):
-    """A quiet view that notes the job it follows (tune.json names it at once) and lets Ctrl-C raise."""
-
-    def __init__(self, say: Callable[[str], None], on_start: Callable[[str], None] = lambda run_id: None) -> None:
-        self.say, self.on_start = say, on_start
-        self.current: str | None = None
-
-    def started(self, host: str, run_id: str) -> None:
-        self.current = run_id
-        self.on_start(run_id)
-        self.say(f"  run {run_id}")
 
 
 @dataclasses.dataclass
@@ -54,8 +42,3 @@ class Ctx:
 
     def command(self, *words: str) -> str:
         return cmdline.command(*words, host=self.host.name)
-
-
-def ran(step: Step, run_id: str) -> None:
-    if run_id not in step.runs:
-        step.runs.append(run_id)

@@ -13,43 +13,17 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 from draftops import records
 from draftops.documents.tune import Step
 from draftops.errors import DraftopsError, TuneError
 from draftops.history import RunRecord, now_iso
-from draftops.runs import jobs
+from draftops.runs.steps import Stopped, raise_stopped, signals, stop_followed, stop_servers, stopped_why
 from draftops.terminal import clean
 from draftops.tune import answer, plan, report, serving, state, steps
 from draftops.tune.context import Ctx, Tracker, ran
-
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Stopped(BaseException):
-    """A signal ended the tune (raised from its handler, as KeyboardInterrupt is)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise(signum: int, frame: FrameType | None) -> None:
-    raise Stopped(signum)
-
-
-@contextmanager
-def _signals(handler: Any) -> Iterator[None]:
-    old = {sig: signal.signal(sig, handler) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, was in old.items():
-            signal.signal(sig, was)
 
 
 def exit_code(ctx: Ctx) -> int:
@@ -93,7 +67,7 @@ def run(ctx: Ctx) -> int:
             serving.stop_server(ctx, entry)
     seen: dict[str, float] = {}
     try:
-        with _signals(_raise):
+        with signals(raise_stopped):
             i = 0
             while i < len(doc.steps):      # predict adds the confirming steps after itself
                 step = doc.steps[i]
@@ -106,7 +80,7 @@ def run(ctx: Ctx) -> int:
             else:
                 doc.status = "done"
     finally:
-        with _signals(signal.SIG_IGN):
+        with signals(signal.SIG_IGN):
             _clean_up(ctx)
     return exit_code(ctx)
 
@@ -153,9 +127,8 @@ def _one(ctx: Ctx, step: Step, seen: dict[str, float]) -> bool:
         _run_step(ctx, step, seen)
         step.state = "done"
     except (KeyboardInterrupt, Stopped) as exc:
-        signum = exc.signum if isinstance(exc, Stopped) else int(signal.SIGINT)
         step.state, doc.status, doc.stopped_at = "stopped", "stopped", step.name
-        doc.why, doc.why_signal = f"stopped by {signal.Signals(signum).name} during this step", signum
+        doc.why, doc.why_signal = stopped_why(exc)
     except (DraftopsError, OSError, ValueError) as exc:
         text = clean(str(exc)) if isinstance(exc, DraftopsError) else f"{type(exc).__name__}: {exc}"
         step.state, step.error, doc.status, doc.stopped_at, doc.why = "failed", text, "failed", step.name, text
@@ -180,17 +153,9 @@ def _clean_up(ctx: Ctx) -> None:
         doc.status, doc.why = "failed", "the tune ended unexpectedly (see the traceback)"
     job = ctx.tracker.current
     if job and doc.status != "done":
-        try:
-            if jobs.status(host, job).get("state") in ("running", "starting"):
-                jobs.kill(host, job, 10.0)
-                ctx.say(f"stopped run {job}, which the tune was following")
-        except DraftopsError as exc:
-            ctx.warn(f"could not stop run {job}: {clean(str(exc))}")
-    for entry in doc.servers:
-        if entry.get("state") not in ("stopped", "not-ours"):
-            serving.stop_server(ctx, entry)
-    doc.left_running = [f"K={e.get('k')} server on port {e['port']} (run {e['run_id']})" for e in doc.servers
-                        if e.get("state") not in ("stopped", "not-ours")]
+        stop_followed(host, job, "the tune", ctx.say, ctx.warn)
+    doc.left_running = stop_servers(doc.servers, lambda entry: serving.stop_server(ctx, entry),
+                                    lambda e: f"K={e.get('k')}")
     try:
         ctx.save()
     except TuneError as exc:

@@ -4,13 +4,12 @@ and measured point), then the steps. One ``story`` feeds both pages and the term
 is escaped for the format written (nightly/report.py's ``md``/``esc``)."""
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
 from draftops.documents.tune import TuneDoc
 from draftops.errors import TuneError
-from draftops.nightly.report import esc, md
+from draftops.nightly.report import CHART_SECTION, esc, html_chart, html_tables, sections_markdown
 from draftops.tune.state import resume_command
 from remote.fileio import atomic_write_text
 
@@ -123,16 +122,7 @@ def story(doc: TuneDoc) -> list[Section]:
 
 
 def markdown(doc: TuneDoc, chart: str | None) -> str:
-    lines = [f"# {md('tune ' + doc.tune_id)}", ""]
-    for heading, text, tables in story(doc):
-        lines += [f"## {md(heading)}", ""] + [f"- {md(t)}" for t in text]
-        for header, rows in tables:
-            lines += ["", "| " + " | ".join(md(h) for h in header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
-        lines.append("")
-        if heading == "Predicted vs measured" and chart:
-            lines += [f"![predicted tok/s against K per concurrency]({chart})", ""]
-    return "\n".join(lines)
+    return sections_markdown("tune " + doc.tune_id, story(doc), chart, "predicted tok/s against K per concurrency")
 
 
 _CSS = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
@@ -145,13 +135,9 @@ def html_page(doc: TuneDoc, chart: Path | None) -> str:
              f"</head><body><h1>{esc(title)}</h1>"]
     for heading, text, tables in story(doc):
         parts.append(f"<h2>{esc(heading)}</h2><ul>" + "".join(f"<li>{esc(t)}</li>" for t in text) + "</ul>")
-        for header, rows in tables:
-            parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
-            parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
-            parts.append("</table>")
-        if heading == "Predicted vs measured" and chart is not None:
-            data = base64.b64encode(chart.read_bytes()).decode()
-            parts.append(f"<img id='chart' alt='predicted tok/s against K' src='data:image/png;base64,{data}'>")
+        parts += html_tables(tables)
+        if heading == CHART_SECTION and chart is not None:
+            parts.append(html_chart(chart, "predicted tok/s against K"))
     parts.append("<p><a href='tune.json'>tune.json</a>: every figure above, as recorded</p></body></html>\n")
     return "".join(parts)
 

@@ -4,21 +4,17 @@ Every server is named in tune.json as it starts, so an interrupted tune stops ex
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftops import records
 from draftops.documents.tune import Step
-from draftops.errors import BenchError, ServeRefused
-from draftops.runs import jobs
+from draftops.runs.hostfiles import host_path
 from draftops.runs.tools import ask_tool, run_tool
-from draftops.serve import checks, hosttool, lifecycle, profiles, verdicts
+from draftops.serve import checks, lifecycle, profiles
 from draftops.serve.request import DEMO, Request, demo_dir, resolve
-from draftops.terminal import clean
 from draftops.tune import plan
 from draftops.tune.context import Ctx, ran
 
@@ -26,25 +22,10 @@ if TYPE_CHECKING:
     from draftops.bench.result import BenchResult
 
 
-def _host_path(ctx: Ctx, path: str) -> str:
-    """A path typed for the host made absolute as ``ssh``/``scp`` read it (``~`` its home, relative to
-    where a login shell starts): a profile's ``python: ~/...`` (the doctor's context.host_path rule)."""
-    host = ctx.host
-    if host.spec.transport == "local":
-        given = Path(path).expanduser()
-        return str(given if given.is_absolute() else (host.project_root / given).resolve())
-    if not host.info:
-        host.prepare()
-    home = str(host.info["home"]).rstrip("/") or "/"
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else posixpath.join(home, path)
-
-
 def profile_of(ctx: Ctx) -> profiles.Profile:
     """The serve profile asked for, its python as the host reads it."""
     chosen = profiles.resolve(ctx.host.spec, ctx.doc.args.profile)
-    return dataclasses.replace(chosen, python=_host_path(ctx, chosen.python))
+    return dataclasses.replace(chosen, python=host_path(ctx.host, chosen.python))
 
 
 def ensure_demo(ctx: Ctx) -> None:
@@ -89,14 +70,7 @@ def _serving(ctx: Ctx, step: Step, k: int, serve_plan: Any, chosen: profiles.Pro
     if serve_plan.demo:
         ensure_demo(ctx)
     launch = serve_plan.launch
-    found = checks.Findings(notes=list(serve_plan.notes))
-    checks.flag_checks(serve_plan, found)
-    facts = hosttool.inspect(host, launch.python, chosen.settings.env, serve_plan.engine.name, launch.target,
-                             launch.draft)
-    verdict = verdicts.latest(ctx.runs_dir, launch.draft) if launch.draft else None
-    checks.fact_checks(serve_plan, facts, verdict, found, None)
-    if found.refusals:
-        raise ServeRefused(*found.refusals)
+    facts = checks.refused_or_facts(host, serve_plan, chosen.settings.env, ctx.runs_dir, capture=False)
     ctx.doc.engine = serve_plan.engine.name
     lifecycle.make_room(host, serve_plan)
     t0 = time.monotonic()
@@ -114,16 +88,11 @@ def _serving(ctx: Ctx, step: Step, k: int, serve_plan: Any, chosen: profiles.Pro
     try:
         ctx.say(f"  serving K={k} on port {server.port} (run {server.run_id}); waiting until it answers"
                 if k else f"  serving the baseline on port {server.port} (run {server.run_id})")
-        try:
-            lifecycle.wait_ready(host, serve_plan, server, lambda *_: None)
-        except Exception:
-            _record_serve(ctx, {**record, "effective": {}, "state": "failed", "ready_s": None})
-            raise
-        entry["started"] = jobs.status(host, server.run_id).get("started")
-        readback = lifecycle.read_back(host, serve_plan, server)
-        seen["serve"] = ready_s = time.monotonic() - t0
-        _record_serve(ctx, {**record, "effective": readback.effective, "state": "ready", "ready_s": ready_s})
-        entry["state"] = "ready"
+        readback, ready_s = lifecycle.ready_recorded(
+            host, serve_plan, server, entry, t0,
+            lambda state, effective, ready_s: _record_serve(
+                ctx, {**record, "effective": effective, "state": state, "ready_s": ready_s}))
+        seen["serve"] = ready_s
         step.outcome.update({"serve_run": server.run_id, "ready_s": round(ready_s, 1),
                              "effective": {k_: v for k_, v in readback.effective.items() if not k_.startswith("_")}})
         ctx.say(f"  ready in {ready_s:.0f} s")
@@ -141,49 +110,25 @@ def _record_serve(ctx: Ctx, rec_args: dict[str, Any]) -> None:
 def stop_server(ctx: Ctx, entry: dict[str, Any]) -> None:
     """Stop a server this tune started (its run on its port, the registry's token the start held),
     however far it came; one the host records as another's is left alone, said."""
-    host = ctx.host
-    try:
-        server = next((s for s in lifecycle.servers(host) if s.run_id == entry["run_id"]), None)
+    def not_ours(server: lifecycle.Server | None) -> str | None:
         if server is not None and (server.port != entry["port"] or
                                    (entry.get("token") and server.entry.get("token") != entry["token"])):
-            ctx.warn(f"left alone: run {entry['run_id']} is registered as another call's server on port "
-                     f"{server.port} ({ctx.folder / 'tune.json'} says otherwise: it was edited).")
-            entry["state"] = "not-ours"
-            ctx.save()
-            return
-        if server is not None:
-            lifecycle.stop(host, server)
-        elif entry["run_id"] in ctx.doc.runs():
-            jobs.kill(host, str(entry["run_id"]), 10.0)
-    except Exception as exc:        # noqa: BLE001  (the stop is tried and said, never a traceback)
-        ctx.warn(f"could not stop the server of run {entry['run_id']}: {clean(str(exc))}")
-        entry["state"] = "unknown"
-        return
-    entry["state"] = "stopped"
-    ctx.save()
+            return (f"left alone: run {entry['run_id']} is registered as another call's server on port "
+                    f"{server.port} ({ctx.folder / 'tune.json'} says otherwise: it was edited).")
+        return None
+
+    lifecycle.stop_recorded(ctx.host, entry, not_ours=not_ours, kill_unregistered=entry["run_id"] in ctx.doc.runs(),
+                            save=ctx.save, warn=ctx.warn)
 
 
 def _bench(ctx: Ctx, step: Step, k: int, server: lifecycle.Server, concurrency: int) -> BenchResult:
-    from draftops.bench import plan as planning
-    from draftops.bench import result as bench_result
     from draftops.bench import session
-    host = ctx.host
     settings = plan.bench_settings(concurrency, ctx.demo)
-    prepared = session.prepare(host, planning.BenchSettings(**settings), port=server.port)
-    ctx.say(f"  bench at concurrency {concurrency}: {settings['prompts']} prompts × {settings['repeats']} repeats")
-    name = f"tune-k{k}-c{concurrency}"
-    done = session.run(host, prepared, name=name, given={**settings, "tune": ctx.doc.tune_id}, view=ctx.tracker)
-    res = done.result
-    ran(step, res.run_id)
-    records.keep(host.project_root, f"run {res.run_id}", lambda rev: bench_result.bench_record(res, git_rev=rev),
-                 ctx.warn)
-    if res.status != "succeeded":
-        raise BenchError(f"bench run {res.run_id} failed: {res.failure} What was written is in {done.folder}.")
-    tput = res.metrics.output_throughput
-    acc = res.accept_length.value if res.accept_length else None
-    ctx.say(f"  {tput.median or 0:.1f} tok/s (repeats {tput.min or 0:.1f}–{tput.max or 0:.1f})"
-            + (f", accept length {acc:.2f}" if acc is not None else ""))
-    return res
+    return session.run_kept(
+        ctx.host, settings, port=server.port, name=f"tune-k{k}-c{concurrency}",
+        given={**settings, "tune": ctx.doc.tune_id}, view=ctx.tracker, noted=lambda run_id: ran(step, run_id),
+        say=ctx.say, warn=ctx.warn,
+        intro=f"  bench at concurrency {concurrency}: {settings['prompts']} prompts × {settings['repeats']} repeats")
 
 
 def bench_outcome(res: BenchResult) -> dict[str, Any]:

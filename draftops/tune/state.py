@@ -4,11 +4,7 @@ refused in one paragraph naming the file when it is not what tune writes. The lo
 flock) lets one process run a tune at a time, so two ``--resume`` never both serve."""
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import contextlib
 from pathlib import Path
 
 from draftops import cmdline
@@ -17,6 +13,7 @@ from draftops.documents.tune import Args, Step, TuneDoc
 from draftops.errors import DocumentError, TuneError
 from draftops.history import json_safe, now_iso
 from draftops.runs import jobs
+from draftops.runs.steps import held as held_lock
 from remote.fileio import write_json
 from remote.jsonread import loads
 
@@ -84,27 +81,17 @@ def find(runs_dir: Path, tune_id: str | None) -> Path:
     return found[-1]
 
 
-@contextmanager
-def held(folder: Path) -> Iterator[None]:
-    """Hold ``<folder>/.tune.lock`` for the block (the tool's own file, never deleted)."""
+def held(folder: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold ``<folder>/.tune.lock`` for the block (the tool's own file, never deleted; runs.steps.held)."""
     path = folder / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    except FileNotFoundError:
-        raise TuneError(f"there is no tune {folder.name} (no folder {folder}); `invoke tune --resume` takes the id "
-                        "of a tune run (runs/*-tune-*).") from None
-    except OSError as exc:
-        raise TuneError(f"cannot open the tune's lock {path} ({exc.strerror or exc}); the folder must be "
-                        "writable.") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TuneError(f"tune {folder.name} is being run by another `invoke tune` (it holds {path}); two at "
-                            "once would both serve and bench. Nothing was run: wait for that one to end, then "
-                            "resume it if it did not finish.") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "since": now_iso()}).encode())
-        yield
-    finally:
-        os.close(fd)
+    return held_lock(
+        path,
+        missing=lambda: TuneError(
+            f"there is no tune {folder.name} (no folder {folder}); `invoke tune --resume` takes the id "
+            "of a tune run (runs/*-tune-*)."),
+        unopenable=lambda exc: TuneError(
+            f"cannot open the tune's lock {path} ({exc.strerror or exc}); the folder must be writable."),
+        busy=lambda fd: TuneError(
+            f"tune {folder.name} is being run by another `invoke tune` (it holds {path}); two at "
+            "once would both serve and bench. Nothing was run: wait for that one to end, then "
+            "resume it if it did not finish."))

@@ -9,15 +9,7 @@ from typing import Any, Literal
 
 from draftops import records
 from draftops.bench import result as bench_result
-from draftops.bench.result import (
-    BenchResult,
-    DraftInfo,
-    EngineInfo,
-    HostFacts,
-    Repeat,
-    Settings,
-    Speculative,
-)
+from draftops.bench.result import BenchResult, DraftInfo, EngineInfo, HostFacts, Repeat, Settings, Speculative
 from draftops.documents import parse
 from draftops.documents.drafter_report import DrafterReport
 from draftops.history import History, RunRecord

@@ -53,3 +53,24 @@ def project(make_project, sshd, tmp_path, no_inventory_env):
     yield make
     for root in made:                      # never leave a vLLM server behind on this machine
         invoke(root, "serve.stop", "--all", timeout=300)
+
+
+def bench_result(root: Path, *args: str) -> dict[str, Any]:
+    """``invoke ARGS`` (a bench) against ``root``'s vLLM server: the bench-result.json of the one new
+    bench run, asserted to have succeeded."""
+    from tests.support.serving import ok
+
+    before = set((root / "runs").glob("*-bench-vllm-*"))
+    ok(invoke(root, *args))
+    (folder,) = set((root / "runs").glob("*-bench-vllm-*")) - before
+    result: dict[str, Any] = json.loads((folder / "bench-result.json").read_text())
+    assert result["status"] == "succeeded", result.get("failure")
+    return result
+
+
+def compared(root: Path, a: str, b: str) -> tuple[dict[str, Any], Path]:
+    """``invoke bench.compare`` of runs ``a`` and ``b`` (asserted to exit 0): its compare.json and folder."""
+    done = invoke(root, "bench.compare", "--run-a", a, "--run-b", b)
+    assert done.returncode == 0, flat(done)
+    folder = max((p for p in (root / "runs").iterdir() if "-bench-compare-" in p.name), key=lambda p: p.stat().st_mtime)
+    return json.loads((folder / "compare.json").read_text()), folder

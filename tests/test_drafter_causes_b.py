@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftops.serve.host_engine import HostEngine, kv_dtypes
+from draftops.serve.host_engine import HostEngine
+from draftops.serve.launch_algorithm import kv_dtypes
 from remote.drafter import EvalOptions, evaluate
 from remote.drafter.errors import OptionError
 from remote.drafter.model.headshare import EMBED, HEAD, rules

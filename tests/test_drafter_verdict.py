@@ -165,7 +165,7 @@ def test_the_advice_for_an_embedding_id_is_for_the_engine_the_host_serves_with(e
 
 def test_the_host_engine_is_its_serve_profiles_engine() -> None:
     from draftops.inventory import HostSpec, ServeProfile
-    from draftops.serve.verdicts import serving_engine
+    from draftops.serve.profiles import serving_engine
     assert serving_engine(HostSpec(name="local", transport="local")) == "vllm"
     assert serving_engine(HostSpec(name="gpu", address="g")) == "sglang"
     assert serving_engine(HostSpec(name="gpu", address="g", serve={"a": ServeProfile(engine="vllm")})) == "vllm"

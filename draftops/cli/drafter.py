@@ -95,9 +95,11 @@ def finish(done: ToolResult, report: DrafterReport | None, ckpt: str | None, str
     """Answer --json, show the report (recorded by the flow); exit 1 on a failed run, 3 with --strict on
     a finding."""
     found = wrong(report) if strict and report is not None else []
-    answer(done.data, done.run_id)
-    if done.ok and report is not None:
-        show_result(report, str(done.result_file), done.run_id, ckpt, console)
+    try:
+        if done.ok and report is not None:
+            show_result(report, str(done.result_file), done.run_id, ckpt, console)
+    finally:
+        answer(done.data, done.run_id)      # --json's document, whatever showing it did
     done.check()
     if found:       # --strict: a MISMATCH or a ✗ finding is exit 3, naming what was found (the report was shown)
         raise Exit(f"test-drafter --strict: {', '.join(found)} (see above); exit {EXIT_FINDINGS}", code=EXIT_FINDINGS)

@@ -21,8 +21,8 @@ from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.runs.hostfiles import host_path
 from draftops.runs.tools import run_tool
+from draftops.serve.profiles import serving_engine
 from draftops.serve.request import DEMO, DEMO_DRAFT, DEMO_TARGET, demo_dir
-from draftops.serve.verdicts import serving_engine
 
 if TYPE_CHECKING:
     from rich.console import Console

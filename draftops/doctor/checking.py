@@ -18,7 +18,7 @@ from draftops.drafter.demo import ensure_demo
 from draftops.errors import DoctorError, ServeRefused
 from draftops.runs import jobs
 from draftops.runs.tools import run_tool
-from draftops.serve import verdicts
+from draftops.serve import profiles
 from draftops.serve.request import DEMO_TARGET, demo_dir
 from draftops.terminal import clean
 
@@ -121,7 +121,7 @@ def fix(ctx: Ctx, step: Step) -> None:
     if not found.get("fixable"):
         raise Skip(f"test-drafter said {found.get('status')}: no layer ids to rewrite")
     host = ctx.host
-    engine = verdicts.serving_engine(host.spec)
+    engine = profiles.serving_engine(host.spec)
     if found.get("needs_capture_patch") and engine != "vllm":
         patched = run_tool(host, "remote.sglang_patch", ["apply", "--out", jobs.RUN_DIR], name="patch-sglang-apply",
                            view=ctx.tracker, env={"DRAFTOPS_STATE_DIR": host.state_dir})

@@ -264,13 +264,13 @@ def finish_job(host: Host, run_id: str, *, view: JobView | None = None, pull: bo
 
     final = follow(host, run_id, view, tap=tap)
     result = ToolResult(host.name, run_id, final, error=seen.get("error"))
-    mlstack.complete(host, result.error)
     if pull:
         pulled = jobs.pull_run(host, run_id)
         view.skipped(pulled.skipped)
         result.folder, result.skipped = pulled.path, pulled.skipped
         announced = (seen.get("result") or {}).get("path") or (final.get("outcome") or {}).get("path")
         _read_result(result, announced)
+    mlstack.complete(host, result.error)        # the error event's paragraph: it names the host's python
     return result
 
 
@@ -363,9 +363,10 @@ def ask_tool(host: Host, module: str, args: list[str], *, python: str | None = N
              env: Mapping[str, str] | None = None, input: bytes | None = None,
              timeout: float | None = None) -> Answer:
     """Run a quick tool and return what it said, whatever its exit code (see :func:`call_tool`)."""
-    mlstack.require(host, module, python)
+    standby = _standby_tool(host, module, args, python, env)
     command = module_command(host, module, args, python=python, env=env)
-    done = host.agent.quick(command, _standby_tool(host, module, args, python, env), input, timeout)
+    mlstack.require(host, module, python)       # before the host is asked anything
+    done = host.agent.quick(command, standby, input, timeout)
     lines = done.text.strip().splitlines()
     error = None
     data: Any = None

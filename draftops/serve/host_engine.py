@@ -1,19 +1,15 @@
 """The engine a host serves with, as `invoke test-drafter` tells the drafter: its name (the serve
-profiles' engine, verdicts.serving_engine), its installed version (read by the profile's python
+profiles' engine, profiles.serving), its installed version (read by the profile's python
 with remote.engine_probe, from package metadata: nothing is imported) and the speculative
 algorithm the profile's ``extra_args`` set, so the report's engine findings apply that version's
 rules (remote/eagle/engine_rules.py) instead of assuming the newest."""
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from draftops.errors import DraftopsError
 from draftops.serve import launch_algorithm, profiles
-from draftops.serve.verdicts import serving_engine
 from remote.eagle import engine_rules
 
 if TYPE_CHECKING:
@@ -46,20 +42,6 @@ class HostEngine:
         return EvalOptions.of_demo(**self.eval_fields()).to_argv()
 
 
-def _profiles(host: Host, engine: str) -> list[profiles.Profile]:
-    spec = host.spec
-    names: list[str | None] = [*(spec.serve or {})] or [None]
-    found = []
-    for name in names:
-        try:
-            profile = profiles.resolve(spec, name)
-        except DraftopsError:
-            continue
-        if profile.engine == engine:
-            found.append(profile)
-    return found
-
-
 def version_of(host: Host, engine: str, python: str) -> str | None:
     """The installed version of ``engine`` as ``python`` on ``host`` reads it; None when it cannot tell."""
     from draftops.runs.tools import ask_tool
@@ -78,41 +60,17 @@ def version_of(host: Host, engine: str, python: str) -> str | None:
 
 
 def host_engine(host: Host) -> HostEngine:
-    """What the host's serve profiles say and its engine's python reports."""
-    engine = serving_engine(host.spec)
+    """What the host's serve profiles say (one read: the engine and its profiles) and its engine's python
+    reports."""
+    engine, chosen = profiles.serving(host.spec)
     if engine is None:
         return HostEngine(None, None, None)
-    chosen = _profiles(host, engine)
     if not chosen:
         return HostEngine(engine, None, None)
+    version = version_of(host, engine, chosen[0].python)
     algorithms = {launch_algorithm.from_extra_args(engine, p.settings.extra_args or []) for p in chosen}
     algorithm = next((a for a in algorithms if launch_algorithm.runs_as_eagle(a)), None)
     contexts = {p.settings.context_length for p in chosen if p.settings.context_length}
     context = max(contexts) if contexts else None   # the longest context any of its profiles serves
-    kv = kv_dtypes(engine, chosen[0].settings.extra_args or [])
-    return HostEngine(engine, version_of(host, engine, chosen[0].python), algorithm, context, *kv)
-
-
-#: a KV dtype as the evaluator accepts it (remote/drafter/options.KV_DTYPE); anything else is not passed on
-_KV = re.compile(r"[A-Za-z0-9_]{1,32}")
-
-
-def kv_dtypes(engine: str, args: Sequence[str]) -> tuple[str | None, str | None]:
-    """(the target's, the draft's) KV cache dtypes a vLLM profile's ``extra_args`` set: ``--kv-cache-dtype``,
-    and ``kv_cache_dtype`` in ``--speculative-config JSON`` or ``--speculative_config.kv_cache_dtype``."""
-    if engine != "vllm":
-        return None, None
-    target = launch_algorithm.flag_value(args, "--kv-cache-dtype")
-    draft = (launch_algorithm.flag_value(args, "--speculative_config.kv_cache_dtype")
-             or launch_algorithm.flag_value(args, "--speculative-config.kv_cache_dtype"))
-    try:
-        config = json.loads(launch_algorithm.flag_value(args, "--speculative-config") or "null")
-    except ValueError:
-        config = None
-    if isinstance(config, dict) and isinstance(config.get("kv_cache_dtype"), str):
-        draft = config["kv_cache_dtype"]
-    return _kv_ok(target), _kv_ok(draft)
-
-
-def _kv_ok(value: str | None) -> str | None:
-    return value if value is not None and _KV.fullmatch(value) else None
+    kv = launch_algorithm.kv_dtypes(engine, chosen[0].settings.extra_args or [])
+    return HostEngine(engine, version, algorithm, context, *kv)

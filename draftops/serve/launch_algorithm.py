@@ -5,6 +5,7 @@ EAGLE skips its fc and accepts nothing (SGLang #21272): the finding ``algorithm-
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 ALGORITHM_ID = "algorithm-eagle-not-eagle3"
@@ -44,3 +45,28 @@ def from_extra_args(engine: str, args: Sequence[str]) -> str | None:
 
 def runs_as_eagle(algorithm: str | None) -> bool:
     return (algorithm or "").lower() in EAGLE_ONE
+
+
+#: a KV dtype as the evaluator accepts it (remote/drafter/options.KV_DTYPE); anything else is not passed on
+_KV = re.compile(r"[A-Za-z0-9_]{1,32}")
+
+
+def kv_dtypes(engine: str, args: Sequence[str]) -> tuple[str | None, str | None]:
+    """(the target's, the draft's) KV cache dtypes a vLLM profile's ``extra_args`` set: ``--kv-cache-dtype``,
+    and ``kv_cache_dtype`` in ``--speculative-config JSON`` or ``--speculative_config.kv_cache_dtype``."""
+    if engine != "vllm":
+        return None, None
+    target = flag_value(args, "--kv-cache-dtype")
+    draft = (flag_value(args, "--speculative_config.kv_cache_dtype")
+             or flag_value(args, "--speculative-config.kv_cache_dtype"))
+    try:
+        config = json.loads(flag_value(args, "--speculative-config") or "null")
+    except ValueError:
+        config = None
+    if isinstance(config, dict) and isinstance(config.get("kv_cache_dtype"), str):
+        draft = config["kv_cache_dtype"]
+    return _kv_ok(target), _kv_ok(draft)
+
+
+def _kv_ok(value: str | None) -> str | None:
+    return value if value is not None and _KV.fullmatch(value) else None

@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from draftops.errors import InventoryError
+from draftops.errors import DraftopsError, InventoryError
 
 if TYPE_CHECKING:   # pydantic models: loaded with the inventory, not when `invoke --list` imports the tasks
     from draftops.inventory import HostSpec, ServeProfile
@@ -96,3 +96,28 @@ def resolve(spec: HostSpec, name: str | None = None) -> Profile:
     engine = engine_of(spec, settings)
     python = python_of(settings.python) if settings.python else default_python(spec, engine)
     return Profile(chosen, spec.name, engine, python, settings, is_builtin)
+
+
+def serving_engine(spec: HostSpec) -> str | None:
+    """The engine the host serves with (its serve profiles' engine; vLLM-CPU on `local`), for advice
+    that differs by engine; None when its profiles name both engines (or none resolves)."""
+    names = list(spec.serve or {}) or [None]
+    engines = {engine_of(spec, spec.serve[n]) if n and spec.serve else resolve(spec).engine for n in names}
+    return engines.pop() if len(engines) == 1 else None
+
+
+def serving(spec: HostSpec) -> tuple[str | None, list[Profile]]:
+    """The engine the host serves with and those of its profiles that resolve to it, in one read (what
+    `test-drafter` tells the evaluator: serve/host_engine); a profile that does not resolve is passed over."""
+    engine = serving_engine(spec)
+    if engine is None:
+        return None, []
+    found = []
+    for name in [*(spec.serve or {})] or [None]:
+        try:
+            profile = resolve(spec, name)
+        except DraftopsError:
+            continue
+        if profile.engine == engine:
+            found.append(profile)
+    return engine, found

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:   # pydantic: loaded only when serve or test-drafter looks for a report
     from draftops.documents.capture_check import CaptureCheck
@@ -40,16 +40,6 @@ class Verdict:
     def stale(self, current_ids: list[int] | None) -> bool:
         """True when the config's ids changed since the report (e.g. after `draft-config`)."""
         return self.configured_ids != current_ids
-
-
-def serving_engine(spec: Any) -> str | None:
-    """The engine the host serves with (its serve profiles' engine; vLLM-CPU on `local`), for advice
-    that differs by engine; None when its profiles name both engines (or none resolves)."""
-    from draftops.serve import profiles
-
-    names = list(spec.serve or {}) or [None]
-    engines = {profiles.engine_of(spec, spec.serve[n]) if n else profiles.resolve(spec).engine for n in names}
-    return engines.pop() if len(engines) == 1 else None
 
 
 def _norm(path: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,7 +17,7 @@ from draftops import cmdline, timing
 from draftops.console import LiveJob, LogMode, console, escape
 from draftops.errors import DraftopsError
 from draftops.link.host import Host, open_host
-from draftops.runs.sync import sync
+from draftops.runs.sync import sync_once
 from draftops.terminal import clean
 
 if TYPE_CHECKING:
@@ -59,20 +59,35 @@ def connect(c: Context, host: str | None, inventory: Inventory | None = None, *,
     task's ``--max-pending`` (refused on a host without a scheduler); every task sets its own, so one
     task's bound never carries over to the next of a chain."""
     from draftops.runs.jobs import bound_pending
+    root = project_root(c)
     with console.status(f"connecting to {host or 'default host'}…"):
-        opened = open_host(host, project_root(c), inventory)
+        opened = open_host(host, root, inventory)
     bound_pending(opened, max_pending)
     return opened
 
 
+def connect_each(c: Context, names: Sequence[str | None], *, max_pending: float | None = None,
+                 check: Callable[[Host], None] | None = None) -> list[Host]:
+    """The hosts of one task in order, each connected and its code synced; ``check`` sees the first
+    before any other is opened (a refusal then costs no other connection). ``max_pending`` is the
+    first host's (the one the task's jobs queue on)."""
+    hosts: list[Host] = []
+    for name in names:
+        host = connect(c, name, max_pending=None if hosts else max_pending)
+        report = sync_once(host)                # as ensure_code: the code each host runs is synced
+        if report is not None and not report.noop:
+            console.print(f"[dim]{report.said}[/]")
+        if check is not None and not hosts:
+            check(host)
+        hosts.append(host)
+    return hosts
+
+
 def ensure_code(host: Host) -> None:
     """Sync once per invoke call before running synced code (a no-op sync costs one round trip)."""
-    if host.synced:
-        return
-    report = sync(host)
-    if not report.noop:
-        console.print(f"[dim]synced {len(report.upload)} changed file(s) to {host.name}[/]")
-    host.synced = True
+    report = sync_once(host)
+    if report is not None and not report.noop:
+        console.print(f"[dim]{report.said}[/]")
 
 
 def warn(text: str) -> None:

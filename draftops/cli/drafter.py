@@ -7,7 +7,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from draftops import cmdline
-from draftops.cli.common import HOST_HELP, connect, ensure_code, friendly, live, warn
+from draftops.cli.common import HOST_HELP, connect_each, friendly, live, warn
 from draftops.cli.jsonout import JSON_HELP, answer, json_output
 from draftops.cli.options import MAX_PENDING, MAX_PENDING_HELP, NUMBER, WHOLE, task
 from draftops.console import console, escape
@@ -73,12 +73,8 @@ def test_drafter(c: Context, ckpt: str | None = None, data: str | None = None, v
     if expected_from is not None and (expected_from not in acceptlength.SOURCES or expected_accept_length is None):
         raise Exit(f"error: --expected-from {expected_from!r} names whose definition --expected-accept-length follows: "
                    f"give --expected-accept-length X with one of {', '.join(acceptlength.SOURCES)}.", code=1)
-    first = connect(c, names[0] if names else host, max_pending=max_pending)
-    ensure_code(first)
-    _slurm_or_hosts(first, names, nodes)
-    spread = [first, *(connect(c, name) for name in names[1:])]
-    for other in spread[1:]:
-        ensure_code(other)
+    spread = connect_each(c, names or [host], max_pending=max_pending,
+                          check=lambda first: _slurm_or_hosts(first, names, nodes))
     asked = Asked(ckpt=ckpt, data=data, verifier=verifier, config=config, steps=steps, limit=limit,
                   expected_acc=expected_acc, expected_accept_length=expected_accept_length,
                   expected_from=expected_from, full=full, seed=seed, device=device, gpus=gpus, hosts=tuple(names),

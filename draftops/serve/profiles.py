@@ -101,7 +101,7 @@ def resolve(spec: HostSpec, name: str | None = None) -> Profile:
 def serving_engine(spec: HostSpec) -> str | None:
     """The engine the host serves with (its serve profiles' engine; vLLM-CPU on `local`), for advice
     that differs by engine; None when its profiles name both engines (or none resolves)."""
-    names = list(spec.serve or {}) or [None]
+    names: list[str | None] = [*(spec.serve or {})] or [None]
     engines = {engine_of(spec, spec.serve[n]) if n and spec.serve else resolve(spec).engine for n in names}
     return engines.pop() if len(engines) == 1 else None
 
@@ -113,7 +113,8 @@ def serving(spec: HostSpec) -> tuple[str | None, list[Profile]]:
     if engine is None:
         return None, []
     found = []
-    for name in [*(spec.serve or {})] or [None]:
+    names: list[str | None] = [*(spec.serve or {})] or [None]
+    for name in names:
         try:
             profile = resolve(spec, name)
         except DraftopsError:

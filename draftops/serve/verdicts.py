@@ -95,23 +95,26 @@ def _capture_checks(runs_dir: Path) -> Iterator[tuple[str, CaptureCheck]]:
             continue
 
 
-def capture_for_dumps(runs_dir: Path, data: str, target: str, engine: str) -> str | None:
-    """The run id of the newest capture-check of these dumps on this target and engine whose every slot
-    matched (what `test-drafter` can take the slot layers from), else None."""
-    for run_id, doc in _capture_checks(runs_dir):
-        if (_norm(doc.data.path) == _norm(data) and _norm(doc.target.path) == _norm(target)
-                and doc.engine.name == engine and doc.status == "MATCHED"):
-            return run_id
-    return None
+def capture_check(runs_dir: Path, run_id: str | None = None,
+                  dumps: tuple[str, str, str] | None = None) -> tuple[str, bool] | None:
+    """The capture-check `test-drafter` reads, and whether it kept the engine's states (vLLM does, SGLang
+    cannot: its run folder's ``engine-states/`` is then what `test-drafter` passes as ``--engine-states``):
+    the run ``run_id`` names (not kept when its document is gone), else the newest whose every slot matched
+    on these ``dumps`` (data, target, engine: what `test-drafter` can take the slot layers from); None
+    when there is none."""
+    data, target, engine = dumps or ("", "", "")
+    for found, doc in _capture_checks(runs_dir):
+        if found == run_id or (run_id is None and dumps is not None and doc.status == "MATCHED"
+                               and _norm(doc.data.path) == _norm(data) and _norm(doc.target.path) == _norm(target)
+                               and doc.engine.name == engine):
+            return found, doc.engine_states is not None and doc.engine_states.path is not None
+    return (run_id, False) if run_id is not None else None
 
 
 def kept_engine_states(runs_dir: Path, run_id: str) -> bool:
-    """Whether that capture-check kept the engine's states (vLLM does, SGLang cannot): its run folder's
-    ``engine-states/`` is then what `test-drafter` passes as ``--engine-states``."""
-    for found, doc in _capture_checks(runs_dir):
-        if found == run_id:
-            return doc.engine_states is not None and doc.engine_states.path is not None
-    return False
+    """Whether that capture-check kept the engine's states (:func:`capture_check`)."""
+    found = capture_check(runs_dir, run_id)
+    return bool(found and found[1])
 
 
 @dataclass(frozen=True)

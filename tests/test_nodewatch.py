@@ -1,4 +1,4 @@
-"""The watch over a torchrun's later nodes (draftops/runs/nodewatch.py, issue 35 K): real jobs on a
+"""The watch over a torchrun's later nodes (draftops/drafter/nodewatch.py, issue 35 K): real jobs on a
 `local` host, polled through its agent. The first node that ends without succeeding is reported (once,
 with its status row); one that succeeds, or still runs, is not."""
 from __future__ import annotations
@@ -32,7 +32,8 @@ def host(make_project: Any, tmp_path: Path, no_inventory_env: None) -> Iterator[
 
 
 def test_the_first_failed_node_is_reported_and_the_others_are_not(host: Any) -> None:
-    from draftops.runs import jobs, nodewatch
+    from draftops.drafter import nodewatch
+    from draftops.runs import jobs
 
     running = jobs.start(host, "node", "sleep 60")
     succeeded = jobs.start(host, "node", "true")
@@ -59,7 +60,8 @@ def test_the_first_failed_node_is_reported_and_the_others_are_not(host: Any) -> 
 
 
 def test_nodes_that_succeed_or_run_on_are_never_reported(host: Any) -> None:
-    from draftops.runs import jobs, nodewatch
+    from draftops.drafter import nodewatch
+    from draftops.runs import jobs
 
     done = jobs.start(host, "node", "true")
     running = jobs.start(host, "node", "sleep 60")

@@ -1,13 +1,14 @@
 """Run the evaluator on the host as one job: one process (``python -m remote.drafter eval``), or with
 ``gpus`` its torchrun launcher (one host, or one Slurm job of several nodes); a torchrun over several
-hosts is one job per host (runs/spread.run_spread)."""
+hosts is one job per host (drafter/spread.run_spread)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from draftops.drafter import spread
 from draftops.link.host import Host
-from draftops.runs import jobs, spread
+from draftops.runs import jobs
 from draftops.runs.tools import JobView, ToolResult, run_job
 from draftops.serve.request import demo_dir
 from remote.drafter.options import EvalOptions

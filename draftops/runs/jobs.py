@@ -36,7 +36,7 @@ if TYPE_CHECKING:       # pydantic models: loaded with the inventory, not at imp
 
 RUN_DIR = "$DRAFTOPS_RUN_DIR"      # in a job's argv: the job's own run folder (set by the runner)
 #: an argv item of a job that is exactly one of these is left to the job's shell: the run folder, and
-#: what a Slurm job's `srun` tasks know of their node (runs/spread.slurm_command)
+#: what a Slurm job's `srun` tasks know of their node (drafter/spread.slurm_command)
 JOB_VARS = (RUN_DIR, "$SLURM_NNODES", "$SLURM_NODEID", "$DRAFTOPS_RDZV")
 TAIL_LINES = 50                    # what `invoke logs` shows without --all / --lines
 RUNS_SHOWN = 20                    # what `invoke runs` shows without --all / --last

@@ -8,7 +8,7 @@ launching its ranks as node ``i`` of ``len(hosts)`` with the rendezvous on the f
 as the others reach it (hosts.yaml's ``address``; 127.0.0.1 for ``local``) and ``port``.  Rank 0 runs
 on the first host, so the report is that job's, pulled and read as any test-drafter run's; a node that
 failed is named in the failure of the whole. Any node that fails ends the run: node 0 failing stops
-the others, and a later node failing first (seen by :mod:`draftops.runs.nodewatch` while node 0 is
+the others, and a later node failing first (seen by :mod:`draftops.drafter.nodewatch` while node 0 is
 followed) stops node 0 and the rest, rather than leaving them to their 300 s rendezvous timeout.
 """
 from __future__ import annotations
@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from draftops import cmdline
+from draftops.drafter import nodewatch
 from draftops.errors import DraftopsError
 from draftops.link.host import Host
-from draftops.runs import jobs, nodewatch
+from draftops.runs import jobs
 from draftops.runs.tools import JobView, ToolResult, finish_job, follow
 from draftops.terminal import clean
 from remote.drafter.launch import launch_line

@@ -67,7 +67,8 @@ def main() -> int:
         began = time.monotonic()
         done = _invoke(project, "tune", "--draft", "demo")
         wall = time.monotonic() - began
-        (folder,) = (project / "runs").glob("*-tune-*")
+        # the tune's own folder: its benches are named bench-tune-k…, so match on tune.json
+        (folder,) = [p for p in (project / "runs").glob("*-tune-*") if (p / "tune.json").is_file()]
         show(json.loads((folder / "tune.json").read_text()), wall, done.returncode)
         if opts.chart and (folder / "tune.png").is_file():
             shutil.copy(folder / "tune.png", opts.chart)

@@ -78,15 +78,25 @@ def summary(doc: TuneDoc) -> list[str]:
     return lines
 
 
+def _top_measured(doc: TuneDoc, concurrency: int) -> str:
+    """The fastest measured setting at ``concurrency``, in the engine's own terms."""
+    here = [p for p in doc.points if p.concurrency == concurrency and p.measured_tok_s is not None]
+    if not here:
+        return "—"
+    top = max(here, key=lambda p: p.measured_tok_s or 0.0)
+    return _set(doc, top.k, top.topk, top.draft_tokens)
+
+
 def _answer(doc: TuneDoc) -> Section:
     rows = [[str(b.concurrency), _set(doc, b.k, b.topk, b.draft_tokens), _f(b.predicted_tok_s), _f(b.measured_tok_s),
-             f"{_k(b.best_measured_k)} {_f(b.best_measured_tok_s)}", _vs(b.vs_baseline), _vs(b.vs_configured)]
+             f"{_top_measured(doc, b.concurrency)} {_f(b.best_measured_tok_s)}", _vs(b.vs_baseline),
+             _vs(b.vs_configured)]
             for b in doc.best]
     text = [f"{b.concurrency}: {b.why}" for b in doc.best]
     if doc.engine_args:
         text.append(str(doc.engine_args.get("note")))
     header = ["conc", "setting", "pred tok/s", "meas tok/s", "best measured", "vs no draft (95% CI)",
-              f"vs K={doc.configured_k}"]
+              f"vs {_set(doc, doc.configured_k)}"]
     return "The answer", text, [(header, rows)]
 
 

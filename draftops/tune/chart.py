@@ -24,8 +24,10 @@ def _best_tree_per_k(points: list[Point]) -> dict[int, float]:
     return out
 
 
-def draw(points: list[Point], chosen: dict[int, int], path: Path) -> Path:
-    """``points``: tune.json's; ``chosen``: concurrency → the K chosen there (0: no draft). Writes ``path``."""
+def draw(points: list[Point], chosen: dict[int, int], path: Path, labels: dict[int, str] | None = None) -> Path:
+    """``points``: tune.json's; ``chosen``: concurrency → the K (SGLang: steps) chosen there (0: no draft);
+    ``labels``: the chosen setting in words where K alone does not name it (SGLang's steps/topk/draft
+    tokens). Writes ``path``."""
     cs = sorted({p.concurrency for p in points})
     fig = Figure(figsize=(4.2 * max(1, len(cs)), 3.8), dpi=100)
     FigureCanvasAgg(fig)
@@ -54,7 +56,8 @@ def draw(points: list[Point], chosen: dict[int, int], path: Path) -> Path:
         if k:
             ax.axvline(k, color=colour, linestyle=":", linewidth=1)
             right = k >= max(p.k for p in here)
-            ax.annotate(f"chosen K={k}", (k, 0), xytext=(-3 if right else 3, 5), textcoords="offset points",
+            name = (labels or {}).get(c) or f"K={k}"
+            ax.annotate(f"chosen {name}", (k, 0), xytext=(-3 if right else 3, 5), textcoords="offset points",
                         fontsize=8, ha="right" if right else "left")
         elif k == 0:
             ax.annotate("chosen: no draft", (0.02, 0.02), xycoords="axes fraction", fontsize=8)

@@ -181,7 +181,8 @@ def write(doc: TuneDoc, folder: Path) -> dict[str, Path]:
         chart_path = None
         if any(p.predicted_tok_s is not None for p in doc.points):
             from draftops.tune import chart  # matplotlib: only when there is something to draw
-            chart_path = chart.draw(list(doc.points), {b.concurrency: b.k for b in doc.best}, paths["chart"])
+            chart_path = chart.draw(list(doc.points), {b.concurrency: b.k for b in doc.best}, paths["chart"],
+                                    {b.concurrency: _set(doc, b.k, b.topk, b.draft_tokens) for b in doc.best})
         atomic_write_text(paths["markdown"], markdown(doc, CHART if chart_path else None))
         atomic_write_text(paths["html"], html_page(doc, chart_path))
     except OSError as exc:

@@ -1,7 +1,9 @@
 """tune's SGLang branch through the SGLang double (tests/doubles/sglang: SGLang 0.5.10's flags, its
 topk=1 adjustment, `/get_server_info` and bench_serving's JSONL): a tree setting served with
 `invoke serve`, benched with `invoke bench`, and read back as tune's measured point keyed by what the
-server really ran; the answer's three flags as a pasteable line that SGLang's parser takes."""
+server really ran; the answer's three flags as a pasteable line that SGLang's parser takes; and the
+whole `invoke tune` on a host whose engine is the double (trees predicted, the best confirmed, the
+flags and the serve command, nothing left running)."""
 from __future__ import annotations
 
 import shlex

@@ -51,8 +51,9 @@ def show(doc: dict[str, Any], wall: float, code: int) -> None:
               f"best measured K={top['k'] if top else '-'} {top['measured_tok_s'] if top else 0:.0f}"
               + (f" ({share:.0%} of it)" if share else ""))
     err = doc.get("median_error")
-    print(f"  median prediction error over {sum(1 for p in doc['points'] if p.get('measured_tok_s'))} measured "
-          f"points: {err:.0%}" if err is not None else "  no measured point")
+    spec = sum(1 for p in doc["points"] if p.get("measured_tok_s") and p["k"] > 0)   # the baselines' error is 0
+    print(f"  median prediction error over {spec} measured speculative points: {err:.0%}" if err is not None
+          else "  no measured point")
     print(f"  engine arguments: {(doc.get('engine_args') or {}).get('line')}")
     print(f"  left running: {doc.get('left_running') or 'nothing'}")
 
@@ -67,7 +68,8 @@ def main() -> int:
         began = time.monotonic()
         done = _invoke(project, "tune", "--draft", "demo")
         wall = time.monotonic() - began
-        (folder,) = (project / "runs").glob("*-tune-*")
+        # the tune's own folder: its benches are named bench-tune-k…, so match on tune.json
+        (folder,) = [p for p in (project / "runs").glob("*-tune-*") if (p / "tune.json").is_file()]
         show(json.loads((folder / "tune.json").read_text()), wall, done.returncode)
         if opts.chart and (folder / "tune.png").is_file():
             shutil.copy(folder / "tune.png", opts.chart)

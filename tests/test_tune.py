@@ -80,7 +80,8 @@ def test_predict_fits_the_measured_rounds_and_plans_a_confirming_server_for_an_u
     assert confirm, "a further point is always benched: the best not measured, or one to check the fit"
     for s in confirm:                             # only the best not measured yet, only where it is best
         assert s.k not in (0, 3, 8)
-        assert all(best[str(c)] == s.k for c in s.concurrencies) or check == {"k": s.k, "concurrency": 4}
+        assert all(best[str(c)] == s.k for c in s.concurrencies) or check == {"k": s.k, "concurrency": 4,
+                                                                              "setting": [s.k, 1, s.k]}
     assert [s.name for s in doc.steps][-1] == plan.ANSWER
 
 
@@ -266,10 +267,10 @@ def test_when_every_best_was_measured_a_further_point_still_checks_the_fit():
     from draftops.tune.profile import AcceptanceProfile
     cost = RoundCost(fixed={1: 0.004, 4: 0.006}, per_token={1: 0.001, 4: 0.002}, baseline={1: 0.004, 4: 0.006})
     preds = pr.predict(AcceptanceProfile(conditional=(0.8,) * 8), cost, range(1, 9), [1, 4])
-    point = steps._further_point(preds, {0, 3, 8})
+    point = steps._further_point(preds, {(0, 1, 0), (3, 1, 3), (8, 1, 8)})
     assert point is not None and point.concurrency == 4 and point.k not in (0, 3, 8)
     assert point.tok_s == max(p.tok_s for p in preds if p.concurrency == 4 and p.k not in (0, 3, 8))
-    assert steps._further_point(preds, set(range(9))) is None
+    assert steps._further_point(preds, {(k, 1, k) for k in range(9)}) is None
 
 
 def test_a_spent_budget_ends_the_tune_before_a_measuring_server_and_names_the_resume(tmp_path):
@@ -282,3 +283,78 @@ def test_a_spent_budget_ends_the_tune_before_a_measuring_server_and_names_the_re
     why = str(doc.why)
     assert "budget of 600 s is spent" in why and "--resume 20261206-090000-tune-abcd --budget-s" in why
     assert state.load(ctx.folder).status == "failed"
+
+
+# --- the SGLang branch on recorded benches ----------------------------------------------------------------
+
+TOPK = [[0.85, 0.93, 0.95, 0.96], [0.90, 0.95, 0.97, 0.98], [0.90, 0.95, 0.96, 0.97], [0.55, 0.75, 0.85, 0.90]]
+
+
+def sglang_doc(flat_ms: float = 4.0) -> TuneDoc:
+    """Benches of an SGLang host whose round costs ``flat_ms`` whatever it verifies (a GPU below compute-
+    bound): the baseline and the chains of 3 and 4 steps, keyed by the setting the server reported."""
+    args = Args(draft="/models/flat", data="/dumps", concurrency=[1, 4], max_steps=4)
+    doc = TuneDoc(tune_id="20261206-090000-tune-5c1a", host="local", args=args, created="2026-12-06T09:00:00Z",
+                  steps=[Step(name=n) for n in plan.steps(args, 3)], configured_k=3, engine="sglang")
+    doc.profile = {"conditional": [row[0] for row in TOPK], "topk": TOPK, "samples": 624, "source": "report:data",
+                   "run": "20261206-085900-test-drafter-0001", "rows": [624, 518, 477, 445]}
+    doc.step(plan.PROFILE).state = "done"
+    from draftops.tune.profile import AcceptanceProfile
+    prof = AcceptanceProfile(conditional=tuple(r[0] for r in TOPK), topk=tuple(map(tuple, TOPK)))
+    for k in (0, 3, 4):
+        step = doc.step(plan.measure(k))
+        step.state = "done"
+        length = prof.accept_length(k)
+        step.outcome = {"benches": {str(c): {"bench_run": f"20261206-0901{k}{c:02d}-bench-sglang-{k}{c:03d}",
+                                             "tok_s": c * length / (flat_ms / 1e3),
+                                             "accept_length": length if k else None,
+                                             "served": [k, 1, k + 1] if k else None}
+                                    for c in (1, 4)}}
+    return doc
+
+
+def test_on_sglang_every_tree_is_predicted_and_the_best_tree_is_confirmed_with_its_three_flags(tmp_path):
+    ctx = _ctx(tmp_path, sglang_doc())
+    steps.do_predict(ctx, ctx.doc.step(plan.PREDICT))
+    doc = ctx.doc
+    from draftops.tune import trees
+    grid = trees.settings(4)
+    assert len(doc.points) == 2 * (1 + len(grid))
+    assert {(p.k, p.topk, p.draft_tokens) for p in doc.points if p.k} == {
+        (s.steps, s.topk, s.effective_draft_tokens) for s in grid}
+    # a flat round: the widest tree accepts the most, so it is the best, and it was not measured
+    (confirm,) = [s for s in doc.steps if s.name.startswith("confirm-")]
+    top = max((p for p in doc.points if p.concurrency == 4), key=lambda p: p.predicted_tok_s or 0)
+    assert top.topk > 1 and confirm.name == f"confirm-{top.k}.{top.topk}.{top.draft_tokens}"
+    assert (confirm.k, confirm.topk, confirm.draft_tokens, confirm.concurrencies) == (top.k, top.topk,
+                                                                                    top.draft_tokens, [1, 4])
+    # the chains measured are keyed by what SGLang served: 4 steps, topk 1, 5 draft tokens
+    chain = next(p for p in doc.points if (p.k, p.topk, p.draft_tokens, p.concurrency) == (4, 1, 5, 4))
+    assert chain.role == "fit" and chain.error == pytest.approx(0.0, abs=1e-9)
+    confirm.state = "skipped"
+    answer.answer(ctx, doc.step(plan.ANSWER))
+    args = doc.engine_args or {}
+    assert [(b.k, b.topk, b.draft_tokens) for b in doc.best] == [(top.k, top.topk, top.draft_tokens)] * 2
+    flags = ["--speculative-num-steps", str(top.k), "--speculative-eagle-topk", str(top.topk),
+             "--speculative-num-draft-tokens", str(top.draft_tokens)]
+    assert args["engine"] == "sglang" and args["args"] == flags and args["line"] == " ".join(flags)
+    assert args["serve"].split(" serve ", 1)[1] == (f"--draft /models/flat --steps {top.k} --topk {top.topk} "
+                                                   f"--draft-tokens {top.draft_tokens}")
+    page = report.markdown(doc, None)
+    assert f"engine arguments (SGLang): {' '.join(flags)}" in page
+    assert f"| 4 | {top.k}/{top.topk}/{top.draft_tokens} |" in page
+
+
+def test_on_sglang_no_draft_everywhere_answers_without_speculative_flags(tmp_path):
+    ctx = _ctx(tmp_path, sglang_doc())
+    for s in ctx.doc.steps:                     # a draft whose rounds cost far more than they yield
+        for b in (s.outcome.get("benches") or {}).values():
+            if s.name != plan.measure(0):
+                b["tok_s"] = b["tok_s"] / 10
+    steps.do_predict(ctx, ctx.doc.step(plan.PREDICT))
+    for s in ctx.doc.steps:
+        if s.name.startswith("confirm-"):
+            s.state = "skipped"
+    answer.answer(ctx, ctx.doc.step(plan.ANSWER))
+    assert [b.k for b in ctx.doc.best] == [0, 0] and ctx.doc.off_from == 1
+    assert ctx.doc.engine_args and ctx.doc.engine_args["args"] == [] and ctx.doc.engine_args["setting"] is None

@@ -1,4 +1,4 @@
-"""`invoke tune`: the fastest vLLM speculative settings for a draft, predicted from its acceptance profile
+"""`invoke tune`: the fastest vLLM or SGLang speculative settings for a draft, predicted from its acceptance profile
 and the measured cost of a round, then confirmed on real servers; the flow is draftops/tune/ (this task
 takes the flags, prints its lines and exits with its code)."""
 from __future__ import annotations
@@ -21,7 +21,8 @@ _HELP = {
     "data": "its hidden-state dump folder on the host (not for the demo)",
     "profile": "serve profile of the host (hosts.yaml `serve:`)",
     "concurrency": "the concurrencies to tune for, comma-separated (default 1,4,16)",
-    "max_steps": "the largest num_speculative_tokens predicted (K_max; test-drafter unrolls this many; default 8)",
+    "max_steps": "the largest num_speculative_tokens (SGLang: steps) predicted (K_max; test-drafter unrolls this "
+                 "many; default 8)",
     "budget_s": "seconds the whole tune may take (default 840: under 15 minutes); each server start and bench "
                 "counts, and a confirming server that does not fit is skipped and said",
     "port": "port for the servers the tune starts (default: the profile's)",
@@ -55,10 +56,10 @@ def concurrencies(text: str) -> list[int]:
 def tune(c: Context, draft: str | None = None, data: str | None = None, profile: str | None = None,
          concurrency: str | None = None, max_steps: int | None = None, budget_s: float | None = None,
          port: int | None = None, resume: str | None = None, host: str | None = None, json: bool = False) -> None:
-    """Find the fastest vLLM num_speculative_tokens per concurrency for a draft: its acceptance profile
-    (test-drafter), the cost of a round measured on real servers (baseline and two K), throughput
-    predicted for every K, the best confirmed; the answer as engine arguments, the story in
-    runs/<id>/tune.{md,html,json}. Exit 0 done, 1 a failed step, 128 + a signal."""
+    """Find the fastest vLLM num_speculative_tokens (SGLang: steps, topk and draft tokens) per concurrency
+    for a draft: its acceptance profile (test-drafter), the cost of a round measured on real servers
+    (baseline and two K), throughput predicted for every setting, the best confirmed; the answer as
+    engine arguments, the story in runs/<id>/tune.{md,html,json}. Exit 0 done, 1 a failed step, 128 + a signal."""
     from draftops.tune import state
     host_ = connect(c, host)
     runs_dir = project_root(c) / "runs"
@@ -79,13 +80,19 @@ def tune(c: Context, draft: str | None = None, data: str | None = None, profile:
     from draftops.tune import plan
     configured = _configured(host_, args)
     current, folder = state.new(runs_dir, host_.name, args, plan.steps(args, configured))
-    current.configured_k = configured
+    current.configured_k, current.engine = configured, _engine(host_, args)
     with state.held(folder):
         _run(host_, current, folder)
 
 
+def _engine(host: Host, args: Any) -> str:
+    from draftops.serve import profiles
+    return profiles.resolve(host.spec, args.profile).engine
+
+
 def _configured(host: Host, args: Any) -> int:
-    """The K the draft is served with when none is asked: the profile's, else draftops' vLLM default."""
+    """The K the draft is served with when none is asked: the profile's, else draftops' vLLM default (on
+    SGLang: the same number of steps, a chain)."""
     from draftops.serve import profiles
     from draftops.serve.request import VLLM_DEFAULT_STEPS
     chosen = profiles.resolve(host.spec, args.profile)
@@ -104,9 +111,10 @@ def _new_args(host: Host, draft: str | None, data: str | None, profile: str | No
         raise TuneError(f"--draft {draft} needs --data DUMPS: the hidden-state dumps it was trained on (on the host), "
                         "for its acceptance profile; only the demo knows its own.")
     chosen = profiles.resolve(host.spec, profile)
-    if chosen.engine != "vllm":
+    if chosen.engine not in ("vllm", "sglang"):
         raise TuneError(f"serve profile {chosen.name!r} of host {host.name!r} serves with {chosen.engine}; `invoke "
-                        "tune` tunes vLLM's num_speculative_tokens. Name a vLLM profile with --profile.")
+                        "tune` tunes vLLM's num_speculative_tokens and SGLang's trees. Name a vLLM or SGLang "
+                        "profile with --profile.")
     args = Args(draft=draft if draft == "demo" else host_path(host, draft),
                 data=host_path(host, data) if data else None, profile=profile,
                 concurrency=concurrencies(concurrency) if concurrency else list(plan.DEFAULT_CONCURRENCY),

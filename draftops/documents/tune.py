@@ -30,6 +30,8 @@ class Step(Part):
     name: str
     state: str = "pending"           # pending, running, done, skipped, failed, stopped
     k: int | None = None
+    topk: int = 1                    # SGLang's --speculative-eagle-topk of a confirm step (1: a chain)
+    draft_tokens: int | None = None  # SGLang's --speculative-num-draft-tokens of a confirm step
     concurrencies: list[int] = []
     started: str | None = None
     ended: str | None = None
@@ -41,7 +43,9 @@ class Step(Part):
 
 
 class Point(Part):
-    """One setting at one concurrency (``k`` 0: no draft), predicted and, where benched, measured."""
+    """One setting at one concurrency (``k`` 0: no draft), predicted and, where benched, measured.
+    vLLM: ``k`` num_speculative_tokens, ``draft_tokens`` = k; SGLang: ``k`` the steps, ``topk`` and
+    ``draft_tokens`` the tree's --speculative-eagle-topk and --speculative-num-draft-tokens."""
 
     k: int
     topk: int = 1

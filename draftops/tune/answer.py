@@ -9,7 +9,7 @@ from typing import Any
 from draftops import comparison
 from draftops.documents.tune import Best, Point, Step
 from draftops.errors import BenchError
-from draftops.tune import plan, predict, steps
+from draftops.tune import grid, plan, predict, sglang, steps
 from draftops.tune.context import Ctx
 from draftops.tune.cost import fit
 
@@ -49,16 +49,20 @@ def _choose(ctx: Ctx, c: int, points: list[Point]) -> Best:
     if top is not None and top is not pick and pick.measured_tok_s is not None:
         against = _versus(ctx, pick, top)
         if against is not None and against["decision"] == comparison.SLOWER:
-            why = (f"measured faster than the predicted {('K=' + str(pick.k)) if pick.k else 'no draft'}: "
+            why = (f"measured faster than the predicted {_label(ctx, pick)}: "
                    f"{against['sentence']}")
             pick = top
     base = next((p for p in here if p.k == 0), None)
-    conf = next((p for p in here if p.k == ctx.doc.configured_k), None)
+    conf = next((p for p in here if p.k == ctx.doc.configured_k and p.topk == 1), None)
     return Best(concurrency=c, k=pick.k, topk=pick.topk, draft_tokens=pick.draft_tokens,
                 predicted_tok_s=pick.predicted_tok_s, measured_tok_s=pick.measured_tok_s,
                 best_measured_k=top.k if top else None, best_measured_tok_s=top.measured_tok_s if top else None,
                 vs_baseline=_versus(ctx, pick, base) if pick.k else None,
-                vs_configured=_versus(ctx, pick, conf) if pick.k != ctx.doc.configured_k else None, why=why)
+                vs_configured=_versus(ctx, pick, conf) if pick is not conf else None, why=why)
+
+
+def _label(ctx: Ctx, p: Point) -> str:
+    return grid.label(p.k, p.topk, p.draft_tokens, ctx.doc.engine)
 
 
 def max_batch(ctx: Ctx) -> int:
@@ -124,9 +128,27 @@ def answer(ctx: Ctx, step: Step) -> None:
     doc = ctx.doc
     chosen = [_choose(ctx, c, doc.points) for c in sorted(set(doc.args.concurrency))]
     doc.best = chosen
+    doc.off_from = predict.off_from({b.concurrency: _as_prediction(b) for b in chosen})
+    if doc.engine == "sglang":
+        doc.engine_args = sglang.answer_args(
+            [(b.concurrency, sglang.TreeSetting(b.k, b.topk, b.draft_tokens) if b.k else None) for b in chosen],
+            doc.args.draft, ctx.host.name)
+    else:
+        _vllm_answer(ctx, chosen)
+    doc.median_error = steps.median_error(doc.points)
+    doc.profile_check = profile_check(ctx)
+    step.outcome = {"median_error": doc.median_error, "median_error_check": steps.median_error(doc.points, "check"),
+                    "off_from": doc.off_from}
+    for b in chosen:
+        ctx.say(f"  concurrency {b.concurrency}: {grid.label(b.k, b.topk, b.draft_tokens, doc.engine)} ({b.why})")
+    ctx.say(f"  engine arguments: {(doc.engine_args or {}).get('line')}")
+
+
+def _vllm_answer(ctx: Ctx, chosen: list[Best]) -> None:
+    """vLLM's per-batch-size schedule and --speculative-config."""
+    doc = ctx.doc
     ranges = _schedule(ctx, chosen)
     config = predict.speculative_config(ctx.draft_path(), ranges)
-    doc.off_from = predict.off_from({b.concurrency: _as_prediction(b) for b in chosen})
     doc.engine_args = {"engine": "vllm", "args": predict.engine_args(ctx.draft_path(), ranges),
                        "line": predict.engine_line(ctx.draft_path(), ranges), "speculative_config": config,
                        "schedule": [list(r) for r in ranges],
@@ -135,13 +157,6 @@ def answer(ctx: Ctx, step: Step) -> None:
                        "note": ("vLLM 0.32 reads num_speculative_tokens_per_batch_size (inclusive batch-size ranges, "
                                 "K 0 = no speculation there; num_speculative_tokens caps them); it has no other "
                                 "setting that turns speculation off above a batch size")}
-    doc.median_error = steps.median_error(doc.points)
-    doc.profile_check = profile_check(ctx)
-    step.outcome = {"median_error": doc.median_error, "median_error_check": steps.median_error(doc.points, "check"),
-                    "off_from": doc.off_from}
-    for b in chosen:
-        ctx.say(f"  concurrency {b.concurrency}: {'K=' + str(b.k) if b.k else 'no draft'} ({b.why})")
-    ctx.say(f"  engine arguments: {doc.engine_args['line']}")
 
 
 def _as_prediction(b: Best) -> predict.Prediction:

@@ -32,6 +32,12 @@ def confirm(k: int) -> str:
     return f"confirm-{k}"
 
 
+def confirm_tree(steps: int, topk: int, draft_tokens: int) -> str:
+    """The confirming step of an SGLang setting: ``confirm-K`` for a chain (topk 1), else
+    ``confirm-S.k.N`` (steps, topk, draft tokens)."""
+    return confirm(steps) if topk == 1 else f"confirm-{steps}.{topk}.{draft_tokens}"
+
+
 def k_of(name: str) -> int | None:
     head, _, tail = name.rpartition("-")
     return int(tail) if head in ("measure", "confirm") and tail.isdigit() else None

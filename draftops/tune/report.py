@@ -26,6 +26,13 @@ def _k(k: int | None) -> str:
     return "—" if k is None else ("no draft" if k == 0 else f"K={k}")
 
 
+def _set(doc: TuneDoc, k: int | None, topk: int = 1, draft_tokens: int | None = None) -> str:
+    """The setting in the engine's own terms: ``K=3`` (vLLM) or ``3/2/6`` (SGLang's steps/topk/draft tokens)."""
+    if doc.engine != "sglang" or not k:
+        return _k(k)
+    return f"{k}/{topk}/{draft_tokens if draft_tokens is not None else k + 1}"
+
+
 def _vs(v: dict[str, Any] | None) -> str:
     if not v or v.get("ratio") is None:
         return "—"
@@ -41,10 +48,17 @@ def summary(doc: TuneDoc) -> list[str]:
         lines.append(f"stopped at step {doc.stopped_at}; `{resume_command(doc.tune_id, doc.host)}` continues from "
                      "there (finished steps are not run again)")
     for b in doc.best:
-        lines.append(f"concurrency {b.concurrency}: {_k(b.k)}, predicted {_f(b.predicted_tok_s)} tok/s, measured "
+        setting = _set(doc, b.k, b.topk, b.draft_tokens)
+        lines.append(f"concurrency {b.concurrency}: {setting}, predicted {_f(b.predicted_tok_s)} tok/s, measured "
                      f"{_f(b.measured_tok_s)}" + (f"; vs no draft {_vs(b.vs_baseline)}" if b.vs_baseline else ""))
+    if doc.engine == "sglang":
+        lines.append("SGLang settings are steps/topk/draft tokens: --speculative-num-steps, "
+                     "--speculative-eagle-topk, --speculative-num-draft-tokens")
     if doc.engine_args:
-        lines.append(f"engine arguments (vLLM): {doc.engine_args.get('line')}")
+        lines.append(f"engine arguments ({'SGLang' if doc.engine == 'sglang' else 'vLLM'}): "
+                     f"{doc.engine_args.get('line')}")
+        if doc.engine_args.get("serve"):
+            lines.append(f"serve it: {doc.engine_args['serve']}")
         top = doc.engine_args.get("max_batch")
         if doc.off_from is None:
             lines.append("speculation pays at every concurrency measured")
@@ -52,6 +66,9 @@ def summary(doc: TuneDoc) -> list[str]:
             lines.append(f"speculation off from concurrency {doc.off_from}, above the servers' max running requests "
                          f"({top}): no batch reaches it, so no engine setting can say it; serve such traffic "
                          "without a draft")
+        elif doc.engine == "sglang":
+            lines.append(f"speculation off from concurrency {doc.off_from}: SGLang has no setting for it, so serve "
+                         "that traffic from a server without a draft")
         else:
             lines.append(f"speculation off from concurrency {doc.off_from} (K 0 in the schedule from there)")
     if doc.median_error is not None:
@@ -61,15 +78,25 @@ def summary(doc: TuneDoc) -> list[str]:
     return lines
 
 
+def _top_measured(doc: TuneDoc, concurrency: int) -> str:
+    """The fastest measured setting at ``concurrency``, in the engine's own terms."""
+    here = [p for p in doc.points if p.concurrency == concurrency and p.measured_tok_s is not None]
+    if not here:
+        return "—"
+    top = max(here, key=lambda p: p.measured_tok_s or 0.0)
+    return _set(doc, top.k, top.topk, top.draft_tokens)
+
+
 def _answer(doc: TuneDoc) -> Section:
-    rows = [[str(b.concurrency), _k(b.k), _f(b.predicted_tok_s), _f(b.measured_tok_s),
-             f"{_k(b.best_measured_k)} {_f(b.best_measured_tok_s)}", _vs(b.vs_baseline), _vs(b.vs_configured)]
+    rows = [[str(b.concurrency), _set(doc, b.k, b.topk, b.draft_tokens), _f(b.predicted_tok_s), _f(b.measured_tok_s),
+             f"{_top_measured(doc, b.concurrency)} {_f(b.best_measured_tok_s)}", _vs(b.vs_baseline),
+             _vs(b.vs_configured)]
             for b in doc.best]
     text = [f"{b.concurrency}: {b.why}" for b in doc.best]
     if doc.engine_args:
         text.append(str(doc.engine_args.get("note")))
     header = ["conc", "setting", "pred tok/s", "meas tok/s", "best measured", "vs no draft (95% CI)",
-              f"vs K={doc.configured_k}"]
+              f"vs {_set(doc, doc.configured_k)}"]
     return "The answer", text, [(header, rows)]
 
 
@@ -104,11 +131,16 @@ def _cost(doc: TuneDoc) -> Section:
 
 
 def _points(doc: TuneDoc) -> Section:
-    rows = [[str(p.concurrency), _k(p.k), _f(p.accept_length_predicted, 2), _f(p.accept_length_measured, 2),
+    shown = doc.points if doc.engine != "sglang" else [p for p in doc.points if p.measured_tok_s is not None]
+    rows = [[str(p.concurrency), _set(doc, p.k, p.topk, p.draft_tokens), _f(p.accept_length_predicted, 2),
+             _f(p.accept_length_measured, 2),
              _f(p.predicted_tok_s), _f(p.measured_tok_s), "—" if p.error is None else f"{p.error:+.0%}", p.role]
-            for p in doc.points]
-    header = ["conc", "K", "L pred", "L meas", "pred tok/s", "meas tok/s", "error", "role"]
-    return "Predicted vs measured", [], [(header, rows)]
+            for p in shown]
+    text = [] if doc.engine != "sglang" else [f"the measured settings of the {len(doc.points)} predicted "
+                                               "(every one is in tune.json's points)"]
+    header = ["conc", "steps/topk/N" if doc.engine == "sglang" else "K", "L pred", "L meas", "pred tok/s",
+              "meas tok/s", "error", "role"]
+    return "Predicted vs measured", text, [(header, rows)]
 
 
 def _steps(doc: TuneDoc) -> Section:
@@ -149,7 +181,8 @@ def write(doc: TuneDoc, folder: Path) -> dict[str, Path]:
         chart_path = None
         if any(p.predicted_tok_s is not None for p in doc.points):
             from draftops.tune import chart  # matplotlib: only when there is something to draw
-            chart_path = chart.draw(list(doc.points), {b.concurrency: b.k for b in doc.best}, paths["chart"])
+            chart_path = chart.draw(list(doc.points), {b.concurrency: b.k for b in doc.best}, paths["chart"],
+                                    {b.concurrency: _set(doc, b.k, b.topk, b.draft_tokens) for b in doc.best})
         atomic_write_text(paths["markdown"], markdown(doc, CHART if chart_path else None))
         atomic_write_text(paths["html"], html_page(doc, chart_path))
     except OSError as exc:

@@ -37,22 +37,26 @@ def ensure_demo(ctx: Ctx) -> None:
                  view=ctx.tracker).check()
 
 
-def _plan(ctx: Ctx, k: int) -> tuple[Any, profiles.Profile]:
+def _plan(ctx: Ctx, k: int, topk: int = 1, draft_tokens: int | None = None) -> tuple[Any, profiles.Profile]:
     chosen = profile_of(ctx)
     baseline = k == 0
+    # SGLang is given all three flags (a chain: topk 1, steps + 1 draft tokens), so it never picks its own
+    tree = chosen.engine == "sglang" and not baseline
     # served as it is to be measured (--force: a verdict that says MISMATCH is the user's to fix first)
     request = Request(draft=None if baseline else (DEMO if ctx.demo else ctx.doc.args.draft), baseline=baseline,
                       profile=ctx.doc.args.profile, port=ctx.doc.args.port, force=True,
-                      steps=None if baseline else k, target=DEMO if baseline and ctx.demo else None)
+                      steps=None if baseline else k, target=DEMO if baseline and ctx.demo else None,
+                      topk=topk if tree else None, draft_tokens=(draft_tokens or k + 1) if tree else None)
     served = resolve(request, chosen, demo_dir(ctx.host.state_dir),
                      demo_baseline=ctx.demo and ctx.host.spec.transport == "local" and chosen.builtin)
     return served, chosen
 
 
 def measure(ctx: Ctx, step: Step, k: int, concurrencies: list[int], seen: dict[str, float]) -> None:
-    """Serve with ``k`` draft tokens, bench it at each of ``concurrencies``, stop it; the benches land
-    in ``step.outcome['benches']`` (concurrency → run, tok/s, accept length, per position)."""
-    serve_plan, chosen = _plan(ctx, k)
+    """Serve with ``k`` draft tokens (on SGLang: ``k`` steps, the step's topk and draft tokens), bench it
+    at each of ``concurrencies``, stop it; the benches land in ``step.outcome['benches']`` (concurrency →
+    run, tok/s, accept length, per position, and on SGLang the setting the server reported)."""
+    serve_plan, chosen = _plan(ctx, k, step.topk, step.draft_tokens)
     step.outcome["benches"] = {}
     with _serving(ctx, step, k, serve_plan, chosen, seen) as server:
         for c in concurrencies:
@@ -136,7 +140,16 @@ def bench_outcome(res: BenchResult) -> dict[str, Any]:
     per = res.per_position
     return {"bench_run": res.run_id, "tok_s": tput.median, "values": list(tput.values),
             "accept_length": res.accept_length.value if res.accept_length else None,
-            "per_position": per.model_dump() if per is not None else None}
+            "per_position": per.model_dump() if per is not None else None,
+            "served": _served_setting(res)}
+
+
+def _served_setting(res: BenchResult) -> list[int] | None:
+    """SGLang's [steps, topk, draft tokens] as the server reported them (/get_server_info), else None."""
+    spec = res.speculative
+    if res.engine.name != "sglang" or spec is None or None in (spec.num_steps, spec.topk, spec.num_draft_tokens):
+        return None
+    return [int(spec.num_steps or 0), int(spec.topk or 0), int(spec.num_draft_tokens or 0)]
 
 
 def as_measured(step: Step) -> list[tuple[int, dict[str, Any]]]:

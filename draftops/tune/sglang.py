@@ -83,3 +83,26 @@ def _adjusted(asked: TreeSetting | None, got: TreeSetting) -> str | None:
         return None
     why = " (SGLang sets draft tokens to steps + 1 with topk 1)" if got.topk == 1 else ""
     return "SGLang served " + ", ".join(changed) + why
+
+
+def answer_args(chosen: list[tuple[int, TreeSetting | None]], draft: str, host: str | None = None) -> dict[str, Any]:
+    """The answer for an SGLang host from the setting chosen per concurrency (None: no draft there).
+    SGLang serves one setting per server (it reads no per-batch-size schedule), so the flags are the
+    setting chosen at the most concurrencies (a tie: the lowest of them); each concurrency's own line
+    is given too, and ``serve``: the pasteable `invoke serve` that serves ``draft`` with the flags."""
+    per = {str(c): (s.engine_line() if s is not None else None) for c, s in chosen}
+    counted: dict[TreeSetting, list[int]] = {}
+    for c, s in chosen:
+        if s is not None:
+            counted.setdefault(s, []).append(c)
+    out: dict[str, Any] = {"engine": "sglang", "per_concurrency": per, "setting": None, "args": [],
+                           "line": "(no speculative flags: serve without a draft)",
+                           "note": "SGLang serves one speculative setting per server (no per-batch-size schedule): "
+                                   "where no draft is best, serve that traffic from a server without one"}
+    if counted:
+        best = max(counted, key=lambda s: (len(counted[s]), -min(counted[s])))
+        out.update(engine_args(best))
+        out["serve"] = serve_command(draft, best, host)
+        out["setting"] = {"steps": best.steps, "topk": best.topk, "draft_tokens": best.effective_draft_tokens,
+                          "concurrencies": counted[best]}
+    return out

@@ -12,7 +12,7 @@ from draftops.runs import jobs
 from draftops.runs.tools import run_tool
 from draftops.serve.host_engine import host_engine
 from draftops.serve.request import demo_dir
-from draftops.tune import acceptance, plan, predict, serving
+from draftops.tune import acceptance, grid, plan, predict, serving
 from draftops.tune.context import Ctx, ran
 from draftops.tune.cost import Measured, RoundCost, fit
 from draftops.tune.profile import AcceptanceProfile
@@ -41,9 +41,10 @@ def profile(ctx: Ctx, step: Step, seen: dict[str, float]) -> None:
         raise TuneError(f"test-drafter run {done.run_id} gave no per-position acceptance (metrics.served.*.cond_acc "
                         f"in its report.json); see `invoke logs {done.run_id}`.")
     counts = acceptance.counts(report)
+    tops = AcceptanceProfile.from_report(report)        # per-depth top-k: what SGLang's trees are predicted from
     ctx.doc.profile = {"conditional": list(found.conditional), "samples": found.samples, "source": found.source,
                        "run": done.run_id, "rows": list(counts.cond_total or []) if counts else [],
-                       "verdict": report.verdict.status}
+                       "topk": [list(r) for r in tops.topk] if tops else [], "verdict": report.verdict.status}
     if report.verdict.status != "MATCH":
         ctx.doc.notes.append(f"test-drafter says {report.verdict.status} for the draft as configured (run "
                              f"{done.run_id}): tune measures it as it is; fix it first (`invoke doctor --draft "
@@ -55,24 +56,26 @@ def profile(ctx: Ctx, step: Step, seen: dict[str, float]) -> None:
 
 def the_profile(ctx: Ctx) -> AcceptanceProfile:
     found = ctx.doc.profile or {}
-    return AcceptanceProfile(conditional=tuple(found.get("conditional") or ()), samples=int(found.get("samples") or 0),
-                             source=str(found.get("source") or "report"))
+    tops = tuple(tuple(float(v) for v in row) for row in found.get("topk") or [])
+    return AcceptanceProfile(conditional=tuple(found.get("conditional") or ()), topk=tops,
+                             samples=int(found.get("samples") or 0), source=str(found.get("source") or "report"))
 
 
-def benches(ctx: Ctx) -> list[tuple[Step, int, int, dict[str, Any]]]:
-    """Every finished bench of the tune: (step, K, concurrency, its outcome)."""
+def benches(ctx: Ctx) -> list[tuple[Step, grid.Setting, int, dict[str, Any]]]:
+    """Every finished bench of the tune: (step, its setting (k, topk, draft tokens), concurrency, outcome)."""
     out = []
     for s in ctx.doc.steps:
-        k = plan.k_of(s.name)
+        k = s.k if s.k is not None else plan.k_of(s.name)
         if k is not None and s.state == "done":
-            out += [(s, k, c, b) for c, b in serving.as_measured(s)]
+            out += [(s, grid.of_bench(s, k, ctx.doc.engine, b), c, b) for c, b in serving.as_measured(s)]
     return out
 
 
-def _measured(ctx: Ctx, rows: list[tuple[Step, int, int, dict[str, Any]]]) -> list[Measured]:
+def _measured(ctx: Ctx, rows: list[tuple[Step, grid.Setting, int, dict[str, Any]]]) -> list[Measured]:
     prof = the_profile(ctx)
     out = []
-    for _, k, c, b in rows:
+    for _, setting, c, b in rows:
+        k, n = setting[0], grid.verified(setting, ctx.doc.engine)
         tok_s = b.get("tok_s")
         length = 1.0 if k == 0 else b.get("accept_length")
         if length is None and k:
@@ -80,7 +83,7 @@ def _measured(ctx: Ctx, rows: list[tuple[Step, int, int, dict[str, Any]]]) -> li
             ctx.doc.notes.append(f"bench run {b.get('bench_run')}: the server gave no accept length; the round's "
                                  f"cost there uses the predicted {length:.2f}")
         if isinstance(tok_s, (int, float)) and tok_s > 0:
-            out.append(Measured(c, k, float(tok_s), float(length or 1.0)))
+            out.append(Measured(c, n, float(tok_s), float(length or 1.0)))
     return out
 
 
@@ -107,36 +110,45 @@ def do_predict(ctx: Ctx, step: Step) -> None:
         raise TuneError(f"the round's cost cannot be fitted: {exc}. The measuring steps' benches are in "
                         f"{ctx.folder / 'tune.json'}.") from None
     ctx.doc.cost = _cost_doc(cost)
-    preds = predict.predict(the_profile(ctx), cost, range(1, args.max_steps + 1), args.concurrency)
-    measured = {(c, k): b for _, k, c, b in rows}
-    ctx.doc.points = [_point(p, measured.get((p.concurrency, p.k)), "fit") for p in preds]
+    engine = ctx.doc.engine
+    preds = grid.predictions(the_profile(ctx), cost, args.max_steps, args.concurrency, engine)
+    measured = {(c, *setting): b for _, setting, c, b in rows}
+    ctx.doc.points = [_point(p, measured.get((p.concurrency, *grid.of_prediction(p))), "fit") for p in preds]
     chosen = predict.best(preds)
-    todo: dict[int, list[int]] = {}
+    todo: dict[grid.Setting, list[int]] = {}
     for c, p in chosen.items():
-        if (c, p.k) not in measured:
-            todo.setdefault(p.k, []).append(c)
-    check = None if todo else _further_point(preds, {k for _, k in measured})
+        if (c, *grid.of_prediction(p)) not in measured:
+            todo.setdefault(grid.of_prediction(p), []).append(c)
+    check = None if todo else _further_point(preds, {tuple(key[1:]) for key in measured})
     if check is not None:          # every best was measured: one further point still checks the fit
-        todo[check.k] = [check.concurrency]
+        todo[grid.of_prediction(check)] = [check.concurrency]
     at = ctx.doc.steps.index(step) + 1
-    for k, cs in sorted(todo.items(), key=lambda kc: min(kc[1])):
-        name = plan.confirm(k)
+    for (k, topk, n), cs in sorted(todo.items(), key=lambda kc: min(kc[1])):
+        sglang = engine == "sglang"
+        name = plan.confirm_tree(k, topk, n) if sglang else plan.confirm(k)
         if not ctx.doc.has(name):
-            ctx.doc.steps.insert(at, Step(name=name, k=k, concurrencies=cs))
+            ctx.doc.steps.insert(at, Step(name=name, k=k, topk=topk, draft_tokens=n if sglang else None,
+                                          concurrencies=cs))
             at += 1
     step.outcome = {"best": {str(c): p.k for c, p in chosen.items()},
-                    "confirm": {str(k): cs for k, cs in todo.items()},
-                    "check_only": None if check is None else {"k": check.k, "concurrency": check.concurrency}}
-    ctx.say("  predicted best: " + ", ".join(f"concurrency {c}: {p.label} ({p.tok_s:.0f} tok/s, ×{p.speedup:.2f})"
-                                          for c, p in chosen.items()))
+                    "settings": {str(c): list(grid.of_prediction(p)) for c, p in chosen.items()},
+                    "confirm": {grid.label(*s, engine): cs for s, cs in todo.items()},
+                    "check_only": None if check is None else {"k": check.k, "concurrency": check.concurrency,
+                                                               "setting": list(grid.of_prediction(check))}}
+    ctx.say("  predicted best: " + ", ".join(f"concurrency {c}: {_label(ctx, p)} ({p.tok_s:.0f} tok/s, "
+                                          f"×{p.speedup:.2f})" for c, p in chosen.items()))
 
 
-def _further_point(preds: list[predict.Prediction], measured_ks: set[int]) -> predict.Prediction | None:
-    """The K not measured that is predicted fastest at the middle concurrency: where the fit is checked
-    when every predicted best was among the measured settings."""
+def _label(ctx: Ctx, p: predict.Prediction) -> str:
+    return grid.label(p.k, p.topk, p.draft_tokens, ctx.doc.engine)
+
+
+def _further_point(preds: list[predict.Prediction], measured: set[tuple[int, ...]]) -> predict.Prediction | None:
+    """The setting not measured that is predicted fastest at the middle concurrency: where the fit is
+    checked when every predicted best was among the measured settings."""
     cs = sorted({p.concurrency for p in preds})
     middle = cs[len(cs) // 2] if cs else 0
-    cands = [p for p in preds if p.concurrency == middle and p.k > 0 and p.k not in measured_ks]
+    cands = [p for p in preds if p.concurrency == middle and p.k > 0 and grid.of_prediction(p) not in measured]
     return max(cands, key=lambda p: p.tok_s) if cands else None
 
 
@@ -164,8 +176,9 @@ def confirm(ctx: Ctx, step: Step, seen: dict[str, float]) -> None:
     k = step.k if step.k is not None else plan.k_of(step.name) or 0
     serving.measure(ctx, step, k, step.concurrencies or ctx.doc.args.concurrency, seen)
     for c, b in serving.as_measured(step):
+        setting = grid.of_bench(step, k, ctx.doc.engine, b)
         for point in ctx.doc.points:
-            if point.k == k and point.concurrency == c:
+            if (point.k, point.topk, point.draft_tokens) == setting and point.concurrency == c:
                 _measure_into(point, b, "check")
 
 

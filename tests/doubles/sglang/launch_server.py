@@ -29,6 +29,10 @@ WARMUP_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_WARMUP_S", "1.0"))
 #: die (as a scheduler crash does) on this many-th /generate request; 0 = never
 DIE_AFTER = int(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_DIE_AFTER", "0"))
 EXIT_S = float(os.environ.get("DRAFTOPS_SGLANG_DOUBLE_EXIT_S", "0"))
+#: "FIXED,PER_TOKEN" milliseconds: each decode step (a verification round) of a request takes FIXED plus
+#: PER_TOKEN per drafted token verified (draft tokens - 1), so throughput depends on the setting as on a
+#: real server; unset: no delay
+ROUND_MS = tuple(float(v) for v in os.environ.get("DRAFTOPS_SGLANG_DOUBLE_ROUND_MS", "0,0").split(",")[:2])
 #: a broken /get_server_info (a fault, not SGLang's): "garbage" (not JSON), "hang" (never answers),
 #: "wrong-types" (its values of the wrong JSON types); unset: SGLang's answer
 SERVER_INFO_FAULT = os.environ.get("DRAFTOPS_SGLANG_DOUBLE_SERVER_INFO", "")
@@ -217,8 +221,15 @@ class Engine:
                 accepted = 1
             produced += accepted
             steps += 1
+            self._round_delay()
             self._forward(accepted)
         return ids, steps
+
+    def _round_delay(self) -> None:
+        fixed, per_token = ROUND_MS
+        verified = (self.args.speculative_num_draft_tokens or 1) - 1 if self.spec else 0
+        if fixed or per_token:
+            time.sleep((fixed + per_token * verified) / 1000.0)
 
     def _forward(self, accepted: int) -> None:
         with self.lock:

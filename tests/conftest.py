@@ -21,13 +21,30 @@ from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: engine test files that judge no speed (tokens, counts, layer ids, accept lengths from /metrics): their
+#: group runs on a second worker beside the speed-judging ``engine`` group, its servers' compute on the
+#: other core (``pytest_runtest_protocol`` below). A file not named here stays in ``engine``, one test at a time.
+ENGINE_CHECK_FILES = frozenset({"test_capture_check_engine.py", "test_serve_vllm.py", "test_vllm_engine.py",
+                                "test_slurm_serve_vllm.py", "test_temperature_engine.py"})
+ENGINE_CHECK_GROUP = "engine-check"
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def engine_group(item: pytest.Item) -> str:
+    """``engine`` (speed-judging: one server at a time, core 0) or ``engine-check`` (ENGINE_CHECK_FILES)."""
+    return ENGINE_CHECK_GROUP if item.path.name in ENGINE_CHECK_FILES else "engine"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite runs on several xdist workers (pyproject's addopts): the tests that start a real vLLM-CPU
-    server all go to one of them, in turn, so no two engines share the two cores (each start would take
-    twice as long, and two servers with their clients want 7 GB)."""
+    server go to two groups, each on one worker, in turn: the engine tests that compare speeds
+    (``engine``) never have a second server of their group beside them, and those that judge no speed
+    (``engine-check``) run beside them with their servers' compute on the other core. The engine group
+    is the suite's critical path (about 45 min serially, about 30 vLLM starts of 45-70 s each); the check
+    group takes about 13 min of it onto the second worker."""
     for item in items:
         if item.get_closest_marker("engine") is not None:
-            item.add_marker(pytest.mark.xdist_group("engine"))
+            item.add_marker(pytest.mark.xdist_group(engine_group(item)))
         elif item.get_closest_marker("slurm") is not None:     # one cluster, started once, on one worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
         callspec = getattr(item, "callspec", None)
@@ -114,6 +131,34 @@ def laptop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 #: ``@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)``: a task test run from both installs
 BOTH_INSTALLS = ["full", "base"]
+
+
+def _beside_the_engine_group(item: pytest.Item) -> bool:
+    group = item.get_closest_marker("xdist_group")
+    return (group is not None and group.args[:1] == (ENGINE_CHECK_GROUP,)
+            and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, the check group's vLLM servers bind their compute to the last core of this machine
+    (``VLLM_CPU_OMP_THREADS_BIND``, inherited by every server the test starts here, module-scoped
+    fixtures' too: hence a hook around the whole item, not a fixture): vLLM's default binds core 0, where
+    the speed-judging group's server computes, and two servers on one core would halve its speed in the
+    middle of a comparison. Run alone (``-n 0``) nothing changes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not (_beside_the_engine_group(item) and len(cpus) > 1):
+        yield
+        return
+    before = os.environ.get(OMP_BIND)
+    os.environ[OMP_BIND] = str(cpus[-1])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(OMP_BIND, None)
+        else:
+            os.environ[OMP_BIND] = before
 
 
 @pytest.fixture(autouse=True)

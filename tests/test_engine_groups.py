@@ -1,0 +1,84 @@
+"""The engine tests' two xdist groups (tests/conftest.py): the speed-judging ones one at a time in
+``engine``, those that judge no speed in ``engine-check`` on a second worker, whose vLLM servers bind
+their compute to the other core. The CI's wall time is the engine group's (its critical path)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ENGINE_CHECK_FILES, ENGINE_CHECK_GROUP, OMP_BIND, REPO
+
+#: engine tests that compare speeds (a ratio with its interval, a faster/slower decision, a tuned
+#: best): none of them may ever run beside a second vLLM server of the suite
+SPEED_JUDGING = ("test_comparison_engine.py", "test_bench_seed_engine.py", "test_tune_engine.py",
+                 "test_tune_overdraft_engine.py", "test_doctor_engine.py", "test_nightly_smoke_engine.py")
+
+RECORDER = '''
+import json, os
+def pytest_collection_finish(session):
+    groups = {}
+    for item in session.items:
+        marks = [m.args[0] for m in item.iter_markers("xdist_group")]
+        groups[item.nodeid] = marks
+    with open(os.environ["GROUPS_OUT"], "w") as f:
+        json.dump(groups, f)
+'''
+
+
+def collected_groups(tmp_path: Path) -> dict[str, list[str]]:
+    """Every engine test's xdist groups, from a real collection of the suite (no test runs)."""
+    (tmp_path / "group_recorder.py").write_text(RECORDER)
+    out = tmp_path / "groups.json"
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "GROUPS_OUT": str(out), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:xdist", "-p", "group_recorder",
+                           "-p", "no:cacheprovider", "-o", "addopts=", "-m", "engine", "tests"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    groups: dict[str, list[str]] = json.loads(out.read_text())
+    return groups
+
+
+def test_speed_judging_engine_tests_share_one_group_and_the_others_the_check_group(tmp_path: Path) -> None:
+    groups = collected_groups(tmp_path)
+    files = {nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in groups}
+    assert set(SPEED_JUDGING) <= files and ENGINE_CHECK_FILES <= files, files     # no name left stale
+    for nodeid, marks in groups.items():
+        name = nodeid.split("::")[0].rsplit("/", 1)[-1]
+        assert marks == [ENGINE_CHECK_GROUP if name in ENGINE_CHECK_FILES else "engine"], (nodeid, marks)
+    assert not set(SPEED_JUDGING) & ENGINE_CHECK_FILES
+
+
+CORE_PROBE = """
+import os
+from pathlib import Path
+import pytest
+pytestmark = pytest.mark.engine
+def test_sees_the_core():
+    Path(os.environ["BIND_OUT"]).write_text(os.environ.get("{bind}", "unset"))
+"""
+
+
+def bind_seen(tmp_path: Path, name: str, workers: str) -> str:
+    """The OMP binding a test named like ``name`` (an engine test file) sees under the suite's conftest."""
+    where = tmp_path / workers / name.removesuffix(".py")
+    where.mkdir(parents=True)
+    (where / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (where / name).write_text(CORE_PROBE.format(bind=OMP_BIND))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BIND_OUT": str(where / "bind")}
+    env.pop(OMP_BIND, None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", workers, "--dist", "loadgroup",
+                           "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(where), name],
+                          cwd=where, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return (where / "bind").read_text()
+
+
+def test_only_the_check_group_under_xdist_binds_its_servers_to_the_last_core(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    beside = str(cpus[-1]) if len(cpus) > 1 else "unset"
+    assert bind_seen(tmp_path, "test_vllm_engine.py", "2") == beside
+    assert bind_seen(tmp_path, "test_vllm_engine.py", "0") == "unset"           # alone: vLLM's own default
+    assert bind_seen(tmp_path, "test_comparison_engine.py", "2") == "unset"     # the speed group: core 0

@@ -21,11 +21,12 @@ from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 REPO = Path(__file__).resolve().parent.parent
 
 
-#: engine test files that judge no speed (tokens, counts, layer ids, accept lengths from /metrics): their
-#: group runs on a second worker beside the speed-judging ``engine`` group, its servers' compute on the
-#: other core (``pytest_runtest_protocol`` below). A file not named here stays in ``engine``, one test at a time.
-ENGINE_CHECK_FILES = frozenset({"test_capture_check_engine.py", "test_serve_vllm.py", "test_vllm_engine.py",
-                                "test_slurm_serve_vllm.py", "test_temperature_engine.py"})
+#: engine test files that judge no speed (tokens, counts, layer ids, accept lengths from /metrics) and
+#: start their servers on this machine directly (their environment is this process's): their group runs
+#: on a second worker beside the speed-judging ``engine`` group, its servers' compute on the other core
+#: (``pytest_runtest_protocol`` below). A file not named here stays in ``engine``, one test at a time:
+#: those whose servers start over SSH or Slurm too, which would bind core 0 whatever this process says.
+ENGINE_CHECK_FILES = frozenset({"test_capture_check_engine.py", "test_vllm_engine.py", "test_temperature_engine.py"})
 ENGINE_CHECK_GROUP = "engine-check"
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -33,6 +34,20 @@ OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 def engine_group(item: pytest.Item) -> str:
     """``engine`` (speed-judging: one server at a time, core 0) or ``engine-check`` (ENGINE_CHECK_FILES)."""
     return ENGINE_CHECK_GROUP if item.path.name in ENGINE_CHECK_FILES else "engine"
+
+
+def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
+    """Mark ``item`` for xdist group ``name`` and put the group into its node id, as ``--dist loadgroup``
+    reads it (``path::test@name``). pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9 no longer
+    reads (its node id is ``item._id``): there, every test was a group of its own, and the engine tests
+    ran beside each other on all workers."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    if not config.getoption("loadgroup", False) or "@" in item.nodeid.rpartition("]")[2]:
+        return
+    if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
+        item._nodeid = f"{item.nodeid}@{name}"  # type: ignore[attr-defined]   # pytest 8
+    else:
+        item._id = type(item._id).parse(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,9 +59,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     group takes about 13 min of it onto the second worker."""
     for item in items:
         if item.get_closest_marker("engine") is not None:
-            item.add_marker(pytest.mark.xdist_group(engine_group(item)))
+            _group(config, item, engine_group(item))
         elif item.get_closest_marker("slurm") is not None:     # one cluster, started once, on one worker
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            _group(config, item, "slurm")
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("laptop") == "base":
             item.add_marker(pytest.mark.laptop)      # `-m laptop`: the laptop's base install alone
@@ -131,6 +146,23 @@ def laptop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 #: ``@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)``: a task test run from both installs
 BOTH_INSTALLS = ["full", "base"]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` handing out the speed-judging engine group first, whatever the group sizes:
+    it is the suite's critical path, and xdist hands out the groups with the most tests first (the
+    Slurm and check groups have more), so with two workers it would wait for one of them to end."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class EngineFirst(LoadGroupScheduling):
+        def _assign_work_unit(self, node: Any) -> None:
+            if "engine" in self.workqueue:
+                self.workqueue.move_to_end("engine", last=False)
+            super()._assign_work_unit(node)
+
+    return EngineFirst(config, log)
 
 
 def _beside_the_engine_group(item: pytest.Item) -> bool:

@@ -82,3 +82,36 @@ def test_only_the_check_group_under_xdist_binds_its_servers_to_the_last_core(tmp
     assert bind_seen(tmp_path, "test_vllm_engine.py", "2") == beside
     assert bind_seen(tmp_path, "test_vllm_engine.py", "0") == "unset"           # alone: vLLM's own default
     assert bind_seen(tmp_path, "test_comparison_engine.py", "2") == "unset"     # the speed group: core 0
+
+
+RECORD = """
+import os
+import pytest
+pytestmark = pytest.mark.{mark}
+@pytest.mark.parametrize("n", range({count}))
+def test_one(n):
+    with open(os.environ["ORDER_OUT"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + " " + __name__ + "\\n")
+"""
+
+
+def test_each_group_runs_on_one_worker_and_the_speed_judging_one_is_handed_out_first(tmp_path: Path) -> None:
+    """A group on one worker: pytest 9 reads no ``item._nodeid``, where pytest-xdist 3.8 puts the group (so
+    every test was its own group and the engine tests ran side by side). And xdist hands out the groups
+    with the most tests first: the Slurm and check groups outnumber the speed-judging one, which would
+    then wait behind one of them though it is the critical path."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    for name, mark, count in (("test_comparison_engine.py", "engine", 1), ("test_vllm_engine.py", "engine", 6),
+                              ("test_slurm_probe.py", "slurm", 5)):
+        (tmp_path / name).write_text(RECORD.format(mark=mark, count=count))
+    order = tmp_path / "order"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ORDER_OUT": str(order)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), "."],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = [line.split() for line in order.read_text().splitlines()]
+    workers = {module: {w for w, m in runs if m == module} for _, module in runs}
+    assert all(len(w) == 1 for w in workers.values()), runs      # each group on one worker, in turn
+    (worker,) = workers["test_comparison_engine"]
+    assert [m for w, m in runs if w == worker][0] == "test_comparison_engine", runs

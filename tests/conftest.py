@@ -148,6 +148,7 @@ def laptop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 BOTH_INSTALLS = ["full", "base"]
 
 
+@pytest.hookimpl(optionalhook=True)      # an xdist hook: the suite also runs with -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` handing out the speed-judging engine group first, whatever the group sizes:
     it is the suite's critical path, and xdist hands out the groups with the most tests first (the

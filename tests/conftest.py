@@ -21,19 +21,23 @@ from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 REPO = Path(__file__).resolve().parent.parent
 
 
-#: engine test files that judge no speed (tokens, counts, layer ids, accept lengths from /metrics) and
-#: start their servers on this machine directly (their environment is this process's): their group runs
-#: on a second worker beside the speed-judging ``engine`` group, its servers' compute on the other core
-#: (``pytest_runtest_protocol`` below). A file not named here stays in ``engine``, one test at a time:
-#: those whose servers start over SSH or Slurm too, which would bind core 0 whatever this process says.
-ENGINE_CHECK_FILES = frozenset({"test_capture_check_engine.py", "test_vllm_engine.py", "test_temperature_engine.py"})
+#: engine tests that judge no speed, or only that a fixed draft is not slower than a wrong one (about x2
+#: apart), and start their servers on this machine directly (their environment is this process's), by
+#: file or ``file::test[param]``: their group runs on a second worker beside the speed-judging ``engine``
+#: group, its servers' compute on the other core (``pytest_runtest_protocol`` below). Anything not named
+#: here stays in ``engine``, one test at a time: servers started over SSH or Slurm among them, which
+#: would bind core 0 whatever this process says.
+ENGINE_CHECK = frozenset({"test_capture_check_engine.py", "test_vllm_engine.py", "test_temperature_engine.py",
+                          "test_serve_vllm.py::test_invoke_serve_demo_runs_a_real_vllm_server[local]",
+                          "test_bench_seed_engine.py::test_seed_story_measured_against_predicted[local]"})
 ENGINE_CHECK_GROUP = "engine-check"
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def engine_group(item: pytest.Item) -> str:
-    """``engine`` (speed-judging: one server at a time, core 0) or ``engine-check`` (ENGINE_CHECK_FILES)."""
-    return ENGINE_CHECK_GROUP if item.path.name in ENGINE_CHECK_FILES else "engine"
+    """``engine`` (speed-judging: one server at a time, core 0) or ``engine-check`` (named in ENGINE_CHECK)."""
+    named = {item.path.name, f"{item.path.name}::{item.name}"}
+    return ENGINE_CHECK_GROUP if named & ENGINE_CHECK else "engine"
 
 
 def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
@@ -54,9 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The suite runs on several xdist workers (pyproject's addopts): the tests that start a real vLLM-CPU
     server go to two groups, each on one worker, in turn: the engine tests that compare speeds
     (``engine``) never have a second server of their group beside them, and those that judge no speed
-    (``engine-check``) run beside them with their servers' compute on the other core. The engine group
-    is the suite's critical path (about 45 min serially, about 30 vLLM starts of 45-70 s each); the check
-    group takes about 13 min of it onto the second worker."""
+    (``engine-check``) run beside them with their servers' compute on the other core. The engine tests
+    are the suite's critical path (about 47 min one after the other, about 32 vLLM starts of 45-70 s
+    each); the check group takes about 16 min of it onto another worker."""
     for item in items:
         if item.get_closest_marker("engine") is not None:
             _group(config, item, engine_group(item))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ENGINE_CHECK_FILES, ENGINE_CHECK_GROUP, OMP_BIND, REPO
+from tests.conftest import ENGINE_CHECK, ENGINE_CHECK_GROUP, OMP_BIND, REPO
 
 #: engine tests that compare speeds (a ratio with its interval, a faster/slower decision, a tuned
 #: best): none of them may ever run beside a second vLLM server of the suite
@@ -43,12 +43,18 @@ def collected_groups(tmp_path: Path) -> dict[str, list[str]]:
 
 def test_speed_judging_engine_tests_share_one_group_and_the_others_the_check_group(tmp_path: Path) -> None:
     groups = collected_groups(tmp_path)
-    files = {nodeid.split("::")[0].rsplit("/", 1)[-1] for nodeid in groups}
-    assert set(SPEED_JUDGING) <= files and ENGINE_CHECK_FILES <= files, files     # no name left stale
+    names = {nodeid.rsplit("/", 1)[-1] for nodeid in groups} | {n.split("::")[0].rsplit("/", 1)[-1] for n in groups}
+    assert set(SPEED_JUDGING) <= names and ENGINE_CHECK <= names, sorted(names)     # no name left stale
     for nodeid, marks in groups.items():
-        name = nodeid.split("::")[0].rsplit("/", 1)[-1]
-        assert marks == [ENGINE_CHECK_GROUP if name in ENGINE_CHECK_FILES else "engine"], (nodeid, marks)
-    assert not set(SPEED_JUDGING) & ENGINE_CHECK_FILES
+        named = {nodeid.rsplit("/", 1)[-1], nodeid.split("::")[0].rsplit("/", 1)[-1]}
+        assert marks == [ENGINE_CHECK_GROUP if named & ENGINE_CHECK else "engine"], (nodeid, marks)
+    speed = [n for n, marks in groups.items() if marks == ["engine"]]
+    assert {n.split("::")[0].rsplit("/", 1)[-1] for n in speed} >= set(SPEED_JUDGING)
+    # of the speed-judging files only the seed story on `local` goes aside: it asserts no more than
+    # "not slower" of a draft about x2 faster, and its servers start here (on `box` they start over SSH)
+    aside = {n.rsplit("/", 1)[-1] for n, marks in groups.items() if marks == [ENGINE_CHECK_GROUP]}
+    assert [n for n in aside if n.split("::")[0] in SPEED_JUDGING] == [
+        "test_bench_seed_engine.py::test_seed_story_measured_against_predicted[local]"]
 
 
 CORE_PROBE = """

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from draftops.link import host as host_module
-from tests.support import laptop_venv
+from tests.support import engine_quiet, laptop_venv
 from tests.support import slurm as slurm_cluster
 from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 
@@ -181,21 +181,32 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Under xdist, the check group's vLLM servers bind their compute to the last core of this machine
     (``VLLM_CPU_OMP_THREADS_BIND``, inherited by every server the test starts here, module-scoped
     fixtures' too: hence a hook around the whole item, not a fixture): vLLM's default binds core 0, where
-    the speed-judging group's server computes, and two servers on one core would halve its speed in the
-    middle of a comparison. Run alone (``-n 0``) nothing changes."""
+    the speed-judging group's server computes. And a speed judgment of small margin
+    (tests/support/engine_quiet.py) runs with no check test beside it. Run alone (``-n 0``) nothing
+    changes."""
     cpus = sorted(os.sched_getaffinity(0))
-    if not (_beside_the_engine_group(item) and len(cpus) > 1):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    check, quiet = _beside_the_engine_group(item), workers > 1 and item.path.name in engine_quiet.QUIET
+    if not (check or quiet) or len(cpus) < 2:
         yield
         return
     before = os.environ.get(OMP_BIND)
-    os.environ[OMP_BIND] = str(cpus[-1])
+    if check:
+        os.environ[OMP_BIND] = str(cpus[-1])
     try:
-        yield
+        with engine_quiet.turn(_run_folder(item.config), exclusive=quiet):
+            yield
     finally:
         if before is None:
             os.environ.pop(OMP_BIND, None)
         else:
             os.environ[OMP_BIND] = before
+
+
+def _run_folder(config: pytest.Config) -> Path:
+    """The temporary folder every xdist worker of this run shares (each has its own below it)."""
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    return factory.getbasetemp().parent
 
 
 @pytest.fixture(autouse=True)

@@ -121,3 +121,34 @@ def test_each_group_runs_on_one_worker_and_the_speed_judging_one_is_handed_out_f
     assert all(len(w) == 1 for w in workers.values()), runs      # each group on one worker, in turn
     (worker,) = workers["test_comparison_engine"]
     assert [m for w, m in runs if w == worker][0] == "test_comparison_engine", runs
+
+
+TIMED = """
+import os, time
+import pytest
+pytestmark = pytest.mark.engine
+@pytest.mark.parametrize("n", range({count}))
+def test_one(n):
+    start = time.monotonic()
+    time.sleep({seconds})
+    with open(os.environ["SPANS_OUT"], "a") as f:
+        f.write(f"{{__name__}} {{start}} {{time.monotonic()}}\\n")
+"""
+
+
+def test_a_small_margin_speed_judgment_never_runs_beside_a_check_test(tmp_path: Path) -> None:
+    """The comparison (quiet, tests/support/engine_quiet.py) and three check-group tests, on two workers:
+    both groups start together, yet no check test's span overlaps the comparison's."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (tmp_path / "test_comparison_engine.py").write_text(TIMED.format(count=1, seconds=3))
+    (tmp_path / "test_vllm_engine.py").write_text(TIMED.format(count=3, seconds=1))
+    spans = tmp_path / "spans"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPANS_OUT": str(spans)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), "."],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split() for line in spans.read_text().splitlines()]
+    ((q0, q1),) = [(float(a), float(b)) for name, a, b in rows if name == "test_comparison_engine"]
+    checks = [(float(a), float(b)) for name, a, b in rows if name == "test_vllm_engine"]
+    assert len(checks) == 3 and all(b <= q0 or a >= q1 for a, b in checks), (q0, q1, checks)

@@ -248,6 +248,7 @@ def _per_sample_rounds(c: _Counts, steps: int) -> tuple[torch.Tensor, torch.Tens
 
 def per_round(rounds: torch.Tensor, credit: torch.Tensor, temperature: float) -> dict[str, Any]:
     """Tokens per round 1 + Σ credit / Σ rounds over samples [S], with its percentile bootstrap interval."""
+    rounds, credit = rounds.double(), credit.double()
     total = float(rounds.sum())
     value = 1.0 + float(credit.sum()) / total if total > 0 else None
     s, ci = rounds.shape[0], None

@@ -122,7 +122,8 @@ def test_report_renders_the_table(fixed_report: dict) -> None:
     text = out.export_text()
     assert all(len(line) <= 80 for line in text.splitlines())
     g = part.at(0.7)
-    assert g is not None and f"{g.greedy.accept_length:.2f}" in text and "probabilistic draft" in text
+    assert g is not None and f"{g.greedy.accept_length:.2f}" in text and "probabilistic" in text
+    assert g.greedy.per_round is not None and f"{g.greedy.per_round.accept_length:.2f}" in text
 
 
 def test_without_temperature_or_verifier(tmp_path: Path) -> None:

@@ -112,6 +112,9 @@ def test_demo_prediction_at_temperature(fixed_report: dict) -> None:
     assert finding["severity"] == "warn" and "at temperature 0.7" in finding["text"]
     assert f"{rows[0.7][temperature.GREEDY]['accept_length']:.2f}" in finding["text"]
     assert "invoke bench --temperature 0.7" in finding["fix"]
+    rounds = rows[0.7][temperature.GREEDY]["per_round"]
+    assert f"{rounds['accept_length']:.2f} per round" in finding["text"]
+    assert 1 < rounds["accept_length"] < rows[0.7][temperature.GREEDY]["accept_length"]   # rounds pile up in hard parts
 
 
 def test_report_renders_the_table(fixed_report: dict) -> None:

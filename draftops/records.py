@@ -36,7 +36,7 @@ def keep(root: Path, what: str, build: Callable[[str | None], RunRecord],
 
 if TYPE_CHECKING:                 # the model loads pydantic; the task modules import this one at listing time
     from draftops.documents.capture_check import CaptureCheck
-    from draftops.documents.drafter_report import DrafterReport
+    from draftops.documents.drafter_report import DrafterReport, MethodPrediction
 
 
 def test_drafter_record(run_id: str, host: str, final: dict[str, Any], report: DrafterReport | None,
@@ -97,8 +97,14 @@ def _at_temperature(report: DrafterReport | None) -> dict[str, dict[str, Any]] |
         return None
     return {f"{p.temperature:g}": {"temperature": p.temperature, "role": part.role,
                                    **{m: {"accept_length": p.method(m).accept_length, "ci": p.method(m).ci,
-                                          "cond_acc": p.method(m).cond_acc, "rows": p.method(m).rows}
+                                          "cond_acc": p.method(m).cond_acc, "rows": p.method(m).rows,
+                                          "per_round": _per_round(p.method(m))}
                                       for m in ("greedy", "probabilistic")}} for p in part.predictions}
+
+
+def _per_round(fig: MethodPrediction) -> dict[str, Any] | None:
+    """A greedy draft's tokens per round on the dumps' text (what a server reports), or None."""
+    return fig.per_round.model_dump() if fig.per_round is not None else None
 
 
 def _step_counts(report: DrafterReport | None, role: str, name: str) -> list[Any] | None:

@@ -120,14 +120,18 @@ def temperature_table(part: TemperaturePart) -> Table:
     (greedy: vLLM's default and SGLang's chain; probabilistic: vLLM's draft_sample_method=probabilistic)."""
     level = "95%" if part.level is None else f"{part.level:.0%}"
     table = Table(title=f"predicted accept length at temperature T (K={part.steps}, served layout; {level} CI over "
-                        "samples)", title_justify="left")
-    for name in ("T", "greedy draft", "CI", "probabilistic draft", "CI"):
+                        "samples; greedy, probabilistic: over positions; per round: a greedy-draft server on the "
+                        "dumps' text)",
+                  title_justify="left")
+    for name in ("T", "greedy", "CI", "per round", "CI", "probabilistic", "CI"):
         table.add_column(name, justify="right")
 
     def ci(pair: list[float] | None) -> str:
         return f"{pair[0]:.2f}-{pair[1]:.2f}" if pair and len(pair) == 2 else "—"
     for row in part.predictions:
+        rounds = row.greedy.per_round
         table.add_row(f"{row.temperature:g}", _fmt(row.greedy.accept_length), ci(row.greedy.ci),
+                      _fmt(rounds.accept_length if rounds else None), ci(rounds.ci if rounds else None),
                       _fmt(row.probabilistic.accept_length), ci(row.probabilistic.ci))
     return table
 

@@ -77,6 +77,18 @@ def test_bench_at_temperature_is_held_against_the_prediction_there(tmp_path) -> 
     assert "wiring-suspect" in [f.code for f in low.findings] and low.predictions["spec"].value == 2.60
 
 
+def test_bench_at_temperature_shows_the_rounds_at_that_temperature(tmp_path) -> None:
+    """The greedy draft's tokens per round at T (what a server reports), not the greedy walk at 0."""
+    hist = History(tmp_path / "history.sqlite")
+    hot = _at(0.7, 2.90, 2.80)
+    hot["greedy"]["per_round"] = {"accept_length": 2.42, "ci": [2.35, 2.49], "rounds": 4636, "samples": 256}
+    _predicted(hist, [hot, _at(1.0, 2.60, 2.50)])
+    assert _compare(hist, _spec(2.38, 0.7)).predictions["spec"].walk == 2.42
+    assert _compare(hist, _spec(1.95, 1.0)).predictions["spec"].walk is None     # none recorded there
+    numbers, _ = split_metrics(hist.query(kind="test-drafter")[0].metrics)
+    assert ("predicted_at_temperature.0.7.greedy.per_round.accept_length", 2.42, 0) in numbers
+
+
 def test_bench_at_temperature_without_a_prediction_there_asks_for_one(tmp_path) -> None:
     hist = History(tmp_path / "history.sqlite")
     _predicted(hist, None)                      # a greedy prediction only

@@ -112,6 +112,9 @@ def test_demo_prediction_at_temperature(fixed_report: dict) -> None:
     assert finding["severity"] == "warn" and "at temperature 0.7" in finding["text"]
     assert f"{rows[0.7][temperature.GREEDY]['accept_length']:.2f}" in finding["text"]
     assert "invoke bench --temperature 0.7" in finding["fix"]
+    rounds = rows[0.7][temperature.GREEDY]["per_round"]
+    assert f"{rounds['accept_length']:.2f} per round" in finding["text"]
+    assert 1 < rounds["accept_length"] < rows[0.7][temperature.GREEDY]["accept_length"]   # rounds pile up in hard parts
 
 
 def test_report_renders_the_table(fixed_report: dict) -> None:
@@ -122,7 +125,8 @@ def test_report_renders_the_table(fixed_report: dict) -> None:
     text = out.export_text()
     assert all(len(line) <= 80 for line in text.splitlines())
     g = part.at(0.7)
-    assert g is not None and f"{g.greedy.accept_length:.2f}" in text and "probabilistic draft" in text
+    assert g is not None and f"{g.greedy.accept_length:.2f}" in text and "probabilistic" in text
+    assert g.greedy.per_round is not None and f"{g.greedy.per_round.accept_length:.2f}" in text
 
 
 def test_without_temperature_or_verifier(tmp_path: Path) -> None:

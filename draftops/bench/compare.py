@@ -200,7 +200,9 @@ def at_temperature(pred: Prediction, temperature: float) -> Prediction | None:
             return None
         cond, rows = _probabilities(fig.get("cond_acc")), _ints(fig.get("rows"))
         ci = fig.get("ci")
-        held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value,
+        rounds = fig.get("per_round")
+        walk = finite(rounds.get("accept_length")) if isinstance(rounds, dict) else None
+        held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value, walk=walk,
                        ci=[float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 else None,
                        how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft)")
         if pred.role == "served":

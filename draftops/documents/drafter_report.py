@@ -209,6 +209,15 @@ class SequentialPart(Part):
     gain_ci: list[float] | None = None
 
 
+class PerRound(Part):
+    """Tokens per verify round of a greedy-draft server over the dumps' text (``greedy.per_round``)."""
+
+    accept_length: float | None = None
+    ci: list[float] | None = None
+    rounds: int | None = None
+    samples: int | None = None
+
+
 class MethodPrediction(Part):
     """One draft sampling method's accept length at one temperature (``temperature.predictions[].greedy``)."""
 
@@ -217,6 +226,7 @@ class MethodPrediction(Part):
     cond_acc: list[float | None] = []
     rows: list[int] = []
     samples: int | None = None
+    per_round: PerRound | None = None       # greedy only
 
 
 class TemperaturePrediction(Part):

@@ -83,7 +83,12 @@ def test_bench_at_temperature_shows_the_rounds_at_that_temperature(tmp_path) -> 
     hot = _at(0.7, 2.90, 2.80)
     hot["greedy"]["per_round"] = {"accept_length": 2.42, "ci": [2.35, 2.49], "rounds": 4636, "samples": 256}
     _predicted(hist, [hot, _at(1.0, 2.60, 2.50)])
-    assert _compare(hist, _spec(2.38, 0.7)).predictions["spec"].walk == 2.42
+    held = _compare(hist, _spec(2.38, 0.7))
+    assert held.predictions["spec"].walk == 2.42
+    # judged against the rounds (2 % off), not the mean over positions (2.90: 18 % off, a wiring suspect)
+    assert held.predictions["spec"].value == 2.42 and held.predictions["spec"].ci == [2.35, 2.49]
+    assert "wiring-suspect" not in [f.code for f in held.findings]
+    assert "draft-limit" in [f.code for f in held.findings]
     assert _compare(hist, _spec(1.95, 1.0)).predictions["spec"].walk is None     # none recorded there
     numbers, _ = split_metrics(hist.query(kind="test-drafter")[0].metrics)
     assert ("predicted_at_temperature.0.7.greedy.per_round.accept_length", 2.42, 0) in numbers

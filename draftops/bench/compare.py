@@ -202,9 +202,13 @@ def at_temperature(pred: Prediction, temperature: float) -> Prediction | None:
         ci = fig.get("ci")
         rounds = fig.get("per_round")
         walk = finite(rounds.get("accept_length")) if isinstance(rounds, dict) else None
+        if walk is not None and walk >= 1:
+            # tokens per round is what a server counts; the mean over positions reads ~20% high at T > 0
+            value, ci = walk, rounds.get("ci")
         held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value, walk=walk,
                        ci=[float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 else None,
-                       how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft)")
+                       how=f"{pred.how}, at temperature {t:g} ({ENGINE_METHOD} draft"
+                           f"{', per round' if walk is not None and walk >= 1 else ''})")
         if pred.role == "served":
             held.cond_served, held.cond_rows_served = cond, rows
         else:

@@ -111,11 +111,7 @@ def test_each_group_runs_on_one_worker_and_the_speed_judging_one_is_handed_out_f
                               ("test_slurm_probe.py", "slurm", 5)):
         (tmp_path / name).write_text(RECORD.format(mark=mark, count=count))
     order = tmp_path / "order"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ORDER_OUT": str(order)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
-                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), "."],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _two_workers(tmp_path, ORDER_OUT=str(order))
     runs = [line.split() for line in order.read_text().splitlines()]
     workers = {module: {w for w, m in runs if m == module} for _, module in runs}
     assert all(len(w) == 1 for w in workers.values()), runs      # each group on one worker, in turn
@@ -143,12 +139,17 @@ def test_a_small_margin_speed_judgment_never_runs_beside_a_check_test(tmp_path: 
     (tmp_path / "test_comparison_engine.py").write_text(TIMED.format(count=1, seconds=3))
     (tmp_path / "test_vllm_engine.py").write_text(TIMED.format(count=3, seconds=1))
     spans = tmp_path / "spans"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SPANS_OUT": str(spans)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
-                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), "."],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _two_workers(tmp_path, SPANS_OUT=str(spans))
     rows = [line.split() for line in spans.read_text().splitlines()]
     ((q0, q1),) = [(float(a), float(b)) for name, a, b in rows if name == "test_comparison_engine"]
     checks = [(float(a), float(b)) for name, a, b in rows if name == "test_vllm_engine"]
     assert len(checks) == 3 and all(b <= q0 or a >= q1 for a, b in checks), (q0, q1, checks)
+
+
+def _two_workers(folder: Path, **env: str) -> None:
+    """pytest on ``folder`` with two xdist workers and the project's groups, as the suite runs."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(folder), "."],
+                          cwd=folder, env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

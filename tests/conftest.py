@@ -14,58 +14,22 @@ import pytest
 import yaml
 
 from draftops.link import host as host_module
-from tests.support import engine_quiet, laptop_venv
+from tests.support import laptop_venv
 from tests.support import slurm as slurm_cluster
 from tests.support.sshd import Sshd, keygen, sshd_available, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-#: engine tests that judge no speed, or only that a fixed draft is not slower than a wrong one (about x2
-#: apart), and start their servers on this machine directly (their environment is this process's), by
-#: file or ``file::test[param]``: their group runs on a second worker beside the speed-judging ``engine``
-#: group, its servers' compute on the other core (``pytest_runtest_protocol`` below). Anything not named
-#: here stays in ``engine``, one test at a time: servers started over SSH or Slurm among them, which
-#: would bind core 0 whatever this process says.
-ENGINE_CHECK = frozenset({"test_capture_check_engine.py", "test_vllm_engine.py", "test_temperature_engine.py",
-                          "test_serve_vllm.py::test_invoke_serve_demo_runs_a_real_vllm_server[local]",
-                          "test_bench_seed_engine.py::test_seed_story_measured_against_predicted[local]"})
-ENGINE_CHECK_GROUP = "engine-check"
-OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-def engine_group(item: pytest.Item) -> str:
-    """``engine`` (speed-judging: one server at a time, core 0) or ``engine-check`` (named in ENGINE_CHECK)."""
-    named = {item.path.name, f"{item.path.name}::{item.name}"}
-    return ENGINE_CHECK_GROUP if named & ENGINE_CHECK else "engine"
-
-
-def _group(config: pytest.Config, item: pytest.Item, name: str) -> None:
-    """Mark ``item`` for xdist group ``name`` and put the group into its node id, as ``--dist loadgroup``
-    reads it (``path::test@name``). pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9 no longer
-    reads (its node id is ``item._id``): there, every test was a group of its own, and the engine tests
-    ran beside each other on all workers."""
-    item.add_marker(pytest.mark.xdist_group(name))
-    if not config.getoption("loadgroup", False) or "@" in item.nodeid.rpartition("]")[2]:
-        return
-    if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
-        item._nodeid = f"{item.nodeid}@{name}"  # type: ignore[attr-defined]   # pytest 8
-    else:
-        item._id = type(item._id).parse(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite runs on several xdist workers (pyproject's addopts): the tests that start a real vLLM-CPU
-    server go to two groups, each on one worker, in turn: the engine tests that compare speeds
-    (``engine``) never have a second server of their group beside them, and those that judge no speed
-    (``engine-check``) run beside them with their servers' compute on the other core. The engine tests
-    are the suite's critical path (about 47 min one after the other, about 32 vLLM starts of 45-70 s
-    each); the check group takes about 16 min of it onto another worker."""
+    server all go to one of them, in turn, so no two engines share the two cores (each start would take
+    twice as long, and two servers with their clients want 7 GB)."""
     for item in items:
         if item.get_closest_marker("engine") is not None:
-            _group(config, item, engine_group(item))
+            item.add_marker(pytest.mark.xdist_group("engine"))
         elif item.get_closest_marker("slurm") is not None:     # one cluster, started once, on one worker
-            _group(config, item, "slurm")
+            item.add_marker(pytest.mark.xdist_group("slurm"))
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("laptop") == "base":
             item.add_marker(pytest.mark.laptop)      # `-m laptop`: the laptop's base install alone
@@ -150,63 +114,6 @@ def laptop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 #: ``@pytest.mark.parametrize("laptop", BOTH_INSTALLS, indirect=True)``: a task test run from both installs
 BOTH_INSTALLS = ["full", "base"]
-
-
-@pytest.hookimpl(optionalhook=True)      # an xdist hook: the suite also runs with -p no:xdist
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` handing out the speed-judging engine group first, whatever the group sizes:
-    it is the suite's critical path, and xdist hands out the groups with the most tests first (the
-    Slurm and check groups have more), so with two workers it would wait for one of them to end."""
-    if config.getoption("dist", None) != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class EngineFirst(LoadGroupScheduling):
-        def _assign_work_unit(self, node: Any) -> None:
-            if "engine" in self.workqueue:
-                self.workqueue.move_to_end("engine", last=False)
-            super()._assign_work_unit(node)
-
-    return EngineFirst(config, log)
-
-
-def _beside_the_engine_group(item: pytest.Item) -> bool:
-    group = item.get_closest_marker("xdist_group")
-    return (group is not None and group.args[:1] == (ENGINE_CHECK_GROUP,)
-            and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under xdist, the check group's vLLM servers bind their compute to the last core of this machine
-    (``VLLM_CPU_OMP_THREADS_BIND``, inherited by every server the test starts here, module-scoped
-    fixtures' too: hence a hook around the whole item, not a fixture): vLLM's default binds core 0, where
-    the speed-judging group's server computes. And a speed judgment of small margin
-    (tests/support/engine_quiet.py) runs with no check test beside it. Run alone (``-n 0``) nothing
-    changes."""
-    cpus = sorted(os.sched_getaffinity(0))
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    check, quiet = _beside_the_engine_group(item), workers > 1 and item.path.name in engine_quiet.QUIET
-    if not (check or quiet) or len(cpus) < 2:
-        yield
-        return
-    before = os.environ.get(OMP_BIND)
-    if check:
-        os.environ[OMP_BIND] = str(cpus[-1])
-    try:
-        with engine_quiet.turn(_run_folder(item.config), exclusive=quiet):
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(OMP_BIND, None)
-        else:
-            os.environ[OMP_BIND] = before
-
-
-def _run_folder(config: pytest.Config) -> Path:
-    """The temporary folder every xdist worker of this run shares (each has its own below it)."""
-    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-    return factory.getbasetemp().parent
 
 
 @pytest.fixture(autouse=True)

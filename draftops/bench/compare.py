@@ -202,7 +202,7 @@ def at_temperature(pred: Prediction, temperature: float) -> Prediction | None:
         ci = fig.get("ci")
         rounds = fig.get("per_round")
         walk = finite(rounds.get("accept_length")) if isinstance(rounds, dict) else None
-        if walk is not None and walk >= 1:
+        if walk is not None and walk >= 1 and isinstance(rounds, dict):
             # tokens per round is what a server counts; the mean over positions reads ~20% high at T > 0
             value, ci = walk, rounds.get("ci")
         held = replace(pred, value=value, temperature=t, method=ENGINE_METHOD, greedy_value=pred.value, walk=walk,
